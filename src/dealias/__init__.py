@@ -1,0 +1,25 @@
+"""dealias: a PyTorch compiler that gets in-place ops and tensor aliases exactly right."""
+
+from .api import CacheInfo, JitFunction, cache_info, jit, last_traces
+from .errors import (
+    DataDependentError,
+    DealiasError,
+    EagerSemanticsError,
+    FallbackWarning,
+    InternalError,
+    UnsupportedError,
+)
+
+__all__ = [
+    "CacheInfo",
+    "DataDependentError",
+    "DealiasError",
+    "EagerSemanticsError",
+    "FallbackWarning",
+    "InternalError",
+    "JitFunction",
+    "UnsupportedError",
+    "cache_info",
+    "jit",
+    "last_traces",
+]

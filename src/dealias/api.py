@@ -1,0 +1,146 @@
+"""The user-facing entry points: `jit`, `last_traces`, `cache_info`."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch._subclasses.fake_tensor import UnsupportedFakeTensorException
+from torch._subclasses.fake_tensor import UnsupportedOperatorException
+
+from .alias import analyze
+from .capture import capture
+from .errors import DataDependentError, DealiasError, EagerSemanticsError, FallbackWarning
+from .functionalize import FunctionalProgram, functionalize
+from .guards import flatten_call, guard_key
+from .optimize import optimize
+from .program import CompiledProgram, torch_executor
+from .traces import Trace, format_graph
+from .viewops import ViewStep
+
+_EAGER = object()  # cache entry: this signature runs eagerly (see the warning given when it was made)
+_FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    hits: int
+    misses: int
+    entries: int
+    eager_entries: int  # signatures that fell back to eager
+
+
+def _chain_text(base: str, chain: tuple[ViewStep, ...]) -> str:
+    for step in chain:
+        args = ", ".join(repr(a) for a in step.args)
+        base = f"{step.op._schema.name.split('::')[1]}({base}{', ' if args else ''}{args})"
+    return base
+
+
+def _execution_trace(fp: FunctionalProgram) -> Trace:
+    params = [n.name for n in fp.gm.graph.nodes if n.op == "placeholder"]
+    out_node = next(n for n in fp.gm.graph.nodes if n.op == "output")
+    results = [a.name for a in out_node.args[0]]
+
+    def caller(s: Any) -> str:
+        return params[s.index] if s.kind == "input" else f"self.{s.constant}"
+
+    epilogue = ["# write-back into the caller's tensors"] if fp.writebacks or fp.metadata_writebacks else []
+    for wb in fp.writebacks:
+        epilogue.append(f"{caller(wb.storage)}.copy_({results[wb.output]})")
+    outs = []
+    for slot in fp.outputs:
+        base = caller(slot.storage) if slot.kind == "caller" else results[slot.index]
+        outs.append(_chain_text(base, slot.chain))
+    for mw in fp.metadata_writebacks:
+        epilogue.append(f"{caller(mw.storage)}.as_strided_({list(mw.size)}, {list(mw.stride)}, {mw.offset})")
+    returns = f"({outs[0]},)" if len(outs) == 1 else f"({', '.join(outs)})"
+    text = format_graph(fp.gm, "execute", "execution trace (torch executor)", epilogue, returns)
+    return Trace("execution", text)
+
+
+def compile_program(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompiledProgram:
+    """capture -> alias analysis -> functionalize -> optimize -> executor."""
+    captured = capture(fn, args, kwargs)
+    info = analyze(captured.gm)
+    fp = functionalize(captured, info)
+    fp.gm = optimize(fp.gm)
+    traces = [
+        Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
+        Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)")),
+        _execution_trace(fp),
+    ]
+    return CompiledProgram(captured, fp, torch_executor(fp.gm), traces)
+
+
+class JitFunction:
+    """`fn` compiled per guard key; see `dealias.jit`."""
+
+    def __init__(self, fn: Callable[..., Any], strict: bool = False) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.strict = strict
+        self.cache: dict[tuple[Any, ...], Any] = {}
+        self.hits = 0
+        self.misses = 0
+        self.last: CompiledProgram | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, structure = flatten_call(args, kwargs)
+        key = guard_key(leaves, structure)
+        entry = self.cache.get(key)
+        if entry is None:
+            self.misses += 1
+            entry = self._compile(args, kwargs)
+            self.cache[key] = entry
+        else:
+            self.hits += 1
+        if entry is _EAGER:
+            return self.fn(*args, **kwargs)
+        self.last = entry
+        if not isinstance(structure, int):
+            leaves = flatten_call(args, kwargs)[0]
+        return entry(leaves)
+
+    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return compile_program(self.fn, args, kwargs)
+        except EagerSemanticsError:
+            raise
+        except (DealiasError, *_FAKE_LIMITS) as e:
+            if self.strict:
+                raise
+            kind = "data-dependent program" if isinstance(e, DataDependentError) else "unsupported program"
+            warnings.warn(
+                f"dealias: running {getattr(self.fn, '__name__', self.fn)} eagerly ({kind}): {e}",
+                FallbackWarning,
+                stacklevel=3,
+            )
+            return _EAGER
+
+    def cache_info(self) -> CacheInfo:
+        eager = sum(1 for e in self.cache.values() if e is _EAGER)
+        return CacheInfo(self.hits, self.misses, len(self.cache), eager)
+
+
+def jit(fn: Callable[..., Any] | None = None, *, strict: bool = False) -> Any:
+    """Compile `fn` with exact in-place and alias semantics.
+
+    The result behaves like `fn` in eager PyTorch (values, mutations of its arguments, outputs that alias
+    arguments or each other). Programs dealias cannot compile exactly run eagerly with a FallbackWarning;
+    with `strict=True` they raise instead."""
+    if fn is None:
+        return functools.partial(jit, strict=strict)
+    return JitFunction(fn, strict=strict)
+
+
+def last_traces(jf: JitFunction) -> list[Trace]:
+    """The captured, functional and execution traces of the program `jf` ran last."""
+    return list(jf.last.traces) if jf.last is not None else []
+
+
+def cache_info(jf: JitFunction) -> CacheInfo:
+    return jf.cache_info()

@@ -1,0 +1,150 @@
+"""Capture: run the user's function once over fake tensors with `make_fx` and keep the aten ops exactly as
+dispatched, in-place and view ops included (no PyTorch functionalization).
+
+Python scalars and every other non-tensor leaf of the arguments are specialized: they are baked into the
+trace and belong to the guard key (see `guards.py`). Each traced op keeps the user's source line.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
+from torch.fx.proxy import _register_stack_trace_anchor
+from torch.utils import _pytree as pytree
+
+from .errors import DataDependentError, with_location
+
+TENSOR_SLOT = object()  # marks a tensor output in `Captured.out_template`
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
+_OWN_DIRS = ("/torch/", "/dealias/", "/torch\\", "/dealias\\")
+
+
+@dataclass
+class Captured:
+    """A traced program over the flat tensor leaves of one call signature."""
+
+    gm: fx.GraphModule
+    in_spec: pytree.TreeSpec
+    tensor_positions: list[int]  # positions of the tensor leaves among all argument leaves
+    out_spec: pytree.TreeSpec | None = None
+    out_template: list[Any] = field(default_factory=list)  # output leaves; TENSOR_SLOT marks a tensor
+    fake_mode: FakeTensorMode | None = None
+
+
+def user_location(stack_trace: str | None) -> str | None:
+    """`file:line  source` of the innermost user frame in an fx `stack_trace` string."""
+    if not stack_trace:
+        return None
+    lines = stack_trace.strip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i].strip()
+        if line.startswith("File "):
+            parts = line.split(",")
+            path = parts[0][len('File "') : -1]
+            lineno = parts[1].strip().removeprefix("line ")
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f"{path}:{lineno}  {code}"
+    return None
+
+
+def exception_location(exc: BaseException) -> str | None:
+    """The innermost frame of `exc`'s traceback that is user code (not torch, not dealias)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not any(d in f.filename for d in _OWN_DIRS)]
+    if not frames:
+        return None
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno}  {(f.line or '').strip()}"
+
+
+def node_location(node: fx.Node) -> str | None:
+    return user_location(node.meta.get("stack_trace"))
+
+
+def capture(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+    """Trace `fn(*args, **kwargs)`; raise DataDependentError if the program depends on tensor data."""
+    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
+
+    def flat_fn(*tensors: torch.Tensor) -> list[torch.Tensor]:
+        call_leaves = list(leaves)
+        for pos, t in zip(positions, tensors):
+            call_leaves[pos] = t
+        a, kw = pytree.tree_unflatten(call_leaves, in_spec)
+        out = fn(*a, **kw)
+        out_leaves, captured.out_spec = pytree.tree_flatten(out)
+        captured.out_template = [TENSOR_SLOT if isinstance(o, torch.Tensor) else o for o in out_leaves]
+        return [o for o in out_leaves if isinstance(o, torch.Tensor)]
+
+    target = getattr(fn, "forward", fn)
+    code_owner = getattr(target, "__func__", target)
+    if hasattr(code_owner, "__code__"):
+        _register_stack_trace_anchor(code_owner)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(leaves[p]) for p in positions]
+    try:
+        gm = make_fx(flat_fn, tracing_mode="fake", record_stack_traces=True, _allow_non_fake_inputs=True)(*fakes)
+    except _DATA_DEPENDENT as e:
+        loc = exception_location(e)
+        raise DataDependentError(
+            with_location(f"the program depends on tensor data ({type(e).__name__})", loc)
+        ) from e
+    _check_static(gm)
+    _name_placeholders(gm, fn, leaves, positions, in_spec)
+    captured.gm = gm
+    captured.fake_mode = mode
+    return captured
+
+
+def _check_static(gm: fx.GraphModule) -> None:
+    """Reject reads of tensor data into Python (`.item()`) and data-dependent shapes (`x[mask]`):
+    make_fx traces them with unbacked symbols, which a static program cannot run exactly."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        val = node.meta.get("val")
+        data_dependent = node.target is torch.ops.aten._local_scalar_dense.default
+        if not data_dependent and node.target is not operator.getitem:
+            vals = val if isinstance(val, (list, tuple)) else [val]
+            data_dependent = any(isinstance(v, torch.Tensor) and free_unbacked_symbols(v) for v in vals)
+        if data_dependent:
+            what = ".item()/Python scalar of a tensor" if "scalar" in str(node.target) else "a data-dependent shape"
+            raise DataDependentError(
+                with_location(f"the program reads {what} ({node.target})", node_location(node))
+            )
+
+
+def _name_placeholders(
+    gm: fx.GraphModule, fn: Callable[..., Any], leaves: list[Any], positions: list[int], in_spec: pytree.TreeSpec
+) -> None:
+    """Name each input after the user's parameter and its place in the pytree (`xs_a`, `cache_0`)."""
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    paths = [p for p, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(leaves, in_spec))[0]]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, pos in zip(placeholders, positions):
+        keys = [getattr(k, "idx", getattr(k, "key", None)) for k in paths[pos]]
+        if keys and keys[0] == 0 and len(keys) > 1 and isinstance(keys[1], int):
+            head = params[keys[1]] if keys[1] < len(params) else f"arg{keys[1]}"
+            rest = keys[2:]
+        else:
+            head, rest = (str(keys[1]) if len(keys) > 1 else "arg"), keys[2:]
+        name = "_".join([head, *map(str, rest)])
+        node._rename("".join(c if c.isalnum() or c == "_" else "_" for c in name))
+    gm.recompile()

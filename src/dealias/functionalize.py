@@ -1,0 +1,403 @@
+"""Functionalize: turn a captured graph (in-place ops, views, out= ops) into a graph with no mutation, plus
+a write-back plan for the caller's tensors and an alias plan for the outputs.
+
+Per op, in program order (docs/architecture.md has the long version):
+- a view records nothing: its value is regenerated from its storage's current base when read;
+- a write to a value computes the functional op, pushes the result down the value's view chain with the
+  view inverses to get the storage's new base, and bumps the storage's version;
+- a read of a value whose version is behind replays its view chain on the current base.
+Intermediate storages need no copy at all: their final contents are just the last SSA value.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+
+from .alias import AliasInfo, Storage, Value
+from .capture import Captured, node_location
+from .errors import EagerSemanticsError, UnsupportedError, with_location
+from .opfacts import OpKind, facts, writes_nothing
+from .viewops import ViewStep, internal_overlap, inverse, replay, replay_chain
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class WriteBack:
+    """At the end of a call, the caller's tensor behind `storage` receives graph output `output`."""
+
+    storage: Storage
+    output: int
+
+
+@dataclass(frozen=True)
+class MetadataWriteBack:
+    """`x.t_()` and friends on a caller's tensor: it ends with these sizes, strides and offset."""
+
+    storage: Storage
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class OutputSlot:
+    """How one tensor output is rebuilt at run time.
+
+    kind "caller": the caller's own tensor (an input or a tensor constant) itself, or, with a chain, a
+    view of it; kind "graph": graph output `index` itself or, with a chain, a view of it."""
+
+    kind: str
+    storage: Storage | None
+    index: int
+    chain: tuple[ViewStep, ...] = ()
+
+
+@dataclass
+class FunctionalProgram:
+    gm: fx.GraphModule  # placeholders: the flat tensor inputs; outputs: write-back values, then output bases
+    writebacks: list[WriteBack] = field(default_factory=list)
+    metadata_writebacks: list[MetadataWriteBack] = field(default_factory=list)
+    outputs: list[OutputSlot] = field(default_factory=list)
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # storage constant name -> caller tensor
+
+
+class _Emitter:
+    """Builds the functional graph, keeping a fake value on every node (sizes and strides are needed by
+    the view inverses) and the user's source line of the op being translated."""
+
+    def __init__(self, graph: fx.Graph, fake_mode: FakeTensorMode) -> None:
+        self.graph = graph
+        self.fake_mode = fake_mode
+        self.stack_trace: str | None = None
+
+    def call(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
+        name = op._schema.name.split("::")[1] if isinstance(op, torch._ops.OpOverload) else "getitem"
+        node = self.graph.create_node("call_function", op, args, kwargs, name=name)
+        fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (args, kwargs))
+        with self.fake_mode:
+            node.meta["val"] = op(*fargs, **fkwargs)
+        if self.stack_trace:
+            node.meta["stack_trace"] = self.stack_trace
+        return node
+
+
+def functionalize(captured: Captured, info: AliasInfo) -> FunctionalProgram:
+    return _Functionalizer(captured, info).run()
+
+
+class _Functionalizer:
+    def __init__(self, captured: Captured, info: AliasInfo) -> None:
+        self.src = captured.gm
+        self.info = info
+        self.graph = fx.Graph()
+        self.emit = _Emitter(self.graph, captured.fake_mode)
+        self.base: dict[Storage, fx.Node] = {}  # current base value of each storage
+        self.version: dict[Storage, int] = {}
+        self.cache: dict[Value, tuple[fx.Node, int]] = {}  # value -> (materialized node, storage version)
+        self.emitted: dict[fx.Node, fx.Node] = {}  # captured multi-output node -> its functional node
+        self.latest: dict[int, Value] = {}  # tensor object -> its latest value (metadata mutations)
+        self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
+
+    # -- reading -------------------------------------------------------------------------------------
+    def materialize(self, v: Value) -> fx.Node:
+        """The node holding `v`'s current contents, replaying its view chain if a write made it stale."""
+        hit = self.cache.get(v)
+        if hit is not None and hit[1] == self.version[v.storage]:
+            return hit[0]
+        node = replay_chain(v.chain, self.base[v.storage], self.emit.call, self._shift(v.storage))
+        self.cache[v] = (node, self.version[v.storage])
+        return node
+
+    def _shift(self, s: Storage) -> int:
+        return self.base[s].meta["val"].storage_offset() - s.root_meta.storage_offset()
+
+    def read(self, a: Any) -> Any:
+        """Map captured-graph arguments (nodes, lists of nodes) to current functional nodes."""
+        if isinstance(a, fx.Node):
+            v = self.info.values[a]
+            if isinstance(v, Value):
+                return self.materialize(v)
+            return self.emitted[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.read(x) for x in a)
+        return a
+
+    # -- writing -------------------------------------------------------------------------------------
+    def write(self, v: Value, new: fx.Node, node: fx.Node) -> None:
+        """`v` now holds `new`: rebuild its storage's base through the inverses of v's view chain."""
+        meta = v.meta
+        new_meta = new.meta["val"]
+        if tuple(new_meta.shape) != tuple(meta.shape):
+            raise UnsupportedError(
+                with_location(
+                    f"{node.target} would resize its {tuple(meta.shape)} argument to {tuple(new_meta.shape)}; "
+                    "pass an argument of the result's shape",
+                    node_location(node),
+                )
+            )
+        if new_meta.dtype != meta.dtype:
+            new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
+        s = v.storage
+        # bases[i] is the value the i-th step of the chain applies to; bases[-1] is v itself.
+        bases = [self.base[s]]
+        for step in v.chain:
+            bases.append(replay(step, bases[-1], self.emit.call, self._shift(s)))
+        for i in range(len(v.chain) - 1, -1, -1):
+            new = inverse(v.chain[i], bases[i].meta["val"], bases[i + 1].meta["val"], bases[i], new, self.emit.call)
+        new = self._restride(new, s.root_meta)
+        self.base[s] = new
+        self.version[s] += 1
+
+    def _restride(self, new: fx.Node, like: torch.Tensor) -> fx.Node:
+        """Keep every base in its traced layout, so replayed views get exactly eager's strides."""
+        val = new.meta["val"]
+        same = all(st == st0 for sz, st, st0 in zip(val.shape, val.stride(), like.stride()) if sz > 1)
+        if same:
+            return new
+        empty = self.emit.call(
+            aten.empty_strided.default, list(like.shape), list(like.stride()), dtype=like.dtype, device=like.device
+        )
+        return self.emit.call(aten.copy.default, empty, new)
+
+    def check_writable(self, node: fx.Node, written: list[Value], others: list[Value]) -> None:
+        """Raise where eager raises (or where dealias cannot follow eager) before anything is written."""
+        loc = node_location(node)
+        for v in written:
+            overlap = internal_overlap(v.meta)
+            if overlap == "yes":
+                raise EagerSemanticsError(
+                    with_location(
+                        f"{node.target}: unsupported operation: more than one element of the written-to tensor "
+                        "refers to a single memory location. Please clone() the tensor before performing the "
+                        "operation.",
+                        loc,
+                    )
+                )
+            if overlap == "maybe":
+                raise UnsupportedError(
+                    with_location(f"{node.target} writes a tensor whose elements may overlap in memory", loc)
+                )
+            for o in others:
+                if o.storage is v.storage and _partial_overlap(v.meta, o.meta):
+                    raise EagerSemanticsError(
+                        with_location(
+                            f"{node.target}: unsupported operation: some elements of the input tensor and the "
+                            "written-to tensor refer to a single memory location. Please clone() the tensor "
+                            "before performing the operation.",
+                            loc,
+                        )
+                    )
+
+    # -- the walk ------------------------------------------------------------------------------------
+    def run(self) -> FunctionalProgram:
+        for node in self.src.graph.nodes:
+            self.emit.stack_trace = node.meta.get("stack_trace")
+            if node.op == "placeholder":
+                self._placeholder(node)
+            elif node.op == "get_attr":
+                self._get_attr(node)
+            elif node.op == "call_function":
+                self._call(node)
+            elif node.op == "output":
+                self._output(node)
+        self.program.gm = fx.GraphModule(self.program.constants, self.graph)
+        return self.program
+
+    def _new_storage(self, s: Storage, node: fx.Node) -> None:
+        if s not in self.base:
+            self.base[s] = node
+            self.version[s] = 0
+
+    def _placeholder(self, node: fx.Node) -> None:
+        v = self.info.value(node)
+        ph = self.graph.placeholder(node.name)
+        ph.meta["val"] = node.meta["val"]
+        self._new_storage(v.storage, ph)
+        self.cache[v] = (ph, 0)
+        self.latest[v.obj] = v
+
+    def _get_attr(self, node: fx.Node) -> None:
+        v = self.info.value(node)
+        if v.storage in self.base:
+            return
+        name = v.storage.constant
+        self.program.constants[name] = getattr(self.src, node.target)
+        attr = self.graph.get_attr(name)
+        attr.meta["val"] = node.meta["val"]
+        self._new_storage(v.storage, attr)
+        self.cache[v] = (attr, 0)
+        self.latest[v.obj] = v
+
+    def _call(self, node: fx.Node) -> None:
+        op = node.target
+        v = self.info.values.get(node)
+        if op is operator.getitem:
+            if isinstance(v, Value) and v.storage not in self.base:  # an element of a functional tuple
+                item = self.emit.call(operator.getitem, self.emitted[node.args[0]], node.args[1])
+                self._bind_fresh(v, item)
+            return
+        f = facts(op)
+        if f.kind is OpKind.VIEW:
+            return  # materialized from its base when read
+        if f.kind is OpKind.INPLACE_VIEW:
+            self.latest[v.obj] = v
+            return
+        if f.kind is OpKind.FUNCTIONAL or writes_nothing(op, node.args, node.kwargs, f.mutated):
+            self._functional(node, op, self.read(node.args), self.read(node.kwargs), v)
+            return
+        self._mutation(node, f)
+
+    def _bind_fresh(self, v: Value, node: fx.Node) -> None:
+        self._new_storage(v.storage, node)
+        self.cache[v] = (node, 0)
+        self.latest[v.obj] = v
+
+    def _functional(self, node: fx.Node, op: Any, args: Any, kwargs: Any, v: Any) -> fx.Node:
+        out = self.emit.call(op, *args, **kwargs)
+        if isinstance(v, Value):
+            self._bind_fresh(v, out)
+        else:
+            self.emitted[node] = out
+        return out
+
+    def _mutation(self, node: fx.Node, f: Any) -> None:
+        op = node.target
+        if f.functional is None:
+            raise UnsupportedError(
+                with_location(f"{op} has no functional counterpart known to dealias", node_location(node))
+            )
+        bound = _bind_args(op._schema, node.args, node.kwargs)
+        lists = [n for n, a in bound.items() if isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node)]
+        if lists and self._crosses_indices(bound, lists, f.mutated):
+            # A foreach op whose i-th write is read at another index (`_foreach_mul_([a, b], [b, a])`): eager
+            # applies it tensor by tensor, so the later elements see the earlier writes. Do the same.
+            for i in range(len(bound[lists[0]])):
+                self._mutate(node, f, {n: [a[i]] if n in lists else a for n, a in bound.items()})
+            return
+        self._mutate(node, f, bound)
+
+    def _crosses_indices(self, bound: dict[str, Any], lists: list[str], mutated: tuple[str, ...]) -> bool:
+        written = [self.info.value(a).storage for n in lists if n in mutated for a in bound[n]]
+        for n in lists:
+            for j, a in enumerate(bound[n]):
+                s = self.info.value(a).storage
+                if any(w is s for i, w in enumerate(written) if i != j):
+                    return True
+        return False
+
+    def _mutate(self, node: fx.Node, f: Any, bound: dict[str, Any]) -> None:
+        op = node.target
+        schema = op._schema
+        targets: list[Value] = []  # every written tensor, list arguments (foreach ops) flattened
+        for name in f.mutated:
+            arg = bound.get(name)
+            if isinstance(arg, fx.Node):
+                targets.append(self.info.value(arg))
+            elif isinstance(arg, (list, tuple)):
+                targets.extend(self.info.value(a) for a in arg)
+        others = [
+            self.info.values[a]
+            for name, arg in bound.items()
+            if name not in f.mutated
+            for a in (arg if isinstance(arg, (list, tuple)) else [arg])
+            if isinstance(a, fx.Node) and isinstance(self.info.values.get(a), Value)
+        ]
+        self.check_writable(node, targets, others)
+        # out= arguments are dropped; the functional schema lists the rest in the same order.
+        kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
+        args, kwargs = _to_call(f.functional._schema, kept, {n: self.read(a) for n, a in bound.items()})
+        out = self.emit.call(f.functional, *args, **kwargs)
+        if f.kind is OpKind.MUTABLE:
+            # The functional form returns the op's own results, then the new value of each written argument.
+            n = len(schema.returns)
+            results = [self.emit.call(operator.getitem, out, i) for i in range(n + len(f.mutated))]
+            returned = self.info.values[node]
+            for rv, res in zip(returned if isinstance(returned, tuple) else (returned,), results):
+                if isinstance(rv, Value):
+                    self._bind_fresh(rv, res)
+            new_values = [results[n + j] for j, name in enumerate(f.mutated) if isinstance(bound.get(name), fx.Node)]
+        elif isinstance(out.meta["val"], (list, tuple)):
+            new_values = [self.emit.call(operator.getitem, out, k) for k in range(len(targets))]
+        else:
+            new_values = [out]
+        for target, new in zip(targets, new_values, strict=True):
+            self.write(target, new, node)
+
+    def _output(self, node: fx.Node) -> None:
+        outs: list[fx.Node] = []
+        # Write-backs first: every caller-visible storage whose version moved.
+        for s in list(self.base):
+            if s.kind in ("input", "constant") and self.version[s] > 0:
+                self.program.writebacks.append(WriteBack(s, len(outs)))
+                outs.append(self.base[s])
+        for v in list(self.latest.values()):
+            if v.storage.kind in ("input", "constant") and v.chain:
+                root = v.storage.root_meta
+                m = v.meta
+                if (tuple(m.shape), m.stride(), m.storage_offset()) != (tuple(root.shape), root.stride(), root.storage_offset()):
+                    self.program.metadata_writebacks.append(
+                        MetadataWriteBack(v.storage, tuple(m.shape), tuple(m.stride()), m.storage_offset())
+                    )
+        graph_index: dict[Storage, int] = {}
+        for arg in node.args[0]:
+            v = self.info.value(arg)
+            s = v.storage
+            if s.kind in ("input", "constant"):
+                is_root = v.obj == s.root_obj
+                self.program.outputs.append(OutputSlot("caller", s, -1, () if is_root else v.chain))
+                continue
+            if s not in graph_index:
+                graph_index[s] = len(outs)
+                outs.append(self.base[s])
+            self.program.outputs.append(OutputSlot("graph", s, graph_index[s], v.chain))
+        self.graph.output(tuple(outs))
+
+
+def _bind_args(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    bound: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(args):
+            bound[a.name] = args[i]
+        elif a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+    return bound
+
+
+def _to_call(schema: torch.FunctionSchema, names: list[str], values: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Arguments for `schema` from the mutating op's arguments `names` (in its schema order, matched to the
+    functional schema by position: their types match even where names differ) and their `values`."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    positional = True
+    for name, a in zip(names, schema.arguments):
+        if name not in values:
+            positional = False  # a default was used: name everything after it
+            continue
+        if positional and not a.kwarg_only:
+            args.append(values[name])
+        else:
+            kwargs[a.name] = values[name]
+    return args, kwargs
+
+
+def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Eager's `assert_no_partial_overlap`: both dense, their byte ranges intersect, yet not identical."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if not (is_non_overlapping_and_dense(a) and is_non_overlapping_and_dense(b)):
+        return False
+    sa, sb = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    ea, eb = sa + a.numel() * a.element_size(), sb + b.numel() * b.element_size()
+    if sa == sb and ea == eb and a.stride() == b.stride() and a.shape == b.shape:
+        return False
+    return sa < eb and sb < ea

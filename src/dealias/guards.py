@@ -1,0 +1,67 @@
+"""Guard keys: everything about a call that changes the meaning of its compiled program.
+
+Per tensor: type, dtype, device, shape, strides, storage offset, requires_grad, leaf-ness, conj/neg bits.
+Per other leaf: its type and value (Python scalars are specialized). Per call: the argument structure, grad
+mode, inference mode, and which tensors share a storage. The key is a flat tuple, built without pytree on
+the common path (positional tensors and scalars), so a cache hit costs a few µs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+def flatten_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
+    """The argument leaves and a hashable description of their structure."""
+    if not kwargs and all(isinstance(a, torch.Tensor) or type(a) in _SCALARS for a in args):
+        return list(args), len(args)
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    return leaves, spec
+
+
+def _leaf_key(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (
+            type(x),
+            x.dtype,
+            x.device,
+            tuple(x.shape),
+            x.stride(),
+            x.storage_offset(),
+            x.requires_grad,
+            x.is_leaf,
+            x.is_conj(),
+            x.is_neg(),
+        )
+    if type(x) is float:
+        return (float, repr(x))  # nan == nan, and 0.0 != -0.0
+    try:
+        hash(x)
+    except TypeError:
+        return ("id", type(x), id(x))
+    return (type(x), x)
+
+
+def sharing_pattern(leaves: list[Any]) -> tuple[int, ...]:
+    """For each tensor leaf, the position of the first tensor leaf sharing its storage."""
+    first: dict[int, int] = {}
+    pattern = []
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor):
+            pattern.append(first.setdefault(x.untyped_storage()._cdata, i))
+    return tuple(pattern)
+
+
+def guard_key(leaves: list[Any], structure: Any) -> tuple[Any, ...]:
+    return (
+        structure,
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        sharing_pattern(leaves),
+        *map(_leaf_key, leaves),
+    )

@@ -1,0 +1,162 @@
+"""Op facts derived from aten schemas: is an overload a view, an in-place op, an out= op, a metadata
+mutation, and what is its functional counterpart.
+
+Everything here is computed from `OpOverload._schema` alias annotations and `torch.Tag`s; the only hand
+tables are the few exceptions the schemas do not express (see `_VIEW_WITHOUT_ANNOTATION`,
+`_FUNCTIONAL_BY_NAME`).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch._ops import OpOverload
+
+
+class OpKind(enum.Enum):
+    FUNCTIONAL = "functional"  # no argument is aliased or written
+    VIEW = "view"  # some return aliases an argument, nothing is written
+    INPLACE = "inplace"  # writes `self` (data) and returns it
+    OUT = "out"  # writes its out= arguments and returns them
+    MUTABLE = "mutable"  # writes other arguments (e.g. BatchNorm running stats)
+    INPLACE_VIEW = "inplace_view"  # changes the metadata of `self`, not its data
+
+
+@dataclass(frozen=True)
+class OpFacts:
+    op: OpOverload
+    kind: OpKind
+    mutated: tuple[str, ...]  # names of the written arguments, in schema order
+    functional: OpOverload | None  # the out-of-place counterpart for the mutating kinds
+    multi_output_view: bool = False  # split/unbind: `Tensor(a -> *) self` returning `Tensor(a)[]`
+    nondeterministic: bool = False  # random ops: never merged by CSE
+
+
+# `_unsafe_view` has no alias annotation, but it reinterprets its input's memory (it follows a clone in
+# `reshape`'s decomposition); functionalization must treat it as a view.
+_VIEW_WITHOUT_ANNOTATION = {"aten::_unsafe_view"}
+
+# Ops that write arguments their schema does not annotate. `native_batch_norm` updates its running
+# statistics in training mode, yet its schema declares no alias; make_fx records it for nn.BatchNorm.
+_MUTATES_WITHOUT_ANNOTATION = {"aten::native_batch_norm": ("running_mean", "running_var")}
+
+# In-place and mutable ops whose functional form is not found by stripping `_` / out= arguments.
+_FUNCTIONAL_BY_NAME = {
+    "aten::__iand__": "aten::bitwise_and",
+    "aten::__ior__": "aten::bitwise_or",
+    "aten::__ixor__": "aten::bitwise_xor",
+    "aten::__ilshift__": "aten::__lshift__",
+    "aten::__irshift__": "aten::__rshift__",
+    "aten::normal_": "aten::normal_functional",
+    "aten::bernoulli_": "aten::bernoulli",
+    "aten::copy_": "aten::copy",
+    "aten::_native_batch_norm_legit": "aten::_native_batch_norm_legit_functional",
+    "aten::native_batch_norm": "aten::_native_batch_norm_legit_functional",
+}
+
+
+def _written(schema: torch.FunctionSchema) -> list[torch.Argument]:
+    return [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _arg_signature(args: list[torch.Argument]) -> tuple[tuple[str, str], ...]:
+    # Alias annotations are part of `str(type)` only through `alias_info`, so the type string compares
+    # `Tensor(a!) self` equal to `Tensor self`.
+    return tuple((a.name, str(a.type)) for a in args)
+
+
+def _strip_optional(t: str) -> str:
+    return t[len("Optional[") : -1] if t.startswith("Optional[") else t
+
+
+def _packet(qualname: str) -> torch._ops.OpOverloadPacket | None:
+    ns, name = qualname.split("::")
+    return getattr(getattr(torch.ops, ns, None), name, None)
+
+
+def _find_functional(op: OpOverload, kind: OpKind) -> OpOverload | None:
+    """The out-of-place overload computing what `op` writes: same packet minus the trailing `_`
+    (in-place), the same packet (out=), `<name>_functional` (mutable), or a hand-mapped name; matched on
+    argument names and types first, then on types alone (names differ in e.g. bernoulli_.float/.p)."""
+    schema = op._schema
+    names: list[str] = []
+    if schema.name in _FUNCTIONAL_BY_NAME:
+        names.append(_FUNCTIONAL_BY_NAME[schema.name])
+    if kind is OpKind.INPLACE and schema.name.endswith("_"):
+        names.append(schema.name[:-1])
+    elif kind is OpKind.OUT:
+        names.append(schema.name)
+    elif kind is OpKind.MUTABLE:
+        names.append(schema.name + "_functional")
+    wanted = _arg_signature([a for a in schema.arguments if not a.is_out])
+    # Optional-ness may differ (native_batch_norm takes `Tensor?` stats, its functional form `Tensor`).
+    wanted_types = [_strip_optional(t) for _, t in wanted]
+    for name in names:
+        packet = _packet(name)
+        if packet is None:
+            continue
+        overloads = [getattr(packet, o) for o in packet.overloads()]
+        overloads = [o for o in overloads if not _written(o._schema)]
+        for ov in overloads:
+            if _arg_signature(list(ov._schema.arguments)) == wanted:
+                return ov
+        for ov in overloads:
+            if [_strip_optional(str(a.type)) for a in ov._schema.arguments] == wanted_types:
+                return ov
+    return None
+
+
+@functools.cache
+def facts(op: OpOverload) -> OpFacts:
+    """Classify one aten overload from its schema and tags."""
+    schema = op._schema
+    tags = set(op.tags)
+    written = _written(schema)
+    if schema.name in _MUTATES_WITHOUT_ANNOTATION:
+        names = _MUTATES_WITHOUT_ANNOTATION[schema.name]
+        return OpFacts(op, OpKind.MUTABLE, names, _find_functional(op, OpKind.MUTABLE))
+    nondet = torch.Tag.nondeterministic_seeded in tags
+    if not written:
+        aliased = [a for a in schema.arguments if a.alias_info is not None]
+        if aliased or schema.name in _VIEW_WITHOUT_ANNOTATION:
+            multi = any("*" in a.alias_info.after_set for a in aliased)
+            return OpFacts(op, OpKind.VIEW, (), None, multi_output_view=multi)
+        return OpFacts(op, OpKind.FUNCTIONAL, (), None, nondeterministic=nondet)
+    names = tuple(a.name for a in written)
+    if torch.Tag.inplace_view in tags:
+        return OpFacts(op, OpKind.INPLACE_VIEW, names, None)
+    if all(a.is_out for a in written):
+        kind = OpKind.OUT
+    elif torch.Tag.inplace in tags or (names == ("self",) and schema.arguments[0].name == "self"):
+        kind = OpKind.INPLACE
+    else:
+        kind = OpKind.MUTABLE
+    return OpFacts(op, kind, names, _find_functional(op, kind), nondeterministic=nondet)
+
+
+def writes_nothing(op: OpOverload, args: tuple, kwargs: dict, mutated: tuple[str, ...]) -> bool:
+    """A mutating op called so that it writes nothing: every written argument is an omitted optional
+    (BatchNorm without running stats), or BatchNorm outside training mode."""
+    given = {a.name: args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(op._schema.arguments)}
+    if all(given.get(name) is None for name in mutated):
+        return True
+    if op._schema.name in ("aten::native_batch_norm", "aten::_native_batch_norm_legit"):
+        training = args[5] if len(args) > 5 else kwargs.get("training")
+        return not training
+    return False
+
+
+def is_view(op: object) -> bool:
+    return isinstance(op, OpOverload) and facts(op).kind is OpKind.VIEW
+
+
+def is_mutating(op: object) -> bool:
+    return isinstance(op, OpOverload) and facts(op).kind in (
+        OpKind.INPLACE,
+        OpKind.OUT,
+        OpKind.MUTABLE,
+        OpKind.INPLACE_VIEW,
+    )

@@ -1,0 +1,67 @@
+"""Clean-up passes on the functional graph: common-subexpression elimination (functionalization replays
+the same view chains many times) and dead-code elimination (regenerated views nobody reads).
+
+Random ops are never merged and never dropped: each draw advances the generator exactly as in eager.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .opfacts import OpKind, facts
+
+
+def _keep(node: fx.Node) -> bool:
+    """Random draws and (should a verifier have let one through) writes are never merged or dropped."""
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    f = facts(t)
+    return f.nondeterministic or f.kind not in (OpKind.FUNCTIONAL, OpKind.VIEW)
+
+
+def _freeze(a: Any) -> Any:
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__,) + tuple(_freeze(x) for x in a)
+    if isinstance(a, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in a.items()))
+    if isinstance(a, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return (type(a).__name__, str(a))
+    if isinstance(a, float):
+        return ("float", repr(a))  # -0.0 and nan must not merge with 0.0 / each other
+    return a
+
+
+def cse(gm: fx.GraphModule) -> fx.GraphModule:
+    seen: dict[Any, fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or _keep(node):
+            continue
+        try:
+            key = (node.target, _freeze(node.args), _freeze(node.kwargs))
+            hash(key)
+        except TypeError:
+            continue
+        if key in seen:
+            node.replace_all_uses_with(seen[key])
+            gm.graph.erase_node(node)
+        else:
+            seen[key] = node
+    return gm
+
+
+def dce(gm: fx.GraphModule) -> fx.GraphModule:
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op in ("call_function", "get_attr") and not node.users and not _keep(node):
+            gm.graph.erase_node(node)
+    return gm
+
+
+def optimize(gm: fx.GraphModule) -> fx.GraphModule:
+    gm = dce(cse(gm))
+    gm.graph.lint()
+    gm.recompile()
+    return gm

@@ -1,0 +1,76 @@
+"""Readable traces: every stage's graph printed as Python, with the user's source line beside each op."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .capture import node_location
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _arg(a: Any) -> str:
+    if isinstance(a, fx.Node):
+        return a.name
+    if isinstance(a, (list, tuple)):
+        inner = ", ".join(_arg(x) for x in a)
+        return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+    if isinstance(a, torch.dtype):
+        return str(a)
+    if isinstance(a, torch.device):
+        return f"device({str(a)!r})"
+    return repr(a)
+
+
+def _target(t: Any) -> str:
+    if isinstance(t, torch._ops.OpOverload):
+        ns = t.namespace
+        name = t._schema.name.split("::")[1]
+        return f"{ns}.{name}" if t._overloadname == "default" else f"{ns}.{name}.{t._overloadname}"
+    return getattr(t, "__name__", str(t))
+
+
+def _meta(node: fx.Node) -> str:
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        dt = str(v.dtype).removeprefix("torch.")
+        return f"{dt}{list(v.shape)}"
+    return ""
+
+
+def format_graph(
+    gm: fx.GraphModule, name: str, header: str, epilogue: list[str] | None = None, returns: str | None = None
+) -> str:
+    lines = [f"# {header}"]
+    params = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    lines.append(f"def {name}({', '.join(params)}):")
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            stmt = f"{node.name} = self.{node.target}"
+        elif node.op == "call_function":
+            args = [_arg(a) for a in node.args] + [f"{k}={_arg(v)}" for k, v in node.kwargs.items()]
+            stmt = f"{node.name} = {_target(node.target)}({', '.join(args)})"
+        elif node.op == "output":
+            if returns is None:
+                lines.append(f"    return {_arg(node.args[0])}")
+            continue
+        else:
+            continue
+        notes = "  ".join(x for x in (_meta(node), node_location(node)) if x)
+        lines.append(f"    {stmt:<60}  # {notes}" if notes else f"    {stmt}")
+    for e in epilogue or []:
+        lines.append(f"    {e}")
+    if returns is not None:
+        lines.append(f"    return {returns}")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""View steps: replaying a view on a (new) base, and inverting it to write a mutated view back into
+its base.
+
+A view chain is a tuple of `ViewStep`s from a storage's base to a value. Multi-output views are
+normalized when the chain is built: `split(..)[i]` becomes one `slice` and `unbind(..)[i]` one `select`,
+so replaying a single output never replays the whole split (PyTorch's N² regeneration, #194037).
+
+Inverses come in three kinds (see docs/architecture.md):
+- pure-view inverses, that rebuild the base by viewing the mutated value back (view/reshape, t, permute,
+  squeeze/unsqueeze, dtype and complex views, alias/detach);
+- scatter inverses: select, slice, diagonal -> their `*_scatter`;
+- a generic `as_strided_scatter` for any other non-overlapping view (as_strided, unfold with gaps, ...)
+  whose base is contiguous, computed from the exact sizes/strides/offsets seen at trace time.
+Views with internal overlap (expand, overlapping unfold) cannot be written through: eager raises, so do we.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+from .errors import UnsupportedError
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class ViewStep:
+    """One view op applied to the previous value of a chain: `op(prev, *args, **kwargs)`."""
+
+    op: OpOverload
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def describe(self) -> str:
+        args = ", ".join(repr(a) for a in self.args)
+        return f"{self.op.__name__}({args})"
+
+
+def normalize_multi_output(op: OpOverload, args: tuple[Any, ...], index: int, parent: torch.Tensor) -> ViewStep:
+    """`op(parent, *args)[index]` as a single-output view step."""
+    name = op._schema.name
+    if name == "aten::unbind":
+        dim = args[0] if args else 0
+        return ViewStep(aten.select.int, (dim, index))
+    if name in ("aten::split", "aten::split_with_sizes"):
+        dim = args[1] if len(args) > 1 else 0
+        dim = dim % parent.dim()
+        size = parent.shape[dim]
+        if name == "aten::split":
+            chunk = args[0]
+            sizes = [min(chunk, size - s) for s in range(0, size, chunk)] if chunk > 0 else [size]
+        else:
+            sizes = list(args[0])
+        start = sum(sizes[:index])
+        return ViewStep(aten.slice.Tensor, (dim, start, start + sizes[index]))
+    raise UnsupportedError(f"multi-output view {op} is not supported")
+
+
+def replay(step: ViewStep, base: Any, call: Callable[..., Any], offset_shift: int = 0) -> Any:
+    """Apply `step` to `base` through `call(op, *args, **kwargs)` (a graph builder or plain torch).
+
+    `offset_shift` is how far the current storage base sits from where the traced one sat: as_strided
+    addresses the storage, so its offset moves with it (a functional base starts at offset 0)."""
+    if step.op is aten.as_strided.default and offset_shift:
+        size, stride, *rest = step.args
+        offset = rest[0] if rest else dict(step.kwargs).get("storage_offset")
+        if offset is None:
+            raise UnsupportedError("as_strided without an explicit storage_offset on a regenerated base")
+        return call(step.op, base, size, stride, offset + offset_shift)
+    return call(step.op, base, *step.args, **dict(step.kwargs))
+
+
+def replay_chain(chain: tuple[ViewStep, ...], base: Any, call: Callable[..., Any], offset_shift: int = 0) -> Any:
+    for step in chain:
+        base = replay(step, base, call, offset_shift)
+    return base
+
+
+# Views whose inverse reshapes the mutated value back to the base's shape: they keep the logical
+# (row-major) element order and, when they have no internal overlap, cover every element of the base.
+_RESHAPE_BACK = {
+    "aten::view",
+    "aten::_unsafe_view",
+    "aten::_reshape_alias",
+    "aten::squeeze",
+    "aten::unsqueeze",
+    "aten::expand",
+    "aten::alias",
+    "aten::detach",
+    "aten::lift_fresh",
+}
+
+
+def inverse(
+    step: ViewStep,
+    base: torch.Tensor,
+    view: torch.Tensor,
+    base_node: Any,
+    value_node: Any,
+    call: Callable[..., Any],
+) -> Any:
+    """Emit the new base after `value_node` was written into the view `step(base)`.
+
+    `base`/`view` are the fake tensors seen at trace time (their exact sizes, strides and offsets);
+    `base_node`/`value_node` are the graph values of the current base and the mutated view's new value.
+    """
+    name = step.op._schema.name
+    args = step.args
+    if name == "aten::view" and step.op is aten.view.dtype:
+        return call(aten.view.dtype, value_node, base.dtype)
+    if name in _RESHAPE_BACK:
+        return call(aten.reshape.default, value_node, list(base.shape))
+    if name in ("aten::t", "aten::transpose"):
+        return call(step.op, value_node, *args)
+    if name == "aten::permute":
+        dims = [d % base.dim() for d in args[0]]
+        inv = [0] * len(dims)
+        for i, d in enumerate(dims):
+            inv[d] = i
+        return call(aten.permute.default, value_node, inv)
+    if name == "aten::view_as_real":
+        return call(aten.view_as_complex.default, value_node)
+    if name == "aten::view_as_complex":
+        return call(aten.view_as_real.default, value_node)
+    if name in ("aten::_conj", "aten::_neg_view"):
+        return call(step.op, value_node)
+    if name == "aten::select":
+        return call(aten.select_scatter.default, base_node, value_node, *args)
+    if name == "aten::slice":
+        return call(aten.slice_scatter.default, base_node, value_node, *args)
+    if name == "aten::diagonal":
+        return call(aten.diagonal_scatter.default, base_node, value_node, *args)
+    return _as_strided_inverse(step, base, view, base_node, value_node, call)
+
+
+def _as_strided_inverse(
+    step: ViewStep, base: torch.Tensor, view: torch.Tensor, base_node: Any, value_node: Any, call: Callable[..., Any]
+) -> Any:
+    # `as_strided_scatter` addresses a fresh clone of the base (offset 0, the base's strides), so it
+    # reproduces the view exactly only when the base is contiguous: then storage position minus the
+    # base's offset is the element index in the clone.
+    if not base.is_contiguous():
+        raise UnsupportedError(
+            f"writing through {step.describe()} of a non-contiguous tensor is not supported; "
+            "call .contiguous() first or write through slicing"
+        )
+    offset = view.storage_offset() - base.storage_offset()
+    extent = offset + sum((s - 1) * st for s, st in zip(view.shape, view.stride()) if s > 0)
+    if view.numel() > 0 and (offset < 0 or extent >= base.numel()):
+        raise UnsupportedError(f"writing through {step.describe()} that reaches outside its base is not supported")
+    return call(aten.as_strided_scatter.default, base_node, value_node, list(view.shape), list(view.stride()), offset)
+
+
+def internal_overlap(t: torch.Tensor) -> str:
+    """How eager sees a write into `t`: "no" overlap; "yes" (a stride-0 dim of size > 1, e.g. expand:
+    eager raises, so must we); or "maybe" (eager writes element by element in an order we do not model:
+    overlapping unfold/as_strided; dealias refuses those rather than guess)."""
+    if t.numel() <= 1:
+        return "no"
+    dims = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s > 1)
+    if any(st == 0 for st, _ in dims):
+        return "yes"
+    # Sufficient test for non-overlap: with strides sorted, each stride exceeds the span of the dims
+    # inside it. The rare non-overlapping layouts failing it are reported as "maybe".
+    span = 0
+    for st, s in dims:
+        if st <= span:
+            return "maybe"
+        span += st * (s - 1)
+    return "no"

@@ -1,0 +1,617 @@
+"""Differential tests: each program runs eagerly and through dealias.jit (first and cached call) on copies
+of the same inputs; outputs, inputs after the call and output aliasing must match."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import check
+
+torch.manual_seed(0)
+
+
+def r(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape).to(dtype)
+
+
+# --- in-place on intermediates --------------------------------------------------------------------
+def seed(a, b):
+    c = torch.exp(a)
+    d = torch.tanh(b)
+    e = c.flatten()
+    e += d.flatten()
+    d.div_(a)
+    return c, d
+
+
+def chain_methods(x):
+    y = x * 1
+    y.add_(1).mul_(2).sub_(0.5)
+    return y
+
+
+def relu_inplace(x):
+    y = x @ x.t()
+    torch.nn.functional.relu(y, inplace=True)
+    return y
+
+
+def inplace_then_read_view(x):
+    y = x + 1
+    v = y[1]
+    y.mul_(3)
+    return v * 1
+
+
+def sibling_views(x):
+    y = x.clone()
+    a, b = y[0], y[:, 0]
+    a.fill_(7)
+    return b + 0, y
+
+
+def view_of_view_write(x):
+    y = x.clone()
+    y.view(-1)[2:5].mul_(10)
+    return y
+
+
+def intermediate_returned_twice(x):
+    y = x * 2
+    return y, y, y.view(-1)
+
+
+def outputs_alias_each_other(x):
+    y = x.sin()
+    a = y[0]
+    y.add_(1)
+    return a, y.t()
+
+
+# --- in-place on inputs ---------------------------------------------------------------------------
+def add_input(x, y):
+    x.add_(y)
+
+
+def add_returns_input(x):
+    y = x.add_(1)
+    return y
+
+
+def mul_input_return_other(x):
+    x.mul_(2)
+    return x * 3
+
+
+def two_inputs_mutated(x, y):
+    x.add_(1)
+    y.sub_(x)
+    return x + y
+
+
+def input_mutated_after_read(x):
+    a = x * 2
+    x.zero_()
+    return a
+
+
+# --- writes through views of inputs ---------------------------------------------------------------
+def write_view(x):
+    x.view(4, 3)[1] = 5.0
+
+
+def write_reshape(x):
+    x.reshape(-1)[3:6] = 0.0
+    return x
+
+
+def write_flatten(x):
+    x.flatten().mul_(2)
+
+
+def write_unflatten(x):
+    x.unflatten(1, (2, 2))[:, 1].add_(1)
+    return x.sum()
+
+
+def slice_step(x):
+    x[::2].mul_(-1)
+
+
+def slice_step_cols(x):
+    x[:, 1::2] = 3.0
+
+
+def select_write(x):
+    x[1] = 0.0
+    return x[1]
+
+
+def narrow_write(x):
+    x.narrow(1, 1, 2).add_(10)
+
+
+def t_write(x):
+    x.t()[0].fill_(1.0)
+
+
+def transpose_write(x):
+    x.transpose(0, 2)[1, 2].mul_(0)
+
+
+def permute_write(x):
+    x.permute(2, 0, 1)[0] += 1
+
+
+def movedim_write(x):
+    x.movedim(0, -1)[..., 1].zero_()
+
+
+def squeeze_write(x):
+    x.squeeze(1).add_(2)
+
+
+def unsqueeze_write(x):
+    x.unsqueeze(0)[0, 1].mul_(3)
+
+
+def diagonal_write(x):
+    x.diagonal().fill_(9.0)
+
+
+def diagonal_offset_write(x):
+    x.diagonal(1).add_(1)
+    x.diagonal(-1).sub_(1)
+
+
+def diagonal_dims_write(x):
+    x.diagonal(0, 1, 2).mul_(2)
+
+
+def unbind_write(x):
+    a, b, c = x.unbind(0)
+    b.mul_(2)
+    return a + c
+
+
+def split_write(x):
+    parts = x.split(2)
+    parts[1].add_(100)
+    return parts[0]
+
+
+def chunk_write(x):
+    c = x.chunk(3, dim=1)
+    c[2].zero_()
+    return c[0] * 1
+
+
+def split_sizes_write(x):
+    a, b = x.split([1, 3])
+    b[0].fill_(4.0)
+    return a
+
+
+def as_strided_write(x):
+    x.as_strided((2, 2), (4, 1), 1).fill_(-1.0)
+
+
+def unfold_write(x):
+    x.unfold(0, 2, 2).mul_(3)
+
+
+def unfold_gap_write(x):
+    x.unfold(0, 2, 3).mul_(3)
+
+
+def detach_write(x):
+    x.detach().add_(1)
+
+
+def dtype_view_write(x):
+    x.view(torch.int32).bitwise_xor_(1)
+
+
+def view_as_real_write(x):
+    torch.view_as_real(x)[..., 1].mul_(-1)
+
+
+def view_as_complex_write(x):
+    torch.view_as_complex(x).mul_(1j)
+
+
+def real_write(x):
+    x.real.add_(1)
+
+
+def imag_write(x):
+    x.imag.zero_()
+    return x.real * 1
+
+
+def nested_views_write(x):
+    x[0][:, 1][1:].add_(1)
+
+
+def view_read_after_write(x):
+    v = x[1]
+    x.mul_(2)
+    return v + 0
+
+
+def return_view_of_input(x):
+    x.add_(1)
+    return x[0], x.t()
+
+
+def return_view_unmodified(x):
+    return x[1:], x.view(-1)
+
+
+# --- setitem --------------------------------------------------------------------------------------
+def setitem_int(x, v):
+    x[2] = v
+
+
+def setitem_slice(x, v):
+    x[1:3] = v
+
+
+def setitem_tensor_index(x, idx, v):
+    x[idx] = v
+
+
+def setitem_bool_mask(x):
+    x[x > 0] = 0.0
+
+
+def setitem_mask_tensor_value(x, m, v):
+    x[m] = v
+
+
+def setitem_broadcast(x):
+    x[:, 1] = torch.arange(4.0)
+
+
+def setitem_ellipsis(x, v):
+    x[..., 0] = v
+
+
+def index_put_accumulate(x, idx, v):
+    x.index_put_((idx,), v, accumulate=True)
+
+
+def index_copy_(cache, pos, k):
+    cache.index_copy_(1, pos, k)
+
+
+def index_add_intermediate(x, idx):
+    y = torch.zeros(5, 3)
+    y.index_add_(0, idx, x)
+    return y
+
+
+def masked_fill_(x):
+    x.masked_fill_(x < 0, -1.0)
+
+
+def scatter_(x, idx):
+    x.scatter_(1, idx, 1.0)
+
+
+# --- out= -----------------------------------------------------------------------------------------
+def out_arg(x, y, o):
+    torch.add(x, y, out=o)
+    return o
+
+
+def out_intermediate(x):
+    o = torch.empty(3, 4)
+    torch.mul(x, 2, out=o)
+    return o + 1
+
+
+def out_into_view(x, y):
+    torch.sin(y, out=x[1])
+
+
+def out_multi(x, vals, idx):
+    torch.max(x, 1, out=(vals, idx))
+    return vals, idx
+
+
+# --- copy_ ----------------------------------------------------------------------------------------
+def copy_broadcast(x, y):
+    x.copy_(y)
+
+
+def copy_dtype(x, y):
+    x.copy_(y)
+    return x
+
+
+def copy_into_slice(x, y):
+    x[1:3].copy_(y.t())
+
+
+# --- maybe-aliasing ops ---------------------------------------------------------------------------
+def reshape_noncontig_copy(x):
+    y = x.t().reshape(-1)
+    y.add_(100)
+    return y
+
+
+def reshape_contig_alias(x):
+    y = x.reshape(-1)
+    y.add_(100)
+    return y
+
+
+def contiguous_copy(x):
+    y = x.t().contiguous()
+    y.zero_()
+    return y
+
+
+def contiguous_alias(x):
+    y = x.contiguous()
+    y.mul_(2)
+    return y
+
+
+def to_same_dtype_alias(x):
+    y = x.to(torch.float32)
+    y.add_(1)
+    return y
+
+
+def to_other_dtype_copy(x):
+    y = x.to(torch.float64)
+    y.add_(1)
+    return y
+
+
+# --- shapes and dtypes ----------------------------------------------------------------------------
+def zero_dim(x):
+    x.add_(1)
+    return x * 2
+
+
+def empty_tensor(x):
+    x.add_(1)
+    return x.sum()
+
+
+def int_inplace(x):
+    x.mul_(3).add_(1)
+    return x // 2
+
+
+def bool_inplace(x, y):
+    x.logical_and_(y)
+
+
+def half_inplace(x, y):
+    x.add_(y)
+
+
+def ge_inplace(x):
+    x.ge_(0)
+
+
+def iand_op(x, y):
+    x &= y
+
+
+def scalar_arg(x, alpha: float, n: int):
+    x.add_(alpha * n)
+    return x * alpha
+
+
+def kwargs_and_pytree(xs, *, scale):
+    xs["a"].mul_(scale)
+    xs["b"][0].add_(xs["a"])
+    return [xs["a"], (xs["b"][1], None, 3)]
+
+
+def non_tensor_output(x):
+    x.add_(1)
+    return x.shape[0], "tag"
+
+
+def closure_constant_read(x):
+    return x + _CONST
+
+
+_CONST = torch.arange(4.0)
+
+
+def foreach_inplace(a, b):
+    torch._foreach_add_([a, b], 1.0)
+    torch._foreach_mul_([a, b], [b, a])
+
+
+def addcmul_lerp(p, g, m):
+    m.lerp_(g, 0.1)
+    p.addcmul_(m, g, value=-0.01)
+
+
+def clamp_inplace(x):
+    x.clamp_(-0.5, 0.5)
+
+
+def where_after_write(x):
+    y = x.clone()
+    y[0] = 1.0
+    return torch.where(y > 0, y, x)
+
+
+def matmul_into_slice(a, b, c):
+    c[:, :2] = a @ b
+
+
+def cumsum_out_of_place_after_write(x):
+    y = x.exp()
+    y[1:].mul_(0.5)
+    return y.cumsum(0)
+
+
+def loop_writes(x):
+    for i in range(4):
+        x[i].add_(i)
+    return x
+
+
+def kv_cache_step(kc, vc, k, v, pos):
+    kc[:, :, pos] = k
+    vc[:, :, pos] = v
+    return kc[:, :, : pos + 1].sum(), vc
+
+
+def zero_sized_view_write(x):
+    x[2:2].fill_(1.0)
+
+
+def write_then_view_returned(x):
+    y = x * 1
+    z = y[1:]
+    z.add_(1)
+    return y, z
+
+
+def metadata_t_(x):
+    x.t_()
+    return x.shape[0]
+
+
+def unsqueeze_transpose_squeeze(x):
+    y = x * 1
+    y.unsqueeze_(0)
+    y.transpose_(0, 1)
+    y.squeeze_(1)
+    return y, y.shape[0]
+
+
+def dropout_eval(x):
+    return torch.nn.functional.dropout(x, 0.5, training=False).add_(1)
+
+
+def random_inplace(x):
+    y = torch.empty(4, 4)
+    y.uniform_()
+    x.add_(y)
+    return y
+
+
+PROGRAMS = [
+    (seed, lambda: (r(3, 4), r(3, 4))),
+    (chain_methods, lambda: (r(5),)),
+    (relu_inplace, lambda: (r(3, 3),)),
+    (inplace_then_read_view, lambda: (r(3, 2),)),
+    (sibling_views, lambda: (r(3, 3),)),
+    (view_of_view_write, lambda: (r(2, 4),)),
+    (intermediate_returned_twice, lambda: (r(2, 2),)),
+    (outputs_alias_each_other, lambda: (r(2, 3),)),
+    (add_input, lambda: (r(3), r(3))),
+    (add_returns_input, lambda: (r(3),)),
+    (mul_input_return_other, lambda: (r(3),)),
+    (two_inputs_mutated, lambda: (r(3), r(3))),
+    (input_mutated_after_read, lambda: (r(3),)),
+    (write_view, lambda: (r(12),)),
+    (write_reshape, lambda: (r(3, 4),)),
+    (write_flatten, lambda: (r(2, 3),)),
+    (write_unflatten, lambda: (r(3, 4),)),
+    (slice_step, lambda: (r(7, 2),)),
+    (slice_step_cols, lambda: (r(3, 6),)),
+    (select_write, lambda: (r(3, 2),)),
+    (narrow_write, lambda: (r(3, 4),)),
+    (t_write, lambda: (r(3, 4),)),
+    (transpose_write, lambda: (r(3, 4, 5),)),
+    (permute_write, lambda: (r(2, 3, 4),)),
+    (movedim_write, lambda: (r(2, 3, 4),)),
+    (squeeze_write, lambda: (r(3, 1, 2),)),
+    (unsqueeze_write, lambda: (r(3, 2),)),
+    (diagonal_write, lambda: (r(4, 4),)),
+    (diagonal_offset_write, lambda: (r(4, 5),)),
+    (diagonal_dims_write, lambda: (r(2, 3, 3),)),
+    (unbind_write, lambda: (r(3, 4),)),
+    (split_write, lambda: (r(5, 2),)),
+    (chunk_write, lambda: (r(2, 6),)),
+    (split_sizes_write, lambda: (r(4, 2),)),
+    (as_strided_write, lambda: (r(4, 4),)),
+    (unfold_write, lambda: (r(6),)),
+    (unfold_gap_write, lambda: (r(8),)),
+    (detach_write, lambda: (r(3),)),
+    (dtype_view_write, lambda: (r(4),)),
+    (view_as_real_write, lambda: (torch.randn(3, dtype=torch.complex64),)),
+    (view_as_complex_write, lambda: (r(3, 2),)),
+    (real_write, lambda: (torch.randn(3, dtype=torch.complex64),)),
+    (imag_write, lambda: (torch.randn(3, dtype=torch.complex64),)),
+    (nested_views_write, lambda: (r(2, 3, 4),)),
+    (view_read_after_write, lambda: (r(2, 3),)),
+    (return_view_of_input, lambda: (r(2, 3),)),
+    (return_view_unmodified, lambda: (r(3, 2),)),
+    (setitem_int, lambda: (r(4, 3), r(3))),
+    (setitem_slice, lambda: (r(4, 3), r(2, 3))),
+    (setitem_tensor_index, lambda: (r(5, 3), torch.tensor([0, 3]), r(2, 3))),
+    (setitem_bool_mask, lambda: (r(4, 4),)),
+    (setitem_mask_tensor_value, lambda: (r(4), torch.tensor([True, False, True, False]), torch.tensor(7.0))),
+    (setitem_broadcast, lambda: (r(4, 3),)),
+    (setitem_ellipsis, lambda: (r(2, 3, 4), r(2, 3))),
+    (index_put_accumulate, lambda: (r(4), torch.tensor([1, 1, 2]), r(3))),
+    (index_copy_, lambda: (torch.zeros(2, 6, 3), torch.tensor([4]), r(2, 1, 3))),
+    (index_add_intermediate, lambda: (r(3, 3), torch.tensor([0, 2, 2]))),
+    (masked_fill_, lambda: (r(3, 3),)),
+    (scatter_, lambda: (r(3, 4), torch.tensor([[0], [2], [3]]))),
+    (out_arg, lambda: (r(3), r(3), torch.empty(3))),
+    (out_intermediate, lambda: (r(3, 4),)),
+    (out_into_view, lambda: (r(3, 2), r(2))),
+    (out_multi, lambda: (r(3, 4), torch.empty(3), torch.empty(3, dtype=torch.long))),
+    (copy_broadcast, lambda: (r(3, 4), r(4))),
+    (copy_dtype, lambda: (r(3), torch.tensor([1, 2, 3]))),
+    (copy_into_slice, lambda: (r(4, 3), r(3, 2))),
+    (reshape_noncontig_copy, lambda: (r(3, 4),)),
+    (reshape_contig_alias, lambda: (r(3, 4),)),
+    (contiguous_copy, lambda: (r(3, 4),)),
+    (contiguous_alias, lambda: (r(3, 4),)),
+    (to_same_dtype_alias, lambda: (r(3),)),
+    (to_other_dtype_copy, lambda: (r(3),)),
+    (zero_dim, lambda: (torch.tensor(3.0),)),
+    (empty_tensor, lambda: (torch.empty(0, 3),)),
+    (int_inplace, lambda: (torch.arange(6),)),
+    (bool_inplace, lambda: (torch.tensor([True, True, False]), torch.tensor([True, False, False]))),
+    (half_inplace, lambda: (r(4, dtype=torch.float16), r(4))),
+    (ge_inplace, lambda: (r(5),)),
+    (iand_op, lambda: (torch.tensor([3, 5, 7]), torch.tensor([1, 4, 6]))),
+    (scalar_arg, lambda: (r(3), 0.5, 3)),
+    (kwargs_and_pytree, None),
+    (non_tensor_output, lambda: (r(2),)),
+    (closure_constant_read, lambda: (r(4),)),
+    (foreach_inplace, lambda: (r(3), r(3))),
+    (addcmul_lerp, lambda: (r(4), r(4), r(4))),
+    (clamp_inplace, lambda: (r(6),)),
+    (where_after_write, lambda: (r(2, 3),)),
+    (matmul_into_slice, lambda: (r(3, 4), r(4, 2), r(3, 5))),
+    (cumsum_out_of_place_after_write, lambda: (r(4),)),
+    (loop_writes, lambda: (r(4, 2),)),
+    (kv_cache_step, lambda: (torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4), r(1, 2, 4), r(1, 2, 4), 3)),
+    (zero_sized_view_write, lambda: (r(4),)),
+    (write_then_view_returned, lambda: (r(3, 2),)),
+    (metadata_t_, lambda: (r(2, 3),)),
+    (unsqueeze_transpose_squeeze, lambda: (r(2, 3),)),
+    (dropout_eval, lambda: (r(4),)),
+    (random_inplace, lambda: (r(4, 4),)),
+]
+
+
+@pytest.mark.parametrize("fn,make", PROGRAMS, ids=[p[0].__name__ for p in PROGRAMS])
+def test_program(fn, make):
+    if make is None:
+        check(lambda xs, scale: fn(xs, scale=scale), {"a": r(3), "b": [r(3), r(2)]}, 2.0)
+        return
+    check(fn, *make())
+
+
+def test_enough_programs():
+    assert len(PROGRAMS) >= 80
