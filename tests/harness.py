@@ -65,7 +65,9 @@ def _alias_pattern(inputs: list[Any], outputs: list[Any]) -> list[tuple[Any, ...
                 tuple(i for i, x in enumerate(ins) if x is o),
                 tuple(i for i, x in enumerate(ins) if x.untyped_storage()._cdata == st),
                 tuple(j for j, p in enumerate(outputs) if p is o),
-                tuple(j for j, p in enumerate(outputs) if isinstance(p, torch.Tensor) and p.untyped_storage()._cdata == st),
+                tuple(
+                    j for j, p in enumerate(outputs) if isinstance(p, torch.Tensor) and p.untyped_storage()._cdata == st
+                ),
             )
         )
     return pattern
@@ -95,8 +97,10 @@ def check(fn: Callable[..., Any], *args: Any, calls: int = 2, allow_fallback: bo
         where = f"call {call + 1}"
         if eager_err is not None:
             assert jit_err is not None, f"{where}: eager raised {eager_err!r}, dealias did not"
-            assert isinstance(jit_err, type(eager_err)) or isinstance(jit_err, RuntimeError) and isinstance(
-                eager_err, RuntimeError
+            assert (
+                isinstance(jit_err, type(eager_err))
+                or isinstance(jit_err, RuntimeError)
+                and isinstance(eager_err, RuntimeError)
             ), f"{where}: eager raised {eager_err!r}, dealias {jit_err!r}"
             raised = True
             # Inputs are left as they were when dealias raises.
@@ -118,7 +122,9 @@ def check(fn: Callable[..., Any], *args: Any, calls: int = 2, allow_fallback: bo
             f" dealias {_alias_pattern(jin, got_leaves)}"
         )
     info = dealias.cache_info(jf)
-    assert raised or info.misses == 1 and info.hits == calls - 1, f"expected one compile and {calls - 1} hits, got {info}"
+    assert raised or info.misses == 1 and info.hits == calls - 1, (
+        f"expected one compile and {calls - 1} hits, got {info}"
+    )
     return jf
 
 

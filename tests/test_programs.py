@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from harness import check
 
 torch.manual_seed(0)
@@ -615,3 +614,51 @@ def test_program(fn, make):
 
 def test_enough_programs():
     assert len(PROGRAMS) >= 80
+
+
+# --- outputs that must stay distinct, and eager's own errors ---------------------------------------
+def equal_intermediates(x):
+    a = x + 1
+    b = x + 1
+    return a, b
+
+
+def expand_write(x):
+    x.expand(3, 4).add_(1)
+
+
+def expand_write_after_other_write(x, y):
+    y.add_(1)
+    x.expand(3, 4).add_(1)
+
+
+def partial_overlap_write(x):
+    x[1:].add_(x[:-1])
+
+
+def int_add_float(x):
+    x.add_(1.5)
+
+
+def copy_unbroadcastable(x, y):
+    x.copy_(y)
+
+
+def leaf_requires_grad_inplace(w):
+    w.add_(1)
+
+
+MORE_PROGRAMS = [
+    (equal_intermediates, lambda: (r(3),)),
+    (expand_write, lambda: (r(4),)),
+    (expand_write_after_other_write, lambda: (r(4), r(2))),
+    (partial_overlap_write, lambda: (r(5),)),
+    (int_add_float, lambda: (torch.arange(3),)),
+    (copy_unbroadcastable, lambda: (r(3), r(4))),
+    (leaf_requires_grad_inplace, lambda: (r(3).requires_grad_(),)),
+]
+
+
+@pytest.mark.parametrize("fn,make", MORE_PROGRAMS, ids=[p[0].__name__ for p in MORE_PROGRAMS])
+def test_more_programs(fn, make):
+    check(fn, *make())

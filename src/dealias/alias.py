@@ -151,7 +151,9 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
             view_op = _INPLACE_VIEW_AS[name]
         else:
             raise UnsupportedError(
-                with_location(f"{op} (it changes which memory a tensor refers to) is not supported", node_location(node))
+                with_location(
+                    f"{op} (it changes which memory a tensor refers to) is not supported", node_location(node)
+                )
             )
         self_v = info.value(node.args[0])
         step = ViewStep(view_op, tuple(node.args[1:]), tuple(sorted(node.kwargs.items())))

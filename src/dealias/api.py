@@ -8,8 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch._subclasses.fake_tensor import UnsupportedFakeTensorException
-from torch._subclasses.fake_tensor import UnsupportedOperatorException
+from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
 from .alias import analyze
 from .capture import capture
@@ -67,7 +66,7 @@ def compile_program(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     captured = capture(fn, args, kwargs)
     info = analyze(captured.gm)
     fp = functionalize(captured, info)
-    fp.gm = optimize(fp.gm)
+    fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
     traces = [
         Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
         Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)")),

@@ -99,10 +99,13 @@ def capture(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     try:
         gm = make_fx(flat_fn, tracing_mode="fake", record_stack_traces=True, _allow_non_fake_inputs=True)(*fakes)
     except _DATA_DEPENDENT as e:
-        loc = exception_location(e)
-        raise DataDependentError(
-            with_location(f"the program depends on tensor data ({type(e).__name__})", loc)
-        ) from e
+        if isinstance(e, DataDependentOutputException):
+            what = "reads a tensor's value into Python"
+        elif isinstance(e, DynamicOutputShapeException):
+            what = "makes a tensor whose shape depends on data (a data-dependent shape)"
+        else:
+            what = "branches in Python on a tensor's value"
+        raise DataDependentError(with_location(f"the program {what}", exception_location(e))) from e
     _check_static(gm)
     _name_placeholders(gm, fn, leaves, positions, in_spec)
     captured.gm = gm
@@ -123,9 +126,7 @@ def _check_static(gm: fx.GraphModule) -> None:
             data_dependent = any(isinstance(v, torch.Tensor) and free_unbacked_symbols(v) for v in vals)
         if data_dependent:
             what = ".item()/Python scalar of a tensor" if "scalar" in str(node.target) else "a data-dependent shape"
-            raise DataDependentError(
-                with_location(f"the program reads {what} ({node.target})", node_location(node))
-            )
+            raise DataDependentError(with_location(f"the program reads {what} ({node.target})", node_location(node)))
 
 
 def _name_placeholders(

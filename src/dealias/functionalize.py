@@ -344,7 +344,11 @@ class _Functionalizer:
             if v.storage.kind in ("input", "constant") and v.chain:
                 root = v.storage.root_meta
                 m = v.meta
-                if (tuple(m.shape), m.stride(), m.storage_offset()) != (tuple(root.shape), root.stride(), root.storage_offset()):
+                if (tuple(m.shape), m.stride(), m.storage_offset()) != (
+                    tuple(root.shape),
+                    root.stride(),
+                    root.storage_offset(),
+                ):
                     self.program.metadata_writebacks.append(
                         MetadataWriteBack(v.storage, tuple(m.shape), tuple(m.stride()), m.storage_offset())
                     )
@@ -373,7 +377,9 @@ def _bind_args(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict
     return bound
 
 
-def _to_call(schema: torch.FunctionSchema, names: list[str], values: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def _to_call(
+    schema: torch.FunctionSchema, names: list[str], values: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
     """Arguments for `schema` from the mutating op's arguments `names` (in its schema order, matched to the
     functional schema by position: their types match even where names differ) and their `values`."""
     args: list[Any] = []

@@ -60,8 +60,26 @@ def dce(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def optimize(gm: fx.GraphModule) -> fx.GraphModule:
-    gm = dce(cse(gm))
+def distinct_outputs(gm: fx.GraphModule, first: int) -> fx.GraphModule:
+    """Outputs from `first` on are the bases of distinct storages; CSE may have merged two equal ones
+    (`a = x + 1; b = x + 1`), and eager's `a` and `b` do not alias: give each its own tensor."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    values = list(out.args[0])
+    seen: set[fx.Node] = set()
+    for i in range(first, len(values)):
+        if values[i] in seen:
+            with gm.graph.inserting_before(out):
+                clone = gm.graph.call_function(torch.ops.aten.clone.default, (values[i],))
+            clone.meta = dict(values[i].meta)
+            values[i] = clone
+        seen.add(values[i])
+    out.args = (tuple(values),)
+    return gm
+
+
+def optimize(gm: fx.GraphModule, first_output: int = 0) -> fx.GraphModule:
+    """CSE and DCE; outputs from `first_output` on stay distinct tensors."""
+    gm = distinct_outputs(dce(cse(gm)), first_output)
     gm.graph.lint()
     gm.recompile()
     return gm

@@ -1,0 +1,57 @@
+"""The differential harness must be able to fail: sabotage dealias in one way at a time and check that
+`check` notices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from harness import check
+
+import dealias.program as program
+import dealias.viewops as viewops
+
+
+def add_input(x):
+    x.add_(1)
+
+
+def returns_input(x):
+    x.mul_(2)
+    return x, x[0]
+
+
+def select_write(x):
+    x[1] = 0.0
+    return x.sum()
+
+
+def test_notices_missing_write_back(monkeypatch):
+    monkeypatch.setattr(program.CompiledProgram, "caller_tensor", lambda self, s, t: torch.empty_like(t[0]))
+    with pytest.raises(AssertionError):
+        check(add_input, torch.randn(3))
+
+
+def test_notices_lost_output_aliasing(monkeypatch):
+    real = program.CompiledProgram._output
+    monkeypatch.setattr(program.CompiledProgram, "_output", lambda self, *a: real(self, *a).clone())
+    with pytest.raises(AssertionError, match="aliasing"):
+        check(returns_input, torch.randn(3))
+
+
+def test_notices_wrong_view_inverse(monkeypatch):
+    real = viewops.inverse
+
+    def broken(step, base, view, base_node, value_node, call):
+        if step.op is torch.ops.aten.select.int:
+            return base_node  # drop the write
+        return real(step, base, view, base_node, value_node, call)
+
+    monkeypatch.setattr("dealias.functionalize.inverse", broken)
+    with pytest.raises(AssertionError):
+        check(select_write, torch.randn(3, 2))
+
+
+def test_notices_extra_recompile(monkeypatch):
+    monkeypatch.setattr("dealias.api.guard_key", lambda leaves, structure: object())
+    with pytest.raises(AssertionError, match="one compile"):
+        check(add_input, torch.randn(3))

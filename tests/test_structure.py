@@ -1,0 +1,186 @@
+"""Structure, not only values: the functional trace has no mutation, intermediates need no copy_, the
+cache compiles exactly when the meaning changes, and unsupported programs fail loudly or fall back."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from harness import check, functional_ops
+from test_programs import MORE_PROGRAMS, PROGRAMS, seed
+
+import dealias
+from dealias.opfacts import OpKind, facts
+
+
+def _mutating(jf) -> list[str]:
+    gm = jf.last.functional.gm
+    return [
+        str(n.target)
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and isinstance(n.target, torch._ops.OpOverload)
+        and facts(n.target).kind not in (OpKind.FUNCTIONAL, OpKind.VIEW)
+    ]
+
+
+def test_seed_program_has_no_copy():
+    jf = check(seed, torch.randn(4, 4), torch.randn(4, 4))
+    ops = functional_ops(jf)
+    assert not any("copy" in op for op in ops), ops
+    assert not jf.last.functional.writebacks
+    text = "\n".join(str(t) for t in dealias.last_traces(jf))
+    assert "copy_" not in text
+
+
+@pytest.mark.parametrize("fn,make", PROGRAMS, ids=[p[0].__name__ for p in PROGRAMS])
+def test_functional_trace_has_no_mutation(fn, make):
+    if make is None:
+        pytest.skip("pytree program")
+    jf = dealias.jit(fn, strict=True)
+    jf(*make())
+    assert _mutating(jf) == []
+
+
+def test_intermediates_only_have_no_write_back():
+    def f(x):
+        y = x.clone()
+        y[0].mul_(2)
+        y.t()[1].add_(1)
+        z = y.view(-1)
+        z += 1
+        return y.sum()
+
+    jf = check(f, torch.randn(3, 3))
+    assert not jf.last.functional.writebacks
+    assert "copy_" not in str(dealias.last_traces(jf)[2])
+
+
+def test_every_trace_names_the_source_line():
+    jf = dealias.jit(seed)
+    jf(torch.randn(2, 2), torch.randn(2, 2))
+    captured = str(dealias.last_traces(jf)[0])
+    assert "test_programs.py" in captured and "d.div_(a)" in captured
+
+
+def _one(x):
+    x.add_(1)
+    return x * 2
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        lambda: (torch.randn(4),),  # same signature: hit
+    ],
+)
+def test_cache_hit(second):
+    jf = dealias.jit(_one)
+    jf(torch.randn(4))
+    jf(*second())
+    assert dealias.cache_info(jf) == dealias.CacheInfo(hits=1, misses=1, entries=1, eager_entries=0)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        lambda: torch.randn(5),  # shape
+        lambda: torch.randn(4, dtype=torch.float64),  # dtype
+        lambda: torch.randn(8)[::2],  # strides
+        lambda: torch.randn(5)[1:],  # storage offset
+        lambda: torch.randn(4).requires_grad_().clone(),  # requires_grad (non-leaf)
+    ],
+    ids=["shape", "dtype", "stride", "offset", "requires_grad"],
+)
+def test_recompile_on_meaning_change(other):
+    jf = dealias.jit(_one)
+    jf(torch.randn(4))
+    x = other()
+    expected = _one(x.detach().clone())
+    got = jf(x)
+    torch.testing.assert_close(got.detach(), expected)
+    assert dealias.cache_info(jf).misses == 2
+    jf(other())
+    assert dealias.cache_info(jf).misses == 2
+
+
+def test_recompile_on_scalar_and_grad_mode():
+    def f(x, s):
+        return x.mul_(s)
+
+    jf = dealias.jit(f)
+    jf(torch.ones(2), 2.0)
+    jf(torch.ones(2), 2.0)
+    out = jf(torch.ones(2), 3.0)
+    assert torch.equal(out, torch.full((2,), 3.0))
+    with torch.no_grad():
+        jf(torch.ones(2), 3.0)
+    assert dealias.cache_info(jf) == dealias.CacheInfo(hits=1, misses=3, entries=3, eager_entries=0)
+
+
+def test_data_dependent_falls_back_with_warning_naming_the_line():
+    def f(x):
+        if x.sum() > 0:
+            x.add_(1)
+        return x
+
+    jf = dealias.jit(f)
+    x = torch.ones(3)
+    with pytest.warns(dealias.FallbackWarning, match=r"test_structure.py:\d+\s+if x.sum\(\) > 0"):
+        out = jf(x)
+    assert out is x and torch.equal(x, torch.full((3,), 2.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jf(x)  # cached decision: no second warning, still eager
+    assert torch.equal(x, torch.full((3,), 3.0))
+    assert dealias.cache_info(jf).eager_entries == 1
+
+
+def test_item_is_data_dependent():
+    def f(x):
+        return x * x.max().item()
+
+    with pytest.raises(dealias.DataDependentError, match=r"item|scalar"):
+        dealias.jit(f, strict=True)(torch.randn(3))
+    jf = check(f, torch.randn(3), allow_fallback=True)
+    assert dealias.cache_info(jf).eager_entries == 1
+
+
+def test_mask_read_is_data_dependent():
+    def f(x):
+        return x[x > 0]
+
+    with pytest.raises(dealias.DataDependentError, match="data-dependent shape"):
+        dealias.jit(f, strict=True)(torch.randn(3))
+
+
+def test_unsupported_write_names_op_and_line():
+    def f(x):
+        x.unfold(0, 3, 1).mul_(2)  # overlapping windows: eager's result depends on its loop order
+
+    with pytest.raises(dealias.UnsupportedError, match=r"mul_.*\n.*test_structure.py:\d+\s+x.unfold"):
+        dealias.jit(f, strict=True)(torch.randn(6))
+
+
+def test_eager_error_is_runtime_error_with_location_and_inputs_untouched():
+    def f(x, y):
+        y.add_(1)
+        x.expand(2, 3).mul_(2)
+
+    x, y = torch.ones(3), torch.ones(2)
+    with pytest.raises(RuntimeError, match=r"more than one element(.|\n)*test_structure.py"):
+        dealias.jit(f)(x, y)
+    assert torch.equal(y, torch.ones(2))
+
+
+def test_eager_error_programs_are_covered():
+    assert len(MORE_PROGRAMS) >= 5
+
+
+def test_outputs_of_equal_intermediates_are_distinct():
+    def f(x):
+        return x + 1, x + 1
+
+    a, b = dealias.jit(f)(torch.randn(3))
+    assert a is not b and a.untyped_storage()._cdata != b.untyped_storage()._cdata
