@@ -23,7 +23,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from .capture import node_location
 from .errors import InternalError, UnsupportedError, with_location
 from .opfacts import OpKind, facts
-from .viewops import ViewStep, normalize_multi_output
+from .sharing import AliasGroup
+from .viewops import ViewStep, as_strided_rel, normalize_multi_output, relative_as_strided
 
 aten = torch.ops.aten
 
@@ -31,8 +32,8 @@ aten = torch.ops.aten
 @dataclass(eq=False)
 class Storage:
     id: int
-    kind: str  # "input" | "constant" | "intermediate"
-    index: int | None = None  # input position, for kind == "input"
+    kind: str  # "input" | "group" | "constant" | "intermediate"
+    index: int | None = None  # input position (kind "input") or alias group number (kind "group")
     constant: str | None = None  # attribute name of the tensor constant, for kind == "constant"
     root_meta: torch.Tensor | None = None  # fake tensor of the base as traced
     root_obj: int = -1  # the tensor object that is the base
@@ -53,6 +54,7 @@ class Value:
 class AliasInfo:
     values: dict[fx.Node, Any] = field(default_factory=dict)  # Value, or a tuple of them for multi-outputs
     storages: list[Storage] = field(default_factory=list)
+    input_index: dict[fx.Node, int] = field(default_factory=dict)  # placeholder -> tensor input position
 
     def value(self, node: fx.Node) -> Value:
         v = self.values[node]
@@ -76,8 +78,12 @@ def _squeeze_view(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
     return getattr(aten.squeeze, op._overloadname)
 
 
-def analyze(gm: fx.GraphModule) -> AliasInfo:
+def analyze(gm: fx.GraphModule, groups: list[AliasGroup] = ()) -> AliasInfo:
+    """Storages and view chains of every value of `gm`. Inputs in one of `groups` (they overlap in memory)
+    share one storage whose base is the group's synthetic base; each is an as_strided view of it."""
     info = AliasInfo()
+    group_of = {m: g for g, group in enumerate(groups) for m in group.members}
+    group_storage: dict[int, Storage] = {}
     ids = itertools.count()
 
     def root(node: fx.Node, kind: str, meta: torch.Tensor, **kw: Any) -> Value:
@@ -97,7 +103,12 @@ def analyze(gm: fx.GraphModule) -> AliasInfo:
     for node in gm.graph.nodes:
         meta = node.meta.get("val")
         if node.op == "placeholder":
-            info.values[node] = root(node, "input", meta, index=inputs)
+            info.input_index[node] = inputs
+            if inputs in group_of:
+                g = group_of[inputs]
+                info.values[node] = _group_member(node, groups[g], g, group_storage, info, next(ids))
+            else:
+                info.values[node] = root(node, "input", meta, index=inputs)
             inputs += 1
         elif node.op == "get_attr":
             real = getattr(gm, node.target)
@@ -111,6 +122,25 @@ def analyze(gm: fx.GraphModule) -> AliasInfo:
             info.values[node] = _call_value(node, info, fresh, ids)
     _verify_storages(gm, info)
     return info
+
+
+def _group_member(
+    node: fx.Node, group: AliasGroup, gid: int, storages: dict[int, Storage], info: AliasInfo, obj: int
+) -> Value:
+    meta = node.meta["val"]
+    if gid not in storages:
+        with meta.fake_mode:
+            base = meta.as_strided((group.extent,), (1,), group.start)
+        storages[gid] = Storage(len(info.storages), "group", index=gid, root_meta=base)
+        info.storages.append(storages[gid])
+    step = ViewStep(as_strided_rel, (list(meta.shape), list(meta.stride()), meta.storage_offset() - group.start))
+    return Value(storages[gid], (step,), obj, meta, node)
+
+
+def _step(op: torch._ops.OpOverload, node: fx.Node, parent: Value) -> ViewStep:
+    if op is aten.as_strided.default:
+        return relative_as_strided(tuple(node.args[1:]), dict(node.kwargs), parent.meta)
+    return ViewStep(op, tuple(node.args[1:]), tuple(sorted(node.kwargs.items())))
 
 
 def _tensor_arg(node: fx.Node, name: str) -> fx.Node:
@@ -138,7 +168,7 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         parent = info.value(node.args[0])
         if f.multi_output_view:
             return _MultiView(op, tuple(node.args[1:]), parent)
-        step = ViewStep(op, tuple(node.args[1:]), tuple(sorted(node.kwargs.items())))
+        step = _step(op, node, parent)
         return Value(parent.storage, parent.chain + (step,), next(ids), meta, node)
     if f.kind is OpKind.INPLACE:
         # foreach ops write a list and return nothing; the others return `self` itself.
@@ -156,7 +186,7 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
                 )
             )
         self_v = info.value(node.args[0])
-        step = ViewStep(view_op, tuple(node.args[1:]), tuple(sorted(node.kwargs.items())))
+        step = _step(view_op, node, self_v)
         return Value(self_v.storage, self_v.chain + (step,), self_v.obj, meta, node)
     if f.kind is OpKind.OUT:
         outs = tuple(info.value(_tensor_arg(node, n)) for n in f.mutated)
@@ -175,20 +205,18 @@ class _MultiView:
 
 
 def _verify_storages(gm: fx.GraphModule, info: AliasInfo) -> None:
-    """The schema-derived storages must partition the values exactly as the fake tensors' storages do."""
+    """The schema-derived storages must partition the values exactly as the fake tensors' storages do.
+    Only caller storages may share a fake storage (inputs that share memory without overlapping)."""
+    callers = {s.id for s in info.storages if s.kind in ("input", "group")}
     mine_to_fake: dict[int, StorageWeakRef] = {}
-    fake_to_mine: dict[StorageWeakRef, int] = {}
+    fake_to_mine: dict[StorageWeakRef, set[int]] = {}
     for node, v in info.values.items():
         if not isinstance(v, Value) or not isinstance(v.meta, torch.Tensor):
             continue
         ref = StorageWeakRef(v.meta.untyped_storage())
-        sid = v.storage.id
-        if v.storage.kind == "input":
-            # Inputs that share memory share one fake storage; they are grouped by the caller (guards).
-            fake_to_mine.setdefault(ref, sid)
-            mine_to_fake.setdefault(sid, ref)
-            continue
-        if mine_to_fake.setdefault(sid, ref) != ref or fake_to_mine.setdefault(ref, sid) != sid:
+        owners = fake_to_mine.setdefault(ref, set())
+        owners.add(v.storage.id)
+        if mine_to_fake.setdefault(v.storage.id, ref) != ref or (len(owners) > 1 and not owners <= callers):
             raise InternalError(
                 with_location(
                     f"alias analysis disagrees with the fake tensors about {node.target}: an op aliases memory "

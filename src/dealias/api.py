@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
 from .alias import analyze
 from .capture import capture
 from .errors import DataDependentError, DealiasError, EagerSemanticsError, FallbackWarning
-from .functionalize import FunctionalProgram, functionalize
-from .guards import flatten_call, guard_key
+from .functionalize import FunctionalProgram, Ref, functionalize
+from .guards import explain_miss, flatten_call, guard_key
 from .optimize import optimize
 from .program import CompiledProgram, torch_executor
+from .sharing import find_groups_or_none, overlapping_pairs
 from .traces import Trace, format_graph
-from .viewops import ViewStep
+from .viewops import ViewStep, op_name
 
+log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this signature runs eagerly (see the warning given when it was made)
 _FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
 
@@ -30,12 +34,13 @@ class CacheInfo:
     misses: int
     entries: int
     eager_entries: int  # signatures that fell back to eager
+    last_miss_reason: str = ""  # why the latest compile happened ("first call" or what changed)
 
 
 def _chain_text(base: str, chain: tuple[ViewStep, ...]) -> str:
     for step in chain:
         args = ", ".join(repr(a) for a in step.args)
-        base = f"{step.op._schema.name.split('::')[1]}({base}{', ' if args else ''}{args})"
+        base = f"{op_name(step.op)}({base}{', ' if args else ''}{args})"
     return base
 
 
@@ -43,19 +48,22 @@ def _execution_trace(fp: FunctionalProgram) -> Trace:
     params = [n.name for n in fp.gm.graph.nodes if n.op == "placeholder"]
     out_node = next(n for n in fp.gm.graph.nodes if n.op == "output")
     results = [a.name for a in out_node.args[0]]
+    groups = [p for p in params if p.startswith("alias_group")]
 
-    def caller(s: Any) -> str:
-        return params[s.index] if s.kind == "input" else f"self.{s.constant}"
+    def name(ref: Ref) -> str:
+        if ref.kind == "input":
+            return params[ref.key]
+        if ref.kind == "group":
+            return groups[ref.key]
+        return f"self.{ref.key}" if ref.kind == "constant" else results[ref.key]
 
     epilogue = ["# write-back into the caller's tensors"] if fp.writebacks or fp.metadata_writebacks else []
     for wb in fp.writebacks:
-        epilogue.append(f"{caller(wb.storage)}.copy_({results[wb.output]})")
-    outs = []
-    for slot in fp.outputs:
-        base = caller(slot.storage) if slot.kind == "caller" else results[slot.index]
-        outs.append(_chain_text(base, slot.chain))
+        epilogue.append(f"{name(wb.target)}.copy_({results[wb.output]})")
+    outs = [_chain_text(name(slot.source), slot.chain) for slot in fp.outputs]
     for mw in fp.metadata_writebacks:
-        epilogue.append(f"{caller(mw.storage)}.as_strided_({list(mw.size)}, {list(mw.stride)}, {mw.offset})")
+        t = name(mw.target)
+        epilogue.append(f"{t}.as_strided_({list(mw.size)}, {list(mw.stride)}, {t}.storage_offset() + {mw.rel})")
     returns = f"({outs[0]},)" if len(outs) == 1 else f"({', '.join(outs)})"
     text = format_graph(fp.gm, "execute", "execution trace (torch executor)", epilogue, returns)
     return Trace("execution", text)
@@ -64,7 +72,7 @@ def _execution_trace(fp: FunctionalProgram) -> Trace:
 def compile_program(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompiledProgram:
     """capture -> alias analysis -> functionalize -> optimize -> executor."""
     captured = capture(fn, args, kwargs)
-    info = analyze(captured.gm)
+    info = analyze(captured.gm, captured.groups)
     fp = functionalize(captured, info)
     fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
     traces = [
@@ -86,6 +94,9 @@ class JitFunction:
         self.hits = 0
         self.misses = 0
         self.last: CompiledProgram | None = None
+        self.last_key: tuple[Any, ...] | None = None
+        self.last_overlapping: set[tuple[int, int]] = set()
+        self.last_miss_reason = ""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, structure = flatten_call(args, kwargs)
@@ -93,16 +104,35 @@ class JitFunction:
         entry = self.cache.get(key)
         if entry is None:
             self.misses += 1
+            self._explain_miss(key, leaves)
             entry = self._compile(args, kwargs)
             self.cache[key] = entry
         else:
             self.hits += 1
+        self.last_key = key
         if entry is _EAGER:
             return self.fn(*args, **kwargs)
         self.last = entry
         if not isinstance(structure, int):
             leaves = flatten_call(args, kwargs)[0]
         return entry(leaves)
+
+    def _explain_miss(self, key: tuple[Any, ...], leaves: list[Any]) -> None:
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        overlapping = overlapping_pairs(tensors, find_groups_or_none(tensors))
+        if self.last_key is None:
+            reasons = ["first call"]
+        else:
+            reasons = explain_miss(self.last_key, key)
+            before = self.last_overlapping
+            reasons += [f"inputs {i} and {j} now overlap" for i, j in sorted(overlapping - before)]
+            reasons += [f"inputs {i} and {j} no longer overlap" for i, j in sorted(before - overlapping)]
+            if not reasons and key[3] != self.last_key[3]:
+                reasons.append("which inputs share a storage changed")
+        self.last_overlapping = overlapping
+        self.last_miss_reason = "; ".join(reasons) or "a guard changed"
+        if self.last_key is not None:
+            log.info("dealias: recompiled %s: %s", getattr(self.fn, "__name__", self.fn), self.last_miss_reason)
 
     def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
@@ -122,7 +152,7 @@ class JitFunction:
 
     def cache_info(self) -> CacheInfo:
         eager = sum(1 for e in self.cache.values() if e is _EAGER)
-        return CacheInfo(self.hits, self.misses, len(self.cache), eager)
+        return CacheInfo(self.hits, self.misses, len(self.cache), eager, self.last_miss_reason)
 
 
 def jit(fn: Callable[..., Any] | None = None, *, strict: bool = False) -> Any:

@@ -27,6 +27,7 @@ from torch.fx.proxy import _register_stack_trace_anchor
 from torch.utils import _pytree as pytree
 
 from .errors import DataDependentError, with_location
+from .sharing import AliasGroup, find_groups
 
 TENSOR_SLOT = object()  # marks a tensor output in `Captured.out_template`
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
@@ -43,6 +44,7 @@ class Captured:
     out_spec: pytree.TreeSpec | None = None
     out_template: list[Any] = field(default_factory=list)  # output leaves; TENSOR_SLOT marks a tensor
     fake_mode: FakeTensorMode | None = None
+    groups: list[AliasGroup] = field(default_factory=list)  # inputs that overlap in memory
 
 
 def user_location(stack_trace: str | None) -> str | None:
@@ -79,6 +81,7 @@ def capture(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
+    captured.groups = find_groups([leaves[p] for p in positions])
 
     def flat_fn(*tensors: torch.Tensor) -> list[torch.Tensor]:
         call_leaves = list(leaves)

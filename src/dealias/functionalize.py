@@ -32,43 +32,54 @@ aten = torch.ops.aten
 
 
 @dataclass(frozen=True)
-class WriteBack:
-    """At the end of a call, the caller's tensor behind `storage` receives graph output `output`."""
+class Ref:
+    """A tensor the epilogue works on: the caller's tensor input `key` ("input"), the tensor constant named
+    `key` ("constant"), the synthetic base of alias group `key` ("group"), or graph result `key` ("result")."""
 
-    storage: Storage
+    kind: str
+    key: int | str
+
+
+@dataclass(frozen=True)
+class WriteBack:
+    """At the end of a call, the caller's tensor `target` receives graph result `output`."""
+
+    target: Ref
     output: int
 
 
 @dataclass(frozen=True)
 class MetadataWriteBack:
-    """`x.t_()` and friends on a caller's tensor: it ends with these sizes, strides and offset."""
+    """`x.t_()` and friends on a caller's tensor: it ends with these sizes and strides, its storage offset
+    moved by `rel`."""
 
-    storage: Storage
+    target: Ref
     size: tuple[int, ...]
     stride: tuple[int, ...]
-    offset: int
+    rel: int
 
 
 @dataclass(frozen=True)
 class OutputSlot:
-    """How one tensor output is rebuilt at run time.
+    """One tensor output: `source` itself, or the view `chain` of it."""
 
-    kind "caller": the caller's own tensor (an input or a tensor constant) itself, or, with a chain, a
-    view of it; kind "graph": graph output `index` itself or, with a chain, a view of it."""
-
-    kind: str
-    storage: Storage | None
-    index: int
+    source: Ref
     chain: tuple[ViewStep, ...] = ()
 
 
 @dataclass
 class FunctionalProgram:
-    gm: fx.GraphModule  # placeholders: the flat tensor inputs; outputs: write-back values, then output bases
+    gm: fx.GraphModule  # placeholders: tensor inputs, then group bases; outputs: write-backs, then output bases
     writebacks: list[WriteBack] = field(default_factory=list)
     metadata_writebacks: list[MetadataWriteBack] = field(default_factory=list)
     outputs: list[OutputSlot] = field(default_factory=list)
-    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # storage constant name -> caller tensor
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # constant name -> the caller's tensor
+
+
+def caller_ref(s: Storage) -> Ref:
+    if s.kind == "constant":
+        return Ref("constant", s.constant)
+    return Ref(s.kind, s.index)
 
 
 class _Emitter:
@@ -106,6 +117,8 @@ class _Functionalizer:
         self.cache: dict[Value, tuple[fx.Node, int]] = {}  # value -> (materialized node, storage version)
         self.emitted: dict[fx.Node, fx.Node] = {}  # captured multi-output node -> its functional node
         self.latest: dict[int, Value] = {}  # tensor object -> its latest value (metadata mutations)
+        self.first: dict[int, Value] = {}  # caller's tensor object -> its value on entry
+        self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
 
     # -- reading -------------------------------------------------------------------------------------
@@ -114,12 +127,9 @@ class _Functionalizer:
         hit = self.cache.get(v)
         if hit is not None and hit[1] == self.version[v.storage]:
             return hit[0]
-        node = replay_chain(v.chain, self.base[v.storage], self.emit.call, self._shift(v.storage))
+        node = replay_chain(v.chain, self.base[v.storage], self.emit.call)
         self.cache[v] = (node, self.version[v.storage])
         return node
-
-    def _shift(self, s: Storage) -> int:
-        return self.base[s].meta["val"].storage_offset() - s.root_meta.storage_offset()
 
     def read(self, a: Any) -> Any:
         """Map captured-graph arguments (nodes, lists of nodes) to current functional nodes."""
@@ -151,7 +161,7 @@ class _Functionalizer:
         # bases[i] is the value the i-th step of the chain applies to; bases[-1] is v itself.
         bases = [self.base[s]]
         for step in v.chain:
-            bases.append(replay(step, bases[-1], self.emit.call, self._shift(s)))
+            bases.append(replay(step, bases[-1], self.emit.call))
         for i in range(len(v.chain) - 1, -1, -1):
             new = inverse(v.chain[i], bases[i].meta["val"], bases[i + 1].meta["val"], bases[i], new, self.emit.call)
         new = self._restride(new, s.root_meta)
@@ -200,11 +210,16 @@ class _Functionalizer:
 
     # -- the walk ------------------------------------------------------------------------------------
     def run(self) -> FunctionalProgram:
+        groups_done = False
         for node in self.src.graph.nodes:
             self.emit.stack_trace = node.meta.get("stack_trace")
             if node.op == "placeholder":
                 self._placeholder(node)
-            elif node.op == "get_attr":
+                continue
+            if not groups_done:  # alias-group bases are placeholders after the tensor inputs
+                self._group_placeholders()
+                groups_done = True
+            if node.op == "get_attr":
                 self._get_attr(node)
             elif node.op == "call_function":
                 self._call(node)
@@ -218,13 +233,26 @@ class _Functionalizer:
             self.base[s] = node
             self.version[s] = 0
 
+    def _caller_root(self, v: Value, node: fx.Node, ref: Ref) -> None:
+        self.cache[v] = (node, 0)
+        self.first[v.obj] = self.latest[v.obj] = v
+        self.caller_objs.setdefault(v.obj, ref)
+
     def _placeholder(self, node: fx.Node) -> None:
         v = self.info.value(node)
         ph = self.graph.placeholder(node.name)
         ph.meta["val"] = node.meta["val"]
-        self._new_storage(v.storage, ph)
-        self.cache[v] = (ph, 0)
-        self.latest[v.obj] = v
+        if v.storage.kind == "input":
+            self._new_storage(v.storage, ph)
+        # A member of an alias group reads as its own placeholder until the group is first written.
+        self._caller_root(v, ph, Ref("input", self.info.input_index[node]))
+
+    def _group_placeholders(self) -> None:
+        for s in self.info.storages:
+            if s.kind == "group":
+                ph = self.graph.placeholder(f"alias_group{s.index}")
+                ph.meta["val"] = s.root_meta
+                self._new_storage(s, ph)
 
     def _get_attr(self, node: fx.Node) -> None:
         v = self.info.value(node)
@@ -235,8 +263,7 @@ class _Functionalizer:
         attr = self.graph.get_attr(name)
         attr.meta["val"] = node.meta["val"]
         self._new_storage(v.storage, attr)
-        self.cache[v] = (attr, 0)
-        self.latest[v.obj] = v
+        self._caller_root(v, attr, Ref("constant", name))
 
     def _call(self, node: fx.Node) -> None:
         op = node.target
@@ -337,34 +364,39 @@ class _Functionalizer:
         outs: list[fx.Node] = []
         # Write-backs first: every caller-visible storage whose version moved.
         for s in list(self.base):
-            if s.kind in ("input", "constant") and self.version[s] > 0:
-                self.program.writebacks.append(WriteBack(s, len(outs)))
+            if s.kind != "intermediate" and self.version[s] > 0:
+                self.program.writebacks.append(WriteBack(caller_ref(s), len(outs)))
                 outs.append(self.base[s])
-        for v in list(self.latest.values()):
-            if v.storage.kind in ("input", "constant") and v.chain:
-                root = v.storage.root_meta
-                m = v.meta
-                if (tuple(m.shape), m.stride(), m.storage_offset()) != (
-                    tuple(root.shape),
-                    root.stride(),
-                    root.storage_offset(),
-                ):
-                    self.program.metadata_writebacks.append(
-                        MetadataWriteBack(v.storage, tuple(m.shape), tuple(m.stride()), m.storage_offset())
-                    )
-        graph_index: dict[Storage, int] = {}
+        for obj, ref in self.caller_objs.items():
+            first, last = self.first[obj], self.latest[obj]
+            if _layout(last.meta) != _layout(first.meta):
+                m = last.meta
+                self.program.metadata_writebacks.append(
+                    MetadataWriteBack(ref, tuple(m.shape), m.stride(), m.storage_offset() - first.meta.storage_offset())
+                )
+        results: dict[Storage, int] = {}
         for arg in node.args[0]:
             v = self.info.value(arg)
             s = v.storage
-            if s.kind in ("input", "constant"):
-                is_root = v.obj == s.root_obj
-                self.program.outputs.append(OutputSlot("caller", s, -1, () if is_root else v.chain))
-                continue
-            if s not in graph_index:
-                graph_index[s] = len(outs)
-                outs.append(self.base[s])
-            self.program.outputs.append(OutputSlot("graph", s, graph_index[s], v.chain))
+            if v.obj in self.caller_objs:  # the caller's tensor itself (even after `x.t_()`)
+                self.program.outputs.append(OutputSlot(self.caller_objs[v.obj]))
+            elif s.kind != "intermediate":
+                self.program.outputs.append(self._caller_view(v))
+            else:
+                if s not in results:
+                    results[s] = len(outs)
+                    outs.append(self.base[s])
+                self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
         self.graph.output(tuple(outs))
+
+    def _caller_view(self, v: Value) -> OutputSlot:
+        """A view of a caller's tensor: replayed on the input it was taken from, so it is a real view of it."""
+        for obj, ref in self.caller_objs.items():
+            root = self.first[obj]
+            n = len(root.chain)
+            if root.storage is v.storage and v.chain[:n] == root.chain:
+                return OutputSlot(ref, v.chain[n:])
+        return OutputSlot(caller_ref(v.storage), v.chain)
 
 
 def _bind_args(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -375,6 +407,10 @@ def _bind_args(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict
         elif a.name in kwargs:
             bound[a.name] = kwargs[a.name]
     return bound
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    return tuple(t.shape), t.stride(), t.storage_offset()
 
 
 def _to_call(

@@ -65,3 +65,40 @@ def guard_key(leaves: list[Any], structure: Any) -> tuple[Any, ...]:
         sharing_pattern(leaves),
         *map(_leaf_key, leaves),
     )
+
+
+_LEAF_FIELDS = (
+    "type",
+    "dtype",
+    "device",
+    "shape",
+    "strides",
+    "storage offset",
+    "requires_grad",
+    "is_leaf",
+    "conj",
+    "neg",
+)
+
+
+def explain_miss(old: tuple[Any, ...], new: tuple[Any, ...]) -> list[str]:
+    """What changed between two guard keys, in words (sharing changes are explained by the caller)."""
+    if old[0] != new[0]:
+        return ["the argument structure changed"]
+    reasons = []
+    if old[1] != new[1]:
+        reasons.append(f"grad mode {'on' if old[1] else 'off'} -> {'on' if new[1] else 'off'}")
+    if old[2] != new[2]:
+        reasons.append("inference mode changed")
+    for i, (a, b) in enumerate(zip(old[4:], new[4:])):
+        if a == b:
+            continue
+        if a[0] is not b[0] or len(a) != len(b) or len(a) != len(_LEAF_FIELDS):
+            reasons.append(
+                f"argument {i}: {a[-1]!r} -> {b[-1]!r}" if len(a) == len(b) == 2 else f"argument {i} changed"
+            )
+            continue
+        for name, x, y in zip(_LEAF_FIELDS, a, b):
+            if x != y:
+                reasons.append(f"input {i}: {name} {x} -> {y}")
+    return reasons

@@ -15,9 +15,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from .alias import Storage
 from .capture import TENSOR_SLOT, Captured
-from .functionalize import FunctionalProgram, OutputSlot
+from .functionalize import FunctionalProgram, Ref
 from .viewops import replay_chain
 
 
@@ -32,31 +31,32 @@ class CompiledProgram:
     run_graph: Callable[..., Any]  # the executor's callable for `functional.gm`
     traces: list[Any]
 
-    def caller_tensor(self, s: Storage, tensors: list[torch.Tensor]) -> torch.Tensor:
-        if s.kind == "input":
-            return tensors[s.index]
-        return self.functional.constants[s.constant]
+    def resolve(self, ref: Ref, tensors: list[torch.Tensor], bases: list[torch.Tensor], results: Any) -> torch.Tensor:
+        if ref.kind == "input":
+            return tensors[ref.key]
+        if ref.kind == "group":
+            return bases[ref.key]
+        if ref.kind == "constant":
+            return self.functional.constants[ref.key]
+        return results[ref.key]
 
     def __call__(self, leaves: list[Any]) -> Any:
         cap, fp = self.captured, self.functional
         tensors = [leaves[p] for p in cap.tensor_positions]
-        results = self.run_graph(*tensors)
+        bases = [g.base_of(tensors) for g in cap.groups]
+        results = self.run_graph(*tensors, *bases)
         for wb in fp.writebacks:
-            self.caller_tensor(wb.storage, tensors).copy_(results[wb.output])
-        outs = [self._output(slot, tensors, results) for slot in fp.outputs]
+            self.resolve(wb.target, tensors, bases, results).copy_(results[wb.output])
+        outs = []
+        for slot in fp.outputs:
+            source = self.resolve(slot.source, tensors, bases, results)
+            outs.append(replay_chain(slot.chain, source, _torch_call))
         for mw in fp.metadata_writebacks:
-            self.caller_tensor(mw.storage, tensors).as_strided_(mw.size, mw.stride, mw.offset)
+            t = self.resolve(mw.target, tensors, bases, results)
+            t.as_strided_(mw.size, mw.stride, t.storage_offset() + mw.rel)
         it = iter(outs)
         out_leaves = [next(it) if t is TENSOR_SLOT else t for t in cap.out_template]
         return pytree.tree_unflatten(out_leaves, cap.out_spec)
-
-    def _output(self, slot: OutputSlot, tensors: list[torch.Tensor], results: Any) -> torch.Tensor:
-        if slot.kind == "caller":
-            base = self.caller_tensor(slot.storage, tensors)
-            return replay_chain(slot.chain, base, _torch_call)
-        base = results[slot.index]
-        shift = base.storage_offset() - slot.storage.root_meta.storage_offset()
-        return replay_chain(slot.chain, base, _torch_call, shift)
 
 
 def torch_executor(gm: fx.GraphModule) -> Callable[..., Any]:

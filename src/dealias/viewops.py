@@ -32,13 +32,13 @@ aten = torch.ops.aten
 class ViewStep:
     """One view op applied to the previous value of a chain: `op(prev, *args, **kwargs)`."""
 
-    op: OpOverload
+    op: OpOverload | Callable[..., Any]  # an aten view op, or as_strided_rel
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     def describe(self) -> str:
         args = ", ".join(repr(a) for a in self.args)
-        return f"{self.op.__name__}({args})"
+        return f"{op_name(self.op)}({args})"
 
 
 def normalize_multi_output(op: OpOverload, args: tuple[Any, ...], index: int, parent: torch.Tensor) -> ViewStep:
@@ -61,24 +61,45 @@ def normalize_multi_output(op: OpOverload, args: tuple[Any, ...], index: int, pa
     raise UnsupportedError(f"multi-output view {op} is not supported")
 
 
-def replay(step: ViewStep, base: Any, call: Callable[..., Any], offset_shift: int = 0) -> Any:
-    """Apply `step` to `base` through `call(op, *args, **kwargs)` (a graph builder or plain torch).
+def as_strided_rel(t: torch.Tensor, size: list[int], stride: list[int], rel: int) -> torch.Tensor:
+    """`as_strided` with the offset counted from `t`'s own first element, not from its storage's start.
 
-    `offset_shift` is how far the current storage base sits from where the traced one sat: as_strided
-    addresses the storage, so its offset moves with it (a functional base starts at offset 0)."""
-    if step.op is aten.as_strided.default and offset_shift:
-        size, stride, *rest = step.args
-        offset = rest[0] if rest else dict(step.kwargs).get("storage_offset")
-        if offset is None:
-            raise UnsupportedError("as_strided without an explicit storage_offset on a regenerated base")
-        return call(step.op, base, size, stride, offset + offset_shift)
+    Functional values do not keep their traced storage offsets (a scatter result has its own storage, and
+    fake tensors do not always agree with eager about its offset), so every as_strided in dealias's graphs
+    is relative: correct wherever the value lives."""
+    return torch.ops.aten.as_strided.default(t, size, stride, t.storage_offset() + rel)
+
+
+def as_strided_scatter_rel(t: torch.Tensor, src: torch.Tensor, size: list[int], stride: list[int], rel: int):
+    """`as_strided_scatter` with a relative offset (see `as_strided_rel`). Its result keeps `t`'s layout and
+    offset, so the view written is `t.as_strided(size, stride, t.storage_offset() + rel)`."""
+    return torch.ops.aten.as_strided_scatter.default(t, src, size, stride, t.storage_offset() + rel)
+
+
+def relative_as_strided(args: tuple[Any, ...], kwargs: dict[str, Any], parent: torch.Tensor) -> ViewStep:
+    """The step for a traced `parent.as_strided(size, stride, offset)` (absolute offset)."""
+    size, stride, *rest = args
+    offset = rest[0] if rest else kwargs.get("storage_offset")
+    if offset is None:
+        offset = parent.storage_offset()
+    return ViewStep(as_strided_rel, (list(size), list(stride), offset - parent.storage_offset()))
+
+
+def replay(step: ViewStep, base: Any, call: Callable[..., Any]) -> Any:
+    """Apply `step` to `base` through `call(op, *args, **kwargs)` (a graph builder or plain torch)."""
     return call(step.op, base, *step.args, **dict(step.kwargs))
 
 
-def replay_chain(chain: tuple[ViewStep, ...], base: Any, call: Callable[..., Any], offset_shift: int = 0) -> Any:
+def replay_chain(chain: tuple[ViewStep, ...], base: Any, call: Callable[..., Any]) -> Any:
     for step in chain:
-        base = replay(step, base, call, offset_shift)
+        base = replay(step, base, call)
     return base
+
+
+def op_name(op: Any) -> str:
+    """`view`, `select`, `as_strided_rel`...: the op's name without namespace and overload."""
+    schema = getattr(op, "_schema", None)
+    return schema.name.split("::")[1] if schema is not None else op.__name__
 
 
 # Views whose inverse reshapes the mutated value back to the base's shape: they keep the logical
@@ -109,7 +130,7 @@ def inverse(
     `base`/`view` are the fake tensors seen at trace time (their exact sizes, strides and offsets);
     `base_node`/`value_node` are the graph values of the current base and the mutated view's new value.
     """
-    name = step.op._schema.name
+    name = getattr(step.op, "_schema", None) and step.op._schema.name
     args = step.args
     if name == "aten::view" and step.op is aten.view.dtype:
         return call(aten.view.dtype, value_node, base.dtype)
@@ -141,19 +162,18 @@ def inverse(
 def _as_strided_inverse(
     step: ViewStep, base: torch.Tensor, view: torch.Tensor, base_node: Any, value_node: Any, call: Callable[..., Any]
 ) -> Any:
-    # `as_strided_scatter` addresses a fresh clone of the base (offset 0, the base's strides), so it
-    # reproduces the view exactly only when the base is contiguous: then storage position minus the
-    # base's offset is the element index in the clone.
+    # The write is visible through the base only where the view stays inside the base's elements: guaranteed
+    # here for a contiguous base. Offsets are relative to the base's first element (see as_strided_rel).
     if not base.is_contiguous():
         raise UnsupportedError(
             f"writing through {step.describe()} of a non-contiguous tensor is not supported; "
             "call .contiguous() first or write through slicing"
         )
-    offset = view.storage_offset() - base.storage_offset()
-    extent = offset + sum((s - 1) * st for s, st in zip(view.shape, view.stride()) if s > 0)
-    if view.numel() > 0 and (offset < 0 or extent >= base.numel()):
+    first = view.storage_offset() - base.storage_offset()
+    last = first + sum((s - 1) * st for s, st in zip(view.shape, view.stride()) if s > 0)
+    if view.numel() > 0 and (first < 0 or last >= base.numel()):
         raise UnsupportedError(f"writing through {step.describe()} that reaches outside its base is not supported")
-    return call(aten.as_strided_scatter.default, base_node, value_node, list(view.shape), list(view.stride()), offset)
+    return call(as_strided_scatter_rel, base_node, value_node, list(view.shape), list(view.stride()), first)
 
 
 def internal_overlap(t: torch.Tensor) -> str:

@@ -1,0 +1,135 @@
+"""Inputs that share memory: which tensor arguments overlap, and the synthetic base each overlapping group
+is traced as.
+
+Tensors that share a storage but whose memory does not overlap (disjoint slices of one buffer) are
+independent for every purpose and stay separate inputs. Tensors whose memory overlaps (the same tensor
+twice, a tensor and its row, `b[:4]` and `b[2:6]`, `t` and `t.t()`) form an *alias group*: the program is
+traced over one synthetic base, a 1-D view covering the group's memory, and each member is an
+`as_strided` view of it, so a write through one member is seen through the others exactly where eager
+would show it.
+
+This runs only when compiling: the guard key (shapes, strides, offsets, and which inputs share a storage)
+already determines which inputs overlap, so a cache hit never repeats it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UnsupportedError
+
+_EXACT_LIMIT = 1 << 26  # elements of a group's extent up to which overlap is computed exactly
+
+
+@dataclass(frozen=True)
+class AliasGroup:
+    members: tuple[int, ...]  # positions among the tensor inputs, in order
+    dtype: torch.dtype
+    start: int  # storage offset (in elements) of the synthetic base
+    extent: int  # its number of elements
+
+    def base_of(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The synthetic base over the caller's memory: a 1-D view of the group's storage."""
+        return tensors[self.members[0]].as_strided((self.extent,), (1,), self.start)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] element positions `t` touches in its storage (numel > 0)."""
+    lo = hi = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        if stride >= 0:
+            hi += (size - 1) * stride
+        else:
+            lo += (size - 1) * stride
+    return lo, hi
+
+
+def _positions(t: torch.Tensor, lo: int) -> torch.Tensor:
+    """The element positions `t` touches, relative to `lo`."""
+    span = torch.arange(0, _span(t)[1] - lo + 1)
+    return span.as_strided(t.shape, t.stride(), t.storage_offset() - lo).reshape(-1)
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one storage share at least one element of memory."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.dtype.itemsize != b.dtype.itemsize:
+        ea, eb = a.element_size(), b.element_size()
+        (la, ha), (lb, hb) = _span(a), _span(b)
+        return la * ea < (hb + 1) * eb and lb * eb < (ha + 1) * ea  # byte ranges: conservative
+    (la, ha), (lb, hb) = _span(a), _span(b)
+    if ha < lb or hb < la:
+        return False
+    lo, hi = min(la, lb), max(ha, hb)
+    if hi - lo + 1 > _EXACT_LIMIT:
+        return True  # conservative: an alias group is correct for disjoint members too, only slower
+    mask = torch.zeros(hi - lo + 1, dtype=torch.bool)
+    mask[_positions(a, lo)] = True
+    return bool(mask[_positions(b, lo)].any())
+
+
+def find_groups(tensors: list[torch.Tensor]) -> list[AliasGroup]:
+    """The alias groups among `tensors`: connected components of the "memory overlaps" relation among
+    tensors of one storage. Tensors alone in their component are not listed."""
+    by_storage: dict[int, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_storage.setdefault(t.untyped_storage()._cdata, []).append(i)
+    groups = []
+    for members in by_storage.values():
+        if len(members) < 2:
+            continue
+        parent = {i: i for i in members}
+        for x, i in enumerate(members):
+            for j in members[x + 1 :]:
+                ri, rj = _root(parent, i), _root(parent, j)
+                if ri != rj and overlaps(tensors[i], tensors[j]):
+                    parent[rj] = ri
+        components: dict[int, list[int]] = {}
+        for i in members:
+            components.setdefault(_root(parent, i), []).append(i)
+        for comp in components.values():
+            if len(comp) > 1:
+                groups.append(_group(tensors, tuple(comp)))
+    return groups
+
+
+def _root(parent: dict[int, int], i: int) -> int:
+    while parent[i] != i:
+        i = parent[i]
+    return i
+
+
+def overlapping_pairs(tensors: list[torch.Tensor], groups: list[AliasGroup]) -> set[tuple[int, int]]:
+    """Pairs (i, j), i < j, of tensor positions whose memory overlaps (for explaining recompiles)."""
+    return {
+        (i, j)
+        for g in groups
+        for x, i in enumerate(g.members)
+        for j in g.members[x + 1 :]
+        if overlaps(tensors[i], tensors[j])
+    }
+
+
+def find_groups_or_none(tensors: list[torch.Tensor]) -> list[AliasGroup]:
+    """`find_groups`, with groups of mixed dtypes kept (they are only being described)."""
+    try:
+        return find_groups(tensors)
+    except UnsupportedError:
+        return [AliasGroup(tuple(range(len(tensors))), torch.uint8, 0, 0)]
+
+
+def _group(tensors: list[torch.Tensor], members: tuple[int, ...]) -> AliasGroup:
+    dtypes = {tensors[i].dtype for i in members}
+    if len(dtypes) > 1:
+        names = ", ".join(str(d) for d in sorted(dtypes, key=str))
+        raise UnsupportedError(
+            f"inputs {list(members)} view overlapping memory with different dtypes ({names}); "
+            "pass them as one tensor and view it inside the function"
+        )
+    spans = [_span(tensors[i]) for i in members]
+    start = min(lo for lo, _ in spans)
+    end = max(hi for _, hi in spans)
+    return AliasGroup(members, dtypes.pop(), start, end - start + 1)
