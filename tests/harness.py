@@ -130,5 +130,5 @@ def check(fn: Callable[..., Any], *args: Any, calls: int = 2, allow_fallback: bo
 
 def functional_ops(jf: Any) -> list[str]:
     """The targets of the functional trace of the last program `jf` ran."""
-    gm = jf.last.functional.gm
+    gm = jf.last.functional_gm
     return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]

@@ -15,7 +15,7 @@ from dealias.opfacts import OpKind, facts
 
 
 def _mutating(jf) -> list[str]:
-    gm = jf.last.functional.gm
+    gm = jf.last.functional_gm
     return [
         str(n.target)
         for n in gm.graph.nodes

@@ -1,6 +1,6 @@
 """dealias: a PyTorch compiler that gets in-place ops and tensor aliases exactly right."""
 
-from .api import CacheInfo, JitFunction, cache_info, jit, last_traces
+from .api import CacheInfo, JitFunction, cache_info, explain, jit, last_traces
 from .errors import (
     DataDependentError,
     DealiasError,
@@ -20,6 +20,7 @@ __all__ = [
     "JitFunction",
     "UnsupportedError",
     "cache_info",
+    "explain",
     "jit",
     "last_traces",
 ]

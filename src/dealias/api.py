@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx as fx
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
 from .alias import analyze
@@ -22,6 +23,7 @@ from .program import CompiledProgram, torch_executor
 from .sharing import find_groups_or_none, overlapping_pairs
 from .traces import Trace, format_graph
 from .viewops import ViewStep, op_name
+from .writeback import WriteBackReport, lower
 
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this signature runs eagerly (see the warning given when it was made)
@@ -44,7 +46,7 @@ def _chain_text(base: str, chain: tuple[ViewStep, ...]) -> str:
     return base
 
 
-def _execution_trace(fp: FunctionalProgram) -> Trace:
+def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport]) -> Trace:
     params = [n.name for n in fp.gm.graph.nodes if n.op == "placeholder"]
     out_node = next(n for n in fp.gm.graph.nodes if n.op == "output")
     results = [a.name for a in out_node.args[0]]
@@ -57,6 +59,9 @@ def _execution_trace(fp: FunctionalProgram) -> Trace:
             return groups[ref.key]
         return f"self.{ref.key}" if ref.kind == "constant" else results[ref.key]
 
+    header = "execution trace (torch executor)"
+    for r in reports:
+        header += f"\n# write-back to {r.target}: {r.mode}, {r.nbytes} bytes: {', '.join(r.regions)}"
     epilogue = ["# write-back into the caller's tensors"] if fp.writebacks or fp.metadata_writebacks else []
     for wb in fp.writebacks:
         epilogue.append(f"{name(wb.target)}.copy_({results[wb.output]})")
@@ -65,22 +70,42 @@ def _execution_trace(fp: FunctionalProgram) -> Trace:
         t = name(mw.target)
         epilogue.append(f"{t}.as_strided_({list(mw.size)}, {list(mw.stride)}, {t}.storage_offset() + {mw.rel})")
     returns = f"({outs[0]},)" if len(outs) == 1 else f"({', '.join(outs)})"
-    text = format_graph(fp.gm, "execute", "execution trace (torch executor)", epilogue, returns)
+    text = format_graph(fp.gm, "execute", header, epilogue, returns)
     return Trace("execution", text)
 
 
+def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    graph.output(out[1].args[0] if isinstance(out, tuple) else out)
+    return fx.GraphModule(gm, graph)
+
+
+def _alias_placeholders(gm: fx.GraphModule, captured: Any) -> dict[fx.Node, list[fx.Node]]:
+    """Each alias group's base placeholder -> the member placeholders that alias its memory."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = {}
+    for g, group in enumerate(captured.groups):
+        base = next(p for p in placeholders if p.name == f"alias_group{g}")
+        out[base] = [placeholders[m] for m in group.members]
+    return out
+
+
 def compile_program(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompiledProgram:
-    """capture -> alias analysis -> functionalize -> optimize -> executor."""
+    """capture -> alias analysis -> functionalize -> optimize -> write-back lowering -> executor."""
     captured = capture(fn, args, kwargs)
     info = analyze(captured.gm, captured.groups)
     fp = functionalize(captured, info)
     fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
+    functional_gm = _copy_graph_module(fp.gm)
+    functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
+    fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
     traces = [
         Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
-        Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)")),
-        _execution_trace(fp),
+        functional,
+        _execution_trace(fp, reports),
     ]
-    return CompiledProgram(captured, fp, torch_executor(fp.gm), traces)
+    return CompiledProgram(captured, fp, torch_executor(fp.gm), traces, functional_gm, reports)
 
 
 class JitFunction:
@@ -164,6 +189,11 @@ def jit(fn: Callable[..., Any] | None = None, *, strict: bool = False) -> Any:
     if fn is None:
         return functools.partial(jit, strict=strict)
     return JitFunction(fn, strict=strict)
+
+
+def explain(jf: JitFunction) -> list[WriteBackReport]:
+    """Per caller tensor, what the program `jf` ran last writes back, how, and how many bytes."""
+    return list(jf.last.reports) if jf.last is not None else []
 
 
 def last_traces(jf: JitFunction) -> list[Trace]:

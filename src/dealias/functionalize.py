@@ -26,7 +26,7 @@ from .alias import AliasInfo, Storage, Value
 from .capture import Captured, node_location
 from .errors import EagerSemanticsError, UnsupportedError, with_location
 from .opfacts import OpKind, facts, writes_nothing
-from .viewops import ViewStep, internal_overlap, inverse, replay, replay_chain
+from .viewops import ViewStep, internal_overlap, inverse, op_name, replay, replay_chain
 
 aten = torch.ops.aten
 
@@ -92,7 +92,7 @@ class _Emitter:
         self.stack_trace: str | None = None
 
     def call(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
-        name = op._schema.name.split("::")[1] if isinstance(op, torch._ops.OpOverload) else "getitem"
+        name = op_name(op) if op is not operator.getitem else "getitem"
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
         fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (args, kwargs))
         with self.fake_mode:

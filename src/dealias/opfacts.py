@@ -160,3 +160,20 @@ def is_mutating(op: object) -> bool:
         OpKind.MUTABLE,
         OpKind.INPLACE_VIEW,
     )
+
+
+@functools.cache
+def inplace_variant(op: OpOverload) -> OpOverload | None:
+    """The in-place overload computing `op` into its first argument (`add.Tensor` -> `add_.Tensor`,
+    `copy` -> `copy_`, `index_copy` -> `index_copy_`), found the way functional counterparts are: the
+    in-place overload whose functional counterpart is `op`."""
+    ns, name = op._schema.name.split("::")
+    packet = getattr(getattr(torch.ops, ns), name + "_", None)
+    if packet is None:
+        return None
+    for ov_name in packet.overloads():
+        ov = getattr(packet, ov_name)
+        f = facts(ov)
+        if f.kind is OpKind.INPLACE and f.functional is op and f.mutated == ("self",):
+            return ov
+    return None

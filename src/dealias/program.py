@@ -30,6 +30,8 @@ class CompiledProgram:
     functional: FunctionalProgram
     run_graph: Callable[..., Any]  # the executor's callable for `functional.gm`
     traces: list[Any]
+    functional_gm: fx.GraphModule  # the functional graph before write-back lowering (for inspection)
+    reports: list[Any]  # WriteBackReport per caller tensor written
 
     def resolve(self, ref: Ref, tensors: list[torch.Tensor], bases: list[torch.Tensor], results: Any) -> torch.Tensor:
         if ref.kind == "input":

@@ -1,0 +1,408 @@
+"""Write-back lowering: move only the bytes that were written.
+
+Functionalization turns `cache[:, pos] = k` into `select_scatter(cache, k, 1, pos)` (a copy of the whole
+cache) and a write-back copying the whole cache back. This pass recognizes, in the optimized functional
+graph, each storage's sequence of versions
+
+    P = V0 -> V1 -> ... -> Vn = the value written back,
+
+where each step is a *region write* ("V(i-1) with the region `chain` replaced by `value`", as built by
+functionalization's view inverses), and executes it in place instead: `P.select(1, pos).copy_(k)` at the
+point Vi was computed, with every later read of Vi reading P. A step that is not a region write (e.g.
+`x.add_(1)`) is a full write: `P.copy_(Vi)`.
+
+It is applied to a storage only when it is exact: no read of an older version (through any view) comes
+after the write that supersedes it, the storage's bases are dense, and no tensor in the graph requires
+grad (autograd needs the functional values). Otherwise the storage keeps the functional form and its
+whole-buffer write-back. Intermediates are lowered by the same rule, so in-place updates of them run in
+place too (peak memory at eager's level).
+
+The functional trace stays free of mutation; only the execution graph holds these in-place writes, and
+each is ordered after every read of the memory it overwrites.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils import _pytree as pytree
+
+from .functionalize import FunctionalProgram, Ref
+from .opfacts import OpKind, facts, inplace_variant
+from .viewops import ViewStep, inverse, op_name
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class RegionWrite:
+    chain: tuple[ViewStep, ...]  # from the storage's base; () writes all of it
+    value: fx.Node
+    nbytes: int
+
+
+@dataclass
+class WriteBackReport:
+    """What one caller tensor receives per call, for `dealias.explain`."""
+
+    target: str
+    mode: str  # "in place" (only the written regions move) or "whole copy"
+    regions: list[str] = field(default_factory=list)
+    nbytes: int = 0
+
+
+def _is_view_node(n: fx.Node) -> bool:
+    if n.op != "call_function":
+        return False
+    if isinstance(n.target, torch._ops.OpOverload):
+        return facts(n.target).kind is OpKind.VIEW
+    return getattr(n.target, "__name__", "") == "as_strided_rel"
+
+
+def _step_of(view: fx.Node) -> ViewStep:
+    return ViewStep(view.target, tuple(view.args[1:]), tuple(sorted(view.kwargs.items())))
+
+
+class _Hole:
+    """Stands for the written value while an inverse is recorded symbolically."""
+
+
+def _recorded_inverse(step: ViewStep, base: fx.Node, view: fx.Node) -> tuple[Any, tuple[Any, ...], dict] | None:
+    hole = _Hole()
+    calls: list[tuple[Any, tuple[Any, ...], dict]] = []
+
+    def record(op: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append((op, args, kwargs))
+        return calls[-1]
+
+    try:
+        inverse(step, base.meta["val"], view.meta["val"], base, hole, record)
+    except Exception:  # noqa: BLE001 - an inverse that cannot be built is simply no match
+        return None
+    if len(calls) != 1:
+        return None
+    op, args, kwargs = calls[0]
+    return op, tuple(hole if a is hole else a for a in args), kwargs
+
+
+def _same_args(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_args(x, y) for x, y in zip(a, b))
+    return a is b if isinstance(a, fx.Node) or isinstance(b, fx.Node) else a == b
+
+
+def _strip_restride(n: fx.Node) -> fx.Node:
+    """`copy(empty_strided(..), x)` only re-lays x out: as a value it is x."""
+    if (
+        n.target is aten.copy.default
+        and isinstance(n.args[0], fx.Node)
+        and n.args[0].target is aten.empty_strided.default
+    ):
+        return n.args[1]
+    return n
+
+
+def match_region_write(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
+    """If `node` is "B with region `chain` replaced by `value`", return (B, chain, value)."""
+    node = _strip_restride(node)
+    if node.op != "call_function":
+        return None
+    # Scatter inverses: node = scatter(B, Y, args) for the view b1 = view(B, args).
+    if node.args and isinstance(node.args[0], fx.Node):
+        base = node.args[0]
+        for b1 in base.users:
+            if b1 is node or not _is_view_node(b1) or b1.args[0] is not base:
+                continue
+            found = _match_inverse(node, base, b1)
+            if found is not None:
+                return found
+    # Pure-view inverses: node = inv(Y) where Y is a region write of b1 = view(B).
+    if node.args and isinstance(node.args[0], fx.Node):
+        inner = match_region_write(node.args[0])
+        target = node.args[0] if inner is None else inner[0]
+        if _is_view_node(target) and isinstance(target.args[0], fx.Node):
+            base = target.args[0]
+            rec = _recorded_inverse(_step_of(target), base, target)
+            if rec is not None and rec[0] is node.target and _matches(rec, node, node.args[0]):
+                chain, value = ((), node.args[0]) if inner is None else (inner[1], inner[2])
+                return base, (_step_of(target), *chain), value
+    return None
+
+
+def _matches(rec: tuple[Any, tuple[Any, ...], dict], node: fx.Node, value: fx.Node) -> bool:
+    op, args, kwargs = rec
+    want = tuple(value if isinstance(a, _Hole) else a for a in args)
+    return op is node.target and _same_args(want, node.args) and _same_args(kwargs, dict(node.kwargs))
+
+
+def _match_inverse(node: fx.Node, base: fx.Node, b1: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
+    rec = _recorded_inverse(_step_of(b1), base, b1)
+    if rec is None or rec[0] is not node.target:
+        return None
+    hole_at = next((i for i, a in enumerate(rec[1]) if isinstance(a, _Hole)), None)
+    if hole_at is None or hole_at >= len(node.args) or rec[1][0] is not base:
+        return None
+    value = node.args[hole_at]
+    if not _matches(rec, node, value):
+        return None
+    # A nested write: the value is itself a region write into b1 (`cache[0][:, idx] = v`).
+    inner = match_region_write(value) if isinstance(value, fx.Node) else None
+    if inner is not None and inner[0] is b1:
+        return base, (_step_of(b1), *inner[1]), inner[2]
+    return base, (_step_of(b1),), value
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def versions(final: fx.Node, root: fx.Node) -> list[tuple[fx.Node, RegionWrite]] | None:
+    """The writes that turn `root` into `final`, oldest first: (node of the version, its write)."""
+    out: list[tuple[fx.Node, RegionWrite]] = []
+    node = final
+    while node is not root:
+        m = match_region_write(node)
+        if m is None:  # a full write: everything before it is overwritten
+            out.append((node, RegionWrite((), node, _nbytes(node.meta["val"]))))
+            break
+        base, chain, value = m
+        out.append((node, RegionWrite(chain, value, _nbytes(value.meta["val"]))))
+        node = base
+    out.reverse()
+    return out
+
+
+def _readers(node: fx.Node) -> list[fx.Node]:
+    """Nodes that read `node`'s memory: its users, looking through views (which alias it)."""
+    seen, todo, out = set(), [node], []
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            if u in seen:
+                continue
+            seen.add(u)
+            (todo if _is_view_node(u) else out).append(u)
+    return out
+
+
+def _construction(version: fx.Node, previous: fx.Node) -> set[fx.Node]:
+    """The nodes building `version` from `previous` (inverses, replayed bases, re-striding), which the
+    in-place write replaces."""
+    out, todo = set(), [version]
+    while todo:
+        n = todo.pop()
+        if n in out or n is previous or n.op != "call_function":
+            continue
+        out.add(n)
+        todo.extend(a for a in n.all_input_nodes)
+    return out
+
+
+def lower(
+    fp: FunctionalProgram, aliases: dict[fx.Node, list[fx.Node]]
+) -> tuple[FunctionalProgram, list[WriteBackReport]]:
+    """Lower write-backs (and in-place updates of intermediates) to in-place region writes where exact.
+
+    `aliases` maps a caller base placeholder to the other placeholders that alias its memory (members of
+    an alias group), whose reads must also come before the first in-place write."""
+    gm = fp.gm
+    graph = gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    results = list(out_node.args[0])
+    if any(isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].requires_grad for n in graph.nodes):
+        return fp, [_whole(fp, wb.target, results[wb.output]) for wb in fp.writebacks]
+
+    reports: list[WriteBackReport] = []
+    dropped: set[int] = set()
+    for wb in fp.writebacks:
+        final = results[wb.output]
+        root = _root_placeholder(gm, wb.target)
+        plan = versions(final, root) if root is not None else None
+        if plan is None or not _safe(plan, root, order, aliases.get(root, [])):
+            reports.append(_whole(fp, wb.target, final))
+            continue
+        reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root)))
+        dropped.add(wb.output)
+        order = {n: i for i, n in enumerate(graph.nodes)}
+    # Intermediates: a storage base with region writes whose old versions are dead is updated in place.
+    seen: set[fx.Node] = set()
+    for tip in reversed(list(graph.nodes)):
+        if tip in seen or tip.op != "call_function" or match_region_write(tip) is None:
+            continue
+        plan = versions(tip, None)
+        seen.update(v for v, _ in plan)
+        if len(plan) > 1 and _fresh(plan[0][0]) and _safe(plan[1:], plan[0][0], order, []):
+            _apply(graph, plan[1:], plan[0][0])
+            order = {n: i for i, n in enumerate(graph.nodes)}
+    new_results = [r for i, r in enumerate(out_node.args[0]) if i not in dropped]
+    out_node.args = (tuple(new_results),)
+    remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
+    fp.writebacks = [type(wb)(wb.target, remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
+    fp.outputs = [
+        type(s)(Ref("result", remap[s.source.key]), s.chain) if s.source.kind == "result" else s for s in fp.outputs
+    ]
+    for n in reversed(list(graph.nodes)):
+        if n.op == "call_function" and not n.users and not _mutates(n):
+            graph.erase_node(n)
+    graph.lint()
+    gm.recompile()
+    return fp, reports
+
+
+def _mutates(n: fx.Node) -> bool:
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return False
+    f = facts(n.target)
+    return f.nondeterministic or f.kind not in (OpKind.FUNCTIONAL, OpKind.VIEW)
+
+
+def _root_placeholder(gm: fx.GraphModule, target: Ref) -> fx.Node | None:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if target.kind == "input":
+        return placeholders[target.key]
+    if target.kind == "group":
+        return next((p for p in placeholders if p.name == f"alias_group{target.key}"), None)
+    return next((n for n in gm.graph.nodes if n.op == "get_attr" and n.target == target.key), None)
+
+
+def _safe(
+    plan: list[tuple[fx.Node, RegionWrite]], root: fx.Node, order: dict[fx.Node, int], others: list[fx.Node]
+) -> bool:
+    """Each write may happen in place at its version's position: nothing reads the memory it overwrites
+    (the previous version, through any view, or another input aliasing it) after that position."""
+    previous = root
+    for version, _ in plan:
+        pos = order[version]
+        built = _construction(version, previous)
+        for alias in [previous, *others] if previous is root else [previous]:
+            if any(order[r] > pos for r in _readers(alias) if r not in built):
+                return False
+        previous = version
+    return True
+
+
+def _fresh(n: fx.Node) -> bool:
+    """A base that owns its memory: the result of a functional (non-view) op."""
+    if n.op != "call_function":
+        return False
+    if n.target is operator.getitem:
+        return True
+    return isinstance(n.target, torch._ops.OpOverload) and facts(n.target).kind is OpKind.FUNCTIONAL
+
+
+def _apply(graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.Node) -> tuple[list[str], int]:
+    """Write each version into `root` in place, right where it was computed; later reads read `root`.
+    Returns the regions written and their bytes."""
+    regions: list[str] = []
+    nbytes = 0
+    previous = root
+    for version, write in plan:
+        built = _construction(version, previous)
+        anchor = version
+        target = root
+        for step in write.chain:
+            with graph.inserting_after(anchor):
+                target = anchor = _call(graph, step.op, (target, *step.args), dict(step.kwargs))
+        with graph.inserting_after(anchor):
+            copy = _call(graph, aten.copy_.default, (target, write.value), {})
+        copy.meta["stack_trace"] = version.meta.get("stack_trace")
+        version.replace_all_uses_with(root, delete_user_cb=lambda user, copy=copy: user is not copy)
+        _erase_dead(graph, built - {write.value})
+        op = _reinplace_value(graph, copy, write, root)
+        region = _chain_text("x", write.chain)
+        if op is None:
+            regions.append(f"{region}.copy_(..)")
+            nbytes += write.nbytes
+        else:
+            regions.append(f"{region}.{op_name(op.target)}(..)")
+            nbytes += _written_bytes(op)
+        previous = version
+    return regions, nbytes
+
+
+def _written_bytes(op: fx.Node) -> int:
+    """Bytes an in-place op writes: all of its target, except indexed writes (index_put_, index_copy_,
+    scatter_...), which write as many elements as their source holds."""
+    target = op.args[0].meta["val"]
+    full = _nbytes(target)
+    name = op_name(op.target)
+    if name.startswith(("index_put", "index_copy", "index_add", "scatter", "_index_put")):
+        sources = [a.meta["val"] for a in op.args[1:] if isinstance(a, fx.Node) and "val" in a.meta]
+        sources = [
+            t for t in sources if isinstance(t, torch.Tensor) and t.is_floating_point() or t.dtype == target.dtype
+        ]
+        if sources:
+            return min(full, max(t.numel() for t in sources) * target.element_size())
+    return full
+
+
+def _call(graph: fx.Graph, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.Node:
+    """A new node with its fake value (sizes for reports and later passes)."""
+    node = graph.call_function(op, args, kwargs)
+    fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (args, kwargs))
+    mode = next(v.fake_mode for v in pytree.tree_leaves((fargs, fkwargs)) if isinstance(v, FakeTensor))
+    with mode:
+        node.meta["val"] = op(*fargs, **fkwargs)
+    return node
+
+
+def _erase_dead(graph: fx.Graph, nodes: set[fx.Node]) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for n in list(nodes):
+            if not n.users and not _mutates(n):
+                graph.erase_node(n)
+                nodes.discard(n)
+                changed = True
+
+
+def _is_replay(node: Any, root: fx.Node, chain: tuple[ViewStep, ...]) -> bool:
+    for step in reversed(chain):
+        if not isinstance(node, fx.Node) or not _is_view_node(node) or _step_of(node) != step:
+            return False
+        node = node.args[0]
+    return node is root
+
+
+def _reinplace_value(graph: fx.Graph, copy: fx.Node, write: RegionWrite, root: fx.Node) -> fx.Node | None:
+    """`target.copy_(op(old_region, ...))` -> `op_(target, ...)` when the value is used only here and its
+    first argument is the region's old contents: the update then runs in place, as eager's did (and
+    `copy(old, src)`, functional setitem, becomes `target.copy_(src)`)."""
+    value = write.value
+    if value.op != "call_function" or not isinstance(value.target, torch._ops.OpOverload):
+        return None
+    if set(value.users) != {copy} or not value.args or not _is_replay(value.args[0], root, write.chain):
+        return None
+    op_ = inplace_variant(value.target)
+    if op_ is None:
+        return None
+    with graph.inserting_before(copy):
+        new = _call(graph, op_, (copy.args[0], *value.args[1:]), dict(value.kwargs))
+    new.meta["stack_trace"] = copy.meta.get("stack_trace")
+    graph.erase_node(copy)
+    old = value.args[0]
+    graph.erase_node(value)
+    _erase_dead(graph, {old} if isinstance(old, fx.Node) and old is not root else set())
+    return new
+
+
+def _chain_text(base: str, chain: tuple[ViewStep, ...]) -> str:
+    for step in chain:
+        args = ", ".join(repr(a) for a in step.args)
+        base = f"{base}.{op_name(step.op)}({args})"
+    return base
+
+
+def _ref_name(ref: Ref) -> str:
+    return f"input {ref.key}" if ref.kind == "input" else f"{ref.kind} {ref.key}"
+
+
+def _whole(fp: FunctionalProgram, target: Ref, final: fx.Node) -> WriteBackReport:
+    return WriteBackReport(_ref_name(target), "whole copy", ["x.copy_(..)"], _nbytes(final.meta["val"]))
