@@ -177,3 +177,12 @@ def inplace_variant(op: OpOverload) -> OpOverload | None:
         if f.kind is OpKind.INPLACE and f.functional is op and f.mutated == ("self",):
             return ov
     return None
+
+
+def has_effect(target: object) -> bool:
+    """A graph target that must run even when its result is unused, and never be merged with another:
+    a write, a random draw, or a dealias check (a function marked `_dealias_effect`)."""
+    if isinstance(target, OpOverload):
+        f = facts(target)
+        return f.nondeterministic or f.kind not in (OpKind.FUNCTIONAL, OpKind.VIEW)
+    return bool(getattr(target, "_dealias_effect", False))

@@ -11,16 +11,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .opfacts import OpKind, facts
+from .opfacts import has_effect
 
 
 def _keep(node: fx.Node) -> bool:
-    """Random draws and (should a verifier have let one through) writes are never merged or dropped."""
-    t = node.target
-    if not isinstance(t, torch._ops.OpOverload):
-        return False
-    f = facts(t)
-    return f.nondeterministic or f.kind not in (OpKind.FUNCTIONAL, OpKind.VIEW)
+    """Random draws, checks and (should a verifier have let one through) writes are never merged or dropped."""
+    return has_effect(node.target)
 
 
 def _freeze(a: Any) -> Any:

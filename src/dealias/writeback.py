@@ -32,8 +32,9 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
+from .checks import guard_index_writes
 from .functionalize import FunctionalProgram, Ref
-from .opfacts import OpKind, facts, inplace_variant
+from .opfacts import OpKind, facts, has_effect, inplace_variant
 from .viewops import ViewStep, inverse, op_name
 
 aten = torch.ops.aten
@@ -220,6 +221,7 @@ def lower(
 
     reports: list[WriteBackReport] = []
     dropped: set[int] = set()
+    writebacks_before = list(fp.writebacks)
     for wb in fp.writebacks:
         final = results[wb.output]
         root = _root_placeholder(gm, wb.target)
@@ -248,18 +250,12 @@ def lower(
         type(s)(Ref("result", remap[s.source.key]), s.chain) if s.source.kind == "result" else s for s in fp.outputs
     ]
     for n in reversed(list(graph.nodes)):
-        if n.op == "call_function" and not n.users and not _mutates(n):
+        if n.op == "call_function" and not n.users and not has_effect(n.target):
             graph.erase_node(n)
+    guard_index_writes(graph, [_root_placeholder(gm, wb.target) for wb in writebacks_before])
     graph.lint()
     gm.recompile()
     return fp, reports
-
-
-def _mutates(n: fx.Node) -> bool:
-    if not isinstance(n.target, torch._ops.OpOverload):
-        return False
-    f = facts(n.target)
-    return f.nondeterministic or f.kind not in (OpKind.FUNCTIONAL, OpKind.VIEW)
 
 
 def _root_placeholder(gm: fx.GraphModule, target: Ref) -> fx.Node | None:
@@ -357,7 +353,7 @@ def _erase_dead(graph: fx.Graph, nodes: set[fx.Node]) -> None:
     while changed:
         changed = False
         for n in list(nodes):
-            if not n.users and not _mutates(n):
+            if not n.users and not has_effect(n.target):
                 graph.erase_node(n)
                 nodes.discard(n)
                 changed = True
