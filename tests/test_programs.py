@@ -648,7 +648,16 @@ def leaf_requires_grad_inplace(w):
     w.add_(1)
 
 
+def sdpa_with_mask_kwarg(q, kc, k, mask):
+    kc[:, :, 2] = k
+    return torch.nn.functional.scaled_dot_product_attention(q, kc, kc, attn_mask=mask)
+
+
 MORE_PROGRAMS = [
+    (
+        sdpa_with_mask_kwarg,
+        lambda: (r(1, 2, 1, 4), r(1, 2, 6, 4), r(1, 2, 4), torch.tensor([True, True, True, False, False, False])),
+    ),
     (equal_intermediates, lambda: (r(3),)),
     (expand_write, lambda: (r(4),)),
     (expand_write_after_other_write, lambda: (r(4), r(2))),

@@ -16,10 +16,11 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 from .alias import analyze
 from .capture import capture
 from .errors import DataDependentError, DealiasError, EagerSemanticsError, FallbackWarning
+from .executor import torch_executor
 from .functionalize import FunctionalProgram, Ref, functionalize
 from .guards import explain_miss, flatten_call, guard_key
 from .optimize import optimize
-from .program import CompiledProgram, torch_executor
+from .program import CompiledProgram
 from .sharing import find_groups_or_none, overlapping_pairs
 from .traces import Trace, format_graph
 from .viewops import ViewStep, op_name
@@ -100,12 +101,13 @@ def compile_program(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     functional_gm = _copy_graph_module(fp.gm)
     functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
     fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
+    run = torch_executor(fp.gm)
     traces = [
         Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
         functional,
         _execution_trace(fp, reports),
     ]
-    return CompiledProgram(captured, fp, torch_executor(fp.gm), traces, functional_gm, reports)
+    return CompiledProgram(captured, fp, run, traces, functional_gm, reports)
 
 
 class JitFunction:

@@ -18,12 +18,18 @@ aten = torch.ops.aten
 
 def check_index_bounds(index: torch.Tensor, size: int, dim: int, allow_negative: bool) -> None:
     """Raise eager's IndexError if an entry of `index` does not address dimension `dim` of size `size`."""
-    if index.numel() == 0:
+    n = index.numel()
+    if n == 0:
         return
     lo = -size if allow_negative else 0
-    bad = index[(index < lo) | (index >= size)]
-    if bad.numel():
-        raise IndexError(f"index {int(bad[0])} is out of bounds for dimension {dim} with size {size}")
+    if n <= 64:  # the usual KV-cache position: a host list is cheaper than two reductions
+        values = index.reshape(-1).tolist()
+        small, large = min(values), max(values)
+    else:
+        small, large = (int(v) for v in torch.aminmax(index))
+    if small < lo or large >= size:
+        bad = small if small < lo else large
+        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
 
 
 check_index_bounds._dealias_effect = True  # type: ignore[attr-defined]
@@ -60,9 +66,13 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
         return
     order = {n: i for i, n in enumerate(graph.nodes)}
     first = writes[0]
+    done: set[tuple[Any, ...]] = set()
     for w in writes:
         for index, dim, neg in _index_args(w):
             size = w.args[0].meta["val"].shape[dim]
+            if (index, size, dim, neg) in done:
+                continue
+            done.add((index, size, dim, neg))
             anchor = first if order[index] < order[first] else w
             with graph.inserting_before(anchor):
                 graph.call_function(check_index_bounds, (index, size, dim, neg))

@@ -140,6 +140,8 @@ class _Functionalizer:
             return self.emitted[a]
         if isinstance(a, (list, tuple)):
             return type(a)(self.read(x) for x in a)
+        if isinstance(a, dict):
+            return {k: self.read(x) for k, x in a.items()}
         return a
 
     # -- writing -------------------------------------------------------------------------------------

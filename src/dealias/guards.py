@@ -18,8 +18,12 @@ _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 def flatten_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
     """The argument leaves and a hashable description of their structure."""
-    if not kwargs and all(isinstance(a, torch.Tensor) or type(a) in _SCALARS for a in args):
-        return list(args), len(args)
+    if not kwargs:
+        for a in args:
+            if not (isinstance(a, torch.Tensor) or type(a) in _SCALARS):
+                break
+        else:
+            return list(args), len(args)
     leaves, spec = pytree.tree_flatten((args, kwargs))
     return leaves, spec
 
@@ -30,7 +34,7 @@ def _leaf_key(x: Any) -> Any:
             type(x),
             x.dtype,
             x.device,
-            tuple(x.shape),
+            x.shape,
             x.stride(),
             x.storage_offset(),
             x.requires_grad,
@@ -48,7 +52,10 @@ def _leaf_key(x: Any) -> Any:
 
 
 def sharing_pattern(leaves: list[Any]) -> tuple[int, ...]:
-    """For each tensor leaf, the position of the first tensor leaf sharing its storage."""
+    """For each tensor leaf, the position of the first tensor leaf sharing its storage. One dict insert
+    per tensor: linear in the number of arguments."""
+    if len(leaves) == 1:
+        return (0,) if isinstance(leaves[0], torch.Tensor) else ()
     first: dict[int, int] = {}
     pattern = []
     for i, x in enumerate(leaves):

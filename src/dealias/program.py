@@ -7,6 +7,7 @@ input as it was.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,34 +34,52 @@ class CompiledProgram:
     functional_gm: fx.GraphModule  # the functional graph before write-back lowering (for inspection)
     reports: list[Any]  # WriteBackReport per caller tensor written
 
-    def resolve(self, ref: Ref, tensors: list[torch.Tensor], bases: list[torch.Tensor], results: Any) -> torch.Tensor:
+    def __post_init__(self) -> None:
+        # Everything a call does beyond running the graph is resolved here once: a cache hit only indexes.
+        cap, fp = self.captured, self.functional
+        self._positions = tuple(cap.tensor_positions)
+        self._writebacks = [(self._getter(wb.target), wb.output) for wb in fp.writebacks]
+        self._outputs = [(self._getter(slot.source), slot.chain) for slot in fp.outputs]
+        self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
+        n = len(cap.out_template)
+        all_tensors = all(t is TENSOR_SLOT for t in cap.out_template)
+        if all_tensors and cap.out_spec == pytree.tree_structure(tuple(range(n))):
+            self._pack: Callable[[list[Any]], Any] = tuple
+        elif all_tensors and n == 1 and cap.out_spec == pytree.tree_structure(0):
+            self._pack = operator.itemgetter(0)
+        elif n == 1 and cap.out_spec == pytree.tree_structure(0) and not isinstance(cap.out_template[0], list):
+            constant = cap.out_template[0]  # a single non-tensor result (None, a number): the same each call
+            self._pack = lambda outs: constant
+        else:
+            self._pack = self._unflatten
+
+    def _getter(self, ref: Ref) -> Callable[[list[torch.Tensor], list[torch.Tensor], Any], torch.Tensor]:
+        key = ref.key
         if ref.kind == "input":
-            return tensors[ref.key]
+            return lambda tensors, bases, results: tensors[key]
         if ref.kind == "group":
-            return bases[ref.key]
+            return lambda tensors, bases, results: bases[key]
         if ref.kind == "constant":
-            return self.functional.constants[ref.key]
-        return results[ref.key]
+            constant = self.functional.constants[key]
+            return lambda tensors, bases, results: constant
+        return lambda tensors, bases, results: results[key]
+
+    def _unflatten(self, outs: list[Any]) -> Any:
+        it = iter(outs)
+        leaves = [next(it) if t is TENSOR_SLOT else t for t in self.captured.out_template]
+        return pytree.tree_unflatten(leaves, self.captured.out_spec)
 
     def __call__(self, leaves: list[Any]) -> Any:
-        cap, fp = self.captured, self.functional
-        tensors = [leaves[p] for p in cap.tensor_positions]
-        bases = [g.base_of(tensors) for g in cap.groups]
+        tensors = [leaves[p] for p in self._positions]
+        bases = [g.base_of(tensors) for g in self.captured.groups] if self.captured.groups else []
         results = self.run_graph(*tensors, *bases)
-        for wb in fp.writebacks:
-            self.resolve(wb.target, tensors, bases, results).copy_(results[wb.output])
+        for get, k in self._writebacks:
+            get(tensors, bases, results).copy_(results[k])
         outs = []
-        for slot in fp.outputs:
-            source = self.resolve(slot.source, tensors, bases, results)
-            outs.append(replay_chain(slot.chain, source, _torch_call))
-        for mw in fp.metadata_writebacks:
-            t = self.resolve(mw.target, tensors, bases, results)
-            t.as_strided_(mw.size, mw.stride, t.storage_offset() + mw.rel)
-        it = iter(outs)
-        out_leaves = [next(it) if t is TENSOR_SLOT else t for t in cap.out_template]
-        return pytree.tree_unflatten(out_leaves, cap.out_spec)
-
-
-def torch_executor(gm: fx.GraphModule) -> Callable[..., Any]:
-    """Run the functional graph op by op through its generated Python code; autograd works through it."""
-    return gm
+        for get, chain in self._outputs:
+            t = get(tensors, bases, results)
+            outs.append(replay_chain(chain, t, _torch_call) if chain else t)
+        for get, m in self._metadata:
+            t = get(tensors, bases, results)
+            t.as_strided_(m.size, m.stride, t.storage_offset() + m.rel)
+        return self._pack(outs)

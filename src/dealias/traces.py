@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,16 @@ def _arg(a: Any) -> str:
     return repr(a)
 
 
+def _index_text(index: tuple[Any, ...]) -> str:
+    def one(i: Any) -> str:
+        if isinstance(i, slice):
+            text = f"{'' if i.start is None else i.start}:{'' if i.stop is None or i.stop >= 2**62 else i.stop}"
+            return text + (f":{i.step}" if i.step not in (None, 1) else "")
+        return _arg(i)
+
+    return ", ".join(one(i) for i in index)
+
+
 def _target(t: Any) -> str:
     if isinstance(t, torch._ops.OpOverload):
         ns = t.namespace
@@ -58,9 +69,16 @@ def format_graph(
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             stmt = f"{node.name} = self.{node.target}"
+        elif node.target is operator.getitem and isinstance(node.args[1], tuple):
+            stmt = f"{node.name} = {_arg(node.args[0])}[{_index_text(node.args[1])}]"
+        elif node.target is operator.setitem:
+            stmt = f"{_arg(node.args[0])}[{_index_text(node.args[1])}] = {_arg(node.args[2])}"
         elif node.op == "call_function":
             args = [_arg(a) for a in node.args] + [f"{k}={_arg(v)}" for k, v in node.kwargs.items()]
             stmt = f"{node.name} = {_target(node.target)}({', '.join(args)})"
+        elif node.op == "call_method":
+            args = [_arg(a) for a in node.args[1:]] + [f"{k}={_arg(v)}" for k, v in node.kwargs.items()]
+            stmt = f"{node.name} = {_arg(node.args[0])}.{node.target}({', '.join(args)})"
         elif node.op == "output":
             if returns is None:
                 lines.append(f"    return {_arg(node.args[0])}")

@@ -111,28 +111,47 @@ def _strip_restride(n: fx.Node) -> fx.Node:
 def match_region_write(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
     """If `node` is "B with region `chain` replaced by `value`", return (B, chain, value)."""
     node = _strip_restride(node)
-    if node.op != "call_function":
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
         return None
     # Scatter inverses: node = scatter(B, Y, args) for the view b1 = view(B, args).
-    if node.args and isinstance(node.args[0], fx.Node):
-        base = node.args[0]
-        for b1 in base.users:
-            if b1 is node or not _is_view_node(b1) or b1.args[0] is not base:
-                continue
+    base = node.args[0]
+    for b1 in base.users:
+        if b1 is not node and _is_view_node(b1) and b1.args[0] is base:
             found = _match_inverse(node, base, b1)
             if found is not None:
                 return found
-    # Pure-view inverses: node = inv(Y) where Y is a region write of b1 = view(B).
-    if node.args and isinstance(node.args[0], fx.Node):
-        inner = match_region_write(node.args[0])
-        target = node.args[0] if inner is None else inner[0]
-        if _is_view_node(target) and isinstance(target.args[0], fx.Node):
-            base = target.args[0]
-            rec = _recorded_inverse(_step_of(target), base, target)
-            if rec is not None and rec[0] is node.target and _matches(rec, node, node.args[0]):
-                chain, value = ((), node.args[0]) if inner is None else (inner[1], inner[2])
-                return base, (_step_of(target), *chain), value
+    # Pure-view inverses: node = inv(Y), where Y was written into the view b1 = view(B) that inv inverts:
+    # Y is a region write into b1, or Y was computed from b1 (`e = c.flatten(); e += d.flatten()`).
+    y = node.args[0]
+    inner = match_region_write(y)
+    if inner is not None:
+        candidates = [inner[0]]
+    else:
+        first = [y.args[0]] if y.args and isinstance(y.args[0], fx.Node) else []
+        candidates = first + [a for a in y.all_input_nodes if a not in first]
+    for b1 in candidates:
+        if not _is_view_node(b1) or not isinstance(b1.args[0], fx.Node):
+            continue
+        rec = _recorded_inverse(_step_of(b1), b1.args[0], b1)
+        if rec is not None and _matches(rec, node, y):
+            chain, value = (inner[1], inner[2]) if inner is not None else ((), y)
+            return b1.args[0], (_step_of(b1), *chain), value
     return None
+
+
+def _updated_in_place(node: fx.Node) -> fx.Node | None:
+    """For `op(B, ...)` of B's shape and dtype where `op` has an in-place form (`add(x, 1)` for `x.add_(1)`,
+    `index_copy(x, ...)`, `copy(x, src)`): B. Such a node is a full write of B's memory when B is dead
+    after it."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or not node.args:
+        return None
+    b = node.args[0]
+    if not isinstance(b, fx.Node) or _is_view_node(b) or inplace_variant(node.target) is None:
+        return None
+    bv, nv = b.meta.get("val"), node.meta.get("val")
+    if not isinstance(bv, torch.Tensor) or not isinstance(nv, torch.Tensor):
+        return None
+    return b if bv.shape == nv.shape and bv.dtype == nv.dtype else None
 
 
 def _matches(rec: tuple[Any, tuple[Any, ...], dict], node: fx.Node, value: fx.Node) -> bool:
@@ -162,16 +181,22 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def versions(final: fx.Node, root: fx.Node) -> list[tuple[fx.Node, RegionWrite]] | None:
-    """The writes that turn `root` into `final`, oldest first: (node of the version, its write)."""
+def versions(
+    final: fx.Node, root: fx.Node | None, stop: set[fx.Node] = frozenset()
+) -> list[tuple[fx.Node, RegionWrite]]:
+    """The writes that turn `root` into `final`, oldest first: (node of the version, its write). With no
+    `root` (an intermediate), the walk ends at a caller's tensor, at a node in `stop`, or at a full write."""
     out: list[tuple[fx.Node, RegionWrite]] = []
     node = final
     while node is not root:
         m = match_region_write(node)
-        if m is None:  # a full write: everything before it is overwritten
-            out.append((node, RegionWrite((), node, _nbytes(node.meta["val"]))))
+        if m is not None:
+            base, chain, value = m
+        else:
+            base, chain, value = _updated_in_place(node), (), node
+        if base is None or (base is not root and (base.op != "call_function" or base in stop)):
+            out.append((node, RegionWrite((), node, _nbytes(node.meta["val"]))))  # everything before: overwritten
             break
-        base, chain, value = m
         out.append((node, RegionWrite(chain, value, _nbytes(value.meta["val"]))))
         node = base
     out.reverse()
@@ -232,16 +257,20 @@ def lower(
         reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root)))
         dropped.add(wb.output)
         order = {n: i for i, n in enumerate(graph.nodes)}
-    # Intermediates: a storage base with region writes whose old versions are dead is updated in place.
-    seen: set[fx.Node] = set()
+    # Intermediates: a base updated by writes whose old versions are dead is updated in place. The walk may
+    # reach back past the storage's first version; the longest safe suffix is kept.
+    seen: set[fx.Node] = {n for n in graph.nodes if n.op != "call_function"}
     for tip in reversed(list(graph.nodes)):
-        if tip in seen or tip.op != "call_function" or match_region_write(tip) is None:
+        if tip in seen or tip.op != "call_function" or not isinstance(tip.meta.get("val"), torch.Tensor):
             continue
-        plan = versions(tip, None)
+        plan = versions(tip, None, seen)
         seen.update(v for v, _ in plan)
-        if len(plan) > 1 and _fresh(plan[0][0]) and _safe(plan[1:], plan[0][0], order, []):
-            _apply(graph, plan[1:], plan[0][0])
-            order = {n: i for i, n in enumerate(graph.nodes)}
+        for k in range(len(plan) - 1):
+            root, writes = plan[k][0], plan[k + 1 :]
+            if _fresh(root) and _safe(writes, root, order, []):
+                _apply(graph, writes, root)
+                order = {n: i for i, n in enumerate(graph.nodes)}
+                break
     new_results = [r for i, r in enumerate(out_node.args[0]) if i not in dropped]
     out_node.args = (tuple(new_results),)
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}

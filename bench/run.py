@@ -1,0 +1,218 @@
+"""Benchmarks: eager vs dealias.jit (torch executor) vs torch.compile (inductor), timed in one process,
+interleaved, and reported as ratios to eager. Also peak memory of the tensors each call allocates.
+
+    python bench/run.py                 # all workloads
+    python bench/run.py --only kv_write --rounds 5
+    python bench/run.py --no-compile    # skip torch.compile (its compiles take seconds each)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import dealias
+
+
+# --- workloads --------------------------------------------------------------------------------------
+def kv_write(kc, vc, k, v, pos):
+    kc.index_copy_(2, pos, k)
+    vc.index_copy_(2, pos, v)
+
+
+def slice_write(buf, row):
+    buf[123] = row
+    buf[124].add_(row)
+
+
+def kv_decode(kc, vc, q, k, v, pos: int, mask):
+    kc[:, :, pos] = k
+    vc[:, :, pos] = v
+    return torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
+
+
+def adam(params, grads, ms, vs, lr: float, step: int):
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    with torch.no_grad():
+        for p, g, m, v in zip(params, grads, ms, vs):
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v / (1 - b2**step)).sqrt_().add_(eps)
+            p.addcdiv_(m, denom, value=-lr / (1 - b1**step))
+
+
+def seed(a, b):
+    c = torch.exp(a)
+    d = torch.tanh(b)
+    e = c.flatten()
+    e += d.flatten()
+    d.div_(a)
+    return c, d
+
+
+def tiny(x):
+    x.add_(1)
+    return x * 2 + 1
+
+
+def _kv_args():
+    pos = torch.tensor([1234])
+    return (torch.randn(1, 16, 4096, 64), torch.randn(1, 16, 4096, 64), torch.randn(1, 16, 1, 64),
+            torch.randn(1, 16, 1, 64), pos)
+
+
+def _decode_args():
+    n, pos = 1024, 700
+    mask = torch.zeros(1, 1, 1, n, dtype=torch.bool)
+    mask[..., : pos + 1] = True
+    return (torch.randn(1, 16, n, 64), torch.randn(1, 16, n, 64), torch.randn(1, 16, 1, 64),
+            torch.randn(1, 16, 64), torch.randn(1, 16, 64), pos, mask)
+
+
+def _adam_args():
+    def ts():
+        return [torch.randn(65536) for _ in range(40)]
+
+    return (ts(), ts(), ts(), [t.abs() for t in ts()], 1e-3, 3)
+
+
+@dataclass
+class Workload:
+    name: str
+    fn: Callable[..., Any]
+    make: Callable[[], tuple[Any, ...]]
+    target: float  # ratio to eager the torch executor should reach
+    memory: bool = True
+
+
+WORKLOADS = [
+    Workload("kv_write", kv_write, _kv_args, 1.5),
+    Workload("slice_write", slice_write, lambda: (torch.randn(4096, 4096), torch.randn(4096)), 1.5),
+    Workload("kv_decode", kv_decode, _decode_args, 1.05),
+    Workload("adam", adam, _adam_args, 1.05),
+    Workload("seed_2048", seed, lambda: (torch.randn(2048, 2048), torch.randn(2048, 2048)), 1.05),
+    Workload("tiny_call", tiny, lambda: (torch.randn(8),), 1.5, memory=False),
+]
+
+
+# --- measurement ------------------------------------------------------------------------------------
+def _time(fn: Callable[..., Any], args: tuple[Any, ...], iters: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn(*args)
+    return (time.perf_counter() - start) / iters
+
+
+def _iters_for(fn: Callable[..., Any], args: tuple[Any, ...]) -> int:
+    t = _time(fn, args, 3)
+    return max(3, min(2000, int(0.2 / max(t, 1e-7))))
+
+
+class _PeakBytes(TorchDispatchMode):
+    """Bytes of tensor storages created by ops while active (live at once, at most)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self.seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        ins = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in ins or ptr in self.seen or t._base is not None:
+                continue
+            nbytes = t.untyped_storage().nbytes()
+            self.seen.add(ptr)
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(t, self._free, ptr, nbytes)
+        return out
+
+    def _free(self, ptr: int, nbytes: int) -> None:
+        self.seen.discard(ptr)
+        self.live -= nbytes
+
+
+def peak_bytes(fn: Callable[..., Any], args: tuple[Any, ...]) -> int:
+    gc.collect()
+    with _PeakBytes() as m:
+        out = fn(*args)
+        del out
+        gc.collect()
+    return m.peak
+
+
+def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    rows = []
+    for w in WORKLOADS:
+        if names and w.name not in names:
+            continue
+        impls: dict[str, Callable[..., Any]] = {"eager": w.fn, "dealias": dealias.jit(w.fn)}
+        if with_compile:
+            impls["torch.compile"] = torch.compile(w.fn, backend="inductor")
+        args = {k: w.make() for k in impls}
+        for k, f in impls.items():  # warm up: compile, cache
+            f(*args[k])
+            f(*args[k])
+        iters = _iters_for(w.fn, args["eager"])
+        times: dict[str, list[float]] = {k: [] for k in impls}
+        for _ in range(rounds):
+            for k, f in impls.items():
+                times[k].append(_time(f, args[k], iters))
+        # Best of the interleaved rounds: on a shared 2-core machine the minimum is the least noisy estimate.
+        med = {k: min(v) for k, v in times.items()}
+        row: dict[str, Any] = {"workload": w.name, "eager_us": med["eager"] * 1e6, "target": w.target}
+        for k in impls:
+            if k != "eager":
+                row[k] = med[k] / med["eager"]
+        if w.memory:
+            eager_peak = peak_bytes(w.fn, w.make())
+            row["peak_eager_MB"] = eager_peak / 2**20
+            row["peak_dealias_MB"] = peak_bytes(impls["dealias"], args["dealias"]) / 2**20
+        rows.append(row)
+        print(_format_row(row), flush=True)
+    return rows
+
+
+def _format_row(r: dict[str, Any]) -> str:
+    tc = f"{r['torch.compile']:.2f}x" if "torch.compile" in r else "n/a"
+    mem = (
+        f"peak MB eager {r['peak_eager_MB']:.2f} / dealias {r['peak_dealias_MB']:.2f}"
+        if "peak_eager_MB" in r
+        else "peak n/a"
+    )
+    ok = "ok" if r["dealias"] <= r["target"] else "MISSES TARGET"
+    return (
+        f"{r['workload']:<12} eager {r['eager_us']:>10.1f} us | dealias {r['dealias']:.2f}x "
+        f"(target <= {r['target']}x: {ok}) | torch.compile {tc} | {mem}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", help="workload names")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--no-compile", action="store_true")
+    a = ap.parse_args(argv)
+    run(a.only, a.rounds, not a.no_compile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Executors: run the execution graph.
+
+The torch executor runs the graph's generated Python code op by op, so autograd works through it. An aten
+op called as `torch.ops.aten.add.Tensor(x, 1)` goes through a slower argument parser than the Tensor method
+`x.add(1)`; where the method dispatches to exactly the same aten overload (checked on the fake inputs, so
+no overload is ever guessed), the node is emitted as a method call.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+
+class _Calls(TorchDispatchMode):
+    """Records the aten calls made below it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace != "prim":  # prim.device and friends: metadata queries of the fake machinery
+            self.calls.append((func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+_MISSING = object()
+
+
+def _bound(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    out = []
+    for i, a in enumerate(schema.arguments):
+        if i < len(args):
+            out.append(args[i])
+        elif a.name in kwargs:
+            out.append(kwargs[a.name])
+        else:
+            out.append(a.default_value if a.has_default_value() else _MISSING)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _method_for(node: fx.Node) -> str | None:
+    """The Tensor method name that dispatches to exactly `node.target` with these arguments, if any."""
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or not node.args:
+        return None
+    name = op._schema.name.split("::")[1]
+    if not hasattr(torch.Tensor, name) or not isinstance(node.args[0], fx.Node):
+        return None
+    fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (node.args, node.kwargs))
+    fakes = [v for v in pytree.tree_leaves((fargs, fkwargs)) if isinstance(v, FakeTensor)]
+    if not fakes or not isinstance(fargs[0], torch.Tensor):
+        return None
+    self_ = fargs[0]
+    with fakes[0].fake_mode:
+        self_copy = self_.clone()  # a method that writes must not touch the node's own fake value
+    fargs = (self_copy, *fargs[1:])
+    rec = _Calls()
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # a binding that rejects these arguments is expected here
+    try:
+        with fakes[0].fake_mode, rec:
+            getattr(self_copy, name)(*fargs[1:], **fkwargs)
+    except Exception:  # noqa: BLE001 - the binding does not take these arguments: keep the aten call
+        return None
+    finally:
+        quiet.setLevel(level)
+    if len(rec.calls) != 1 or rec.calls[0][0] is not op:
+        return None
+    # The same overload is not enough: the binding must also pass the same arguments in the same places
+    # (`cond.where(x, y)` reaches aten.where.self with its arguments moved).
+    _, args, kwargs = rec.calls[0]
+    want = _bound(op._schema, fargs, fkwargs)
+    got = _bound(op._schema, args, kwargs)
+    return name if all(_same(w, g) for w, g in zip(want, got)) else None
+
+
+def _index(node: fx.Node) -> tuple[Any, ...] | None:
+    """`select`/`slice` as a basic Python index (`x[:, 3]`, `x[2:5]`): the same view through the fast
+    indexing path eager uses."""
+    if node.op != "call_function" or not isinstance(node.args[0], fx.Node) or node.kwargs:
+        return None
+    if node.target is aten.select.int:
+        _, dim, index = node.args
+        return (slice(None),) * dim + (index,) if dim >= 0 else None
+    if node.target is aten.slice.Tensor:
+        defaults = (None, 0, None, None, 1)
+        _, dim, start, end, step = (*node.args, *defaults[len(node.args) :])
+        return (slice(None),) * dim + (slice(start, end, step),) if dim >= 0 else None
+    return None
+
+
+def _use_python_indexing(gm: fx.GraphModule) -> None:
+    """select/slice -> `x[idx]`; `x[idx].copy_(v)` -> `x[idx] = v` (eager's own setitem path)."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        idx = _index(node)
+        if idx is None:
+            continue
+        users = list(node.users)
+        if len(users) == 1 and users[0].target is aten.copy_.default and users[0].args[0] is node:
+            copy = users[0]
+            if not copy.users and len(copy.args) == 2 and isinstance(copy.args[1], fx.Node):
+                with graph.inserting_before(copy):
+                    graph.call_function(operator.setitem, (node.args[0], idx, copy.args[1]))
+                graph.erase_node(copy)
+                graph.erase_node(node)
+                continue
+        node.target, node.args = operator.getitem, (node.args[0], idx)
+
+
+def torch_executor(gm: fx.GraphModule) -> Callable[..., Any]:
+    _use_python_indexing(gm)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            name = _method_for(node)
+            if name is not None:
+                node.op, node.target = "call_method", name
+    gm.recompile()
+    return gm.forward
