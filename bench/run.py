@@ -170,11 +170,11 @@ def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[s
         for k, f in impls.items():  # warm up: compile, cache
             f(*args[k])
             f(*args[k])
-        iters = _iters_for(w.fn, args["eager"])
+        iters = {k: _iters_for(f, args[k]) for k, f in impls.items()}  # ~0.2 s per round each
         times: dict[str, list[float]] = {k: [] for k in impls}
         for _ in range(rounds):
             for k, f in impls.items():
-                times[k].append(_time(f, args[k], iters))
+                times[k].append(_time(f, args[k], iters[k]))
         # Best of the interleaved rounds: on a shared 2-core machine the minimum is the least noisy estimate.
         med = {k: min(v) for k, v in times.items()}
         row: dict[str, Any] = {"workload": w.name, "eager_us": med["eager"] * 1e6, "target": w.target}

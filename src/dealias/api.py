@@ -19,6 +19,7 @@ from .errors import DataDependentError, DealiasError, EagerSemanticsError, Fallb
 from .executor import torch_executor
 from .functionalize import FunctionalProgram, Ref, functionalize
 from .guards import explain_miss, flatten_call, guard_key
+from .lifting import Lifted
 from .optimize import optimize
 from .program import CompiledProgram
 from .sharing import find_groups_or_none, overlapping_pairs
@@ -92,16 +93,22 @@ def _alias_placeholders(gm: fx.GraphModule, captured: Any) -> dict[fx.Node, list
     return out
 
 
-def compile_program(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompiledProgram:
+def compile_program(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    anchor: Callable[..., Any] | None = None,
+    names: list[str] = (),
+) -> CompiledProgram:
     """capture -> alias analysis -> functionalize -> optimize -> write-back lowering -> executor."""
-    captured = capture(fn, args, kwargs)
+    captured = capture(fn, args, kwargs, anchor, names)
     info = analyze(captured.gm, captured.groups)
     fp = functionalize(captured, info)
     fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
     functional_gm = _copy_graph_module(fp.gm)
     functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
     fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
-    run = torch_executor(fp.gm)
+    run = torch_executor(fp.gm, torch.is_grad_enabled())
     traces = [
         Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
         functional,
@@ -117,6 +124,7 @@ class JitFunction:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.strict = strict
+        self.lifted = Lifted(fn)
         self.cache: dict[tuple[Any, ...], Any] = {}
         self.hits = 0
         self.misses = 0
@@ -127,12 +135,17 @@ class JitFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, structure = flatten_call(args, kwargs)
+        arg_modules = [x for x in leaves if isinstance(x, torch.nn.Module)] if not isinstance(structure, int) else []
+        if self.lifted or arg_modules:
+            state = self.lifted.fetch(arg_modules)
+            leaves = state + leaves
+            structure = (structure, len(state), self.lifted.key(arg_modules))
         key = guard_key(leaves, structure)
         entry = self.cache.get(key)
         if entry is None:
             self.misses += 1
             self._explain_miss(key, leaves)
-            entry = self._compile(args, kwargs)
+            entry = self._compile(args, kwargs, arg_modules)
             self.cache[key] = entry
         else:
             self.hits += 1
@@ -140,8 +153,6 @@ class JitFunction:
         if entry is _EAGER:
             return self.fn(*args, **kwargs)
         self.last = entry
-        if not isinstance(structure, int):
-            leaves = flatten_call(args, kwargs)[0]
         return entry(leaves)
 
     def _explain_miss(self, key: tuple[Any, ...], leaves: list[Any]) -> None:
@@ -161,8 +172,17 @@ class JitFunction:
         if self.last_key is not None:
             log.info("dealias: recompiled %s: %s", getattr(self.fn, "__name__", self.fn), self.last_miss_reason)
 
-    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any], arg_modules: list[Any]) -> Any:
         try:
+            if self.lifted or arg_modules:
+                state = self.lifted.fetch(arg_modules)
+
+                def traced(state: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+                    with self.lifted.installed(state, arg_modules):
+                        return self.fn(*args, **kwargs)
+
+                names = self.lifted.names(arg_modules)
+                return compile_program(traced, (state, *args), kwargs, self.fn, names)
             return compile_program(self.fn, args, kwargs)
         except EagerSemanticsError:
             raise

@@ -25,6 +25,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.fx.proxy import _register_stack_trace_anchor
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import DataDependentError, with_location
 from .sharing import AliasGroup, find_groups
@@ -76,8 +77,15 @@ def node_location(node: fx.Node) -> str | None:
     return user_location(node.meta.get("stack_trace"))
 
 
-def capture(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
-    """Trace `fn(*args, **kwargs)`; raise DataDependentError if the program depends on tensor data."""
+def capture(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    anchor: Callable[..., Any] | None = None,
+    names: list[str] = (),
+) -> Captured:
+    """Trace `fn(*args, **kwargs)`; raise DataDependentError if the program depends on tensor data.
+    `anchor` is the user's function (its frames are the source lines kept); `names` name the first inputs."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
@@ -88,15 +96,18 @@ def capture(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
         for pos, t in zip(positions, tensors):
             call_leaves[pos] = t
         a, kw = pytree.tree_unflatten(call_leaves, in_spec)
-        out = fn(*a, **kw)
+        with grad_modes:
+            out = fn(*a, **kw)
         out_leaves, captured.out_spec = pytree.tree_flatten(out)
         captured.out_template = [TENSOR_SLOT if isinstance(o, torch.Tensor) else o for o in out_leaves]
         return [o for o in out_leaves if isinstance(o, torch.Tensor)]
 
-    target = getattr(fn, "forward", fn)
+    target = anchor if anchor is not None else fn
+    target = getattr(target, "forward", target)
     code_owner = getattr(target, "__func__", target)
     if hasattr(code_owner, "__code__"):
         _register_stack_trace_anchor(code_owner)
+    grad_modes = _GradModes()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(leaves[p]) for p in positions]
     try:
@@ -110,10 +121,36 @@ def capture(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
             what = "branches in Python on a tensor's value"
         raise DataDependentError(with_location(f"the program {what}", exception_location(e))) from e
     _check_static(gm)
-    _name_placeholders(gm, fn, leaves, positions, in_spec)
+    grad_modes.annotate(gm)
+    _name_placeholders(gm, anchor if anchor is not None else fn, leaves, positions, in_spec, list(names))
     captured.gm = gm
     captured.fake_mode = mode
     return captured
+
+
+class _GradModes(TorchDispatchMode):
+    """Records whether grad mode was on for each aten call the program makes (`with torch.no_grad():`
+    inside the function), then stores it on the traced nodes as meta["grad"]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, bool]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, torch.is_grad_enabled()))
+        return func(*args, **(kwargs or {}))
+
+    def annotate(self, gm: fx.GraphModule) -> None:
+        # make_fx records the same calls in the same order; a node it adds on its own keeps the mode of the
+        # call before it.
+        i, grad = 0, torch.is_grad_enabled()
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            j = next((j for j in range(i, len(self.calls)) if self.calls[j][0] is node.target), None)
+            if j is not None:
+                grad, i = self.calls[j][1], j + 1
+            node.meta["grad"] = grad
 
 
 def _check_static(gm: fx.GraphModule) -> None:
@@ -133,16 +170,27 @@ def _check_static(gm: fx.GraphModule) -> None:
 
 
 def _name_placeholders(
-    gm: fx.GraphModule, fn: Callable[..., Any], leaves: list[Any], positions: list[int], in_spec: pytree.TreeSpec
+    gm: fx.GraphModule,
+    fn: Callable[..., Any],
+    leaves: list[Any],
+    positions: list[int],
+    in_spec: pytree.TreeSpec,
+    names: list[str],
 ) -> None:
-    """Name each input after the user's parameter and its place in the pytree (`xs_a`, `cache_0`)."""
+    """Name each input after the user's parameter and its place in the pytree (`xs_a`, `cache_0`); the
+    first `len(names)` inputs (lifted state) by `names`."""
     try:
         params = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         params = []
+    if names:
+        params = ["lifted", *params]
     paths = [p for p, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(leaves, in_spec))[0]]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node, pos in zip(placeholders, positions):
+    for i, (node, pos) in enumerate(zip(placeholders, positions)):
+        if i < len(names):
+            node._rename("".join(c if c.isalnum() else "_" for c in names[i]))
+            continue
         keys = [getattr(k, "idx", getattr(k, "key", None)) for k in paths[pos]]
         if keys and keys[0] == 0 and len(keys) > 1 and isinstance(keys[1], int):
             head = params[keys[1]] if keys[1] < len(params) else f"arg{keys[1]}"

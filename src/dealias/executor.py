@@ -129,7 +129,27 @@ def _use_python_indexing(gm: fx.GraphModule) -> None:
         node.target, node.args = operator.getitem, (node.args[0], idx)
 
 
-def torch_executor(gm: fx.GraphModule) -> Callable[..., Any]:
+def _grad_regions(gm: fx.GraphModule, grad: bool) -> None:
+    """Switch grad mode around the ops the program ran under `torch.no_grad()` (or `enable_grad()`).
+    The caller restores the mode if the graph raises."""
+    graph = gm.graph
+    current = grad
+    for node in list(graph.nodes):
+        if node.op == "output":
+            if current != grad:
+                with graph.inserting_before(node):
+                    graph.call_function(torch._C._set_grad_enabled, (grad,))
+            break
+        want = node.meta.get("grad")
+        if node.op != "call_function" or want is None or want == current:
+            continue
+        with graph.inserting_before(node):
+            graph.call_function(torch._C._set_grad_enabled, (want,))
+        current = want
+
+
+def torch_executor(gm: fx.GraphModule, grad: bool) -> Callable[..., Any]:
+    _grad_regions(gm, grad)
     _use_python_indexing(gm)
     for node in gm.graph.nodes:
         if node.op == "call_function":

@@ -46,6 +46,7 @@ class WriteBack:
 
     target: Ref
     output: int
+    grad: bool = False  # some write to it happened with grad mode on: autograd must see the write-back
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class _Emitter:
         self.graph = graph
         self.fake_mode = fake_mode
         self.stack_trace: str | None = None
+        self.grad: bool | None = None  # grad mode of the op being translated
 
     def call(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
         name = op_name(op) if op is not operator.getitem else "getitem"
@@ -99,6 +101,8 @@ class _Emitter:
             node.meta["val"] = op(*fargs, **fkwargs)
         if self.stack_trace:
             node.meta["stack_trace"] = self.stack_trace
+        if self.grad is not None:
+            node.meta["grad"] = self.grad
         return node
 
 
@@ -119,6 +123,7 @@ class _Functionalizer:
         self.latest: dict[int, Value] = {}  # tensor object -> its latest value (metadata mutations)
         self.first: dict[int, Value] = {}  # caller's tensor object -> its value on entry
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
+        self.grad_writes: set[Storage] = set()  # storages written with grad mode on
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
 
     # -- reading -------------------------------------------------------------------------------------
@@ -169,6 +174,8 @@ class _Functionalizer:
         new = self._restride(new, s.root_meta)
         self.base[s] = new
         self.version[s] += 1
+        if self.emit.grad:
+            self.grad_writes.add(s)
 
     def _restride(self, new: fx.Node, like: torch.Tensor) -> fx.Node:
         """Keep every base in its traced layout, so replayed views get exactly eager's strides."""
@@ -215,6 +222,7 @@ class _Functionalizer:
         groups_done = False
         for node in self.src.graph.nodes:
             self.emit.stack_trace = node.meta.get("stack_trace")
+            self.emit.grad = node.meta.get("grad")
             if node.op == "placeholder":
                 self._placeholder(node)
                 continue
@@ -344,7 +352,8 @@ class _Functionalizer:
         self.check_writable(node, targets, others)
         # out= arguments are dropped; the functional schema lists the rest in the same order.
         kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
-        args, kwargs = _to_call(f.functional._schema, kept, {n: self.read(a) for n, a in bound.items()})
+        defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        args, kwargs = _to_call(f.functional._schema, kept, {n: self.read(a) for n, a in bound.items()}, defaults)
         out = self.emit.call(f.functional, *args, **kwargs)
         if f.kind is OpKind.MUTABLE:
             # The functional form returns the op's own results, then the new value of each written argument.
@@ -367,7 +376,7 @@ class _Functionalizer:
         # Write-backs first: every caller-visible storage whose version moved.
         for s in list(self.base):
             if s.kind != "intermediate" and self.version[s] > 0:
-                self.program.writebacks.append(WriteBack(caller_ref(s), len(outs)))
+                self.program.writebacks.append(WriteBack(caller_ref(s), len(outs), s in self.grad_writes))
                 outs.append(self.base[s])
         for obj, ref in self.caller_objs.items():
             first, last = self.first[obj], self.latest[obj]
@@ -416,21 +425,26 @@ def _layout(t: torch.Tensor) -> tuple[Any, ...]:
 
 
 def _to_call(
-    schema: torch.FunctionSchema, names: list[str], values: dict[str, Any]
+    schema: torch.FunctionSchema, names: list[str], values: dict[str, Any], defaults: dict[str, Any]
 ) -> tuple[list[Any], dict[str, Any]]:
     """Arguments for `schema` from the mutating op's arguments `names` (in its schema order, matched to the
-    functional schema by position: their types match even where names differ) and their `values`."""
+    functional schema by position: their types match even where names differ), their `values`, and the
+    mutating op's `defaults` for those not given (`bernoulli_(p=0.5)` -> `bernoulli.p(p)` needs it)."""
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     positional = True
     for name, a in zip(names, schema.arguments):
-        if name not in values:
-            positional = False  # a default was used: name everything after it
+        if name in values:
+            value = values[name]
+        elif name in defaults and not a.has_default_value():
+            value = defaults[name]
+        else:
+            positional = False  # a default is used: name everything after it
             continue
         if positional and not a.kwarg_only:
-            args.append(values[name])
+            args.append(value)
         else:
-            kwargs[a.name] = values[name]
+            kwargs[a.name] = value
     return args, kwargs
 
 

@@ -37,7 +37,7 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
         if node.op != "call_function" or _keep(node):
             continue
         try:
-            key = (node.target, _freeze(node.args), _freeze(node.kwargs))
+            key = (node.target, _freeze(node.args), _freeze(node.kwargs), node.meta.get("grad"))
             hash(key)
         except TypeError:
             continue

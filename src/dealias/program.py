@@ -38,7 +38,7 @@ class CompiledProgram:
         # Everything a call does beyond running the graph is resolved here once: a cache hit only indexes.
         cap, fp = self.captured, self.functional
         self._positions = tuple(cap.tensor_positions)
-        self._writebacks = [(self._getter(wb.target), wb.output) for wb in fp.writebacks]
+        self._writebacks = [(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
         self._outputs = [(self._getter(slot.source), slot.chain) for slot in fp.outputs]
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
         n = len(cap.out_template)
@@ -72,9 +72,17 @@ class CompiledProgram:
     def __call__(self, leaves: list[Any]) -> Any:
         tensors = [leaves[p] for p in self._positions]
         bases = [g.base_of(tensors) for g in self.captured.groups] if self.captured.groups else []
-        results = self.run_graph(*tensors, *bases)
-        for get, k in self._writebacks:
-            get(tensors, bases, results).copy_(results[k])
+        grad = torch.is_grad_enabled()
+        try:
+            results = self.run_graph(*tensors, *bases)
+        finally:
+            torch._C._set_grad_enabled(grad)  # the graph switches it around no_grad regions
+        for get, k, with_grad in self._writebacks:
+            if with_grad or not grad:
+                get(tensors, bases, results).copy_(results[k])
+            else:
+                with torch.no_grad():
+                    get(tensors, bases, results).copy_(results[k])
         outs = []
         for get, chain in self._outputs:
             t = get(tensors, bases, results)

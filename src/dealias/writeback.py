@@ -241,7 +241,7 @@ def lower(
     order = {n: i for i, n in enumerate(graph.nodes)}
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = list(out_node.args[0])
-    if any(isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].requires_grad for n in graph.nodes):
+    if any(_builds_autograd(n) for n in graph.nodes):
         return fp, [_whole(fp, wb.target, results[wb.output]) for wb in fp.writebacks]
 
     reports: list[WriteBackReport] = []
@@ -274,7 +274,7 @@ def lower(
     new_results = [r for i, r in enumerate(out_node.args[0]) if i not in dropped]
     out_node.args = (tuple(new_results),)
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
-    fp.writebacks = [type(wb)(wb.target, remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
+    fp.writebacks = [type(wb)(wb.target, remap[wb.output], wb.grad) for wb in fp.writebacks if wb.output not in dropped]
     fp.outputs = [
         type(s)(Ref("result", remap[s.source.key]), s.chain) if s.source.kind == "result" else s for s in fp.outputs
     ]
@@ -312,6 +312,13 @@ def _safe(
     return True
 
 
+def _builds_autograd(n: fx.Node) -> bool:
+    """An op recorded by autograd: in-place rewrites could change what its backward reads. Ops under
+    `torch.no_grad()` (an optimizer step) are not."""
+    v = n.meta.get("val")
+    return n.op == "call_function" and n.meta.get("grad", True) and isinstance(v, torch.Tensor) and v.requires_grad
+
+
 def _fresh(n: fx.Node) -> bool:
     """A base that owns its memory: the result of a functional (non-view) op."""
     if n.op != "call_function":
@@ -337,6 +344,8 @@ def _apply(graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.No
         with graph.inserting_after(anchor):
             copy = _call(graph, aten.copy_.default, (target, write.value), {})
         copy.meta["stack_trace"] = version.meta.get("stack_trace")
+        for n in (copy, *([] if target is root else [target])):
+            n.meta["grad"] = version.meta.get("grad")
         version.replace_all_uses_with(root, delete_user_cb=lambda user, copy=copy: user is not copy)
         _erase_dead(graph, built - {write.value})
         op = _reinplace_value(graph, copy, write, root)
@@ -411,6 +420,7 @@ def _reinplace_value(graph: fx.Graph, copy: fx.Node, write: RegionWrite, root: f
     with graph.inserting_before(copy):
         new = _call(graph, op_, (copy.args[0], *value.args[1:]), dict(value.kwargs))
     new.meta["stack_trace"] = copy.meta.get("stack_trace")
+    new.meta["grad"] = copy.meta.get("grad")
     graph.erase_node(copy)
     old = value.args[0]
     graph.erase_node(value)
