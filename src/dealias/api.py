@@ -18,7 +18,7 @@ from .capture import capture
 from .errors import DataDependentError, DealiasError, EagerSemanticsError, FallbackWarning
 from .executor import torch_executor
 from .functionalize import FunctionalProgram, Ref, functionalize
-from .guards import explain_miss, flatten_call, guard_key
+from .guards import explain_miss, flatten_call, guard_key, lookup_key, tensor_check
 from .lifting import Lifted
 from .optimize import optimize
 from .program import CompiledProgram
@@ -125,12 +125,12 @@ class JitFunction:
         self.fn = fn
         self.strict = strict
         self.lifted = Lifted(fn)
-        self.cache: dict[tuple[Any, ...], Any] = {}
+        # lookup key -> [(tensor check, compiled program or _EAGER, full guard key)]
+        self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, tuple[Any, ...]]]] = {}
         self.hits = 0
         self.misses = 0
         self.last: CompiledProgram | None = None
-        self.last_key: tuple[Any, ...] | None = None
-        self.last_overlapping: set[tuple[int, int]] = set()
+        self.last_described: tuple[Any, ...] | None = None  # (full guard key, overlapping pairs) of the last call
         self.last_miss_reason = ""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -140,37 +140,42 @@ class JitFunction:
             state = self.lifted.fetch(arg_modules)
             leaves = state + leaves
             structure = (structure, len(state), self.lifted.key(arg_modules))
-        key = guard_key(leaves, structure)
-        entry = self.cache.get(key)
+        key, tensors = lookup_key(leaves, structure)
+        entry = None
+        for check, candidate, described in self.cache.get(key, ()):
+            if check(*tensors):
+                entry, self.last_described = candidate, described
+                break
         if entry is None:
             self.misses += 1
-            self._explain_miss(key, leaves)
+            described = self._explain_miss(guard_key(leaves, structure), tensors)
             entry = self._compile(args, kwargs, arg_modules)
-            self.cache[key] = entry
+            self.cache.setdefault(key, []).append((tensor_check(tensors), entry, described))
         else:
             self.hits += 1
-        self.last_key = key
         if entry is _EAGER:
             return self.fn(*args, **kwargs)
         self.last = entry
         return entry(leaves)
 
-    def _explain_miss(self, key: tuple[Any, ...], leaves: list[Any]) -> None:
-        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    def _explain_miss(self, full: tuple[Any, ...], tensors: list[torch.Tensor]) -> tuple[Any, ...]:
+        """Say why this call compiles, against the signature of the previous call; return this call's
+        signature (full guard key, overlapping input pairs) for the next explanation."""
         overlapping = overlapping_pairs(tensors, find_groups_or_none(tensors))
-        if self.last_key is None:
+        if self.last_described is None:
             reasons = ["first call"]
         else:
-            reasons = explain_miss(self.last_key, key)
-            before = self.last_overlapping
+            last, before = self.last_described
+            reasons = explain_miss(last, full)
             reasons += [f"inputs {i} and {j} now overlap" for i, j in sorted(overlapping - before)]
             reasons += [f"inputs {i} and {j} no longer overlap" for i, j in sorted(before - overlapping)]
-            if not reasons and key[3] != self.last_key[3]:
+            if not reasons and full[3] != last[3]:
                 reasons.append("which inputs share a storage changed")
-        self.last_overlapping = overlapping
         self.last_miss_reason = "; ".join(reasons) or "a guard changed"
-        if self.last_key is not None:
+        if self.last_described is not None:
             log.info("dealias: recompiled %s: %s", getattr(self.fn, "__name__", self.fn), self.last_miss_reason)
+        self.last_described = (full, overlapping)
+        return self.last_described
 
     def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any], arg_modules: list[Any]) -> Any:
         try:
@@ -198,8 +203,9 @@ class JitFunction:
             return _EAGER
 
     def cache_info(self) -> CacheInfo:
-        eager = sum(1 for e in self.cache.values() if e is _EAGER)
-        return CacheInfo(self.hits, self.misses, len(self.cache), eager, self.last_miss_reason)
+        entries = [e for bucket in self.cache.values() for _, e, _ in bucket]
+        eager = sum(1 for e in entries if e is _EAGER)
+        return CacheInfo(self.hits, self.misses, len(entries), eager, self.last_miss_reason)
 
 
 def jit(fn: Callable[..., Any] | None = None, *, strict: bool = False) -> Any:

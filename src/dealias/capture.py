@@ -46,6 +46,7 @@ class Captured:
     out_template: list[Any] = field(default_factory=list)  # output leaves; TENSOR_SLOT marks a tensor
     fake_mode: FakeTensorMode | None = None
     groups: list[AliasGroup] = field(default_factory=list)  # inputs that overlap in memory
+    requires_grad: list[bool] = field(default_factory=list)  # per tensor input (fake metas do not keep it)
 
 
 def user_location(stack_trace: str | None) -> str | None:
@@ -90,6 +91,7 @@ def capture(
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
     captured.groups = find_groups([leaves[p] for p in positions])
+    captured.requires_grad = [leaves[p].requires_grad for p in positions]
 
     def flat_fn(*tensors: torch.Tensor) -> list[torch.Tensor]:
         call_leaves = list(leaves)

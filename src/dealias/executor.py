@@ -19,6 +19,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .opfacts import OpKind, facts, has_effect
+
 aten = torch.ops.aten
 
 
@@ -58,41 +60,49 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _method_for(node: fx.Node) -> str | None:
-    """The Tensor method name that dispatches to exactly `node.target` with these arguments, if any."""
+def _binding_for(node: fx.Node) -> tuple[str, Any] | None:
+    """A faster Python binding that dispatches to exactly `node.target` with exactly these arguments:
+    ("method", name) for `x.name(...)`, ("function", f) for `torch.name(...)`; None to keep the aten call."""
     op = node.target
-    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or not node.args:
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return None
     name = op._schema.name.split("::")[1]
-    if not hasattr(torch.Tensor, name) or not isinstance(node.args[0], fx.Node):
-        return None
     fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (node.args, node.kwargs))
     fakes = [v for v in pytree.tree_leaves((fargs, fkwargs)) if isinstance(v, FakeTensor)]
-    if not fakes or not isinstance(fargs[0], torch.Tensor):
+    mode = fakes[0].fake_mode if fakes else None
+    if mode is None:
         return None
-    self_ = fargs[0]
-    with fakes[0].fake_mode:
-        self_copy = self_.clone()  # a method that writes must not touch the node's own fake value
-    fargs = (self_copy, *fargs[1:])
+    if fargs and isinstance(fargs[0], torch.Tensor) and hasattr(torch.Tensor, name):
+        if _dispatches_exactly(op, lambda a, k: getattr(a[0], name)(*a[1:], **k), fargs, fkwargs, mode):
+            return "method", name
+    fn = getattr(torch, name, None)
+    if callable(fn) and _dispatches_exactly(op, lambda a, k: fn(*a, **k), fargs, fkwargs, mode):
+        return "function", fn
+    return None
+
+
+def _dispatches_exactly(op: Any, call: Callable[..., Any], fargs: Any, fkwargs: Any, mode: Any) -> bool:
+    with mode:  # a binding that writes must not touch the nodes' own fake values
+        fargs, fkwargs = pytree.tree_map_only(FakeTensor, lambda t: t.clone(), (fargs, fkwargs))
     rec = _Calls()
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # a binding that rejects these arguments is expected here
     try:
-        with fakes[0].fake_mode, rec:
-            getattr(self_copy, name)(*fargs[1:], **fkwargs)
-    except Exception:  # noqa: BLE001 - the binding does not take these arguments: keep the aten call
-        return None
+        with mode, rec:
+            call(fargs, fkwargs)
+    except Exception:  # noqa: BLE001 - the binding does not take these arguments
+        return False
     finally:
         quiet.setLevel(level)
     if len(rec.calls) != 1 or rec.calls[0][0] is not op:
-        return None
+        return False
     # The same overload is not enough: the binding must also pass the same arguments in the same places
     # (`cond.where(x, y)` reaches aten.where.self with its arguments moved).
     _, args, kwargs = rec.calls[0]
     want = _bound(op._schema, fargs, fkwargs)
     got = _bound(op._schema, args, kwargs)
-    return name if all(_same(w, g) for w, g in zip(want, got)) else None
+    return all(_same(w, g) for w, g in zip(want, got))
 
 
 def _index(node: fx.Node) -> tuple[Any, ...] | None:
@@ -148,13 +158,53 @@ def _grad_regions(gm: fx.GraphModule, grad: bool) -> None:
         current = want
 
 
+_FOLD_LIMIT = 4096  # elements: constants folded into the program stay small
+
+
+def _fold_constants(gm: fx.GraphModule) -> None:
+    """Compute small tensors that depend on no input (`scalar_tensor(-inf)` from SDPA's mask conversion,
+    `arange(n)`) once, at compile time. Only where eager's fresh tensor cannot be observed: nothing writes
+    it or a view of it, and it is not returned."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        op = node.target
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or node.all_input_nodes:
+            continue
+        f = facts(op)
+        val = node.meta.get("val")
+        if f.kind is not OpKind.FUNCTIONAL or f.nondeterministic or not isinstance(val, torch.Tensor):
+            continue
+        if val.numel() > _FOLD_LIMIT or val.device.type != "cpu" or node.meta.get("rg") or not _only_read(node):
+            continue
+        name = f"_folded_{node.name}"
+        gm.register_buffer(name, op(*node.args, **node.kwargs))
+        with graph.inserting_before(node):
+            attr = graph.get_attr(name)
+        attr.meta = dict(node.meta)
+        node.replace_all_uses_with(attr)
+        graph.erase_node(node)
+
+
+def _only_read(node: fx.Node) -> bool:
+    for user in node.users:
+        if user.op == "output" or user.target in (operator.setitem,) or has_effect(user.target):
+            return False
+        if isinstance(user.target, torch._ops.OpOverload) and facts(user.target).kind is OpKind.VIEW:
+            if not _only_read(user):
+                return False
+    return True
+
+
 def torch_executor(gm: fx.GraphModule, grad: bool) -> Callable[..., Any]:
+    _fold_constants(gm)
     _grad_regions(gm, grad)
     _use_python_indexing(gm)
     for node in gm.graph.nodes:
         if node.op == "call_function":
-            name = _method_for(node)
-            if name is not None:
-                node.op, node.target = "call_method", name
+            binding = _binding_for(node)
+            if binding is not None and binding[0] == "method":
+                node.op, node.target = "call_method", binding[1]
+            elif binding is not None:
+                node.target = binding[1]
     gm.recompile()
     return gm.forward

@@ -103,6 +103,9 @@ class _Emitter:
             node.meta["stack_trace"] = self.stack_trace
         if self.grad is not None:
             node.meta["grad"] = self.grad
+        # requires_grad, propagated here (fake values do not keep it): grad mode on and an input needs it.
+        grad = self.grad if self.grad is not None else torch.is_grad_enabled()
+        node.meta["rg"] = grad and any(a.meta.get("rg") for a in node.all_input_nodes)
         return node
 
 
@@ -114,6 +117,7 @@ class _Functionalizer:
     def __init__(self, captured: Captured, info: AliasInfo) -> None:
         self.src = captured.gm
         self.info = info
+        self.requires_grad = captured.requires_grad
         self.graph = fx.Graph()
         self.emit = _Emitter(self.graph, captured.fake_mode)
         self.base: dict[Storage, fx.Node] = {}  # current base value of each storage
@@ -183,10 +187,32 @@ class _Functionalizer:
         same = all(st == st0 for sz, st, st0 in zip(val.shape, val.stride(), like.stride()) if sz > 1)
         if same:
             return new
+        if new.meta.get("rg"):
+            return self._restride_differentiably(new, like)
         empty = self.emit.call(
             aten.empty_strided.default, list(like.shape), list(like.stride()), dtype=like.dtype, device=like.device
         )
         return self.emit.call(aten.copy.default, empty, new)
+
+    def _restride_differentiably(self, new: fx.Node, like: torch.Tensor) -> fx.Node:
+        # `copy` has no derivative; a dense layout is a permutation of a contiguous one, reached by
+        # permute -> contiguous copy -> permute back, all differentiable.
+        if not is_non_overlapping_and_dense(like):
+            raise UnsupportedError("a write that autograd must see into a tensor with a gapped layout")
+        perm = sorted(range(like.dim()), key=lambda d: (-like.stride()[d], -like.shape[d]))
+        inv = [perm.index(d) for d in range(like.dim())]
+        dense = self.emit.call(aten.clone.default, self.emit.call(aten.permute.default, new, perm))
+        return self.emit.call(aten.permute.default, dense, inv)
+
+    def copy_value(self, dst: fx.Node, src: fx.Node) -> fx.Node:
+        """The functional `copy(dst, src)`, differentiable when autograd needs it: src cast to dst's dtype and
+        broadcast to its shape, as a tensor of its own."""
+        d, v = dst.meta["val"], src.meta["val"]
+        if v.dtype != d.dtype:
+            src = self.emit.call(aten._to_copy.default, src, dtype=d.dtype)
+        if tuple(v.shape) != tuple(d.shape):
+            src = self.emit.call(aten.expand.default, src, list(d.shape))
+        return self.emit.call(aten.clone.default, src)
 
     def check_writable(self, node: fx.Node, written: list[Value], others: list[Value]) -> None:
         """Raise where eager raises (or where dealias cannot follow eager) before anything is written."""
@@ -252,6 +278,7 @@ class _Functionalizer:
         v = self.info.value(node)
         ph = self.graph.placeholder(node.name)
         ph.meta["val"] = node.meta["val"]
+        ph.meta["rg"] = self.requires_grad[self.info.input_index[node]]
         if v.storage.kind == "input":
             self._new_storage(v.storage, ph)
         # A member of an alias group reads as its own placeholder until the group is first written.
@@ -262,6 +289,7 @@ class _Functionalizer:
             if s.kind == "group":
                 ph = self.graph.placeholder(f"alias_group{s.index}")
                 ph.meta["val"] = s.root_meta
+                ph.meta["rg"] = any(self.requires_grad)
                 self._new_storage(s, ph)
 
     def _get_attr(self, node: fx.Node) -> None:
@@ -272,6 +300,7 @@ class _Functionalizer:
         self.program.constants[name] = getattr(self.src, node.target)
         attr = self.graph.get_attr(name)
         attr.meta["val"] = node.meta["val"]
+        attr.meta["rg"] = bool(getattr(self.program.constants[name], "requires_grad", False))
         self._new_storage(v.storage, attr)
         self._caller_root(v, attr, Ref("constant", name))
 
@@ -354,7 +383,11 @@ class _Functionalizer:
         kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
         defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
         args, kwargs = _to_call(f.functional._schema, kept, {n: self.read(a) for n, a in bound.items()}, defaults)
-        out = self.emit.call(f.functional, *args, **kwargs)
+        copies = f.functional is aten.copy.default and self.emit.grad is not False
+        if copies and any(isinstance(a, fx.Node) and a.meta.get("rg") for a in args[:2]):
+            out = self.copy_value(args[0], args[1])  # aten.copy has no derivative
+        else:
+            out = self.emit.call(f.functional, *args, **kwargs)
         if f.kind is OpKind.MUTABLE:
             # The functional form returns the op's own results, then the new value of each written argument.
             n = len(schema.returns)

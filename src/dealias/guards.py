@@ -1,9 +1,13 @@
-"""Guard keys: everything about a call that changes the meaning of its compiled program.
+"""Guards: everything about a call that changes the meaning of its compiled program.
 
 Per tensor: type, dtype, device, shape, strides, storage offset, requires_grad, leaf-ness, conj/neg bits.
 Per other leaf: its type and value (Python scalars are specialized). Per call: the argument structure, grad
-mode, inference mode, and which tensors share a storage. The key is a flat tuple, built without pytree on
-the common path (positional tensors and scalars), so a cache hit costs a few µs.
+mode, inference mode, and which tensors share a storage.
+
+A lookup is split in two so that a cache hit stays cheap for many tensors: a hashable key of what Python
+reads fast (structure, modes, values, storage sharing, offsets, leaf-ness), then, among that key's entries,
+torch's own C++ tensor guard (the one Dynamo uses) for shapes, strides, dtypes, devices, requires_grad,
+dispatch keys and Python types. Where that guard is missing, a Python comparison does the same job.
 """
 
 from __future__ import annotations
@@ -64,7 +68,44 @@ def sharing_pattern(leaves: list[Any]) -> tuple[int, ...]:
     return tuple(pattern)
 
 
+try:
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - not in the torch this project pins
+    _TensorGuards = None
+
+
+def lookup_key(leaves: list[Any], structure: Any) -> tuple[tuple[Any, ...], list[torch.Tensor]]:
+    """The hashable part of the guard, and the tensors for the tensor check. One pass over the leaves."""
+    tensors: list[torch.Tensor] = []
+    layout: list[tuple[int, int, bool]] = []
+    values: list[Any] = []
+    first: dict[int, int] = {}
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            sharer = first.setdefault(x.untyped_storage()._cdata, len(tensors))
+            layout.append((sharer, x.storage_offset(), x.requires_grad and x.is_leaf))
+            tensors.append(x)
+        else:
+            values.append(_leaf_key(x))
+    key = (structure, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), tuple(layout), *values)
+    return key, tensors
+
+
+def tensor_check(tensors: list[torch.Tensor]) -> Any:
+    """A callable `check(*tensors) -> bool` accepting exactly tensors like these (see the module doc)."""
+    if _TensorGuards is not None:
+        guard = _TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        )
+        return guard.check
+    keys = tuple(map(_leaf_key, tensors))
+    return lambda *ts: tuple(map(_leaf_key, ts)) == keys
+
+
 def guard_key(leaves: list[Any], structure: Any) -> tuple[Any, ...]:
+    """Everything in one tuple: used to explain a recompile, not on the hot path."""
     return (
         structure,
         torch.is_grad_enabled(),

@@ -21,6 +21,17 @@ from .functionalize import FunctionalProgram, Ref
 from .viewops import replay_chain
 
 
+def _restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
+    """pytree rebuilds a torch.Size as a plain tuple; eager returned a torch.Size (`return x.shape`)."""
+    if spec.type is torch.Size:
+        return torch.Size(value)
+    if spec.type in (tuple, list):
+        return spec.type(_restore_sizes(c, v) for c, v in zip(spec.children(), value))
+    if spec.type is dict:
+        return {k: _restore_sizes(c, value[k]) for k, c in zip(spec.context, spec.children())}
+    return value
+
+
 def _torch_call(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return op(*args, **kwargs)
 
@@ -52,6 +63,7 @@ class CompiledProgram:
             self._pack = lambda outs: constant
         else:
             self._pack = self._unflatten
+        self._has_size = "TreeSpec(Size" in repr(cap.out_spec)
 
     def _getter(self, ref: Ref) -> Callable[[list[torch.Tensor], list[torch.Tensor], Any], torch.Tensor]:
         key = ref.key
@@ -67,7 +79,8 @@ class CompiledProgram:
     def _unflatten(self, outs: list[Any]) -> Any:
         it = iter(outs)
         leaves = [next(it) if t is TENSOR_SLOT else t for t in self.captured.out_template]
-        return pytree.tree_unflatten(leaves, self.captured.out_spec)
+        out = pytree.tree_unflatten(leaves, self.captured.out_spec)
+        return _restore_sizes(self.captured.out_spec, out) if self._has_size else out
 
     def __call__(self, leaves: list[Any]) -> Any:
         tensors = [leaves[p] for p in self._positions]

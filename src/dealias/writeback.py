@@ -241,7 +241,7 @@ def lower(
     order = {n: i for i, n in enumerate(graph.nodes)}
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = list(out_node.args[0])
-    if any(_builds_autograd(n) for n in graph.nodes):
+    if _builds_autograd(gm):
         return fp, [_whole(fp, wb.target, results[wb.output]) for wb in fp.writebacks]
 
     reports: list[WriteBackReport] = []
@@ -312,11 +312,10 @@ def _safe(
     return True
 
 
-def _builds_autograd(n: fx.Node) -> bool:
-    """An op recorded by autograd: in-place rewrites could change what its backward reads. Ops under
-    `torch.no_grad()` (an optimizer step) are not."""
-    v = n.meta.get("val")
-    return n.op == "call_function" and n.meta.get("grad", True) and isinstance(v, torch.Tensor) and v.requires_grad
+def _builds_autograd(gm: fx.GraphModule) -> bool:
+    """Whether autograd records some op of the graph (meta "rg", propagated by functionalization): in-place
+    rewrites could then change what a backward reads. Ops under `torch.no_grad()` record nothing."""
+    return any(n.op == "call_function" and n.meta.get("rg") for n in gm.graph.nodes)
 
 
 def _fresh(n: fx.Node) -> bool:

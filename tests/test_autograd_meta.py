@@ -1,0 +1,172 @@
+"""Autograd through functionalized programs, and metadata-mutating in-place ops (t_, transpose_,
+unsqueeze_, squeeze_, as_strided_, detach_, swapdims_) on inputs and intermediates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from harness import check, clone_args
+
+import dealias
+
+
+def _grads(fn, args, wrt):
+    out = fn(*args)
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)]
+    total = sum((o * torch.linspace(0.5, 1.5, o.numel()).view(o.shape)).sum() for o in outs if o.requires_grad)
+    return torch.autograd.grad(total, [args[i] for i in wrt], allow_unused=True)
+
+
+def check_grads(fn, *args, wrt=(0,)):
+    for call in range(2):
+        ea, ja = clone_args(args), clone_args(args)
+        for a in (ea, ja):
+            for i in wrt:
+                a[i].requires_grad_()
+        expected = _grads(fn, ea, wrt)
+        jf = check_grads.cache.setdefault(fn, dealias.jit(fn))
+        got = _grads(jf, ja, wrt)
+        for e, g in zip(expected, got):
+            torch.testing.assert_close(g, e, msg=lambda m, call=call: f"call {call + 1}: {m}")
+
+
+check_grads.cache = {}
+
+
+def chain_on_intermediate(x):
+    y = x * 2
+    y.add_(1).mul_(x).sin_()
+    return y
+
+
+def inplace_on_view_of_intermediate(x):
+    y = x * 1.5
+    y[0].mul_(3)
+    y[:, 1] += y[:, 0]
+    return y
+
+
+def setitem_value_requires_grad(x, w):
+    buf = torch.zeros(4, 3)
+    buf[1] = w * 2
+    buf[2:] = x[:2] * w
+    return buf
+
+
+def relu_inplace(x):
+    y = x @ x.t()
+    torch.nn.functional.relu(y, inplace=True)
+    return y * 2
+
+
+def write_into_input_copy(x, w):
+    x = x.clone()
+    x[0] = w.sum()
+    x.t()[1].mul_(w[0])
+    return x
+
+
+GRAD_PROGRAMS = [
+    (chain_on_intermediate, lambda: (torch.randn(3, 2),), (0,)),
+    (inplace_on_view_of_intermediate, lambda: (torch.randn(3, 3),), (0,)),
+    (setitem_value_requires_grad, lambda: (torch.randn(3, 3), torch.randn(3)), (0, 1)),
+    (relu_inplace, lambda: (torch.randn(3, 4),), (0,)),
+    (write_into_input_copy, lambda: (torch.randn(3, 3), torch.randn(3)), (0, 1)),
+]
+
+
+@pytest.mark.parametrize("fn,make,wrt", GRAD_PROGRAMS, ids=[p[0].__name__ for p in GRAD_PROGRAMS])
+def test_grads_match_eager(fn, make, wrt):
+    check_grads(fn, *make(), wrt=wrt)
+
+
+def test_non_leaf_input_mutated_keeps_autograd_history():
+    def f(x):
+        x.mul_(3)
+        return x * 2
+
+    w = torch.randn(3, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    out = dealias.jit(f)(w * 1)
+    out.sum().backward()
+    (we * 1).mul_(3).mul(2).sum().backward()
+    torch.testing.assert_close(w.grad, we.grad)
+
+
+def test_modified_by_inplace_returns_the_functional_gradient():
+    """Eager raises "modified by an inplace operation" at backward: exp saved its result, then add_
+    changed it. dealias documents and returns the gradient of the program's functional meaning,
+    d/dx (exp(x) + 1) = exp(x), which is never a third answer."""
+
+    def f(x):
+        y = x.exp()
+        y.add_(1)
+        return y
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        f(x).sum().backward()
+    (g,) = torch.autograd.grad(dealias.jit(f)(x).sum(), [x])
+    torch.testing.assert_close(g, x.detach().exp())
+
+
+# --- metadata mutations --------------------------------------------------------------------------
+def t_input(x):
+    x.t_()
+    return x.shape[0], x + 1
+
+
+def transpose_then_write(x):
+    x.transpose_(0, 1)
+    x[0] = 1.0
+    return x
+
+
+def unsqueeze_transpose_squeeze_input(x):
+    x.unsqueeze_(0).transpose_(0, 1)
+    x.squeeze_(1)
+    return x.shape, x
+
+
+def squeeze_all_and_dim(x):
+    x.squeeze_()
+    y = x.clone()
+    y.unsqueeze_(1).squeeze_(1)
+    return y
+
+
+def swapdims_input(x):
+    x.swapdims_(0, 1)
+    return x.stride()
+
+
+def as_strided_input(x):
+    x.as_strided_((2, 2), (1, 2))
+    return x * 1
+
+
+def detach_input(x):
+    x.detach_()
+    return x
+
+
+def metadata_then_view_output(x):
+    x.t_()
+    return x[0]
+
+
+META_PROGRAMS = [
+    (t_input, lambda: (torch.randn(2, 3),)),
+    (transpose_then_write, lambda: (torch.randn(2, 3),)),
+    (unsqueeze_transpose_squeeze_input, lambda: (torch.randn(2, 3),)),
+    (squeeze_all_and_dim, lambda: (torch.randn(1, 3, 1),)),
+    (swapdims_input, lambda: (torch.randn(2, 3),)),
+    (as_strided_input, lambda: (torch.randn(6),)),
+    (detach_input, lambda: (torch.randn(3).requires_grad_().clone(),)),
+    (metadata_then_view_output, lambda: (torch.randn(2, 3),)),
+]
+
+
+@pytest.mark.parametrize("fn,make", META_PROGRAMS, ids=[p[0].__name__ for p in META_PROGRAMS])
+def test_metadata_mutation(fn, make):
+    check(fn, *make())
