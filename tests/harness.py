@@ -27,8 +27,10 @@ def clone_args(tree: Any) -> Any:
             c = torch.empty(0, dtype=x.dtype, device=x.device)
             with torch.no_grad():
                 c.set_(copies[st._cdata], x.storage_offset(), x.shape, x.stride())
-            if x.is_leaf and x.requires_grad:
+            if x.requires_grad:
                 c.requires_grad_()
+                if not x.is_leaf:
+                    c = c.view_as(c)  # a non-leaf that requires grad, on the same memory
             out.append(c)
         else:
             out.append(x)

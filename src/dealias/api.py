@@ -71,6 +71,8 @@ def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport]) -> T
     for mw in fp.metadata_writebacks:
         t = name(mw.target)
         epilogue.append(f"{t}.as_strided_({list(mw.size)}, {list(mw.stride)}, {t}.storage_offset() + {mw.rel})")
+        if mw.detach:
+            epilogue.append(f"{t}.detach_()")
     returns = f"({outs[0]},)" if len(outs) == 1 else f"({', '.join(outs)})"
     text = format_graph(fp.gm, "execute", header, epilogue, returns)
     return Trace("execution", text)

@@ -58,6 +58,7 @@ class MetadataWriteBack:
     size: tuple[int, ...]
     stride: tuple[int, ...]
     rel: int
+    detach: bool = False  # x.detach_(): the caller's tensor also leaves autograd
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class _Functionalizer:
         self.first: dict[int, Value] = {}  # caller's tensor object -> its value on entry
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
         self.grad_writes: set[Storage] = set()  # storages written with grad mode on
+        self.detached: set[int] = set()  # tensor objects that ran detach_()
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
 
     # -- reading -------------------------------------------------------------------------------------
@@ -317,6 +319,8 @@ class _Functionalizer:
             return  # materialized from its base when read
         if f.kind is OpKind.INPLACE_VIEW:
             self.latest[v.obj] = v
+            if op is aten.detach_.default:
+                self.detached.add(v.obj)
             return
         if f.kind is OpKind.FUNCTIONAL or writes_nothing(op, node.args, node.kwargs, f.mutated):
             self._functional(node, op, self.read(node.args), self.read(node.kwargs), v)
@@ -413,11 +417,11 @@ class _Functionalizer:
                 outs.append(self.base[s])
         for obj, ref in self.caller_objs.items():
             first, last = self.first[obj], self.latest[obj]
-            if _layout(last.meta) != _layout(first.meta):
+            if _layout(last.meta) != _layout(first.meta) or obj in self.detached:
                 m = last.meta
-                self.program.metadata_writebacks.append(
-                    MetadataWriteBack(ref, tuple(m.shape), m.stride(), m.storage_offset() - first.meta.storage_offset())
-                )
+                rel = m.storage_offset() - first.meta.storage_offset()
+                write = MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, obj in self.detached)
+                self.program.metadata_writebacks.append(write)
         results: dict[Storage, int] = {}
         for arg in node.args[0]:
             v = self.info.value(arg)

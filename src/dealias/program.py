@@ -103,4 +103,6 @@ class CompiledProgram:
         for get, m in self._metadata:
             t = get(tensors, bases, results)
             t.as_strided_(m.size, m.stride, t.storage_offset() + m.rel)
+            if m.detach:
+                t.detach_()
         return self._pack(outs)
