@@ -191,3 +191,25 @@ def test_outputs_of_equal_intermediates_are_distinct():
 
     a, b = dealias.jit(f)(torch.randn(3))
     assert a is not b and a.untyped_storage()._cdata != b.untyped_storage()._cdata
+
+
+def test_verify_mode_passes_and_catches_a_difference(monkeypatch):
+    def f(x, y):
+        x[1:].mul_(2)
+        return y.t()
+
+    jf = dealias.jit(f, verify=True)
+    jf(torch.randn(3, 2), torch.randn(2, 2))  # agrees with eager
+    jf(torch.randn(3, 2), torch.randn(2, 2))
+    real = dealias.program.replay_chain
+    monkeypatch.setattr(dealias.program, "replay_chain", lambda *a: real(*a).clone())
+    with pytest.raises(dealias.VerificationError, match="f: output aliasing differs"):
+        dealias.jit(f, verify=True)(torch.randn(3, 2), torch.randn(2, 2))
+
+
+def test_verify_mode_restores_module_state_between_runs():
+    bn = torch.nn.BatchNorm1d(3)
+    jm = dealias.jit(bn, verify=True)
+    for _ in range(3):
+        jm(torch.randn(4, 3))
+    assert int(bn.num_batches_tracked) == 3

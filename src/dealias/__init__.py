@@ -9,6 +9,7 @@ from .errors import (
     InternalError,
     UnsupportedError,
 )
+from .verify import VerificationError
 
 __all__ = [
     "CacheInfo",
@@ -19,6 +20,7 @@ __all__ = [
     "InternalError",
     "JitFunction",
     "UnsupportedError",
+    "VerificationError",
     "cache_info",
     "explain",
     "jit",

@@ -24,6 +24,7 @@ from .optimize import optimize
 from .program import CompiledProgram
 from .sharing import find_groups_or_none, overlapping_pairs
 from .traces import Trace, format_graph
+from .verify import VerificationError, clone_args, first_difference
 from .viewops import ViewStep, op_name
 from .writeback import WriteBackReport, lower
 
@@ -122,10 +123,11 @@ def compile_program(
 class JitFunction:
     """`fn` compiled per guard key; see `dealias.jit`."""
 
-    def __init__(self, fn: Callable[..., Any], strict: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], strict: bool = False, verify: bool = False) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.strict = strict
+        self.verify = verify
         self.lifted = Lifted(fn)
         # lookup key -> [(tensor check, compiled program or _EAGER, full guard key)]
         self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, tuple[Any, ...]]]] = {}
@@ -158,7 +160,37 @@ class JitFunction:
         if entry is _EAGER:
             return self.fn(*args, **kwargs)
         self.last = entry
+        if self.verify:
+            return self._verified(entry, leaves, args, kwargs, arg_modules)
         return entry(leaves)
+
+    def _verified(self, entry: Any, leaves: list[Any], args: Any, kwargs: Any, arg_modules: list[Any]) -> Any:
+        """Run `fn` eagerly on copies (lifted state saved and restored around it), then the compiled program
+        on the real arguments, and raise VerificationError at the first difference."""
+        state = self.lifted.fetch(arg_modules) if self.lifted or arg_modules else []
+        saved = [t.detach().clone() for t in state]
+        eager_args = clone_args((args, kwargs))
+        rng = torch.get_rng_state()
+        try:
+            expected, eager_error = self.fn(*eager_args[0], **eager_args[1]), None
+        except Exception as e:  # noqa: BLE001 - compared with what the compiled call does
+            expected, eager_error = None, e
+        eager_state = [t.detach().clone() for t in state]
+        with torch.no_grad():
+            for t, s in zip(state, saved):
+                t.copy_(s)
+        torch.set_rng_state(rng)
+        got = entry(leaves)
+        name = getattr(self.fn, "__name__", type(self.fn).__name__)
+        if eager_error is not None:
+            raise VerificationError(f"{name}: eager raised {eager_error!r}, dealias returned")
+        diff = first_difference(expected, got, eager_args, (args, kwargs))
+        for i, (e, t) in enumerate(zip(eager_state, state)):
+            if diff is None and not torch.equal(e, t.detach()):
+                diff = f"lifted state {self.lifted.names(arg_modules)[i]} differs after the call"
+        if diff is not None:
+            raise VerificationError(f"{name}: {diff}")
+        return got
 
     def _explain_miss(self, full: tuple[Any, ...], tensors: list[torch.Tensor]) -> tuple[Any, ...]:
         """Say why this call compiles, against the signature of the previous call; return this call's
@@ -210,15 +242,16 @@ class JitFunction:
         return CacheInfo(self.hits, self.misses, len(entries), eager, self.last_miss_reason)
 
 
-def jit(fn: Callable[..., Any] | None = None, *, strict: bool = False) -> Any:
-    """Compile `fn` with exact in-place and alias semantics.
+def jit(fn: Callable[..., Any] | None = None, *, strict: bool = False, verify: bool = False) -> Any:
+    """Compile `fn` (a function or an nn.Module) with exact in-place and alias semantics.
 
-    The result behaves like `fn` in eager PyTorch (values, mutations of its arguments, outputs that alias
-    arguments or each other). Programs dealias cannot compile exactly run eagerly with a FallbackWarning;
-    with `strict=True` they raise instead."""
+    The result behaves like `fn` in eager PyTorch (values, mutations of its arguments and of module state,
+    outputs that alias arguments or each other). Programs dealias cannot compile exactly run eagerly with a
+    FallbackWarning; with `strict=True` they raise instead. With `verify=True` every call also runs `fn`
+    eagerly on copies and raises VerificationError at the first difference."""
     if fn is None:
-        return functools.partial(jit, strict=strict)
-    return JitFunction(fn, strict=strict)
+        return functools.partial(jit, strict=strict, verify=verify)
+    return JitFunction(fn, strict=strict, verify=verify)
 
 
 def explain(jf: JitFunction) -> list[WriteBackReport]:

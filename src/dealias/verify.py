@@ -1,0 +1,154 @@
+"""Comparing a compiled call with eager PyTorch: the check behind `jit(fn, verify=True)`, the fuzzer and the
+test harness.
+
+What is compared is everything eager makes observable: output structure, values, dtypes, shapes, strides,
+requires_grad; every input after the call; and aliasing: which input each output *is*, which input storages
+it shares, and which outputs are the same object or share memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .errors import DealiasError
+
+
+class VerificationError(DealiasError):
+    """`jit(fn, verify=True)`: the compiled call differs from eager; the message names the first difference."""
+
+
+def clone_args(tree: Any) -> Any:
+    """A deep copy of the tensor leaves that keeps their sizes, strides, offsets, which of them share memory
+    (each storage is copied once and every tensor re-viewed onto the copy) and requires_grad (a non-leaf
+    stays a non-leaf)."""
+    leaves, spec = pytree.tree_flatten(tree)
+    copies: dict[int, torch.UntypedStorage] = {}
+    out = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            st = x.untyped_storage()
+            if st._cdata not in copies:
+                copies[st._cdata] = st.clone()
+            c = torch.empty(0, dtype=x.dtype, device=x.device)
+            with torch.no_grad():
+                c.set_(copies[st._cdata], x.storage_offset(), x.shape, x.stride())
+            if x.requires_grad:
+                c.requires_grad_()
+                if not x.is_leaf:
+                    c = c.view_as(c)
+            out.append(c)
+        else:
+            out.append(x)
+    return pytree.tree_unflatten(out, spec)
+
+
+def tensor_difference(a: torch.Tensor, b: Any) -> str | None:
+    if not isinstance(b, torch.Tensor):
+        return f"eager gave a tensor, dealias {type(b).__name__}"
+    if a.shape != b.shape:
+        return f"shape {tuple(a.shape)} != {tuple(b.shape)}"
+    if a.dtype != b.dtype:
+        return f"dtype {a.dtype} != {b.dtype}"
+    if a.stride() != b.stride() and a.numel() > 1:
+        return f"strides {a.stride()} != {b.stride()}"
+    if a.requires_grad != b.requires_grad:
+        return f"requires_grad {a.requires_grad} != {b.requires_grad}"
+    ad, bd = a.detach(), b.detach()
+    if a.is_floating_point() or a.is_complex():
+        if not torch.allclose(ad, bd, rtol=1e-5, atol=1e-6, equal_nan=True):
+            return f"values differ (max abs difference {(ad - bd).abs().nan_to_num(0).max().item():.3g})"
+    elif not torch.equal(ad, bd):
+        return "values differ"
+    return None
+
+
+def _value_difference(a: Any, b: Any) -> str | None:
+    if isinstance(a, torch.Tensor):
+        return tensor_difference(a, b)
+    same = a == b or (a != a and b != b)  # nan
+    return None if same else f"{a!r} != {b!r}"
+
+
+def alias_pattern(inputs: list[Any], outputs: list[Any]) -> list[tuple[Any, ...]]:
+    """For each output: the inputs it is, the input storages it shares, the outputs it is / shares."""
+    ins = [x for x in inputs if isinstance(x, torch.Tensor)]
+    pattern = []
+    for o in outputs:
+        if not isinstance(o, torch.Tensor):
+            pattern.append(("value",))
+            continue
+        st = o.untyped_storage()._cdata
+        pattern.append(
+            (
+                tuple(i for i, x in enumerate(ins) if x is o),
+                tuple(i for i, x in enumerate(ins) if x.untyped_storage()._cdata == st),
+                tuple(j for j, p in enumerate(outputs) if p is o),
+                tuple(
+                    j for j, p in enumerate(outputs) if isinstance(p, torch.Tensor) and p.untyped_storage()._cdata == st
+                ),
+            )
+        )
+    return pattern
+
+
+def first_difference(expected: Any, got: Any, eager_args: Any, jit_args: Any) -> str | None:
+    """The first observable difference between an eager call and a compiled one, or None."""
+    if pytree.tree_structure(expected) != pytree.tree_structure(got):
+        return f"output structure differs: {pytree.tree_structure(expected)} != {pytree.tree_structure(got)}"
+    exp_leaves, got_leaves = pytree.tree_leaves(expected), pytree.tree_leaves(got)
+    for i, (a, b) in enumerate(zip(exp_leaves, got_leaves)):
+        d = _value_difference(a, b)
+        if d:
+            return f"output {i}: {d}"
+    ein, jin = pytree.tree_leaves(eager_args), pytree.tree_leaves(jit_args)
+    for i, (a, b) in enumerate(zip(ein, jin)):
+        d = _value_difference(a, b)
+        if d:
+            return f"input {i} after the call: {d}"
+    pe, pj = alias_pattern(ein, exp_leaves), alias_pattern(jin, got_leaves)
+    if pe != pj:
+        return f"output aliasing differs: eager {pe}, dealias {pj}"
+    return None
+
+
+def run_both(
+    fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple[Any, ...]
+) -> tuple[Any, BaseException | None, Any, BaseException | None, Any, Any]:
+    """Run eager and compiled on separate copies of `args` with the same random state."""
+    eager_args, jit_args = clone_args(args), clone_args(args)
+    rng = torch.get_rng_state()
+    expected = got = eager_err = jit_err = None
+    try:
+        expected = fn(*eager_args)
+    except Exception as e:  # noqa: BLE001 - eager's error is part of what is compared
+        eager_err = e
+    torch.set_rng_state(rng)
+    try:
+        got = jitted(*jit_args)
+    except Exception as e:  # noqa: BLE001
+        jit_err = e
+    return expected, eager_err, got, jit_err, eager_args, jit_args
+
+
+def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple[Any, ...]) -> str | None:
+    """One differential call; the first difference (values, inputs, aliasing, errors), or None."""
+    expected, eager_err, got, jit_err, eager_args, jit_args = run_both(fn, jitted, args)
+    if eager_err is not None:
+        if jit_err is None:
+            return f"eager raised {type(eager_err).__name__}: {eager_err}; dealias did not"
+        if not isinstance(jit_err, type(eager_err)) and not (
+            isinstance(jit_err, RuntimeError) and isinstance(eager_err, RuntimeError)
+        ):
+            return f"eager raised {eager_err!r}, dealias {jit_err!r}"
+        for i, (a, b) in enumerate(zip(pytree.tree_leaves(jit_args), pytree.tree_leaves(clone_args(args)))):
+            d = _value_difference(b, a)
+            if d:
+                return f"input {i} changed by a failed call: {d}"
+        return None
+    if jit_err is not None:
+        return f"dealias raised {type(jit_err).__name__}: {jit_err}; eager returned"
+    return first_difference(expected, got, eager_args, jit_args)
