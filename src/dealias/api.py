@@ -134,6 +134,7 @@ class JitFunction:
         self.hits = 0
         self.misses = 0
         self.last: CompiledProgram | None = None
+        self.ran_eagerly = False  # the latest call fell back to eager (its effects are eager's own)
         self.last_described: tuple[Any, ...] | None = None  # (full guard key, overlapping pairs) of the last call
         self.last_miss_reason = ""
 
@@ -157,6 +158,7 @@ class JitFunction:
             self.cache.setdefault(key, []).append((tensor_check(tensors), entry, described))
         else:
             self.hits += 1
+        self.ran_eagerly = entry is _EAGER
         if entry is _EAGER:
             return self.fn(*args, **kwargs)
         self.last = entry

@@ -24,10 +24,11 @@ from torch._subclasses.fake_tensor import (
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.fx.proxy import _register_stack_trace_anchor
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import DataDependentError, with_location
+from .errors import DataDependentError, UnsupportedError, with_location
 from .sharing import AliasGroup, find_groups
 
 TENSOR_SLOT = object()  # marks a tensor output in `Captured.out_template`
@@ -47,6 +48,7 @@ class Captured:
     fake_mode: FakeTensorMode | None = None
     groups: list[AliasGroup] = field(default_factory=list)  # inputs that overlap in memory
     requires_grad: list[bool] = field(default_factory=list)  # per tensor input (fake metas do not keep it)
+    detached: set[int] = field(default_factory=set)  # tensor inputs the program ran detach_() on
 
 
 def user_location(stack_trace: str | None) -> str | None:
@@ -98,7 +100,7 @@ def capture(
         for pos, t in zip(positions, tensors):
             call_leaves[pos] = t
         a, kw = pytree.tree_unflatten(call_leaves, in_spec)
-        with grad_modes:
+        with grad_modes, _AutogradMetadata(tensors, captured.detached):
             out = fn(*a, **kw)
         out_leaves, captured.out_spec = pytree.tree_flatten(out)
         captured.out_template = [TENSOR_SLOT if isinstance(o, torch.Tensor) else o for o in out_leaves]
@@ -128,6 +130,25 @@ def capture(
     captured.gm = gm
     captured.fake_mode = mode
     return captured
+
+
+class _AutogradMetadata(TorchFunctionMode):
+    """`x.detach_()` and `x.requires_grad_()` change autograd metadata without any aten op, so make_fx does
+    not see them. Record detach_() of an input (written back to the caller's tensor); refuse the rest."""
+
+    def __init__(self, inputs: tuple[torch.Tensor, ...], detached: set[int]) -> None:
+        super().__init__()
+        self.inputs = {id(t): i for i, t in enumerate(inputs)}
+        self.detached = detached
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.detach_:
+            if id(args[0]) not in self.inputs:
+                raise UnsupportedError("detach_() of a tensor that is not an argument is not supported")
+            self.detached.add(self.inputs[id(args[0])])
+        elif func is torch.Tensor.requires_grad_:
+            raise UnsupportedError("requires_grad_() inside a compiled function is not supported")
+        return func(*args, **(kwargs or {}))
 
 
 class _GradModes(TorchDispatchMode):

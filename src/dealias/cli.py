@@ -13,9 +13,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dealias", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="compile the built-in examples, print their traces, check them against eager")
+    fz = sub.add_parser("fuzz", help="run random programs eagerly and through dealias.jit, compare, shrink failures")
+    fz.add_argument("--seed", type=int, default=0)
+    fz.add_argument("--count", type=int, default=200)
+    fz.add_argument("--time", type=float, default=None, help="stop after this many seconds")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo.run()
+    if args.command == "fuzz":
+        from .fuzz import fuzz
+
+        s = fuzz(args.seed, args.count, args.time)
+        print(
+            f"{s['programs']} programs in {s['seconds']} s: {s['ok']} matched eager, {s['error-matched']} raised "
+            f"as eager did, {s['fallback']} ran eagerly (fallback), {s['mismatch']} MISMATCHED"
+        )
+        return 1 if s["mismatch"] else 0
     return 2
 
 

@@ -26,7 +26,7 @@ from .alias import AliasInfo, Storage, Value
 from .capture import Captured, node_location
 from .errors import EagerSemanticsError, UnsupportedError, with_location
 from .opfacts import OpKind, facts, writes_nothing
-from .viewops import ViewStep, internal_overlap, inverse, op_name, replay, replay_chain
+from .viewops import ViewStep, as_strided_rel, internal_overlap, inverse, op_name, replay, replay_chain
 
 aten = torch.ops.aten
 
@@ -119,6 +119,7 @@ class _Functionalizer:
         self.src = captured.gm
         self.info = info
         self.requires_grad = captured.requires_grad
+        self.detached_inputs = captured.detached
         self.graph = fx.Graph()
         self.emit = _Emitter(self.graph, captured.fake_mode)
         self.base: dict[Storage, fx.Node] = {}  # current base value of each storage
@@ -130,6 +131,8 @@ class _Functionalizer:
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
         self.grad_writes: set[Storage] = set()  # storages written with grad mode on
         self.detached: set[int] = set()  # tensor objects that ran detach_()
+        self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
+        self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
 
     # -- reading -------------------------------------------------------------------------------------
@@ -171,12 +174,30 @@ class _Functionalizer:
         if new_meta.dtype != meta.dtype:
             new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
         s = v.storage
+        if self.base[s].meta.get("rg") and any(_hides_grad(step, self.base[s]) for step in v.chain):
+            # Eager writes through a dtype or detached view without touching the base's autograd history;
+            # a functional base would lose it. Refuse rather than return a wrong gradient.
+            raise UnsupportedError(
+                with_location(
+                    f"{node.target} writes through a non-differentiable view of a tensor that requires grad",
+                    node_location(node),
+                )
+            )
         # bases[i] is the value the i-th step of the chain applies to; bases[-1] is v itself.
+        chain = v.chain
         bases = [self.base[s]]
-        for step in v.chain:
+        for step in chain:
             bases.append(replay(step, bases[-1], self.emit.call))
-        for i in range(len(v.chain) - 1, -1, -1):
-            new = inverse(v.chain[i], bases[i].meta["val"], bases[i + 1].meta["val"], bases[i], new, self.emit.call)
+        if any(internal_overlap(b.meta["val"]) != "no" for b in bases[1:]):
+            # A view in the chain overlaps itself (`x.expand(2, n)[0] = 1`, `x.expand(2, n).fill_(1)`): its
+            # values cannot stand in for memory. Write the whole chain as one strided region of the base
+            # (every alias of a location receives the same value: see _UNIFORM_WRITES).
+            view, root = bases[-1].meta["val"], bases[0].meta["val"]
+            rel = view.storage_offset() - root.storage_offset()
+            chain = (ViewStep(as_strided_rel, (list(view.shape), list(view.stride()), rel)),)
+            bases = [bases[0], self.emit.call(as_strided_rel, bases[0], *chain[0].args)]
+        for i in range(len(chain) - 1, -1, -1):
+            new = inverse(chain[i], bases[i].meta["val"], bases[i + 1].meta["val"], bases[i], new, self.emit.call)
         new = self._restride(new, s.root_meta)
         self.base[s] = new
         self.version[s] += 1
@@ -221,18 +242,20 @@ class _Functionalizer:
         loc = node_location(node)
         for v in written:
             overlap = internal_overlap(v.meta)
-            if overlap == "yes":
-                raise EagerSemanticsError(
-                    with_location(
-                        f"{node.target}: unsupported operation: more than one element of the written-to tensor "
-                        "refers to a single memory location. Please clone() the tensor before performing the "
-                        "operation.",
-                        loc,
+            if overlap != "no" and node.target not in _UNIFORM_WRITES:
+                if overlap == "yes" and torch.Tag.pointwise in node.target.tags:
+                    raise EagerSemanticsError(
+                        with_location(
+                            f"{node.target}: unsupported operation: more than one element of the written-to "
+                            "tensor refers to a single memory location. Please clone() the tensor before "
+                            "performing the operation.",
+                            loc,
+                        )
                     )
-                )
-            if overlap == "maybe":
+                # Eager runs some of these (masked_fill_ on an expanded tensor) with results that depend on
+                # which alias it writes last: refuse rather than guess.
                 raise UnsupportedError(
-                    with_location(f"{node.target} writes a tensor whose elements may overlap in memory", loc)
+                    with_location(f"{node.target} writes a tensor whose elements overlap in memory", loc)
                 )
             for o in others:
                 if o.storage is v.storage and _partial_overlap(v.meta, o.meta):
@@ -263,8 +286,31 @@ class _Functionalizer:
                 self._call(node)
             elif node.op == "output":
                 self._output(node)
+        self._protect_written_inputs()
         self.program.gm = fx.GraphModule(self.program.constants, self.graph)
         return self.program
+
+    def _protect_written_inputs(self) -> None:
+        """Under autograd, the graph reads a written input through a clone. Ops that save their inputs for
+        backward then save the clone, and the write-back into the caller's tensor after the graph cannot
+        invalidate them ("modified by an inplace operation"); gradients still reach the input's history."""
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        for wb in self.program.writebacks:
+            ph = next((p for p in placeholders if self.placeholder_ref.get(p) == wb.target), None)
+            if ph is None or not ph.meta.get("rg"):
+                continue
+            with self.graph.inserting_after(placeholders[-1]):
+                clone = self.graph.call_function(aten.clone.default, (ph,))
+            clone.meta.update(val=ph.meta["val"], rg=True, grad=True)
+            for user in list(ph.users):
+                if user is not clone:
+                    user.replace_input_with(ph, clone)
+            for member, step in self.member_steps.get(wb.target, []):  # members of the alias group
+                with self.graph.inserting_after(clone):
+                    view = self.graph.call_function(as_strided_rel, (clone, *step.args))
+                view.meta.update(val=member.meta["val"], rg=True, grad=True)
+                for user in list(member.users):
+                    user.replace_input_with(member, view)
 
     def _new_storage(self, s: Storage, node: fx.Node) -> None:
         if s not in self.base:
@@ -283,8 +329,13 @@ class _Functionalizer:
         ph.meta["rg"] = self.requires_grad[self.info.input_index[node]]
         if v.storage.kind == "input":
             self._new_storage(v.storage, ph)
+            self.placeholder_ref[ph] = Ref("input", v.storage.index)
+        else:
+            self.member_steps.setdefault(Ref("group", v.storage.index), []).append((ph, v.chain[0]))
         # A member of an alias group reads as its own placeholder until the group is first written.
         self._caller_root(v, ph, Ref("input", self.info.input_index[node]))
+        if self.info.input_index[node] in self.detached_inputs:
+            self.detached.add(v.obj)
 
     def _group_placeholders(self) -> None:
         for s in self.info.storages:
@@ -292,6 +343,7 @@ class _Functionalizer:
                 ph = self.graph.placeholder(f"alias_group{s.index}")
                 ph.meta["val"] = s.root_meta
                 ph.meta["rg"] = any(self.requires_grad)
+                self.placeholder_ref[ph] = Ref("group", s.index)
                 self._new_storage(s, ph)
 
     def _get_attr(self, node: fx.Node) -> None:
@@ -347,6 +399,8 @@ class _Functionalizer:
                 with_location(f"{op} has no functional counterpart known to dealias", node_location(node))
             )
         bound = _bind_args(op._schema, node.args, node.kwargs)
+        if op is aten.copy_.default and bound["self"] is bound["src"]:
+            return  # `x.copy_(x)`: eager returns at once, touching nothing (autograd included)
         lists = [n for n, a in bound.items() if isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node)]
         if lists and self._crosses_indices(bound, lists, f.mutated):
             # A foreach op whose i-th write is read at another index (`_foreach_mul_([a, b], [b, a])`): eager
@@ -445,6 +499,19 @@ class _Functionalizer:
             if root.storage is v.storage and v.chain[:n] == root.chain:
                 return OutputSlot(ref, v.chain[n:])
         return OutputSlot(caller_ref(v.storage), v.chain)
+
+
+# Writes of one value everywhere: eager runs them on tensors whose elements share memory (an expanded
+# tensor), and every alias of a location receives the same value, so the result is well defined.
+# (fill_.Tensor is left out: eager's `x[i] = 3.0` reaches it under tracing but runs copy_, which refuses.)
+_UNIFORM_WRITES = {aten.fill_.Scalar, aten.zero_.default}
+
+
+def _hides_grad(step: ViewStep, base: fx.Node) -> bool:
+    """A view autograd does not differentiate through: detach, or a dtype view leaving floating point."""
+    if step.op is aten.detach.default:
+        return True
+    return step.op is aten.view.dtype and not step.args[0].is_floating_point and not step.args[0].is_complex
 
 
 def _bind_args(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -22,28 +22,53 @@ class VerificationError(DealiasError):
 
 
 def clone_args(tree: Any) -> Any:
-    """A deep copy of the tensor leaves that keeps their sizes, strides, offsets, which of them share memory
-    (each storage is copied once and every tensor re-viewed onto the copy) and requires_grad (a non-leaf
-    stays a non-leaf)."""
+    """A deep copy of the tensor leaves that keeps what eager can observe: sizes, strides, offsets, which
+    tensors share memory (each storage is copied once and every tensor re-viewed onto the copy), and autograd
+    structure: a leaf that requires grad stays a leaf; a computed tensor that requires grad is copied as a
+    computed tensor, and tensors viewing it as views of the copy."""
     leaves, spec = pytree.tree_flatten(tree)
-    copies: dict[int, torch.UntypedStorage] = {}
+    storages: dict[int, torch.Tensor] = {}  # storage -> a byte tensor over its copy
+    owners: dict[int, torch.Tensor] = {}  # storage -> the copy of the computed tensor owning it
+    for x in leaves:
+        if isinstance(x, torch.Tensor) and x.requires_grad and not x.is_leaf and x._base is None:
+            owners[x.untyped_storage()._cdata] = x
+    copied_owners: dict[int, torch.Tensor] = {}
     out = []
     for x in leaves:
-        if isinstance(x, torch.Tensor):
-            st = x.untyped_storage()
-            if st._cdata not in copies:
-                copies[st._cdata] = st.clone()
-            c = torch.empty(0, dtype=x.dtype, device=x.device)
-            with torch.no_grad():
-                c.set_(copies[st._cdata], x.storage_offset(), x.shape, x.stride())
-            if x.requires_grad:
-                c.requires_grad_()
-                if not x.is_leaf:
-                    c = c.view_as(c)
-            out.append(c)
-        else:
+        if not isinstance(x, torch.Tensor):
             out.append(x)
+            continue
+        key = x.untyped_storage()._cdata
+        if key not in storages:
+            storages[key] = torch.empty(0, dtype=torch.uint8, device=x.device).set_(x.untyped_storage().clone())
+        c = _on(storages[key], x)
+        if x.requires_grad and x.is_leaf:
+            c.requires_grad_()
+        elif x.requires_grad:
+            if key not in copied_owners:
+                owner = owners.get(key)
+                if owner is not None:  # recompute the owner: a non-view, non-leaf tensor on fresh memory
+                    copied_owners[key] = _on(storages[key], owner).detach().requires_grad_() * 1
+                else:  # only views of a tensor we do not have: views of a computed flat copy
+                    flat = torch.empty(0, dtype=x.dtype, device=x.device)
+                    with torch.no_grad():
+                        flat.set_(
+                            storages[key].untyped_storage(), 0, (storages[key].numel() // x.element_size(),), (1,)
+                        )
+                    copied_owners[key] = flat.detach().requires_grad_() * 1
+            base = copied_owners[key]
+            same = owners.get(key) is x
+            c = base if same else base.as_strided(x.shape, x.stride(), x.storage_offset())
+        out.append(c)
     return pytree.tree_unflatten(out, spec)
+
+
+def _on(storage: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A tensor with `like`'s dtype and layout over `storage`'s memory."""
+    t = torch.empty(0, dtype=like.dtype, device=like.device)
+    with torch.no_grad():
+        t.set_(storage.untyped_storage(), like.storage_offset(), like.shape, like.stride())
+    return t
 
 
 def tensor_difference(a: torch.Tensor, b: Any) -> str | None:
@@ -53,7 +78,8 @@ def tensor_difference(a: torch.Tensor, b: Any) -> str | None:
         return f"shape {tuple(a.shape)} != {tuple(b.shape)}"
     if a.dtype != b.dtype:
         return f"dtype {a.dtype} != {b.dtype}"
-    if a.stride() != b.stride() and a.numel() > 1:
+    strides = [(x, y) for n, x, y in zip(a.shape, a.stride(), b.stride()) if n > 1]
+    if any(x != y for x, y in strides):  # the stride of a size-1 dimension is never used
         return f"strides {a.stride()} != {b.stride()}"
     if a.requires_grad != b.requires_grad:
         return f"requires_grad {a.requires_grad} != {b.requires_grad}"
@@ -144,7 +170,10 @@ def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple
             isinstance(jit_err, RuntimeError) and isinstance(eager_err, RuntimeError)
         ):
             return f"eager raised {eager_err!r}, dealias {jit_err!r}"
-        for i, (a, b) in enumerate(zip(pytree.tree_leaves(jit_args), pytree.tree_leaves(clone_args(args)))):
+        # A failed compiled call leaves the inputs as they were; a call that fell back to eager leaves them
+        # as eager does.
+        before = eager_args if getattr(jitted, "ran_eagerly", False) else clone_args(args)
+        for i, (a, b) in enumerate(zip(pytree.tree_leaves(jit_args), pytree.tree_leaves(before))):
             d = _value_difference(b, a)
             if d:
                 return f"input {i} changed by a failed call: {d}"

@@ -76,6 +76,22 @@ def as_strided_scatter_rel(t: torch.Tensor, src: torch.Tensor, size: list[int], 
     return torch.ops.aten.as_strided_scatter.default(t, src, size, stride, t.storage_offset() + rel)
 
 
+def strided_positions(size: list[int], stride: list[int], rel: int) -> torch.Tensor:
+    """Flat element positions of the view `as_strided(size, stride, rel)` of a contiguous tensor."""
+    pos = torch.full((), rel, dtype=torch.long)
+    for d, (n, st) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        pos = pos + (torch.arange(n) * st).view(shape)
+    return pos.expand(size).reshape(-1)
+
+
+def index_scatter_rel(t: torch.Tensor, src: torch.Tensor, size: list[int], stride: list[int], rel: int):
+    """`as_strided_scatter_rel` for a contiguous `t`, through `index_put` (whose backward is right)."""
+    flat = t.reshape(-1).index_put((strided_positions(size, stride, rel),), src.reshape(-1))
+    return flat.view(t.shape)
+
+
 def relative_as_strided(args: tuple[Any, ...], kwargs: dict[str, Any], parent: torch.Tensor) -> ViewStep:
     """The step for a traced `parent.as_strided(size, stride, offset)` (absolute offset)."""
     size, stride, *rest = args
@@ -173,7 +189,14 @@ def _as_strided_inverse(
     last = first + sum((s - 1) * st for s, st in zip(view.shape, view.stride()) if s > 0)
     if view.numel() > 0 and (first < 0 or last >= base.numel()):
         raise UnsupportedError(f"writing through {step.describe()} that reaches outside its base is not supported")
-    return call(as_strided_scatter_rel, base_node, value_node, list(view.shape), list(view.stride()), first)
+    args = (list(view.shape), list(view.stride()), first)
+    grad = getattr(base_node, "meta", {}).get("rg") or getattr(value_node, "meta", {}).get("rg")
+    if grad or internal_overlap(view) != "no":
+        # as_strided_scatter's backward returns zero gradients when its source is computed from a view of
+        # its input (torch 2.13, reproduced in tests), and it refuses views whose elements share memory
+        # (a uniform write through `expand`): scatter by explicit positions instead.
+        return call(index_scatter_rel, base_node, value_node, *args)
+    return call(as_strided_scatter_rel, base_node, value_node, *args)
 
 
 def internal_overlap(t: torch.Tensor) -> str:

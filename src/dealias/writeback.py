@@ -35,7 +35,7 @@ from torch.utils import _pytree as pytree
 from .checks import guard_index_writes
 from .functionalize import FunctionalProgram, Ref
 from .opfacts import OpKind, facts, has_effect, inplace_variant
-from .viewops import ViewStep, inverse, op_name
+from .viewops import ViewStep, internal_overlap, inverse, op_name
 
 aten = torch.ops.aten
 
@@ -168,8 +168,8 @@ def _match_inverse(node: fx.Node, base: fx.Node, b1: fx.Node) -> tuple[fx.Node, 
     if hole_at is None or hole_at >= len(node.args) or rec[1][0] is not base:
         return None
     value = node.args[hole_at]
-    if not _matches(rec, node, value):
-        return None
+    if not _matches(rec, node, value) or internal_overlap(b1.meta["val"]) != "no":
+        return None  # a region whose elements share memory cannot be the target of an in-place copy
     # A nested write: the value is itself a region write into b1 (`cache[0][:, idx] = v`).
     inner = match_region_write(value) if isinstance(value, fx.Node) else None
     if inner is not None and inner[0] is b1:

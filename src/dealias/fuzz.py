@@ -1,0 +1,390 @@
+"""Differential fuzzer: random valid PyTorch programs full of views and in-place ops, run eagerly and through
+`dealias.jit`, compared on everything eager makes observable (`dealias.verify`), shrunk to a minimal
+program on a mismatch and printed as runnable Python.
+
+Programs are built one statement at a time against live example tensors, so every statement kept is
+valid where it stands (shapes, dtypes); a statement eager rejects is dropped, except that with a small
+probability the generator keeps one of eager's error cases (a write through `expand`) to check that
+dealias raises too without touching the inputs.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .errors import FallbackWarning
+from .verify import compare_call
+
+
+@dataclass
+class Program:
+    seed: int
+    setup: list[str]  # body of make_args(): builds the arguments (some of them aliasing each other)
+    params: list[str]
+    body: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    autograd: bool = False
+
+    def source(self) -> str:
+        lines = ["import torch", "", "", "def make_args():", *(f"    {s}" for s in self.setup), ""]
+        lines += ["", f"def program({', '.join(self.params)}):"]
+        lines += [f"    {s}" for s in self.body] or ["    pass"]
+        lines.append(f"    return ({', '.join(self.outputs)}{',' if len(self.outputs) == 1 else ''})")
+        return "\n".join(lines) + "\n"
+
+    def load(self) -> tuple[Callable[..., Any], Callable[[], Any]]:
+        namespace: dict[str, Any] = {}
+        exec(compile(self.source(), f"<fuzz program {self.seed}>", "exec"), namespace)  # noqa: S102
+        return namespace["program"], namespace["make_args"]
+
+
+class _Gen:
+    """Builds one program: keeps example tensors for every variable and tries statements against them."""
+
+    def __init__(self, seed: int, autograd: bool) -> None:
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.autograd = autograd
+        self.env: dict[str, Any] = {"torch": torch}
+        self.names: list[str] = []
+        self.count = 0
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"v{self.count}"
+
+    def tensors(self, floating: bool | None = None) -> list[str]:
+        out = []
+        for n in self.names:
+            t = self.env[n]
+            if isinstance(t, torch.Tensor) and (floating is None or t.is_floating_point() == floating):
+                out.append(n)
+        return out
+
+    def setup(self) -> Program:
+        r = self.rng
+        shape = r.choice([(4, 6), (6,), (3, 4, 2), (5, 5), (2, 3, 4)])
+        dims = ", ".join(map(str, shape))
+        grad = ", requires_grad=True" if self.autograd else ""
+        lines = [f"g = torch.Generator().manual_seed({self.seed})", f"b0 = torch.randn({dims}, generator=g{grad})"]
+        base = "(b0 * 1)" if self.autograd else "b0"  # non-leaf inputs: eager allows writing into them
+        lines.append(f"a0 = {base}")
+        params = ["x0"]
+        args = ["a0"]
+        pattern = r.random()
+        if pattern < 0.35:
+            view = r.choice(["a0", "a0[1:]", "a0[0]", "a0.t()" if len(shape) == 2 else "a0[:1]", "a0[::2]"])
+            lines.append(f"a1 = {view}")
+            params.append("x1")
+            args.append("a1")
+        elif pattern < 0.6:
+            lines.append(f"a1 = torch.randn({r.choice(['3', '4, 6', '6', '2, 3'])}, generator=g{grad})")
+            if self.autograd:
+                lines[-1] = lines[-1].replace("a1 = ", "l1 = ") + "; a1 = l1 * 1"
+            params.append("x1")
+            args.append("a1")
+        lines.append(f"return ({', '.join(args)},)" if len(args) == 1 else f"return ({', '.join(args)})")
+        prog = Program(self.seed, lines, params, autograd=self.autograd)
+        _, make_args = prog.load()
+        for p, t in zip(params, make_args()):
+            self.env[p] = t
+            self.names.append(p)
+        return prog
+
+    def statement(self) -> tuple[str, str | None] | None:
+        """A random statement: (source, name it defines or None)."""
+        r = self.rng
+        ts = self.tensors()
+        if not ts:
+            return None
+        t = r.choice(ts)
+        x = self.env[t]
+        kind = r.random()
+        n = self.fresh()
+        if kind < 0.45:
+            view = _view(r, t, x)
+            return (f"{n} = {view}", n) if view else None
+        if kind < 0.6:
+            fn = _functional(r, t, x, self.tensors(x.is_floating_point()), self.env)
+            return (f"{n} = {fn}", n) if fn else None
+        write = _write(r, t, x, self.tensors(x.is_floating_point()), self.env)
+        return (write, None) if write else None
+
+    def program(self, steps: int) -> Program:
+        prog = self.setup()
+        attempts = 0
+        while len(prog.body) < steps and attempts < steps * 6:
+            attempts += 1
+            st = self.statement()
+            if st is None:
+                continue
+            src, name = st
+            snapshot = {k: v for k, v in self.env.items()}
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    exec(src, self.env)  # noqa: S102 - the generator's own statement on its examples
+            except Exception:  # noqa: BLE001 - eager rejects it: keep it only as an error case, rarely
+                self.env = snapshot
+                if self.rng.random() < 0.03 and not self.autograd:
+                    prog.body.append(src)
+                    break
+                continue
+            prog.body.append(src)
+            if name is not None:
+                self.names.append(name)
+        outs = [n for n in self.names if isinstance(self.env.get(n), torch.Tensor)]
+        k = min(len(outs), self.rng.choice([1, 1, 2, 3]))
+        prog.outputs = self.rng.sample(outs, k) if outs else []
+        return prog
+
+
+def _dim(r: random.Random, x: torch.Tensor) -> int:
+    return r.randrange(x.dim()) if x.dim() else 0
+
+
+def _view(r: random.Random, t: str, x: torch.Tensor) -> str | None:
+    if x.dim() == 0:
+        return r.choice([f"{t}.view(1)", f"{t}.unsqueeze(0)", f"{t}.detach()"])
+    d = _dim(r, x)
+    size = x.shape[d]
+    options = [
+        lambda: f"{t}.view(-1)" if x.is_contiguous() else None,
+        lambda: f"{t}.reshape(-1)",
+        lambda: f"{t}.flatten()",
+        lambda: f"{t}.t()" if x.dim() <= 2 else None,
+        lambda: f"{t}.transpose(0, {x.dim() - 1})",
+        lambda: f"{t}.permute({', '.join(map(str, r.sample(range(x.dim()), x.dim())))})",
+        lambda: f"{t}.movedim(0, -1)",
+        lambda: f"{t}[{':, ' * d}{r.randrange(size)}:]" if size else None,
+        lambda: f"{t}[{':, ' * d}::{r.choice([2, 3])}]",
+        lambda: f"{t}[{':, ' * d}{r.randrange(size)}]" if size else None,
+        lambda: f"{t}.select({d}, {r.randrange(-size, size)})" if size else None,
+        lambda: f"{t}.narrow({d}, {r.randrange(size)}, 1)" if size else None,
+        lambda: f"{t}.diagonal({r.choice([0, 1, -1])})" if x.dim() >= 2 else None,
+        lambda: f"{t}.unbind({d})[{r.randrange(size)}]" if size else None,
+        lambda: f"{t}.split(2, {d})[0]",
+        lambda: f"{t}.chunk(2, {d})[-1]",
+        lambda: f"{t}.unsqueeze({r.randrange(x.dim() + 1)})",
+        lambda: f"{t}.squeeze()",
+        lambda: f"{t}.unfold({d}, 2, {r.choice([1, 2, 3])})" if size >= 2 else None,
+        lambda: f"{t}.view(torch.int32)" if x.dtype == torch.float32 and x.is_contiguous() else None,
+        lambda: f"{t}.view(torch.float32)" if x.dtype == torch.int32 and x.is_contiguous() else None,
+        lambda: f"{t}.detach()",
+        lambda: f"{t}.expand(2, *{t}.shape)",
+        lambda: (
+            f"{t}.as_strided(({max(1, x.numel() // 2)},), (1,), {t}.storage_offset())" if x.is_contiguous() else None
+        ),
+    ]
+    return r.choice(options)()
+
+
+def _other(r: random.Random, x: torch.Tensor, same_kind: list[str], env: dict[str, Any]) -> str | None:
+    """A variable whose shape broadcasts to x's."""
+    ok = [n for n in same_kind if _broadcasts(env[n].shape, x.shape)]
+    return r.choice(ok) if ok else None
+
+
+def _broadcasts(src: torch.Size, dst: torch.Size) -> bool:
+    if len(src) > len(dst):
+        return False
+    return all(s in (1, d) for s, d in zip(reversed(src), reversed(dst)))
+
+
+def _functional(r: random.Random, t: str, x: torch.Tensor, same: list[str], env: dict[str, Any]) -> str | None:
+    if not x.is_floating_point():
+        return r.choice([f"{t} + 1", f"{t} * 2", f"{t}.clone()"])
+    u = _other(r, x, same, env)
+    options = [f"{t} * {r.choice([2, -1, 0.5])}", f"{t}.sin()", f"{t}.clone()", f"{t} + 1", f"{t}.exp()"]
+    if u:
+        options += [f"{t} + {u}", f"torch.where({u} > 0, {t}, {u})"]
+    if x.dim():
+        options += [f"{t}.sum({_dim(r, x)}, keepdim=True)", f"{t}.cumsum({_dim(r, x)})"]
+    return r.choice(options)
+
+
+def _write(r: random.Random, t: str, x: torch.Tensor, same: list[str], env: dict[str, Any]) -> str | None:
+    c = r.choice([1.5, -2.0, 0.25, 3.0])
+    if not x.is_floating_point():
+        return r.choice([f"{t}.add_(1)", f"{t}.bitwise_xor_(5)", f"{t}.mul_(3)", f"{t}.zero_()"])
+    u = _other(r, x, same, env)
+    options = [
+        f"{t}.add_({c})",
+        f"{t}.mul_({c})",
+        f"{t}.zero_()",
+        f"{t}.fill_({c})",
+        f"{t}.clamp_(-1, 1)",
+        f"{t}.relu_()",
+        f"{t}.neg_()",
+        f"{t}.masked_fill_({t} > 0, {c})",
+        f"{t}.sin_()",
+    ]
+    if u:
+        options += [f"{t}.add_({u})", f"{t}.copy_({u})", f"{t}.mul_({u})", f"{t} += {u}"]
+    if x.dim():
+        d = _dim(r, x)
+        if x.shape[d]:
+            i = r.randrange(x.shape[d])
+            options += [f"{t}[{':, ' * d}{i}] = {c}", f"{t}[{':, ' * d}{i}:] = {c}"]
+            options.append(f"{t}.index_fill_({d}, torch.tensor([{i}]), {c})")
+    if x.dim() >= 1 and r.random() < 0.15:
+        options += [f"{t}.t_()" if x.dim() <= 2 else f"{t}.transpose_(0, 1)", f"{t}.unsqueeze_(0)", f"{t}.squeeze_()"]
+    return r.choice(options)
+
+
+def generate(seed: int, steps: int | None = None, autograd: bool | None = None) -> Program:
+    r = random.Random(seed * 7919 + 1)
+    if autograd is None:
+        autograd = r.random() < 0.2
+    return _Gen(seed, autograd).program(steps if steps is not None else r.randint(3, 12))
+
+
+# --- running, comparing, shrinking ---------------------------------------------------------------------
+@dataclass
+class Outcome:
+    status: str  # "ok", "fallback", "error-matched", "mismatch"
+    detail: str = ""
+
+
+def run_program(prog: Program) -> Outcome:
+    import dealias
+
+    try:
+        program, make_args = prog.load()
+    except Exception as e:  # noqa: BLE001
+        return Outcome("ok", f"does not load: {e}")
+    jitted = dealias.jit(program)
+    for call in range(2):
+        args = make_args()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FallbackWarning)
+            diff = compare_call(program, jitted, args)
+            if diff is None and prog.autograd:
+                diff = _compare_grads(program, jitted, make_args)
+        if diff is not None:
+            return Outcome("mismatch", f"call {call + 1}: {diff}")
+        if any(issubclass(w.category, FallbackWarning) for w in caught):
+            return Outcome("fallback", str(next(w.message for w in caught if issubclass(w.category, FallbackWarning))))
+    if dealias.cache_info(jitted).entries == 0:
+        return Outcome("error-matched")
+    return Outcome("ok")
+
+
+def _compare_grads(program: Callable[..., Any], jitted: Callable[..., Any], make_args: Callable[[], Any]) -> str | None:
+    """Gradients of a weighted sum of the outputs with respect to the leaves behind the arguments."""
+    grads = []
+    for f in (program, jitted):
+        torch.manual_seed(0)
+        args = make_args()
+        roots = _grad_leaves(args)  # before the program writes into the arguments
+        try:
+            out = f(*args)
+            outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor)]
+            weights = [1 + torch.arange(o.numel()).view(o.shape) % 3 for o in outs]
+            weighted = [(o.float() * w).sum() for o, w in zip(outs, weights) if o.requires_grad]
+            if not weighted or not roots:
+                return None
+            grads.append(torch.autograd.grad(sum(weighted), roots, allow_unused=True))
+        except Exception as e:  # noqa: BLE001
+            if f is program:  # eager refuses (e.g. "modified by an inplace operation" at backward): dealias
+                return None  # gives the gradient of the functional meaning instead, as documented
+            return f"autograd raised {e}"
+    for i, (a, b) in enumerate(zip(*grads)):
+        if (a is None) != (b is None) or (a is not None and not torch.allclose(a, b, rtol=1e-4, atol=1e-5)):
+            return f"grad of leaf {i} differs"
+    return None
+
+
+def _grad_leaves(args: tuple[Any, ...]) -> list[torch.Tensor]:
+    """The leaves behind the (non-leaf) arguments: what `b0 * 1` was computed from."""
+    out = []
+    for a in args:
+        fn = a.grad_fn
+        while fn is not None and fn.next_functions:
+            nxt = [f for f, _ in fn.next_functions if f is not None]
+            if not nxt:
+                break
+            fn = nxt[0]
+        leaf = getattr(fn, "variable", None)
+        if leaf is not None and all(leaf is not o for o in out):
+            out.append(leaf)
+    return out
+
+
+def shrink(prog: Program, still_fails: Callable[[Program], bool]) -> Program:
+    """Remove statements and outputs while the program still fails."""
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(prog.body) - 1, -1, -1):
+            cand = Program(
+                prog.seed, prog.setup, prog.params, prog.body[:i] + prog.body[i + 1 :], prog.outputs, prog.autograd
+            )
+            if _valid(cand) and still_fails(cand):
+                prog, changed = cand, True
+        for i in range(len(prog.outputs) - 1, -1, -1):
+            if len(prog.outputs) > 1:
+                cand = Program(
+                    prog.seed,
+                    prog.setup,
+                    prog.params,
+                    prog.body,
+                    prog.outputs[:i] + prog.outputs[i + 1 :],
+                    prog.autograd,
+                )
+                if _valid(cand) and still_fails(cand):
+                    prog, changed = cand, True
+    return prog
+
+
+def _valid(prog: Program) -> bool:
+    """Every name it uses is defined before (statements removed by shrinking may have defined them)."""
+    defined = set(prog.params)
+    for line in prog.body:
+        used = {w for w in _words(line) if w.startswith("v") and w[1:].isdigit()}
+        if not used <= defined:
+            return False
+        target = line.split(" = ")[0] if " = " in line and "[" not in line.split(" = ")[0] else None
+        if target:
+            defined.add(target.strip())
+    return set(prog.outputs) <= defined
+
+
+def _words(line: str) -> list[str]:
+    return "".join(c if c.isalnum() or c == "_" else " " for c in line).split()
+
+
+def fuzz(
+    seed: int, count: int, seconds: float | None = None, out: Any = sys.stdout, progress: bool = True
+) -> dict[str, Any]:
+    """Run `count` programs from `seed` (or until `seconds` pass). Returns a summary; mismatches are shrunk and
+    printed."""
+    start = time.monotonic()
+    summary: dict[str, Any] = {"ok": 0, "fallback": 0, "error-matched": 0, "mismatch": 0, "programs": 0, "failures": []}
+    for i in range(count):
+        if seconds is not None and time.monotonic() - start > seconds:
+            break
+        prog = generate(seed + i)
+        outcome = run_program(prog)
+        summary[outcome.status] += 1
+        summary["programs"] += 1
+        if outcome.status == "mismatch":
+            small = shrink(prog, lambda p: run_program(p).status == "mismatch")
+            detail = run_program(small).detail
+            summary["failures"].append((small, detail))
+            print(f"\nMISMATCH (seed {prog.seed}): {detail}\n{small.source()}", file=out)
+        if progress:
+            done = int(30 * (i + 1) / count)
+            print(f"\r[{'#' * done}{' ' * (30 - done)}] {i + 1}/{count}", end="", file=out, flush=True)
+    if progress:
+        print(file=out)
+    summary["seconds"] = round(time.monotonic() - start, 1)
+    return summary
