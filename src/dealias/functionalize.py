@@ -26,6 +26,7 @@ from .alias import AliasInfo, Storage, Value
 from .capture import Captured, node_location
 from .errors import EagerSemanticsError, UnsupportedError, with_location
 from .opfacts import OpKind, facts, writes_nothing
+from .sharing import overlaps
 from .viewops import ViewStep, as_strided_rel, internal_overlap, inverse, op_name, replay, replay_chain
 
 aten = torch.ops.aten
@@ -188,14 +189,30 @@ class _Functionalizer:
         bases = [self.base[s]]
         for step in chain:
             bases.append(replay(step, bases[-1], self.emit.call))
-        if any(internal_overlap(b.meta["val"]) != "no" for b in bases[1:]):
+        overlapping = [k for k in range(1, len(bases)) if internal_overlap(bases[k].meta["val"]) != "no"]
+        if overlapping:
             # A view in the chain overlaps itself (`x.expand(2, n)[0] = 1`, `x.expand(2, n).fill_(1)`): its
-            # values cannot stand in for memory. Write the whole chain as one strided region of the base
-            # (every alias of a location receives the same value: see _UNIFORM_WRITES).
-            view, root = bases[-1].meta["val"], bases[0].meta["val"]
-            rel = view.storage_offset() - root.storage_offset()
-            chain = (ViewStep(as_strided_rel, (list(view.shape), list(view.stride()), rel)),)
-            bases = [bases[0], self.emit.call(as_strided_rel, bases[0], *chain[0].args)]
+            # values cannot stand in for memory. Write the rest of the chain, from the last base before it
+            # that has the view's dtype, as one strided region of that base (every alias of a location
+            # receives the same value: see _UNIFORM_WRITES).
+            view = bases[-1].meta["val"]
+            starts = [
+                i
+                for i in range(overlapping[0])
+                if all(b.meta["val"].dtype == view.dtype for b in bases[i:])
+                and internal_overlap(bases[i].meta["val"]) == "no"
+            ]
+            if not starts:
+                raise UnsupportedError(
+                    with_location(
+                        f"{node.target} writes through an overlapping view of another dtype", node_location(node)
+                    )
+                )
+            i = starts[-1]
+            rel = view.storage_offset() - bases[i].meta["val"].storage_offset()
+            step = ViewStep(as_strided_rel, (list(view.shape), list(view.stride()), rel))
+            chain = (*chain[:i], step)
+            bases = [*bases[: i + 1], self.emit.call(as_strided_rel, bases[i], *step.args)]
         for i in range(len(chain) - 1, -1, -1):
             new = inverse(chain[i], bases[i].meta["val"], bases[i + 1].meta["val"], bases[i], new, self.emit.call)
         new = self._restride(new, s.root_meta)
@@ -258,7 +275,15 @@ class _Functionalizer:
                     with_location(f"{node.target} writes a tensor whose elements overlap in memory", loc)
                 )
             for o in others:
-                if o.storage is v.storage and _partial_overlap(v.meta, o.meta):
+                if o.storage is not v.storage or _layout(o.meta) == _layout(v.meta):
+                    continue
+                if not _partial_overlap(v.meta, o.meta) and overlaps(v.meta, o.meta):
+                    # Eager's check cannot tell (non-dense layouts) and it reads elements it may already have
+                    # written, in an order it does not promise: refuse rather than guess.
+                    raise UnsupportedError(
+                        with_location(f"{node.target} reads memory it writes through another view", loc)
+                    )
+                if _partial_overlap(v.meta, o.meta):
                     raise EagerSemanticsError(
                         with_location(
                             f"{node.target}: unsupported operation: some elements of the input tensor and the "

@@ -325,9 +325,11 @@ def shrink(prog: Program, still_fails: Callable[[Program], bool]) -> Program:
     while changed:
         changed = False
         for i in range(len(prog.body) - 1, -1, -1):
-            cand = Program(
-                prog.seed, prog.setup, prog.params, prog.body[:i] + prog.body[i + 1 :], prog.outputs, prog.autograd
-            )
+            body = prog.body[:i] + prog.body[i + 1 :]
+            # an output defined by the removed statement is replaced by the first argument
+            target = prog.body[i].split(" = ")[0].strip() if " = " in prog.body[i] else None
+            outputs = list(dict.fromkeys(prog.params[0] if o == target else o for o in prog.outputs))
+            cand = Program(prog.seed, prog.setup, prog.params, body, outputs, prog.autograd)
             if _valid(cand) and still_fails(cand):
                 prog, changed = cand, True
         for i in range(len(prog.outputs) - 1, -1, -1):
@@ -349,12 +351,13 @@ def _valid(prog: Program) -> bool:
     """Every name it uses is defined before (statements removed by shrinking may have defined them)."""
     defined = set(prog.params)
     for line in prog.body:
-        used = {w for w in _words(line) if w.startswith("v") and w[1:].isdigit()}
+        lhs, _, rhs = line.partition(" = ")
+        target = lhs.strip() if rhs and lhs.strip().isidentifier() else None
+        used = {w for w in _words(rhs if target else line) if w.startswith("v") and w[1:].isdigit()}
         if not used <= defined:
             return False
-        target = line.split(" = ")[0] if " = " in line and "[" not in line.split(" = ")[0] else None
         if target:
-            defined.add(target.strip())
+            defined.add(target)
     return set(prog.outputs) <= defined
 
 

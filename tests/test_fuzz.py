@@ -1,0 +1,151 @@
+"""The fuzzer runs in CI (bounded, fixed seeds), its shrinker works, and every bug it found has a
+regression test here, written from the shrunk program."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from harness import check
+
+import dealias
+from dealias.fuzz import Program, fuzz, generate, run_program, shrink
+from dealias.verify import clone_args
+
+
+@pytest.mark.parametrize("seed", [0, 5000])
+def test_bounded_fuzz_finds_no_mismatch(seed):
+    out = io.StringIO()
+    summary = fuzz(seed, 250, out=out, progress=False)
+    assert summary["mismatch"] == 0, out.getvalue()
+    assert summary["ok"] >= 200, summary  # most programs compile (fallbacks are counted, not hidden)
+
+
+def test_programs_are_runnable_python():
+    prog = generate(7)
+    program, make_args = prog.load()
+    program(*make_args())
+    assert "def program(" in prog.source() and "def make_args(" in prog.source()
+
+
+def test_shrinker_keeps_the_failure_and_drops_the_rest():
+    prog = Program(
+        1,
+        ["a0 = torch.ones(4, 3)", "return (a0,)"],
+        ["x0"],
+        ["v1 = x0 * 2", "v2 = x0.t()", "v2.mul_(3.0)", "v4 = v1.sin()"],
+        ["v4", "x0"],
+    )
+    small = shrink(prog, lambda p: any("mul_" in line for line in p.body))
+    assert small.body == ["v2 = x0.t()", "v2.mul_(3.0)"] and len(small.outputs) == 1
+    assert run_program(small).status == "ok"
+
+
+# --- regressions, from shrunk programs --------------------------------------------------------------
+def _grads_match(program, make_leaf_and_args):
+    results = []
+    for f in (program, dealias.jit(program)):
+        torch.manual_seed(0)  # the same inputs for both
+        leaf, args = make_leaf_and_args()
+        out = f(*args)
+        outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
+        (g,) = torch.autograd.grad(sum((o * torch.arange(o.numel()).view(o.shape)).sum() for o in outs), [leaf])
+        results.append(g)
+    torch.testing.assert_close(results[1], results[0])
+
+
+def test_write_through_a_select_of_an_expand():  # seed 9: the expand's values cannot stand in for memory
+    def f(x0):
+        v1 = x0.select(0, 3)
+        v4 = x0.expand(2, *x0.shape)
+        v4[0] = 1.5
+        return (v1,)
+
+    check(f, torch.randn(5, 5))
+
+
+def test_fill_of_an_expanded_tensor():  # seed 104: eager allows it; as_strided_scatter refused it
+    def f(x0):
+        v4 = x0.expand(2, *x0.shape).squeeze()
+        v4.fill_(0.25)
+        return (x0 * 1,)
+
+    check(f, torch.randn(4, 6))
+
+
+def test_setitem_on_an_overlapping_view_raises_like_eager():  # seed 172
+    def f(x0, x1):
+        x1.mul_(3.0)
+        v4 = x1[3:].expand(2, 1, 2)
+        v4[:, :, 1] = 3.0
+        return x1
+
+    b = torch.randn(3, 4, 2)
+    check(f, b, b[0], allow_fallback=True)
+
+
+def _aliased_grad_args():
+    b0 = torch.randn(2, 3, 4, requires_grad=True)
+    a0 = b0 * 1
+    return b0, (a0, a0[1:])
+
+
+def test_grads_through_aliased_inputs():  # seed 58: as_strided_scatter's backward gave zeros
+    def f(x0, x1):
+        x1.neg_()
+        x1.clamp_(-1, 1)
+        return x0, x0.narrow(1, 1, 1)
+
+    _grads_match(f, _aliased_grad_args)
+
+
+def test_written_input_saved_for_backward():  # seed 150: "modified by an inplace operation" in dealias only
+    def f(x0):
+        v1 = x0.transpose(0, 2)
+        v2 = x0[:, :, 1]
+        v1.clamp_(-1, 1)
+        return v1, x0, v2
+
+    def make():
+        b0 = torch.randn(3, 4, 2, requires_grad=True)
+        return b0, (b0 * 1,)
+
+    _grads_match(f, make)
+
+
+def test_self_copy_is_a_no_op():  # seed 41
+    def f(x0, x1):
+        x0.copy_(x0)
+        return x1 * 2
+
+    _grads_match(f, lambda: (lambda b: (b, (b * 1, (b * 1)[1:])))(torch.randn(5, 5, requires_grad=True)))
+
+
+def test_write_reading_its_own_column_falls_back():  # seed 1456: eager's result depends on its loop order
+    def f(x0):
+        x0.add_(x0.narrow(1, 3, 1))
+        return x0
+
+    with pytest.warns(dealias.FallbackWarning, match="reads memory it writes"):
+        dealias.jit(f)(torch.randn(5, 5))
+    check(f, torch.randn(5, 5), allow_fallback=True)
+
+
+def test_int_view_write_of_a_grad_tensor_falls_back():  # seed 44: the base's history would be lost
+    def f(x0):
+        v = x0.view(torch.int32)
+        v.bitwise_xor_(5)
+        return x0.t()
+
+    x = torch.randn(5, 5, requires_grad=True) * 1
+    with pytest.warns(dealias.FallbackWarning, match="non-differentiable view"):
+        dealias.jit(f)(clone_args(x))
+
+
+def test_detach_of_a_computed_input():  # found with the harness's new non-leaf inputs
+    def f(x):
+        x.detach_()
+        return x
+
+    check(f, torch.randn(3, requires_grad=True) * 1)
