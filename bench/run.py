@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dealias
+from dealias.demo import seed_program as seed
 
 
 # --- workloads --------------------------------------------------------------------------------------
@@ -51,15 +52,6 @@ def adam(params, grads, ms, vs, lr: float, step: int):
             p.addcdiv_(m, denom, value=-lr / (1 - b1**step))
 
 
-def seed(a, b):
-    c = torch.exp(a)
-    d = torch.tanh(b)
-    e = c.flatten()
-    e += d.flatten()
-    d.div_(a)
-    return c, d
-
-
 def tiny(x):
     x.add_(1)
     return x * 2 + 1
@@ -67,16 +59,28 @@ def tiny(x):
 
 def _kv_args():
     pos = torch.tensor([1234])
-    return (torch.randn(1, 16, 4096, 64), torch.randn(1, 16, 4096, 64), torch.randn(1, 16, 1, 64),
-            torch.randn(1, 16, 1, 64), pos)
+    return (
+        torch.randn(1, 16, 4096, 64),
+        torch.randn(1, 16, 4096, 64),
+        torch.randn(1, 16, 1, 64),
+        torch.randn(1, 16, 1, 64),
+        pos,
+    )
 
 
 def _decode_args():
     n, pos = 1024, 700
     mask = torch.zeros(1, 1, 1, n, dtype=torch.bool)
     mask[..., : pos + 1] = True
-    return (torch.randn(1, 16, n, 64), torch.randn(1, 16, n, 64), torch.randn(1, 16, 1, 64),
-            torch.randn(1, 16, 64), torch.randn(1, 16, 64), pos, mask)
+    return (
+        torch.randn(1, 16, n, 64),
+        torch.randn(1, 16, n, 64),
+        torch.randn(1, 16, 1, 64),
+        torch.randn(1, 16, 64),
+        torch.randn(1, 16, 64),
+        pos,
+        mask,
+    )
 
 
 def _adam_args():
@@ -128,7 +132,9 @@ class _PeakBytes(TorchDispatchMode):
         self.seen: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        ins = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        ins = {
+            t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+        }
         out = func(*args, **(kwargs or {}))
         for t in pytree.tree_leaves(out):
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":

@@ -25,7 +25,7 @@ from .program import CompiledProgram
 from .sharing import find_groups_or_none, overlapping_pairs
 from .traces import Trace, format_graph
 from .verify import VerificationError, clone_args, first_difference
-from .viewops import ViewStep, op_name
+from .viewops import chain_text
 from .writeback import WriteBackReport, lower
 
 log = logging.getLogger("dealias")
@@ -40,13 +40,6 @@ class CacheInfo:
     entries: int
     eager_entries: int  # signatures that fell back to eager
     last_miss_reason: str = ""  # why the latest compile happened ("first call" or what changed)
-
-
-def _chain_text(base: str, chain: tuple[ViewStep, ...]) -> str:
-    for step in chain:
-        args = ", ".join(repr(a) for a in step.args)
-        base = f"{op_name(step.op)}({base}{', ' if args else ''}{args})"
-    return base
 
 
 def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport]) -> Trace:
@@ -68,7 +61,7 @@ def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport]) -> T
     epilogue = ["# write-back into the caller's tensors"] if fp.writebacks or fp.metadata_writebacks else []
     for wb in fp.writebacks:
         epilogue.append(f"{name(wb.target)}.copy_({results[wb.output]})")
-    outs = [_chain_text(name(slot.source), slot.chain) for slot in fp.outputs]
+    outs = [chain_text(name(slot.source), slot.chain) for slot in fp.outputs]
     for mw in fp.metadata_writebacks:
         t = name(mw.target)
         epilogue.append(f"{t}.as_strided_({list(mw.size)}, {list(mw.stride)}, {t}.storage_offset() + {mw.rel})")

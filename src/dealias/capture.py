@@ -7,10 +7,12 @@ trace and belong to the guard key (see `guards.py`). Each traced op keeps the us
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import operator
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,19 @@ class Captured:
     groups: list[AliasGroup] = field(default_factory=list)  # inputs that overlap in memory
     requires_grad: list[bool] = field(default_factory=list)  # per tensor input (fake metas do not keep it)
     detached: set[int] = field(default_factory=set)  # tensor inputs the program ran detach_() on
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log() -> Iterator[None]:
+    """Fake tensors log a traceback whenever an op raises; while tracing, such an error is the program's own
+    (eager raises it too) and is re-raised to the caller, so the log is noise."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def user_location(stack_trace: str | None) -> str | None:
@@ -115,7 +130,8 @@ def capture(
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(leaves[p]) for p in positions]
     try:
-        gm = make_fx(flat_fn, tracing_mode="fake", record_stack_traces=True, _allow_non_fake_inputs=True)(*fakes)
+        with quiet_fake_tensor_log():
+            gm = make_fx(flat_fn, tracing_mode="fake", record_stack_traces=True, _allow_non_fake_inputs=True)(*fakes)
     except _DATA_DEPENDENT as e:
         if isinstance(e, DataDependentOutputException):
             what = "reads a tensor's value into Python"

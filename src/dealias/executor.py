@@ -8,7 +8,6 @@ no overload is ever guessed), the node is emitted as a method call.
 
 from __future__ import annotations
 
-import logging
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .capture import quiet_fake_tensor_log
 from .opfacts import OpKind, facts, has_effect
 
 aten = torch.ops.aten
@@ -85,16 +85,11 @@ def _dispatches_exactly(op: Any, call: Callable[..., Any], fargs: Any, fkwargs: 
     with mode:  # a binding that writes must not touch the nodes' own fake values
         fargs, fkwargs = pytree.tree_map_only(FakeTensor, lambda t: t.clone(), (fargs, fkwargs))
     rec = _Calls()
-    quiet = logging.getLogger("torch._subclasses.fake_tensor")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # a binding that rejects these arguments is expected here
     try:
-        with mode, rec:
+        with quiet_fake_tensor_log(), mode, rec:  # a binding rejecting these arguments is expected here
             call(fargs, fkwargs)
     except Exception:  # noqa: BLE001 - the binding does not take these arguments
         return False
-    finally:
-        quiet.setLevel(level)
     if len(rec.calls) != 1 or rec.calls[0][0] is not op:
         return False
     # The same overload is not enough: the binding must also pass the same arguments in the same places

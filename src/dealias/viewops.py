@@ -112,6 +112,13 @@ def replay_chain(chain: tuple[ViewStep, ...], base: Any, call: Callable[..., Any
     return base
 
 
+def chain_text(base: str, chain: tuple[ViewStep, ...]) -> str:
+    """`x.select(1, 2).t()`: a view chain as Python."""
+    for step in chain:
+        base = f"{base}.{step.describe()}"
+    return base
+
+
 def op_name(op: Any) -> str:
     """`view`, `select`, `as_strided_rel`...: the op's name without namespace and overload."""
     schema = getattr(op, "_schema", None)

@@ -35,7 +35,7 @@ from torch.utils import _pytree as pytree
 from .checks import guard_index_writes
 from .functionalize import FunctionalProgram, Ref
 from .opfacts import OpKind, facts, has_effect, inplace_variant
-from .viewops import ViewStep, internal_overlap, inverse, op_name
+from .viewops import ViewStep, chain_text, internal_overlap, inverse, op_name
 
 aten = torch.ops.aten
 
@@ -242,7 +242,7 @@ def lower(
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = list(out_node.args[0])
     if _builds_autograd(gm):
-        return fp, [_whole(fp, wb.target, results[wb.output]) for wb in fp.writebacks]
+        return fp, [_whole(wb.target, results[wb.output]) for wb in fp.writebacks]
 
     reports: list[WriteBackReport] = []
     dropped: set[int] = set()
@@ -252,7 +252,7 @@ def lower(
         root = _root_placeholder(gm, wb.target)
         plan = versions(final, root) if root is not None else None
         if plan is None or not _safe(plan, root, order, aliases.get(root, [])):
-            reports.append(_whole(fp, wb.target, final))
+            reports.append(_whole(wb.target, final))
             continue
         reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root)))
         dropped.add(wb.output)
@@ -348,7 +348,7 @@ def _apply(graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.No
         version.replace_all_uses_with(root, delete_user_cb=lambda user, copy=copy: user is not copy)
         _erase_dead(graph, built - {write.value})
         op = _reinplace_value(graph, copy, write, root)
-        region = _chain_text("x", write.chain)
+        region = chain_text("x", write.chain)
         if op is None:
             regions.append(f"{region}.copy_(..)")
             nbytes += write.nbytes
@@ -427,16 +427,9 @@ def _reinplace_value(graph: fx.Graph, copy: fx.Node, write: RegionWrite, root: f
     return new
 
 
-def _chain_text(base: str, chain: tuple[ViewStep, ...]) -> str:
-    for step in chain:
-        args = ", ".join(repr(a) for a in step.args)
-        base = f"{base}.{op_name(step.op)}({args})"
-    return base
-
-
 def _ref_name(ref: Ref) -> str:
     return f"input {ref.key}" if ref.kind == "input" else f"{ref.kind} {ref.key}"
 
 
-def _whole(fp: FunctionalProgram, target: Ref, final: fx.Node) -> WriteBackReport:
+def _whole(target: Ref, final: fx.Node) -> WriteBackReport:
     return WriteBackReport(_ref_name(target), "whole copy", ["x.copy_(..)"], _nbytes(final.meta["val"]))
