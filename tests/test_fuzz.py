@@ -149,3 +149,31 @@ def test_detach_of_a_computed_input():  # found with the harness's new non-leaf 
         return x
 
     check(f, torch.randn(3, requires_grad=True) * 1)
+
+
+def test_reinplaced_intermediate_keeps_eager_strides():  # seed 21302: cumsum_ in a transposed buffer
+    def f(x0, x1):
+        return (x1.exp().cumsum(0),)
+
+    b = torch.randn(5, 5)
+    check(f, b, b.t())
+
+
+def test_the_same_object_returned_twice():  # seed 23857: flatten() of a 1-D tensor is that tensor
+    def f(x0):
+        v1 = x0.flatten()
+        return v1, v1.flatten()
+
+    check(f, torch.randn(5, 5))
+
+
+def test_tracing_failure_where_eager_succeeds_falls_back():  # seed 24191: make_fx replays a view
+    def f(x0):
+        v8 = x0.reshape(-1)
+        x0.transpose_(0, 1)
+        v8.transpose(0, 0)
+        return (v8,)
+
+    with pytest.warns(dealias.FallbackWarning, match="tracing failed where eager does not"):
+        dealias.jit(f)(torch.randn(2, 3, 4, requires_grad=True) * 1)
+    check(f, torch.randn(2, 3, 4, requires_grad=True) * 1, allow_fallback=True)

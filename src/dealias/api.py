@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 
 from .alias import analyze
 from .capture import capture
-from .errors import DataDependentError, DealiasError, EagerSemanticsError, FallbackWarning
+from .errors import DataDependentError, DealiasError, EagerSemanticsError, FallbackWarning, InternalError
 from .executor import torch_executor
 from .functionalize import FunctionalProgram, Ref, functionalize
 from .guards import explain_miss, flatten_call, guard_key, lookup_key, tensor_check
@@ -61,7 +61,9 @@ def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport]) -> T
     epilogue = ["# write-back into the caller's tensors"] if fp.writebacks or fp.metadata_writebacks else []
     for wb in fp.writebacks:
         epilogue.append(f"{name(wb.target)}.copy_({results[wb.output]})")
-    outs = [chain_text(name(slot.source), slot.chain) for slot in fp.outputs]
+    outs = []
+    for slot in fp.outputs:
+        outs.append(outs[slot.same_as] if slot.same_as is not None else chain_text(name(slot.source), slot.chain))
     for mw in fp.metadata_writebacks:
         t = name(mw.target)
         epilogue.append(f"{t}.as_strided_({list(mw.size)}, {list(mw.stride)}, {t}.storage_offset() + {mw.rel})")
@@ -207,34 +209,59 @@ class JitFunction:
         return self.last_described
 
     def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any], arg_modules: list[Any]) -> Any:
+        def traced(state: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+            with self.lifted.installed(state, arg_modules):
+                return self.fn(*args, **kwargs)
+
+        lifted = bool(self.lifted or arg_modules)
         try:
-            if self.lifted or arg_modules:
+            if lifted:
                 state = self.lifted.fetch(arg_modules)
-
-                def traced(state: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
-                    with self.lifted.installed(state, arg_modules):
-                        return self.fn(*args, **kwargs)
-
                 names = self.lifted.names(arg_modules)
                 return compile_program(traced, (state, *args), kwargs, self.fn, names)
             return compile_program(self.fn, args, kwargs)
         except EagerSemanticsError:
             raise
         except (DealiasError, *_FAKE_LIMITS) as e:
-            if self.strict:
+            return self._fall_back(e)
+        except Exception as e:
+            # The program's own error (eager raises it too) propagates; an error only tracing hits (a corner of
+            # make_fx or fake tensors) means eager must run the program instead.
+            if _raises(
+                traced if lifted else self.fn, (self.lifted.fetch(arg_modules), *args) if lifted else args, kwargs
+            ):
                 raise
-            kind = "data-dependent program" if isinstance(e, DataDependentError) else "unsupported program"
-            warnings.warn(
-                f"dealias: running {getattr(self.fn, '__name__', self.fn)} eagerly ({kind}): {e}",
-                FallbackWarning,
-                stacklevel=3,
-            )
-            return _EAGER
+            return self._fall_back(InternalError(f"tracing failed where eager does not: {type(e).__name__}: {e}"))
+
+    def _fall_back(self, e: Exception) -> Any:
+        if self.strict:
+            raise e
+        kind = "data-dependent program" if isinstance(e, DataDependentError) else "unsupported program"
+        warnings.warn(
+            f"dealias: running {getattr(self.fn, '__name__', self.fn)} eagerly ({kind}): {e}",
+            FallbackWarning,
+            stacklevel=4,
+        )
+        return _EAGER
 
     def cache_info(self) -> CacheInfo:
         entries = [e for bucket in self.cache.values() for _, e, _ in bucket]
         eager = sum(1 for e in entries if e is _EAGER)
         return CacheInfo(self.hits, self.misses, len(entries), eager, self.last_miss_reason)
+
+
+def _raises(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether eager raises for this call, run on copies of the arguments (lifted state included: it is the
+    first argument of a lifted program) and with the random state restored."""
+    rng = torch.get_rng_state()
+    copies = clone_args((args, kwargs))
+    try:
+        fn(*copies[0], **copies[1])
+    except Exception:  # noqa: BLE001 - any error: the program's own
+        return True
+    finally:
+        torch.set_rng_state(rng)
+    return False
 
 
 def jit(fn: Callable[..., Any] | None = None, *, strict: bool = False, verify: bool = False) -> Any:

@@ -68,6 +68,7 @@ class OutputSlot:
 
     source: Ref
     chain: tuple[ViewStep, ...] = ()
+    same_as: int | None = None  # the same tensor object as an earlier output (`return v, v`)
 
 
 @dataclass
@@ -502,9 +503,14 @@ class _Functionalizer:
                 write = MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, obj in self.detached)
                 self.program.metadata_writebacks.append(write)
         results: dict[Storage, int] = {}
-        for arg in node.args[0]:
+        seen: dict[int, int] = {}  # tensor object -> its first output position
+        for position, arg in enumerate(node.args[0]):
             v = self.info.value(arg)
             s = v.storage
+            if v.obj in seen:  # eager returns that very object again (`flatten()` of a 1-D tensor is itself)
+                self.program.outputs.append(OutputSlot(Ref("result", -1), same_as=seen[v.obj]))
+                continue
+            seen[v.obj] = position
             if v.obj in self.caller_objs:  # the caller's tensor itself (even after `x.t_()`)
                 self.program.outputs.append(OutputSlot(self.caller_objs[v.obj]))
             elif s.kind != "intermediate":

@@ -50,7 +50,7 @@ class CompiledProgram:
         cap, fp = self.captured, self.functional
         self._positions = tuple(cap.tensor_positions)
         self._writebacks = [(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
-        self._outputs = [(self._getter(slot.source), slot.chain) for slot in fp.outputs]
+        self._outputs = [(self._getter(slot.source), slot.chain, slot.same_as) for slot in fp.outputs]
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
         n = len(cap.out_template)
         all_tensors = all(t is TENSOR_SLOT for t in cap.out_template)
@@ -97,7 +97,10 @@ class CompiledProgram:
                 with torch.no_grad():
                     get(tensors, bases, results).copy_(results[k])
         outs = []
-        for get, chain in self._outputs:
+        for get, chain, same_as in self._outputs:
+            if same_as is not None:
+                outs.append(outs[same_as])
+                continue
             t = get(tensors, bases, results)
             outs.append(replay_chain(chain, t, _torch_call) if chain else t)
         for get, m in self._metadata:

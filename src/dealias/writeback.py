@@ -24,7 +24,7 @@ each is ordered after every read of the memory it overwrites.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -151,7 +151,10 @@ def _updated_in_place(node: fx.Node) -> fx.Node | None:
     bv, nv = b.meta.get("val"), node.meta.get("val")
     if not isinstance(bv, torch.Tensor) or not isinstance(nv, torch.Tensor):
         return None
-    return b if bv.shape == nv.shape and bv.dtype == nv.dtype else None
+    same_layout = all(x == y for n, x, y in zip(bv.shape, bv.stride(), nv.stride()) if n > 1)
+    # (the layout too: running `cumsum` in place on a transposed buffer would return eager's fresh,
+    # contiguous result with the buffer's strides)
+    return b if bv.shape == nv.shape and bv.dtype == nv.dtype and same_layout else None
 
 
 def _matches(rec: tuple[Any, tuple[Any, ...], dict], node: fx.Node, value: fx.Node) -> bool:
@@ -276,7 +279,8 @@ def lower(
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
     fp.writebacks = [type(wb)(wb.target, remap[wb.output], wb.grad) for wb in fp.writebacks if wb.output not in dropped]
     fp.outputs = [
-        type(s)(Ref("result", remap[s.source.key]), s.chain) if s.source.kind == "result" else s for s in fp.outputs
+        replace(s, source=Ref("result", remap[s.source.key])) if s.source.kind == "result" and s.same_as is None else s
+        for s in fp.outputs
     ]
     for n in reversed(list(graph.nodes)):
         if n.op == "call_function" and not n.users and not has_effect(n.target):
