@@ -177,3 +177,40 @@ def test_tracing_failure_where_eager_succeeds_falls_back():  # seed 24191: make_
     with pytest.warns(dealias.FallbackWarning, match="tracing failed where eager does not"):
         dealias.jit(f)(torch.randn(2, 3, 4, requires_grad=True) * 1)
     check(f, torch.randn(2, 3, 4, requires_grad=True) * 1, allow_fallback=True)
+
+
+def test_value_equal_to_an_input_update_stays_its_own_tensor():  # seed 28347: CSE merged the two adds
+    def f(x0):
+        v4 = x0 + x0
+        x0.add_(x0)
+        return (v4,)
+
+    check(f, torch.randn(3, 4, 2))
+
+
+@pytest.mark.parametrize("case", ["unfold_after_unsqueeze_", "expand_then_t_", "aliased_member_unsqueeze_"])
+def test_tracing_only_errors_fall_back(case):  # seeds 27916, 28274, 29784
+    def unfold_after_unsqueeze_(x0):
+        v2 = x0.movedim(0, -1).unfold(2, 2, 2)
+        v2.unsqueeze_(0)
+        v2.movedim(0, -1).relu_()
+        return (x0,)
+
+    def expand_then_t_(x0):
+        v5 = x0.expand(2, *x0.shape)
+        x0.t_()
+        v5.reshape(-1)
+        return (x0,)
+
+    def aliased_member_unsqueeze_(x0, x1):
+        x1.unsqueeze_(0)
+        x1[:, 2] = 0.25
+        return (x0,)
+
+    a = torch.randn(6, requires_grad=True) * 1
+    fn, args = {
+        "unfold_after_unsqueeze_": (unfold_after_unsqueeze_, (torch.randn(2, 3, 4, requires_grad=True) * 1,)),
+        "expand_then_t_": (expand_then_t_, (torch.randn(4, 6, requires_grad=True) * 1,)),
+        "aliased_member_unsqueeze_": (aliased_member_unsqueeze_, (a, a[::2])),
+    }[case]
+    check(fn, *args, allow_fallback=True)

@@ -254,7 +254,10 @@ def lower(
         final = results[wb.output]
         root = _root_placeholder(gm, wb.target)
         plan = versions(final, root) if root is not None else None
-        if plan is None or not _safe(plan, root, order, aliases.get(root, [])):
+        # A version that is also a user output (CSE merged `v = x + x` with `x.add_(x)`'s value) must stay
+        # a tensor of its own: run in place, it would come back as the caller's tensor.
+        returned = {n for i, n in enumerate(results) if i != wb.output}
+        if plan is None or returned & {v for v, _ in plan} or not _safe(plan, root, order, aliases.get(root, [])):
             reports.append(_whole(wb.target, final))
             continue
         reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root)))
