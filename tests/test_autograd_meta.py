@@ -170,3 +170,38 @@ META_PROGRAMS = [
 @pytest.mark.parametrize("fn,make", META_PROGRAMS, ids=[p[0].__name__ for p in META_PROGRAMS])
 def test_metadata_mutation(fn, make):
     check(fn, *make())
+
+
+def resize_shrink_input(x):
+    x.resize_(2, 3)
+    return x * 1
+
+
+def resize_shrink_intermediate(x):
+    y = x * 2
+    y.resize_(5)
+    y.add_(1)
+    return y
+
+
+def resize_same_numel_write(x):
+    y = x.clone()
+    y.resize_(3, 4)
+    y[0] = 7.0
+    return y
+
+
+@pytest.mark.parametrize("fn", [resize_shrink_input, resize_shrink_intermediate, resize_same_numel_write])
+def test_resize_within_memory(fn):
+    check(fn, torch.randn(4, 3))
+
+
+def test_resize_growing_falls_back():
+    def grow(x):
+        y = x * 1
+        y.resize_(100)
+        y[:12].fill_(1.0)
+        return y[:12] * 1
+
+    with pytest.warns(dealias.FallbackWarning, match="resize_ that grows"):
+        dealias.jit(grow)(torch.randn(4, 3))

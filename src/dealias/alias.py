@@ -137,6 +137,29 @@ def _group_member(
     return Value(storages[gid], (step,), obj, meta, node)
 
 
+def _resize_step(node: fx.Node, v: Value) -> ViewStep:
+    """`x.resize_(size)` within x's memory: a contiguous view of it at x's offset (eager keeps the storage).
+    Growing past the storage reallocates it in eager, with uninitialized new memory: refused."""
+    size = list(node.args[1])
+    numel = 1
+    for n in size:
+        numel *= n
+    if node.kwargs.get("memory_format") not in (None, torch.contiguous_format) or len(node.args) > 2:
+        raise UnsupportedError(with_location("resize_ with a memory format is not supported", node_location(node)))
+    # The memory known to be there: what the storage's base covers (fake storages grow with the resize).
+    root = v.storage.root_meta
+    covered = root.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(root.shape, root.stride()) if n > 0)
+    if numel and v.meta.storage_offset() + numel > covered * root.element_size() // v.meta.element_size():
+        raise UnsupportedError(
+            with_location("resize_ that grows a tensor past its memory is not supported", node_location(node))
+        )
+    stride, acc = [], 1
+    for n in reversed(size):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return ViewStep(as_strided_rel, (size, stride[::-1], 0))
+
+
 def _step(op: torch._ops.OpOverload, node: fx.Node, parent: Value) -> ViewStep:
     if op is aten.as_strided.default:
         return relative_as_strided(tuple(node.args[1:]), dict(node.kwargs), parent.meta)
@@ -175,6 +198,9 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         return info.value(node.args[0]) if isinstance(node.args[0], fx.Node) else None
     if f.kind is OpKind.INPLACE_VIEW:
         name = op._schema.name
+        self_v = info.value(node.args[0])
+        if name == "aten::resize_":
+            return Value(self_v.storage, self_v.chain + (_resize_step(node, self_v),), self_v.obj, meta, node)
         if name == "aten::squeeze_":
             view_op = _squeeze_view(op)
         elif name in _INPLACE_VIEW_AS:
@@ -185,7 +211,6 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
                     f"{op} (it changes which memory a tensor refers to) is not supported", node_location(node)
                 )
             )
-        self_v = info.value(node.args[0])
         step = _step(view_op, node, self_v)
         return Value(self_v.storage, self_v.chain + (step,), self_v.obj, meta, node)
     if f.kind is OpKind.OUT:
