@@ -135,7 +135,8 @@ class JitFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, structure = flatten_call(args, kwargs)
-        arg_modules = [x for x in leaves if isinstance(x, torch.nn.Module)] if not isinstance(structure, int) else []
+        fast = isinstance(structure, (int, tuple))  # only tensors and scalars: no module among the leaves
+        arg_modules = [] if fast else [x for x in leaves if isinstance(x, torch.nn.Module)]
         if self.lifted or arg_modules:
             state = self.lifted.fetch(arg_modules)
             leaves = state + leaves

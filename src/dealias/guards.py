@@ -21,13 +21,23 @@ _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
 def flatten_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
-    """The argument leaves and a hashable description of their structure."""
+    """The argument leaves (in pytree order) and a hashable description of their structure. Positional
+    tensors and scalars, and lists or tuples of them one level deep (an optimizer's parameter lists), are
+    flattened without pytree: an int structure, or a tuple of per-argument markers."""
     if not kwargs:
+        leaves: list[Any] = []
+        markers: list[Any] = []
         for a in args:
-            if not (isinstance(a, torch.Tensor) or type(a) in _SCALARS):
+            if isinstance(a, torch.Tensor) or type(a) in _SCALARS:
+                leaves.append(a)
+                markers.append(None)
+            elif type(a) in (list, tuple) and all(isinstance(x, torch.Tensor) or type(x) in _SCALARS for x in a):
+                leaves.extend(a)
+                markers.append((type(a), len(a)))
+            else:
                 break
         else:
-            return list(args), len(args)
+            return leaves, len(args) if not any(markers) else tuple(markers)
     leaves, spec = pytree.tree_flatten((args, kwargs))
     return leaves, spec
 
