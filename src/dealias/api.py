@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 from .alias import analyze
 from .capture import capture
 from .errors import DataDependentError, DealiasError, EagerSemanticsError, FallbackWarning, InternalError
-from .executor import torch_executor
+from .executor import inductor_executor, torch_executor, uniform_grad_mode, verify_functional
 from .functionalize import FunctionalProgram, Ref, functionalize
 from .guards import explain_miss, flatten_call, guard_key, lookup_key, tensor_check
 from .lifting import Lifted
@@ -26,7 +26,7 @@ from .sharing import find_groups_or_none, overlapping_pairs
 from .traces import Trace, format_graph
 from .verify import VerificationError, clone_args, first_difference
 from .viewops import chain_text
-from .writeback import WriteBackReport, lower
+from .writeback import WriteBackReport, lower, whole_report
 
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this signature runs eagerly (see the warning given when it was made)
@@ -42,7 +42,7 @@ class CacheInfo:
     last_miss_reason: str = ""  # why the latest compile happened ("first call" or what changed)
 
 
-def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport]) -> Trace:
+def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> Trace:
     params = [n.name for n in fp.gm.graph.nodes if n.op == "placeholder"]
     out_node = next(n for n in fp.gm.graph.nodes if n.op == "output")
     results = [a.name for a in out_node.args[0]]
@@ -55,7 +55,6 @@ def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport]) -> T
             return groups[ref.key]
         return f"self.{ref.key}" if ref.kind == "constant" else results[ref.key]
 
-    header = "execution trace (torch executor)"
     for r in reports:
         header += f"\n# write-back to {r.target}: {r.mode}, {r.nbytes} bytes: {', '.join(r.regions)}"
     epilogue = ["# write-back into the caller's tensors"] if fp.writebacks or fp.metadata_writebacks else []
@@ -97,6 +96,7 @@ def compile_program(
     kwargs: dict[str, Any],
     anchor: Callable[..., Any] | None = None,
     names: list[str] = (),
+    executor: str = "torch",
 ) -> CompiledProgram:
     """capture -> alias analysis -> functionalize -> optimize -> write-back lowering -> executor."""
     captured = capture(fn, args, kwargs, anchor, names)
@@ -105,22 +105,40 @@ def compile_program(
     fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
     functional_gm = _copy_graph_module(fp.gm)
     functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
-    fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
-    run = torch_executor(fp.gm, torch.is_grad_enabled())
+    grad = torch.is_grad_enabled()
+    if executor == "inductor" and uniform_grad_mode(fp.gm, grad):
+        # The fusing executor gets the pure functional graph: its only writes are the write-backs after it,
+        # so a fused kernel can never read a buffer the program already overwrote (checked, not assumed).
+        verify_functional(fp.gm)
+        run, reports = inductor_executor(fp.gm), [_whole_report(fp, wb) for wb in fp.writebacks]
+        name = "execution trace (inductor: the functional graph, compiled; write-backs after it)"
+    else:
+        fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
+        run, name = torch_executor(fp.gm, grad), "execution trace (torch executor)"
     traces = [
         Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
         functional,
-        _execution_trace(fp, reports),
+        _execution_trace(fp, reports, name),
     ]
     return CompiledProgram(captured, fp, run, traces, functional_gm, reports)
+
+
+def _whole_report(fp: FunctionalProgram, wb: Any) -> WriteBackReport:
+    out = next(n for n in fp.gm.graph.nodes if n.op == "output").args[0][wb.output]
+    return whole_report(wb.target, out)
 
 
 class JitFunction:
     """`fn` compiled per guard key; see `dealias.jit`."""
 
-    def __init__(self, fn: Callable[..., Any], strict: bool = False, verify: bool = False) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], strict: bool = False, verify: bool = False, executor: str = "torch"
+    ) -> None:
+        if executor not in ("torch", "inductor"):
+            raise ValueError(f"executor must be 'torch' or 'inductor', not {executor!r}")
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self.executor = executor
         self.strict = strict
         self.verify = verify
         self.lifted = Lifted(fn)
@@ -219,8 +237,8 @@ class JitFunction:
             if lifted:
                 state = self.lifted.fetch(arg_modules)
                 names = self.lifted.names(arg_modules)
-                return compile_program(traced, (state, *args), kwargs, self.fn, names)
-            return compile_program(self.fn, args, kwargs)
+                return compile_program(traced, (state, *args), kwargs, self.fn, names, self.executor)
+            return compile_program(self.fn, args, kwargs, executor=self.executor)
         except EagerSemanticsError:
             raise
         except (DealiasError, *_FAKE_LIMITS) as e:
@@ -265,16 +283,20 @@ def _raises(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     return False
 
 
-def jit(fn: Callable[..., Any] | None = None, *, strict: bool = False, verify: bool = False) -> Any:
+def jit(
+    fn: Callable[..., Any] | None = None, *, strict: bool = False, verify: bool = False, executor: str = "torch"
+) -> Any:
     """Compile `fn` (a function or an nn.Module) with exact in-place and alias semantics.
 
     The result behaves like `fn` in eager PyTorch (values, mutations of its arguments and of module state,
     outputs that alias arguments or each other). Programs dealias cannot compile exactly run eagerly with a
     FallbackWarning; with `strict=True` they raise instead. With `verify=True` every call also runs `fn`
-    eagerly on copies and raises VerificationError at the first difference."""
+    eagerly on copies and raises VerificationError at the first difference. `executor="inductor"` compiles
+    the functional graph with inductor (fusion; write-backs copy whole tensors after it) instead of running
+    it op by op with in-place region writes."""
     if fn is None:
-        return functools.partial(jit, strict=strict, verify=verify)
-    return JitFunction(fn, strict=strict, verify=verify)
+        return functools.partial(jit, strict=strict, verify=verify, executor=executor)
+    return JitFunction(fn, strict=strict, verify=verify, executor=executor)
 
 
 def explain(jf: JitFunction) -> list[WriteBackReport]:

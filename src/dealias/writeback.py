@@ -245,7 +245,7 @@ def lower(
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = list(out_node.args[0])
     if _builds_autograd(gm):
-        return fp, [_whole(wb.target, results[wb.output]) for wb in fp.writebacks]
+        return fp, [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]
 
     reports: list[WriteBackReport] = []
     dropped: set[int] = set()
@@ -258,7 +258,7 @@ def lower(
         # a tensor of its own: run in place, it would come back as the caller's tensor.
         returned = {n for i, n in enumerate(results) if i != wb.output}
         if plan is None or returned & {v for v, _ in plan} or not _safe(plan, root, order, aliases.get(root, [])):
-            reports.append(_whole(wb.target, final))
+            reports.append(whole_report(wb.target, final))
             continue
         reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root)))
         dropped.add(wb.output)
@@ -438,5 +438,5 @@ def _ref_name(ref: Ref) -> str:
     return f"input {ref.key}" if ref.kind == "input" else f"{ref.kind} {ref.key}"
 
 
-def _whole(target: Ref, final: fx.Node) -> WriteBackReport:
+def whole_report(target: Ref, final: fx.Node) -> WriteBackReport:
     return WriteBackReport(_ref_name(target), "whole copy", ["x.copy_(..)"], _nbytes(final.meta["val"]))
