@@ -205,3 +205,27 @@ def test_resize_growing_falls_back():
 
     with pytest.warns(dealias.FallbackWarning, match="resize_ that grows"):
         dealias.jit(grow)(torch.randn(4, 3))
+
+
+def test_data_mutations():
+    def write_through_data(x):
+        x.data.add_(1)
+        return x * 2
+
+    def assign_data(x, y):
+        x.data = y
+        return x + 1
+
+    check(write_through_data, torch.randn(3))
+    with pytest.warns(dealias.FallbackWarning, match=r"\.data inside"):
+        dealias.jit(assign_data)(torch.randn(3), torch.randn(3))
+    check(assign_data, torch.randn(3), torch.randn(3), allow_fallback=True)
+    check(write_through_data, torch.randn(3, requires_grad=True), allow_fallback=True)
+
+
+def test_out_with_wrong_dtype_raises_like_eager():
+    def f(x, y, o):
+        torch.add(x, y, out=o)
+        return o
+
+    check(f, torch.randn(3), torch.randn(3), torch.empty(3, dtype=torch.long))

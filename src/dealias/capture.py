@@ -149,8 +149,9 @@ def capture(
 
 
 class _AutogradMetadata(TorchFunctionMode):
-    """`x.detach_()` and `x.requires_grad_()` change autograd metadata without any aten op, so make_fx does
-    not see them. Record detach_() of an input (written back to the caller's tensor); refuse the rest."""
+    """`x.detach_()`, `x.requires_grad_()` and attribute assignments (`x.data = y`) change a tensor without any
+    aten op, so make_fx does not see them. Record detach_() of an input (written back to the caller's
+    tensor); refuse the rest (the program then runs eagerly)."""
 
     def __init__(self, inputs: tuple[torch.Tensor, ...], detached: set[int]) -> None:
         super().__init__()
@@ -164,6 +165,9 @@ class _AutogradMetadata(TorchFunctionMode):
             self.detached.add(self.inputs[id(args[0])])
         elif func is torch.Tensor.requires_grad_:
             raise UnsupportedError("requires_grad_() inside a compiled function is not supported")
+        elif getattr(func, "__name__", "") == "__set__":  # `x.data = y`, `x.grad = None`: no aten op records it
+            attr = getattr(getattr(func, "__self__", None), "__name__", "an attribute")
+            raise UnsupportedError(f"assigning a tensor's .{attr} inside a compiled function is not supported")
         return func(*args, **(kwargs or {}))
 
 
