@@ -149,19 +149,6 @@ def writes_nothing(op: OpOverload, args: tuple, kwargs: dict, mutated: tuple[str
     return False
 
 
-def is_view(op: object) -> bool:
-    return isinstance(op, OpOverload) and facts(op).kind is OpKind.VIEW
-
-
-def is_mutating(op: object) -> bool:
-    return isinstance(op, OpOverload) and facts(op).kind in (
-        OpKind.INPLACE,
-        OpKind.OUT,
-        OpKind.MUTABLE,
-        OpKind.INPLACE_VIEW,
-    )
-
-
 @functools.cache
 def inplace_variant(op: OpOverload) -> OpOverload | None:
     """The in-place overload computing `op` into its first argument (`add.Tensor` -> `add_.Tensor`,
