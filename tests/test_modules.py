@@ -140,7 +140,7 @@ def test_parameters_mutated_under_no_grad():
     eager, jitted = copy.deepcopy(lin), copy.deepcopy(lin)
     for m in (eager, jitted):
         step(m, torch.ones(2, 3)).backward()
-    jclamp = dealias.jit(clamp_and_sgd)
+    jclamp = dealias.jit(clamp_and_sgd, strict=True)  # compiled, not run eagerly
     clamp_and_sgd(eager, 0.1)
     jclamp(jitted, 0.1)
     _compare_modules(eager, jitted)

@@ -104,9 +104,10 @@ class Lifted:
             with contextlib.ExitStack() as stack:
                 for m, state in zip(modules, states):
                     stack.enter_context(_reparametrize_module(m, state))
-                for m, g in zip(modules, grads):
-                    for n, t in g.items():
-                        getattr_path(m, n).grad = t
+                with torch._C.DisableTorchFunction():  # dealias's own assignment, not the program's
+                    for m, g in zip(modules, grads):
+                        for n, t in g.items():
+                            getattr_path(m, n).grad = t
                 yield
                 for m, state, g in zip(modules, states, grads):
                     rebound = [n for n, t in state.items() if getattr_path(m, n) is not t]
