@@ -202,3 +202,24 @@ def test_global_module_mode_is_guarded():
     torch.testing.assert_close(got, expected)
     assert dealias.cache_info(jf).misses == 2
     MODEL.eval()
+
+
+class WithPlainTensor(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mask = torch.ones(4)  # not a buffer: a plain attribute
+
+    def forward(self, x):
+        self.mask.mul_(0.5)
+        return x * self.mask
+
+
+def test_plain_tensor_attribute_is_lifted_and_replacement_is_seen():
+    m = WithPlainTensor()
+    jm = dealias.jit(m, strict=True)
+    jm(torch.ones(4))
+    assert torch.equal(m.mask, torch.full((4,), 0.5))
+    m.mask = torch.full((4,), 8.0)  # replaced between calls: the next call must use the new tensor
+    out = jm(torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 4.0)) and torch.equal(m.mask, torch.full((4,), 4.0))
+    assert dealias.cache_info(jm).misses == 1

@@ -24,10 +24,15 @@ from .errors import UnsupportedError
 
 
 def _entries(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """A module's lifted tensors: parameters, buffers, then the `.grad` of each parameter that has one
-    (an optimizer step reads and writes them), named by their dotted paths."""
+    """A module's lifted tensors: parameters, buffers, plain tensor attributes, then the `.grad` of each
+    parameter that has one (an optimizer step reads and writes them), named by their dotted paths."""
     params = list(module.named_parameters(remove_duplicate=False))
     out = params + list(module.named_buffers(remove_duplicate=False))
+    # Plain tensor attributes (`self.mask = torch.ones(..)`) too: a module may replace them between calls.
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for k, v in vars(m).items():
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter):
+                out.append((f"{prefix}.{k}" if prefix else k, v))
     return out + [(f"{n}.grad", p.grad) for n, p in params if p.grad is not None]
 
 
