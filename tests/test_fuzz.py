@@ -214,3 +214,12 @@ def test_tracing_only_errors_fall_back(case):  # seeds 27916, 28274, 29784
         "aliased_member_unsqueeze_": (aliased_member_unsqueeze_, (a, a[::2])),
     }[case]
     check(fn, *args, allow_fallback=True)
+
+
+def test_grad_write_through_permuted_view_keeps_strides():  # seed 48841 (10,000-program run)
+    def f(x0):
+        v3 = x0.sin().permute(1, 0)
+        v3.masked_fill_(v3 > 0, -2.0)
+        return (v3,)
+
+    check(f, torch.randn(5, 5, requires_grad=True) * 1)

@@ -242,7 +242,8 @@ class _Functionalizer:
             raise UnsupportedError("a write that autograd must see into a tensor with a gapped layout")
         perm = sorted(range(like.dim()), key=lambda d: (-like.stride()[d], -like.shape[d]))
         inv = [perm.index(d) for d in range(like.dim())]
-        dense = self.emit.call(aten.clone.default, self.emit.call(aten.permute.default, new, perm))
+        permuted = self.emit.call(aten.permute.default, new, perm)
+        dense = self.emit.call(aten.clone.default, permuted, memory_format=torch.contiguous_format)
         return self.emit.call(aten.permute.default, dense, inv)
 
     def copy_value(self, dst: fx.Node, src: fx.Node) -> fx.Node:
