@@ -280,7 +280,7 @@ def lower(
     new_results = [r for i, r in enumerate(out_node.args[0]) if i not in dropped]
     out_node.args = (tuple(new_results),)
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
-    fp.writebacks = [type(wb)(wb.target, remap[wb.output], wb.grad) for wb in fp.writebacks if wb.output not in dropped]
+    fp.writebacks = [replace(wb, output=remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
     fp.outputs = [
         replace(s, source=Ref("result", remap[s.source.key])) if s.source.kind == "result" and s.same_as is None else s
         for s in fp.outputs
