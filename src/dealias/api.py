@@ -142,6 +142,7 @@ class JitFunction:
         self.strict = strict
         self.verify = verify
         self.lifted = Lifted(fn)
+        self.has_lifted = bool(self.lifted)
         # lookup key -> [(tensor check, compiled program or _EAGER, full guard key)]
         self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, tuple[Any, ...]]]] = {}
         self.hits = 0
@@ -155,7 +156,7 @@ class JitFunction:
         leaves, structure = flatten_call(args, kwargs)
         fast = isinstance(structure, (int, tuple))  # only tensors and scalars: no module among the leaves
         arg_modules = [] if fast else [x for x in leaves if isinstance(x, torch.nn.Module)]
-        if self.lifted or arg_modules:
+        if self.has_lifted or arg_modules:
             state = self.lifted.fetch(arg_modules)
             leaves = state + leaves
             structure = (structure, len(state), self.lifted.key(arg_modules))

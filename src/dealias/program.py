@@ -49,6 +49,10 @@ class CompiledProgram:
         # Everything a call does beyond running the graph is resolved here once: a cache hit only indexes.
         cap, fp = self.captured, self.functional
         self._positions = tuple(cap.tensor_positions)
+        self._all_tensors = self._positions == tuple(range(cap.in_spec.num_leaves))
+        self._switches_grad = any(
+            n.target is torch._C._set_grad_enabled for n in fp.gm.graph.nodes if n.op == "call_function"
+        )
         self._writebacks = [(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
         self._outputs = [(self._getter(slot.source), slot.chain, slot.same_as) for slot in fp.outputs]
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
@@ -83,13 +87,16 @@ class CompiledProgram:
         return _restore_sizes(self.captured.out_spec, out) if self._has_size else out
 
     def __call__(self, leaves: list[Any]) -> Any:
-        tensors = [leaves[p] for p in self._positions]
+        tensors = leaves if self._all_tensors else [leaves[p] for p in self._positions]
         bases = [g.base_of(tensors) for g in self.captured.groups] if self.captured.groups else []
         grad = torch.is_grad_enabled()
-        try:
+        if self._switches_grad:
+            try:
+                results = self.run_graph(*tensors, *bases)
+            finally:
+                torch._C._set_grad_enabled(grad)  # the graph switches it around no_grad regions
+        else:
             results = self.run_graph(*tensors, *bases)
-        finally:
-            torch._C._set_grad_enabled(grad)  # the graph switches it around no_grad regions
         for get, k, with_grad in self._writebacks:
             if with_grad or not grad:
                 get(tensors, bases, results).copy_(results[k])
