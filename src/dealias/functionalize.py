@@ -468,8 +468,7 @@ class _Functionalizer:
         kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
         defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
         args, kwargs = _to_call(f.functional._schema, kept, {n: self.read(a) for n, a in bound.items()}, defaults)
-        copies = f.functional is aten.copy.default and self.emit.grad is not False
-        if copies and any(isinstance(a, fx.Node) and a.meta.get("rg") for a in args[:2]):
+        if f.functional is aten.copy.default and any(isinstance(a, fx.Node) and a.meta.get("rg") for a in args[:2]):
             out = self.copy_value(args[0], args[1])  # aten.copy has no derivative
         else:
             out = self.emit.call(f.functional, *args, **kwargs)
