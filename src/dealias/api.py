@@ -156,6 +156,7 @@ class JitFunction:
         leaves, structure = flatten_call(args, kwargs)
         fast = isinstance(structure, (int, tuple))  # only tensors and scalars: no module among the leaves
         arg_modules = [] if fast else [x for x in leaves if isinstance(x, torch.nn.Module)]
+        state: list[torch.Tensor] = []
         if self.has_lifted or arg_modules:
             state = self.lifted.fetch(arg_modules)
             leaves = state + leaves
@@ -178,13 +179,14 @@ class JitFunction:
             return self.fn(*args, **kwargs)
         self.last = entry
         if self.verify:
-            return self._verified(entry, leaves, args, kwargs, arg_modules)
+            return self._verified(entry, leaves, state, args, kwargs, arg_modules)
         return entry(leaves)
 
-    def _verified(self, entry: Any, leaves: list[Any], args: Any, kwargs: Any, arg_modules: list[Any]) -> Any:
-        """Run `fn` eagerly on copies (lifted state saved and restored around it), then the compiled program
+    def _verified(
+        self, entry: Any, leaves: list[Any], state: list[torch.Tensor], args: Any, kwargs: Any, arg_modules: list[Any]
+    ) -> Any:
+        """Run `fn` eagerly on copies (lifted `state` saved and restored around it), then the compiled program
         on the real arguments, and raise VerificationError at the first difference."""
-        state = self.lifted.fetch(arg_modules) if self.lifted or arg_modules else []
         saved = [t.detach().clone() for t in state]
         eager_args = clone_args((args, kwargs))
         rng = torch.get_rng_state()
@@ -233,7 +235,7 @@ class JitFunction:
             with self.lifted.installed(state, arg_modules):
                 return self.fn(*args, **kwargs)
 
-        lifted = bool(self.lifted or arg_modules)
+        lifted = self.has_lifted or bool(arg_modules)
         try:
             if lifted:
                 state = self.lifted.fetch(arg_modules)

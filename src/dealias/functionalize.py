@@ -86,9 +86,10 @@ def caller_ref(s: Storage) -> Ref:
     return Ref(s.kind, s.index)
 
 
-class _Emitter:
-    """Builds the functional graph, keeping a fake value on every node (sizes and strides are needed by
-    the view inverses) and the user's source line of the op being translated."""
+class Emitter:
+    """Adds nodes to a graph, keeping a fake value on every node (sizes and strides are needed by the view
+    inverses and later passes), the user's source line, grad mode and requires_grad of the op being
+    translated. Functionalization and write-back lowering both build with it."""
 
     def __init__(self, graph: fx.Graph, fake_mode: FakeTensorMode) -> None:
         self.graph = graph
@@ -123,7 +124,7 @@ class _Functionalizer:
         self.requires_grad = captured.requires_grad
         self.detached_inputs = captured.detached
         self.graph = fx.Graph()
-        self.emit = _Emitter(self.graph, captured.fake_mode)
+        self.emit = Emitter(self.graph, captured.fake_mode)
         self.base: dict[Storage, fx.Node] = {}  # current base value of each storage
         self.version: dict[Storage, int] = {}
         self.cache: dict[Value, tuple[fx.Node, int]] = {}  # value -> (materialized node, storage version)

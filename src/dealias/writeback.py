@@ -29,11 +29,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils import _pytree as pytree
 
 from .checks import guard_index_writes
-from .functionalize import FunctionalProgram, Ref
+from .functionalize import Emitter, FunctionalProgram, Ref
 from .opfacts import OpKind, facts, has_effect, inplace_variant
 from .viewops import ViewStep, chain_text, internal_overlap, inverse, op_name
 
@@ -340,21 +338,20 @@ def _apply(graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.No
     regions: list[str] = []
     nbytes = 0
     previous = root
+    emit = Emitter(graph, root.meta["val"].fake_mode)
     for version, write in plan:
         built = _construction(version, previous)
+        emit.stack_trace, emit.grad = version.meta.get("stack_trace"), version.meta.get("grad")
         anchor = version
         target = root
         for step in write.chain:
             with graph.inserting_after(anchor):
-                target = anchor = _call(graph, step.op, (target, *step.args), dict(step.kwargs))
+                target = anchor = emit.call(step.op, target, *step.args, **dict(step.kwargs))
         with graph.inserting_after(anchor):
-            copy = _call(graph, aten.copy_.default, (target, write.value), {})
-        copy.meta["stack_trace"] = version.meta.get("stack_trace")
-        for n in (copy, *([] if target is root else [target])):
-            n.meta["grad"] = version.meta.get("grad")
+            copy = emit.call(aten.copy_.default, target, write.value)
         version.replace_all_uses_with(root, delete_user_cb=lambda user, copy=copy: user is not copy)
         _erase_dead(graph, built - {write.value})
-        op = _reinplace_value(graph, copy, write, root)
+        op = _reinplace_value(emit, copy, write, root)
         region = chain_text("x", write.chain)
         if op is None:
             regions.append(f"{region}.copy_(..)")
@@ -374,22 +371,10 @@ def _written_bytes(op: fx.Node) -> int:
     name = op_name(op.target)
     if name.startswith(("index_put", "index_copy", "index_add", "scatter", "_index_put")):
         sources = [a.meta["val"] for a in op.args[1:] if isinstance(a, fx.Node) and "val" in a.meta]
-        sources = [
-            t for t in sources if isinstance(t, torch.Tensor) and t.is_floating_point() or t.dtype == target.dtype
-        ]
+        sources = [t for t in sources if isinstance(t, torch.Tensor) and t.dtype == target.dtype]
         if sources:
             return min(full, max(t.numel() for t in sources) * target.element_size())
     return full
-
-
-def _call(graph: fx.Graph, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.Node:
-    """A new node with its fake value (sizes for reports and later passes)."""
-    node = graph.call_function(op, args, kwargs)
-    fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (args, kwargs))
-    mode = next(v.fake_mode for v in pytree.tree_leaves((fargs, fkwargs)) if isinstance(v, FakeTensor))
-    with mode:
-        node.meta["val"] = op(*fargs, **fkwargs)
-    return node
 
 
 def _erase_dead(graph: fx.Graph, nodes: set[fx.Node]) -> None:
@@ -411,7 +396,7 @@ def _is_replay(node: Any, root: fx.Node, chain: tuple[ViewStep, ...]) -> bool:
     return node is root
 
 
-def _reinplace_value(graph: fx.Graph, copy: fx.Node, write: RegionWrite, root: fx.Node) -> fx.Node | None:
+def _reinplace_value(emit: Emitter, copy: fx.Node, write: RegionWrite, root: fx.Node) -> fx.Node | None:
     """`target.copy_(op(old_region, ...))` -> `op_(target, ...)` when the value is used only here and its
     first argument is the region's old contents: the update then runs in place, as eager's did (and
     `copy(old, src)`, functional setitem, becomes `target.copy_(src)`)."""
@@ -423,10 +408,9 @@ def _reinplace_value(graph: fx.Graph, copy: fx.Node, write: RegionWrite, root: f
     op_ = inplace_variant(value.target)
     if op_ is None:
         return None
+    graph = emit.graph
     with graph.inserting_before(copy):
-        new = _call(graph, op_, (copy.args[0], *value.args[1:]), dict(value.kwargs))
-    new.meta["stack_trace"] = copy.meta.get("stack_trace")
-    new.meta["grad"] = copy.meta.get("grad")
+        new = emit.call(op_, copy.args[0], *value.args[1:], **dict(value.kwargs))
     graph.erase_node(copy)
     old = value.args[0]
     graph.erase_node(value)
