@@ -169,7 +169,8 @@ META_PROGRAMS = [
 
 @pytest.mark.parametrize("fn,make", META_PROGRAMS, ids=[p[0].__name__ for p in META_PROGRAMS])
 def test_metadata_mutation(fn, make):
-    check(fn, *make())
+    # Dynamo runs an in-place metadata change of a graph input eagerly (a graph break) and compiles around it.
+    check(fn, *make(), allow_fallback=True)
 
 
 def resize_shrink_input(x):
@@ -193,7 +194,7 @@ def resize_same_numel_write(x):
 
 @pytest.mark.parametrize("fn", [resize_shrink_input, resize_shrink_intermediate, resize_same_numel_write])
 def test_resize_within_memory(fn):
-    check(fn, torch.randn(4, 3))
+    check(fn, torch.randn(4, 3), allow_fallback=True)  # dynamo runs resize_ eagerly (a graph break)
 
 
 def test_resize_growing_falls_back():
@@ -203,7 +204,7 @@ def test_resize_growing_falls_back():
         y[:12].fill_(1.0)
         return y[:12] * 1
 
-    with pytest.warns(dealias.FallbackWarning, match="resize_ that grows"):
+    with pytest.warns(dealias.FallbackWarning, match="resize_"):
         dealias.jit(grow)(torch.randn(4, 3))
 
 
@@ -217,7 +218,7 @@ def test_data_mutations():
         return x + 1
 
     check(write_through_data, torch.randn(3))
-    with pytest.warns(dealias.FallbackWarning, match=r"\.data inside"):
+    with pytest.warns(dealias.FallbackWarning, match=r"set_"):
         dealias.jit(assign_data)(torch.randn(3), torch.randn(3))
     check(assign_data, torch.randn(3), torch.randn(3), allow_fallback=True)
     check(write_through_data, torch.randn(3, requires_grad=True), allow_fallback=True)

@@ -19,7 +19,10 @@ def test_bounded_fuzz_finds_no_mismatch(seed):
     out = io.StringIO()
     summary = fuzz(seed, 250, out=out, progress=False)
     assert summary["mismatch"] == 0, out.getvalue()
-    assert summary["ok"] >= 200, summary  # most programs compile (fallbacks are counted, not hidden)
+    # Most programs compile whole. Fallbacks are counted, not hidden: with dynamo as the front end, in-place
+    # metadata changes of inputs (t_, transpose_, unsqueeze_...) and storage_offset() are graph breaks.
+    assert summary["ok"] >= 175, summary
+    assert summary["refused"] <= 3, summary
 
 
 def test_programs_are_runnable_python():
@@ -148,7 +151,7 @@ def test_detach_of_a_computed_input():  # found with the harness's new non-leaf 
         x.detach_()
         return x
 
-    check(f, torch.randn(3, requires_grad=True) * 1)
+    check(f, torch.randn(3, requires_grad=True) * 1, allow_fallback=True)  # dynamo runs detach_() eagerly
 
 
 def test_reinplaced_intermediate_keeps_eager_strides():  # seed 21302: cumsum_ in a transposed buffer
@@ -174,7 +177,7 @@ def test_tracing_failure_where_eager_succeeds_falls_back():  # seed 24191: make_
         v8.transpose(0, 0)
         return (v8,)
 
-    with pytest.warns(dealias.FallbackWarning, match="tracing failed where eager does not"):
+    with pytest.warns(dealias.FallbackWarning, match="transpose_"):
         dealias.jit(f)(torch.randn(2, 3, 4, requires_grad=True) * 1)
     check(f, torch.randn(2, 3, 4, requires_grad=True) * 1, allow_fallback=True)
 

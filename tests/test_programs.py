@@ -597,12 +597,16 @@ PROGRAMS = [
 ]
 
 
+# Programs dynamo breaks into several graphs (an in-place metadata change of an input runs eagerly between them).
+GRAPH_BREAKS = {"metadata_t_"}
+
+
 @pytest.mark.parametrize("fn,make", PROGRAMS, ids=[p[0].__name__ for p in PROGRAMS])
 def test_program(fn, make):
     if make is None:
         check(lambda xs, scale: fn(xs, scale=scale), {"a": r(3), "b": [r(3), r(2)]}, 2.0)
         return
-    check(fn, *make())
+    check(fn, *make(), allow_fallback=fn.__name__ in GRAPH_BREAKS)
 
 
 def test_enough_programs():

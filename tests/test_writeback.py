@@ -105,11 +105,11 @@ CASES = [
 def test_writes_only_the_region(fn, make):
     jf = check(fn, *make())
     buf_bytes = N * N * 4 * 4
-    assert _full_size_temporaries(jf, N * N * 4) == [], str(dealias.last_traces(jf)[2])
+    assert _full_size_temporaries(jf, N * N * 4) == [], str(dealias.last_traces(jf)[3])
     (report,) = dealias.explain(jf)
     assert report.mode == "in place", report
     assert 0 < report.nbytes <= buf_bytes // 16, report
-    assert "copy_(" not in str(dealias.last_traces(jf)[2]).split("write-back into")[-1] or report.mode == "in place"
+    assert "copy_(" not in str(dealias.last_traces(jf)[3]).split("write-back into")[-1] or report.mode == "in place"
 
 
 def test_whole_copy_when_old_value_is_read_after_the_write():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,26 +13,22 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
+from torch._dynamo.exc import TorchRuntimeError, Unsupported
+from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
 from .alias import analyze
+from .backend import _EAGER, Backend, Options, Stats
 from .capture import capture
-from .errors import DataDependentError, DealiasError, EagerSemanticsError, FallbackWarning, InternalError
+from .errors import DataDependentError, FallbackWarning, UnsupportedError, with_location
 from .executor import inductor_executor, torch_executor, uniform_grad_mode, verify_functional
 from .functionalize import FunctionalProgram, Ref, functionalize
-from .guards import explain_miss, flatten_call, guard_key, lookup_key, tensor_check
-from .lifting import Lifted
 from .optimize import optimize
 from .program import CompiledProgram
-from .sharing import find_groups_or_none, overlapping_pairs
 from .traces import Trace, format_graph
-from .verify import VerificationError, clone_args, first_difference
 from .viewops import chain_text
 from .writeback import WriteBackReport, lower, whole_report
 
 log = logging.getLogger("dealias")
-_EAGER = object()  # cache entry: this signature runs eagerly (see the warning given when it was made)
-_FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,15 @@ def compile_program(
     else:
         fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
         run, name = torch_executor(fp.gm, grad), "execution trace (torch executor)"
+    # Name each caller tensor as the captured graph does (after the user's argument or attribute).
+    inputs = [n.name for n in captured.gm.graph.nodes if n.op == "placeholder"]
+    reports = [
+        dataclasses.replace(r, target=inputs[int(r.target[6:])]) if r.target.startswith("input ") else r
+        for r in reports
+    ]
+    dynamo = [Trace("dynamo", f"# dynamo graph (torch level)\n{fn.code.strip()}")] if isinstance(fn, fx.GraphModule) else []
     traces = [
+        *dynamo,
         Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
         functional,
         _execution_trace(fp, reports, name),
@@ -129,165 +135,176 @@ def _whole_report(fp: FunctionalProgram, wb: Any) -> WriteBackReport:
 
 
 class JitFunction:
-    """`fn` compiled per guard key; see `dealias.jit`."""
+    """`fn` compiled through TorchDynamo with dealias as its backend; see `dealias.jit`."""
 
     def __init__(
-        self, fn: Callable[..., Any], strict: bool = False, verify: bool = False, executor: str = "torch"
+        self,
+        fn: Callable[..., Any],
+        strict: bool = False,
+        verify: bool = False,
+        executor: str = "torch",
+        cache_limit: int = 8,
     ) -> None:
-        if executor not in ("torch", "inductor"):
-            raise ValueError(f"executor must be 'torch' or 'inductor', not {executor!r}")
-        functools.update_wrapper(self, fn)
+        self.options = Options(executor=executor, verify=verify, strict=strict, cache_limit=cache_limit)
+        if not isinstance(fn, torch.nn.Module):
+            functools.update_wrapper(self, fn)
         self.fn = fn
-        self.executor = executor
-        self.strict = strict
-        self.verify = verify
-        self.lifted = Lifted(fn)
-        self.has_lifted = bool(self.lifted)
-        # lookup key -> [(tensor check, compiled program or _EAGER, full guard key)]
-        self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, tuple[Any, ...]]]] = {}
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        self.stats = Stats(name=name)
+        # dynamic=False: every size and Python scalar is specialized, and dynamo's recompile limit (this function's
+        # own: isolate_recompiles) bounds them; the pipeline does not take symbolic shapes yet.
+        self.compiled = torch.compile(
+            fn,
+            backend=Backend(self.options, self.stats),
+            dynamic=False,
+            fullgraph=strict,
+            recompile_limit=cache_limit,
+            isolate_recompiles=True,
+        )
         self.hits = 0
         self.misses = 0
-        self.last: CompiledProgram | None = None
-        self.ran_eagerly = False  # the latest call fell back to eager (its effects are eager's own)
-        self.last_described: tuple[Any, ...] | None = None  # (full guard key, overlapping pairs) of the last call
         self.last_miss_reason = ""
+        self._failures_seen = _guard_failure_count()
+
+    @property
+    def last(self) -> CompiledProgram | None:
+        return self.stats.last
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, structure = flatten_call(args, kwargs)
-        fast = isinstance(structure, (int, tuple))  # only tensors and scalars: no module among the leaves
-        arg_modules = [] if fast else [x for x in leaves if isinstance(x, torch.nn.Module)]
-        state: list[torch.Tensor] = []
-        if self.has_lifted or arg_modules:
-            state = self.lifted.fetch(arg_modules)
-            leaves = state + leaves
-            structure = (structure, len(state), self.lifted.key(arg_modules))
-        key, tensors = lookup_key(leaves, structure)
-        entry = None
-        for check, candidate, described in self.cache.get(key, ()):
-            if check(*tensors):
-                entry, self.last_described = candidate, described
-                break
-        if entry is None:
-            self.misses += 1
-            described = self._explain_miss(guard_key(leaves, structure), tensors)
-            entry = self._compile(args, kwargs, arg_modules)
-            self.cache.setdefault(key, []).append((tensor_check(tensors), entry, described))
-        else:
-            self.hits += 1
-        self.ran_eagerly = entry is _EAGER
-        if entry is _EAGER:
-            return self.fn(*args, **kwargs)
-        self.last = entry
-        if self.verify:
-            return self._verified(entry, leaves, state, args, kwargs, arg_modules)
-        return entry(leaves)
-
-    def _verified(
-        self, entry: Any, leaves: list[Any], state: list[torch.Tensor], args: Any, kwargs: Any, arg_modules: list[Any]
-    ) -> Any:
-        """Run `fn` eagerly on copies (lifted `state` saved and restored around it), then the compiled program
-        on the real arguments, and raise VerificationError at the first difference."""
-        saved = [t.detach().clone() for t in state]
-        eager_args = clone_args((args, kwargs))
-        rng = torch.get_rng_state()
-        try:
-            expected, eager_error = self.fn(*eager_args[0], **eager_args[1]), None
-        except Exception as e:  # noqa: BLE001 - compared with what the compiled call does
-            expected, eager_error = None, e
-        eager_state = [t.detach().clone() for t in state]
-        with torch.no_grad():
-            for t, s in zip(state, saved):
-                t.copy_(s)
-        torch.set_rng_state(rng)
-        got = entry(leaves)
-        name = getattr(self.fn, "__name__", type(self.fn).__name__)
-        if eager_error is not None:
-            raise VerificationError(f"{name}: eager raised {eager_error!r}, dealias returned")
-        diff = first_difference(expected, got, eager_args, (args, kwargs))
-        for i, (e, t) in enumerate(zip(eager_state, state)):
-            if diff is None and not torch.equal(e, t.detach()):
-                diff = f"lifted state {self.lifted.names(arg_modules)[i]} differs after the call"
-        if diff is not None:
-            raise VerificationError(f"{name}: {diff}")
-        return got
-
-    def _explain_miss(self, full: tuple[Any, ...], tensors: list[torch.Tensor]) -> tuple[Any, ...]:
-        """Say why this call compiles, against the signature of the previous call; return this call's
-        signature (full guard key, overlapping input pairs) for the next explanation."""
-        overlapping = overlapping_pairs(tensors, find_groups_or_none(tensors))
-        if self.last_described is None:
-            reasons = ["first call"]
-        else:
-            last, before = self.last_described
-            reasons = explain_miss(last, full)
-            reasons += [f"inputs {i} and {j} now overlap" for i, j in sorted(overlapping - before)]
-            reasons += [f"inputs {i} and {j} no longer overlap" for i, j in sorted(before - overlapping)]
-            if not reasons and full[3] != last[3]:
-                reasons.append("which inputs share a storage changed")
-        self.last_miss_reason = "; ".join(reasons) or "a guard changed"
-        if self.last_described is not None:
-            log.info("dealias: recompiled %s: %s", getattr(self.fn, "__name__", self.fn), self.last_miss_reason)
-        self.last_described = (full, overlapping)
-        return self.last_described
-
-    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any], arg_modules: list[Any]) -> Any:
-        def traced(state: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
-            with self.lifted.installed(state, arg_modules):
-                return self.fn(*args, **kwargs)
-
-        lifted = self.has_lifted or bool(arg_modules)
-        try:
-            if lifted:
-                state = self.lifted.fetch(arg_modules)
-                names = self.lifted.names(arg_modules)
-                return compile_program(traced, (state, *args), kwargs, self.fn, names, self.executor)
-            return compile_program(self.fn, args, kwargs, executor=self.executor)
-        except EagerSemanticsError:
-            raise
-        except (DealiasError, *_FAKE_LIMITS) as e:
-            return self._fall_back(e)
-        except Exception as e:
-            # The program's own error (eager raises it too) propagates; an error only tracing hits (a corner of
-            # make_fx or fake tensors) means eager must run the program instead.
-            if _raises(
-                traced if lifted else self.fn, (self.lifted.fetch(arg_modules), *args) if lifted else args, kwargs
-            ):
-                raise
-            return self._fall_back(InternalError(f"tracing failed where eager does not: {type(e).__name__}: {e}"))
-
-    def _fall_back(self, e: Exception) -> Any:
-        if self.strict:
-            raise e
-        kind = "data-dependent program" if isinstance(e, DataDependentError) else "unsupported program"
-        warnings.warn(
-            f"dealias: running {getattr(self.fn, '__name__', self.fn)} eagerly ({kind}): {e}",
-            FallbackWarning,
-            stacklevel=4,
+        compiles, frames, breaks, limits = (
+            self.stats.compiles,
+            _frames_compiled(),
+            len(graph_break_reasons),
+            _limit_hits(),
         )
-        return _EAGER
+        try:
+            return self.compiled(*args, **kwargs)
+        except Unsupported as e:
+            # strict=True (fullgraph): dynamo could not capture the whole program. Say where and why, in one line.
+            raise _strict_error(e) from e
+        except Exception as e:
+            # An error while dynamo traced the program over fake tensors: usually the program's own error (eager
+            # raises it too), sometimes a tracing rule stricter than eager. If no user code ran yet in this call
+            # (dynamo compiles a frame before running it), running the call eagerly is exact either way: eager
+            # raises its own error, or returns what eager returns. Errors from running code propagate.
+            if self.options.strict or _user_code_ran(e.__traceback__):
+                cause = e.__cause__
+                if isinstance(e, TorchRuntimeError) and isinstance(cause, Exception):
+                    raise cause.with_traceback(None) from None
+                raise
+            out = self.fn(*args, **kwargs)  # eager's own error, if the program has one, propagates from here
+            warnings.warn(
+                f"dealias: {self.stats.name} ran eagerly: dynamo could not trace it: {_first_line(e.__cause__ or e)}",
+                FallbackWarning,
+                stacklevel=2,
+            )
+            return out
+        finally:
+            if self.stats.compiles == compiles and _frames_compiled() == frames:
+                self.hits += 1
+            else:
+                self._record_miss(compiles, breaks, limits)
+
+    def _record_miss(self, compiles: int, breaks: int, limits: int) -> None:
+        self.misses += 1
+        dynamo_reasons = self._new_guard_failures()
+        if self.misses == 1:
+            self.last_miss_reason = "first call"
+        elif dynamo_reasons:
+            self.last_miss_reason = "; ".join(dynamo_reasons)
+        elif self.stats.compiles != compiles and self.stats.last_miss_reason:
+            self.last_miss_reason = self.stats.last_miss_reason
+        for reason in graph_break_reasons[breaks:]:
+            warnings.warn(f"dealias: {self.stats.name}: {_describe_break(reason)}", FallbackWarning, stacklevel=3)
+        if _limit_hits() != limits:
+            warnings.warn(
+                f"dealias: {self.stats.name} compiled {self.options.cache_limit} times (cache_limit); calls that "
+                f"match none of those programs now run eagerly. Latest change: {self.last_miss_reason}",
+                FallbackWarning,
+                stacklevel=3,
+            )
+
+    def _new_guard_failures(self) -> list[str]:
+        """Dynamo's recompile reasons recorded since the last miss, one line each."""
+        count = _guard_failure_count()
+        new_count, self._failures_seen = count - self._failures_seen, count
+        if new_count <= 0:
+            return []
+        # Dynamo records one failure per cached entry it tried; the newest says what changed since the last compile.
+        reasons = [r for failures in list(guard_failures.values()) for r in failures]
+        return list(dict.fromkeys(_one_line(part) for part in str(reasons[-1]).split("; ")))
 
     def cache_info(self) -> CacheInfo:
-        entries = [e for bucket in self.cache.values() for _, e, _ in bucket]
-        eager = sum(1 for e in entries if e is _EAGER)
-        return CacheInfo(self.hits, self.misses, len(entries), eager, self.last_miss_reason)
+        graphs = list(self.stats.graphs)
+        entries = sum(g.entries for g in graphs)
+        eager = sum(1 for g in graphs for bucket in g.cache.values() for _, e, _ in bucket if e is _EAGER)
+        return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason)
 
 
-def _raises(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether eager raises for this call, run on copies of the arguments (lifted state included: it is the
-    first argument of a lifted program) and with the random state restored."""
-    rng = torch.get_rng_state()
-    copies = clone_args((args, kwargs))
-    try:
-        fn(*copies[0], **copies[1])
-    except Exception:  # noqa: BLE001 - any error: the program's own
-        return True
-    finally:
-        torch.set_rng_state(rng)
+def _frames_compiled() -> int:
+    return counters["frames"].get("total", 0)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _user_code_ran(tb: Any) -> bool:
+    """Whether a traceback passes through user code (a frame that is neither torch's nor dealias's)."""
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not any(d in name for d in ("/torch/", "/dealias/", "\\torch\\", "\\dealias\\")):
+            return True
+        tb = tb.tb_next
     return False
 
 
+def _limit_hits() -> int:
+    """How many times dynamo refused to compile a frame again because its recompile limit was reached."""
+    return sum(n for k, n in list(counters["unimplemented"].items()) if k.startswith("Dynamo recompile limit"))
+
+
+def _guard_failure_count() -> int:
+    return sum(len(v) for v in list(guard_failures.values()))
+
+
+def _one_line(reason: Any) -> str:
+    """`2/0: n == 2   # def g(x, n): ...  # file:12 in g` -> `n == 2 (file:12 in g)`."""
+    first = str(reason).splitlines()[0]
+    first = re.sub(r"^\d+/\d+: ", "", first)
+    parts = [p.strip() for p in first.split("#")]
+    return f"{parts[0]} ({parts[-1]})" if len(parts) > 2 else parts[0]
+
+
+def _strict_error(e: Exception) -> Exception:
+    """dealias's error for a program dynamo cannot capture whole: DataDependentError when it reads tensor data
+    into Python (a branch, `.item()`, a data-dependent shape), UnsupportedError otherwise."""
+    text = str(e)
+    why = text.strip().splitlines()[0]
+    where = re.findall(r'File "([^"]+)", line (\d+)', text)
+    location = f"{where[-1][0]}:{where[-1][1]}" if where else None
+    data = re.search(r"(?i)data-dependent|item\(\)|dynamic shape|nonzero|_local_scalar_dense", text)
+    kind = DataDependentError if data else UnsupportedError
+    return kind(with_location(f"cannot compile the whole program (strict=True): {why}", location))
+
+
+def _describe_break(reason: Any) -> str:
+    """One line for a graph break: where it is and why that part runs eagerly."""
+    why = str(reason.reason).strip().splitlines()[0] if reason.reason else "graph break"
+    if why.startswith("generic_jump"):
+        why = "a Python branch on a tensor's value (data-dependent control flow)"
+    frames = [f for f in reason.user_stack if "/torch/" not in f.filename]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
+    return f"part of the program runs eagerly{where}: {why}"
+
+
 def jit(
-    fn: Callable[..., Any] | None = None, *, strict: bool = False, verify: bool = False, executor: str = "torch"
+    fn: Callable[..., Any] | None = None,
+    *,
+    strict: bool = False,
+    verify: bool = False,
+    executor: str = "torch",
+    cache_limit: int = 8,
 ) -> Any:
     """Compile `fn` (a function or an nn.Module) with exact in-place and alias semantics.
 
@@ -298,8 +315,8 @@ def jit(
     the functional graph with inductor (fusion; write-backs copy whole tensors after it) instead of running
     it op by op with in-place region writes."""
     if fn is None:
-        return functools.partial(jit, strict=strict, verify=verify, executor=executor)
-    return JitFunction(fn, strict=strict, verify=verify, executor=executor)
+        return functools.partial(jit, strict=strict, verify=verify, executor=executor, cache_limit=cache_limit)
+    return JitFunction(fn, strict=strict, verify=verify, executor=executor, cache_limit=cache_limit)
 
 
 def explain(jf: JitFunction) -> list[WriteBackReport]:
@@ -308,7 +325,7 @@ def explain(jf: JitFunction) -> list[WriteBackReport]:
 
 
 def last_traces(jf: JitFunction) -> list[Trace]:
-    """The captured, functional and execution traces of the program `jf` ran last."""
+    """The traces of the program `jf` ran last: dynamo's graph, captured (aten), functional, execution."""
     return list(jf.last.traces) if jf.last is not None else []
 
 

@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import logging
 import operator
+import re
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.fx.traceback as fx_traceback
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -121,17 +123,27 @@ def capture(
         captured.out_template = [TENSOR_SLOT if isinstance(o, torch.Tensor) else o for o in out_leaves]
         return [o for o in out_leaves if isinstance(o, torch.Tensor)]
 
-    target = anchor if anchor is not None else fn
-    target = getattr(target, "forward", target)
-    code_owner = getattr(target, "__func__", target)
-    if hasattr(code_owner, "__code__"):
-        _register_stack_trace_anchor(code_owner)
+    from_dynamo = isinstance(fn, fx.GraphModule)
+    if from_dynamo:
+        # A graph from dynamo: run it node by node so that each aten op keeps the node's meta (the user's
+        # source line is in its stack_trace).
+        graph_module, fn = fn, lambda *a: fx.Interpreter(graph_module).run(*a)
+        names = [names[p] for p in positions] if names else []
+    else:
+        target = anchor if anchor is not None else fn
+        target = getattr(target, "forward", target)
+        code_owner = getattr(target, "__func__", target)
+        if hasattr(code_owner, "__code__"):
+            _register_stack_trace_anchor(code_owner)
     grad_modes = _GradModes()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(leaves[p]) for p in positions]
+    keep_meta = fx_traceback.preserve_node_meta() if from_dynamo else contextlib.nullcontext()
     try:
-        with quiet_fake_tensor_log():
-            gm = make_fx(flat_fn, tracing_mode="fake", record_stack_traces=True, _allow_non_fake_inputs=True)(*fakes)
+        with quiet_fake_tensor_log(), keep_meta:
+            gm = make_fx(
+                flat_fn, tracing_mode="fake", record_stack_traces=not from_dynamo, _allow_non_fake_inputs=True
+            )(*fakes)
     except _DATA_DEPENDENT as e:
         if isinstance(e, DataDependentOutputException):
             what = "reads a tensor's value into Python"
@@ -142,7 +154,10 @@ def capture(
         raise DataDependentError(with_location(f"the program {what}", exception_location(e))) from e
     _check_static(gm)
     grad_modes.annotate(gm)
-    _name_placeholders(gm, anchor if anchor is not None else fn, leaves, positions, in_spec, list(names))
+    if from_dynamo:
+        _rename_all(gm, names)
+    else:
+        _name_placeholders(gm, anchor if anchor is not None else fn, leaves, positions, in_spec, list(names))
     captured.gm = gm
     captured.fake_mode = mode
     return captured
@@ -242,4 +257,19 @@ def _name_placeholders(
             head, rest = (str(keys[1]) if len(keys) > 1 else "arg"), keys[2:]
         name = "_".join([head, *map(str, rest)])
         node._rename("".join(c if c.isalnum() or c == "_" else "_" for c in name))
+    gm.recompile()
+
+
+def _rename_all(gm: fx.GraphModule, names: list[str]) -> None:
+    """Name each input after what the user calls it (`cache`, `self_lin_weight`)."""
+    used: set[str] = set()
+    for node, name in zip([n for n in gm.graph.nodes if n.op == "placeholder"], names):
+        base = re.sub(r"\W+", "_", name).strip("_") or "arg"
+        if base[0].isdigit():
+            base = f"arg_{base}"
+        candidate, k = base, 1
+        while candidate in used:
+            candidate, k = f"{base}_{k}", k + 1
+        used.add(candidate)
+        node._rename(candidate)
     gm.recompile()

@@ -250,7 +250,9 @@ def generate(seed: int, steps: int | None = None, autograd: bool | None = None) 
 # --- running, comparing, shrinking ---------------------------------------------------------------------
 @dataclass
 class Outcome:
-    status: str  # "ok", "fallback", "error-matched", "mismatch"
+    # "ok", "fallback" (a graph or part of the program ran eagerly), "error-matched", "refused" (dynamo's fake
+    # tensors raised on an op eager runs, after user code ran: a clear error, not a silent result), "mismatch"
+    status: str
     detail: str = ""
 
 
@@ -269,6 +271,8 @@ def run_program(prog: Program) -> Outcome:
             diff = compare_call(program, jitted, args)
             if diff is None and prog.autograd:
                 diff = _compare_grads(program, jitted, make_args)
+        if diff is not None and diff.startswith("dealias raised TorchRuntimeError"):
+            return Outcome("refused", f"call {call + 1}: {diff.splitlines()[0]}")
         if diff is not None:
             return Outcome("mismatch", f"call {call + 1}: {diff}")
         if any(issubclass(w.category, FallbackWarning) for w in caught):
@@ -371,7 +375,15 @@ def fuzz(
     """Run `count` programs from `seed` (or until `seconds` pass). Returns a summary; mismatches are shrunk and
     printed."""
     start = time.monotonic()
-    summary: dict[str, Any] = {"ok": 0, "fallback": 0, "error-matched": 0, "mismatch": 0, "programs": 0, "failures": []}
+    summary: dict[str, Any] = {
+        "ok": 0,
+        "fallback": 0,
+        "error-matched": 0,
+        "refused": 0,
+        "mismatch": 0,
+        "programs": 0,
+        "failures": [],
+    }
     for i in range(count):
         if seconds is not None and time.monotonic() - start > seconds:
             break

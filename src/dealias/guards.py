@@ -139,8 +139,9 @@ _LEAF_FIELDS = (
 )
 
 
-def explain_miss(old: tuple[Any, ...], new: tuple[Any, ...]) -> list[str]:
-    """What changed between two guard keys, in words (sharing changes are explained by the caller)."""
+def explain_miss(old: tuple[Any, ...], new: tuple[Any, ...], named: Any = lambda i: f"input {i}") -> list[str]:
+    """What changed between two guard keys, in words (sharing changes are explained by the caller); `named`
+    names the i-th argument leaf."""
     if old[0] != new[0]:
         return ["the argument structure changed"]
     reasons = []
@@ -153,10 +154,10 @@ def explain_miss(old: tuple[Any, ...], new: tuple[Any, ...]) -> list[str]:
             continue
         if a[0] is not b[0] or len(a) != len(b) or len(a) != len(_LEAF_FIELDS):
             reasons.append(
-                f"argument {i}: {a[-1]!r} -> {b[-1]!r}" if len(a) == len(b) == 2 else f"argument {i} changed"
+                f"{named(i)}: {a[-1]!r} -> {b[-1]!r}" if len(a) == len(b) == 2 else f"{named(i)} changed"
             )
             continue
         for name, x, y in zip(_LEAF_FIELDS, a, b):
             if x != y:
-                reasons.append(f"input {i}: {name} {x} -> {y}")
+                reasons.append(f"{named(i)}: {name} {x} -> {y}")
     return reasons

@@ -172,10 +172,12 @@ def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple
             return f"eager raised {eager_err!r}, dealias {jit_err!r}"
         # A failed compiled call leaves the inputs as they were; a call that fell back to eager leaves them
         # as eager does.
-        before = eager_args if getattr(jitted, "ran_eagerly", False) else clone_args(args)
-        for i, (a, b) in enumerate(zip(pytree.tree_leaves(jit_args), pytree.tree_leaves(before))):
+        # A failed call leaves each input as it was, or as eager leaves it (a graph that ran eagerly, or the
+        # graphs before a graph break that ran before the failing one).
+        untouched, eager_after = pytree.tree_leaves(clone_args(args)), pytree.tree_leaves(eager_args)
+        for i, (a, b, e) in enumerate(zip(pytree.tree_leaves(jit_args), untouched, eager_after)):
             d = _value_difference(b, a)
-            if d:
+            if d and _value_difference(e, a):
                 return f"input {i} changed by a failed call: {d}"
         return None
     if jit_err is not None:

@@ -1,0 +1,239 @@
+"""The TorchDynamo backend: dynamo is the front end, dealias compiles each graph it captures.
+
+Dynamo reads the user's Python bytecode and hands over FX graphs of torch-level ops on graph inputs, with
+in-place ops and views intact. It owns everything about Python: guards on Python values, objects and module
+state, lifting parameters, buffers, globals and closure tensors to graph inputs, graph breaks (the parts it
+cannot capture run eagerly), recompile limits and its compile lock. dealias owns what dynamo does not check
+and what its graphs leave to the backend: which inputs share memory and how, storage offsets, metadata
+mutations of inputs, functionalization and exact write-back.
+
+A graph is compiled lazily, on its first call, with the real inputs of that call: a graph's example inputs
+can be fake (DDP's graph splitter hands over fakes), and only real inputs tell which of them overlap in
+memory. A `GraphProgram` keeps one compiled program per input layout (storage sharing, offsets, shapes,
+strides and the values of Python scalars that dynamo left symbolic), each found by the same two-step key the
+standalone cache used (`guards.py`): a call whose layout changes compiles a new program inside the backend,
+with the reason recorded, up to `cache_limit` programs per graph; past that, the graph runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
+
+from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError
+from .guards import explain_miss, guard_key, lookup_key, tensor_check
+from .sharing import find_groups_or_none, overlapping_pairs
+from .verify import VerificationError, clone_args, first_difference
+
+log = logging.getLogger("dealias")
+_EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)
+_FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
+# make_fx and fake tensor modes keep global state: one compile at a time, whatever thread asks.
+COMPILE_LOCK = threading.RLock()
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `torch.compile(..., backend="dealias", options={...})` and `dealias.jit(..., **options)` take."""
+
+    executor: str = "torch"  # "torch": eager's kernels, region writes in place; "inductor": fused functional graph
+    verify: bool = False  # every call of a graph also runs it eagerly on copies; VerificationError on a difference
+    strict: bool = False  # a graph dealias cannot compile raises instead of running eagerly
+    cache_limit: int = 8  # compiled layouts per graph before it runs eagerly (with a warning)
+
+    def __post_init__(self) -> None:
+        if self.executor not in ("torch", "inductor"):
+            raise ValueError(f"executor must be 'torch' or 'inductor', not {self.executor!r}")
+
+
+@dataclass
+class Stats:
+    """What `cache_info`, `last_traces` and `explain` report: shared by every graph of one compiled function."""
+
+    name: str = "graph"
+    graphs: list[GraphProgram] = field(default_factory=list)
+    compiles: int = 0  # programs compiled (including layouts that run eagerly)
+    last: Any = None  # the CompiledProgram a call ran last
+    last_graph: GraphProgram | None = None
+    last_miss_reason: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def source_name(node: fx.Node) -> str:
+    """A graph input named as the user wrote it: `self.lin.weight`, `cache`, `opt.state[..]` (from dynamo's
+    `Source` of the input), or the placeholder's own name."""
+    arg = node.meta.get("grapharg")
+    source = getattr(arg, "source", None)
+    if source is None:
+        return node.name
+    text = source.name() if callable(getattr(source, "name", None)) else str(source.name)
+    text = re.sub(r"^[LG]\['([^']*)'\]", r"\1", text)
+    text = re.sub(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", r".\1", text)
+    text = re.sub(r"\['([A-Za-z_][A-Za-z0-9_]*)'\]", r".\1", text)
+    return text
+
+
+class GraphProgram:
+    """One graph from dynamo, compiled per input layout on first use; called with the graph's flat inputs."""
+
+    def __init__(self, gm: fx.GraphModule, options: Options, stats: Stats) -> None:
+        self.gm = gm
+        self.options = options
+        self.stats = stats
+        self.names = [source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
+        # lookup key -> [(tensor check, compiled program or _EAGER, (full key, overlapping pairs))]
+        self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, tuple[Any, ...]]]] = {}
+        self.entries = 0
+        self.last_described: tuple[Any, ...] | None = None
+        self.lock = threading.Lock()
+        with stats.lock:
+            stats.graphs.append(self)
+
+    def __call__(self, *args: Any) -> Any:
+        leaves = list(args)
+        key, tensors = lookup_key(leaves, len(leaves))
+        entry = None
+        for check, candidate, _ in self.cache.get(key, ()):
+            if check(*tensors):
+                entry = candidate
+                break
+        if entry is None:
+            entry = self._miss(key, leaves, tensors)
+        if entry is _EAGER:
+            return self.gm(*args)
+        self.stats.last, self.stats.last_graph = entry, self
+        if self.options.verify:
+            return self._verified(entry, leaves)
+        return entry(leaves)
+
+    def _miss(self, key: tuple[Any, ...], leaves: list[Any], tensors: list[torch.Tensor]) -> Any:
+        with self.lock:
+            for check, candidate, _ in self.cache.get(key, ()):  # another thread compiled it meanwhile
+                if check(*tensors):
+                    return candidate
+            described = self._explain_miss(guard_key(leaves, len(leaves)), tensors)
+            if self.entries >= self.options.cache_limit:
+                entry = self._fall_back(
+                    InternalError(
+                        f"{self.options.cache_limit} input layouts compiled for this graph (cache_limit); "
+                        f"the latest change: {self.stats.last_miss_reason}"
+                    )
+                )
+            else:
+                with COMPILE_LOCK:
+                    entry = self._compile(leaves)
+            self.cache.setdefault(key, []).append((tensor_check(tensors), entry, described))
+            self.entries += 1
+            self.stats.compiles += 1
+            return entry
+
+    def _compile(self, leaves: list[Any]) -> Any:
+        from .api import compile_program  # the pipeline; api imports this module
+
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        for group in find_groups_or_none(tensors):
+            if any(tensors[i].requires_grad for i in group.members):
+                # Gradients through a synthetic base of inputs that overlap are not exact yet (issue 10).
+                names = [n for n, x in zip(self.names, leaves) if isinstance(x, torch.Tensor)]
+                members = ", ".join(names[i] for i in group.members)
+                return self._fall_back(
+                    UnsupportedError(f"inputs {members} share memory and require grad (gradients through them)")
+                )
+        try:
+            return compile_program(self.gm, tuple(leaves), {}, names=self.names, executor=self.options.executor)
+        except EagerSemanticsError:
+            raise
+        except (DealiasError, *_FAKE_LIMITS) as e:
+            return self._fall_back(e)
+        except Exception as e:
+            # The program's own error (eager raises it too) propagates; an error only tracing hits (a corner of
+            # make_fx or fake tensors) means the graph runs eagerly instead.
+            if _raises(self.gm, leaves):
+                raise
+            return self._fall_back(InternalError(f"tracing failed where eager does not: {type(e).__name__}: {e}"))
+
+    def _fall_back(self, e: Exception) -> Any:
+        if self.options.strict:
+            raise e
+        warnings.warn(f"dealias: a graph of {self.stats.name} runs eagerly: {e}", FallbackWarning, stacklevel=2)
+        return _EAGER
+
+    def _explain_miss(self, full: tuple[Any, ...], tensors: list[torch.Tensor]) -> tuple[Any, ...]:
+        """Say why this graph compiles again, against the layout of its previous compile."""
+        overlapping = overlapping_pairs(tensors, find_groups_or_none(tensors))
+        tensor_names = [n for n, x in zip(self.names, full[4:]) if isinstance(x, tuple) and len(x) > 2]
+        if self.last_described is not None:
+            last, before = self.last_described
+            named = lambda i: self.names[i] if i < len(self.names) else f"input {i}"
+            reasons = explain_miss(last, full, named)
+            reasons += [f"{_n(tensor_names, i)} and {_n(tensor_names, j)} now overlap" for i, j in sorted(overlapping - before)]
+            reasons += [
+                f"{_n(tensor_names, i)} and {_n(tensor_names, j)} no longer overlap" for i, j in sorted(before - overlapping)
+            ]
+            if not reasons and full[3] != last[3]:
+                reasons.append("which inputs share a storage changed")
+            self.stats.last_miss_reason = "; ".join(reasons) or "a guard changed"
+            log.info("dealias: recompiled a graph of %s: %s", self.stats.name, self.stats.last_miss_reason)
+        self.last_described = (full, overlapping)
+        return self.last_described
+
+    def _verified(self, entry: Any, leaves: list[Any]) -> Any:
+        """Run the graph eagerly on copies of its inputs, then the compiled program on the real ones, and raise
+        VerificationError at the first difference. The graph's inputs include the state it reads (parameters,
+        buffers, optimizer state), so the eager run touches nothing of the caller's."""
+        eager_leaves = clone_args(leaves)
+        rng = torch.get_rng_state()
+        try:
+            expected, eager_error = self.gm(*eager_leaves), None
+        except Exception as e:  # noqa: BLE001 - compared with what the compiled call does
+            expected, eager_error = None, e
+        torch.set_rng_state(rng)
+        got = entry(leaves)
+        if eager_error is not None:
+            raise VerificationError(f"{self.stats.name}: eager raised {eager_error!r}, dealias returned")
+        diff = first_difference(expected, got, eager_leaves, leaves)
+        if diff is not None:
+            raise VerificationError(f"{self.stats.name}: {diff}")
+        return got
+
+
+def _n(names: list[str], i: int) -> str:
+    return names[i] if i < len(names) else f"input {i}"
+
+
+def _raises(gm: fx.GraphModule, leaves: list[Any]) -> bool:
+    """Whether eager raises running the graph, on copies of its inputs and with the random state restored."""
+    rng = torch.get_rng_state()
+    try:
+        gm(*clone_args(leaves))
+    except Exception:  # noqa: BLE001 - any error: the program's own
+        return True
+    finally:
+        torch.set_rng_state(rng)
+    return False
+
+
+class Backend:
+    """A dynamo backend with its options and its statistics: `torch.compile(fn, backend=Backend(...))`."""
+
+    def __init__(self, options: Options, stats: Stats | None = None) -> None:
+        self.options = options
+        self.stats = stats if stats is not None else Stats()
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        return GraphProgram(gm, self.options, self.stats)
+
+
+def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
+    """`torch.compile(fn, backend="dealias", options={...})`: registered through the `torch_dynamo_backends`
+    entry point. `options` are those of `Options` (executor, verify, strict, cache_limit)."""
+    return GraphProgram(gm, Options(**(options or {})), Stats())
