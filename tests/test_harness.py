@@ -27,7 +27,7 @@ def select_write(x):
 
 def test_notices_missing_write_back(monkeypatch):
     # The graph (which writes inputs in place) runs on copies: the caller's tensors never see the writes.
-    monkeypatch.setattr("dealias.api.torch_executor", lambda gm, grad: lambda *ts: gm(*[t.clone() for t in ts]))
+    monkeypatch.setattr("dealias.pipeline.torch_executor", lambda gm, grad: lambda *ts: gm(*[t.clone() for t in ts]))
     with pytest.raises(AssertionError, match="input 0 after the call"):
         check(add_input, torch.randn(3))
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import warnings
 
-import pytest
 import torch
 
 import dealias

@@ -109,9 +109,9 @@ def test_recompile_on_meaning_change(other):
     torch.testing.assert_close(got.detach(), expected)
     assert dealias.cache_info(jf).misses == 2
     reason = dealias.cache_info(jf).last_miss_reason
-    assert "x" in reason and any(
-        f in reason for f in ("size", "dtype", "stride", "storage offset", "requires_grad")
-    ), reason
+    assert "x" in reason and any(f in reason for f in ("size", "dtype", "stride", "storage offset", "requires_grad")), (
+        reason
+    )
     jf(other())
     assert dealias.cache_info(jf).misses == 2
 

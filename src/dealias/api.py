@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import re
@@ -12,21 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.fx as fx
 from torch._dynamo.exc import TorchRuntimeError, Unsupported
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
-from .alias import analyze
 from .backend import _EAGER, Backend, Options, Stats
-from .capture import capture
 from .errors import DataDependentError, FallbackWarning, UnsupportedError, with_location
-from .executor import inductor_executor, torch_executor, uniform_grad_mode, verify_functional
-from .functionalize import FunctionalProgram, Ref, functionalize
-from .optimize import optimize
 from .program import CompiledProgram
-from .traces import Trace, format_graph
-from .viewops import chain_text
-from .writeback import WriteBackReport, lower, whole_report
+from .traces import Trace
+from .writeback import WriteBackReport
 
 log = logging.getLogger("dealias")
 
@@ -38,100 +30,6 @@ class CacheInfo:
     entries: int
     eager_entries: int  # signatures that fell back to eager
     last_miss_reason: str = ""  # why the latest compile happened ("first call" or what changed)
-
-
-def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> Trace:
-    params = [n.name for n in fp.gm.graph.nodes if n.op == "placeholder"]
-    out_node = next(n for n in fp.gm.graph.nodes if n.op == "output")
-    results = [a.name for a in out_node.args[0]]
-    groups = [p for p in params if p.startswith("alias_group")]
-
-    def name(ref: Ref) -> str:
-        if ref.kind == "input":
-            return params[ref.key]
-        if ref.kind == "group":
-            return groups[ref.key]
-        return f"self.{ref.key}" if ref.kind == "constant" else results[ref.key]
-
-    for r in reports:
-        header += f"\n# write-back to {r.target}: {r.mode}, {r.nbytes} bytes: {', '.join(r.regions)}"
-    epilogue = ["# write-back into the caller's tensors"] if fp.writebacks or fp.metadata_writebacks else []
-    for wb in fp.writebacks:
-        epilogue.append(f"{name(wb.target)}.copy_({results[wb.output]})")
-    outs = []
-    for slot in fp.outputs:
-        outs.append(outs[slot.same_as] if slot.same_as is not None else chain_text(name(slot.source), slot.chain))
-    for mw in fp.metadata_writebacks:
-        t = name(mw.target)
-        epilogue.append(f"{t}.as_strided_({list(mw.size)}, {list(mw.stride)}, {t}.storage_offset() + {mw.rel})")
-        if mw.detach:
-            epilogue.append(f"{t}.detach_()")
-    returns = f"({outs[0]},)" if len(outs) == 1 else f"({', '.join(outs)})"
-    text = format_graph(fp.gm, "execute", header, epilogue, returns)
-    return Trace("execution", text)
-
-
-def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
-    graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {}, return_output_node=True)
-    graph.output(out[1].args[0] if isinstance(out, tuple) else out)
-    return fx.GraphModule(gm, graph)
-
-
-def _alias_placeholders(gm: fx.GraphModule, captured: Any) -> dict[fx.Node, list[fx.Node]]:
-    """Each alias group's base placeholder -> the member placeholders that alias its memory."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    out = {}
-    for g, group in enumerate(captured.groups):
-        base = next(p for p in placeholders if p.name == f"alias_group{g}")
-        out[base] = [placeholders[m] for m in group.members]
-    return out
-
-
-def compile_program(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    anchor: Callable[..., Any] | None = None,
-    names: list[str] = (),
-    executor: str = "torch",
-) -> CompiledProgram:
-    """capture -> alias analysis -> functionalize -> optimize -> write-back lowering -> executor."""
-    captured = capture(fn, args, kwargs, anchor, names)
-    info = analyze(captured.gm, captured.groups)
-    fp = functionalize(captured, info)
-    fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
-    functional_gm = _copy_graph_module(fp.gm)
-    functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
-    grad = torch.is_grad_enabled()
-    if executor == "inductor" and uniform_grad_mode(fp.gm, grad):
-        # The fusing executor gets the pure functional graph: its only writes are the write-backs after it,
-        # so a fused kernel can never read a buffer the program already overwrote (checked, not assumed).
-        verify_functional(fp.gm)
-        run, reports = inductor_executor(fp.gm), [_whole_report(fp, wb) for wb in fp.writebacks]
-        name = "execution trace (inductor: the functional graph, compiled; write-backs after it)"
-    else:
-        fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
-        run, name = torch_executor(fp.gm, grad), "execution trace (torch executor)"
-    # Name each caller tensor as the captured graph does (after the user's argument or attribute).
-    inputs = [n.name for n in captured.gm.graph.nodes if n.op == "placeholder"]
-    reports = [
-        dataclasses.replace(r, target=inputs[int(r.target[6:])]) if r.target.startswith("input ") else r
-        for r in reports
-    ]
-    dynamo = [Trace("dynamo", f"# dynamo graph (torch level)\n{fn.code.strip()}")] if isinstance(fn, fx.GraphModule) else []
-    traces = [
-        *dynamo,
-        Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
-        functional,
-        _execution_trace(fp, reports, name),
-    ]
-    return CompiledProgram(captured, fp, run, traces, functional_gm, reports)
-
-
-def _whole_report(fp: FunctionalProgram, wb: Any) -> WriteBackReport:
-    out = next(n for n in fp.gm.graph.nodes if n.op == "output").args[0][wb.output]
-    return whole_report(wb.target, out)
 
 
 class JitFunction:

@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 
 from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError
 from .guards import explain_miss, guard_key, lookup_key, tensor_check
+from .pipeline import compile_program
 from .sharing import find_groups_or_none, overlapping_pairs
 from .verify import VerificationError, clone_args, first_difference
 
@@ -137,8 +138,6 @@ class GraphProgram:
             return entry
 
     def _compile(self, leaves: list[Any]) -> Any:
-        from .api import compile_program  # the pipeline; api imports this module
-
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         for group in find_groups_or_none(tensors):
             if any(tensors[i].requires_grad for i in group.members):
@@ -149,7 +148,7 @@ class GraphProgram:
                     UnsupportedError(f"inputs {members} share memory and require grad (gradients through them)")
                 )
         try:
-            return compile_program(self.gm, tuple(leaves), {}, names=self.names, executor=self.options.executor)
+            return compile_program(self.gm, leaves, self.names, self.options.executor)
         except EagerSemanticsError:
             raise
         except (DealiasError, *_FAKE_LIMITS) as e:
@@ -175,10 +174,9 @@ class GraphProgram:
             last, before = self.last_described
             named = lambda i: self.names[i] if i < len(self.names) else f"input {i}"
             reasons = explain_miss(last, full, named)
-            reasons += [f"{_n(tensor_names, i)} and {_n(tensor_names, j)} now overlap" for i, j in sorted(overlapping - before)]
-            reasons += [
-                f"{_n(tensor_names, i)} and {_n(tensor_names, j)} no longer overlap" for i, j in sorted(before - overlapping)
-            ]
+            pair = lambda i, j: f"{_n(tensor_names, i)} and {_n(tensor_names, j)}"
+            reasons += [f"{pair(i, j)} now overlap" for i, j in sorted(overlapping - before)]
+            reasons += [f"{pair(i, j)} no longer overlap" for i, j in sorted(before - overlapping)]
             if not reasons and full[3] != last[3]:
                 reasons.append("which inputs share a storage changed")
             self.stats.last_miss_reason = "; ".join(reasons) or "a guard changed"

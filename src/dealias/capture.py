@@ -1,19 +1,18 @@
-"""Capture: run the user's function once over fake tensors with `make_fx` and keep the aten ops exactly as
-dispatched, in-place and view ops included (no PyTorch functionalization).
+"""Capture: lower a graph from dynamo (torch-level ops on graph inputs) to aten ops with `make_fx` over fake
+tensors, keeping the ops exactly as dispatched, in-place and view ops included (no PyTorch functionalization).
 
-Python scalars and every other non-tensor leaf of the arguments are specialized: they are baked into the
-trace and belong to the guard key (see `guards.py`). Each traced op keeps the user's source line.
+Dynamo has already run the user's Python; this runs only the graph, so no user object is touched and no op runs
+on a real tensor. Python scalars among the graph's inputs are specialized: they are baked into the trace and
+belong to the backend's cache key (see `guards.py`). Each traced op keeps the user's source line.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import operator
 import re
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,6 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
-from torch.fx.proxy import _register_stack_trace_anchor
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -37,7 +35,6 @@ from .sharing import AliasGroup, find_groups
 
 TENSOR_SLOT = object()  # marks a tensor output in `Captured.out_template`
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
-_OWN_DIRS = ("/torch/", "/dealias/", "/torch\\", "/dealias\\")
 
 
 @dataclass
@@ -84,66 +81,49 @@ def user_location(stack_trace: str | None) -> str | None:
     return None
 
 
-def exception_location(exc: BaseException) -> str | None:
-    """The innermost frame of `exc`'s traceback that is user code (not torch, not dealias)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not any(d in f.filename for d in _OWN_DIRS)]
-    if not frames:
-        return None
-    f = frames[-1]
-    return f"{f.filename}:{f.lineno}  {(f.line or '').strip()}"
-
-
 def node_location(node: fx.Node) -> str | None:
     return user_location(node.meta.get("stack_trace"))
 
 
-def capture(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    anchor: Callable[..., Any] | None = None,
-    names: list[str] = (),
-) -> Captured:
-    """Trace `fn(*args, **kwargs)`; raise DataDependentError if the program depends on tensor data.
-    `anchor` is the user's function (its frames are the source lines kept); `names` name the first inputs."""
-    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+class _Replay(fx.Interpreter):
+    """Runs a dynamo graph node by node under make_fx. Each aten op it dispatches is recorded with the meta of
+    the node that made it (`preserve_node_meta`): the user's source line stays on the captured op."""
+
+    current: fx.Node | None = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current = n
+        return super().run_node(n)
+
+
+def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str]) -> Captured:
+    """Trace dynamo's graph `gm` at the aten level on fake copies of the call's inputs `leaves` (tensors and
+    Python scalars, which are specialized); raise DataDependentError if the program depends on tensor data.
+    `names` name the inputs (`cache`, `self.lin.weight`)."""
+    args = tuple(leaves)
+    leaves, in_spec = pytree.tree_flatten((args, {}))
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
     captured.groups = find_groups([leaves[p] for p in positions])
     captured.requires_grad = [leaves[p].requires_grad for p in positions]
+    replay = _Replay(gm)
 
     def flat_fn(*tensors: torch.Tensor) -> list[torch.Tensor]:
         call_leaves = list(leaves)
         for pos, t in zip(positions, tensors):
             call_leaves[pos] = t
-        a, kw = pytree.tree_unflatten(call_leaves, in_spec)
         with grad_modes, _AutogradMetadata(tensors, captured.detached):
-            out = fn(*a, **kw)
+            out = replay.run(*call_leaves)
         out_leaves, captured.out_spec = pytree.tree_flatten(out)
         captured.out_template = [TENSOR_SLOT if isinstance(o, torch.Tensor) else o for o in out_leaves]
         return [o for o in out_leaves if isinstance(o, torch.Tensor)]
 
-    from_dynamo = isinstance(fn, fx.GraphModule)
-    if from_dynamo:
-        # A graph from dynamo: run it node by node so that each aten op keeps the node's meta (the user's
-        # source line is in its stack_trace).
-        graph_module, fn = fn, lambda *a: fx.Interpreter(graph_module).run(*a)
-        names = [names[p] for p in positions] if names else []
-    else:
-        target = anchor if anchor is not None else fn
-        target = getattr(target, "forward", target)
-        code_owner = getattr(target, "__func__", target)
-        if hasattr(code_owner, "__code__"):
-            _register_stack_trace_anchor(code_owner)
     grad_modes = _GradModes()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(leaves[p]) for p in positions]
-    keep_meta = fx_traceback.preserve_node_meta() if from_dynamo else contextlib.nullcontext()
     try:
-        with quiet_fake_tensor_log(), keep_meta:
-            gm = make_fx(
-                flat_fn, tracing_mode="fake", record_stack_traces=not from_dynamo, _allow_non_fake_inputs=True
-            )(*fakes)
+        with quiet_fake_tensor_log(), fx_traceback.preserve_node_meta():
+            traced = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*fakes)
     except _DATA_DEPENDENT as e:
         if isinstance(e, DataDependentOutputException):
             what = "reads a tensor's value into Python"
@@ -151,14 +131,12 @@ def capture(
             what = "makes a tensor whose shape depends on data (a data-dependent shape)"
         else:
             what = "branches in Python on a tensor's value"
-        raise DataDependentError(with_location(f"the program {what}", exception_location(e))) from e
-    _check_static(gm)
-    grad_modes.annotate(gm)
-    if from_dynamo:
-        _rename_all(gm, names)
-    else:
-        _name_placeholders(gm, anchor if anchor is not None else fn, leaves, positions, in_spec, list(names))
-    captured.gm = gm
+        where = node_location(replay.current) if replay.current is not None else None
+        raise DataDependentError(with_location(f"the program {what}", where)) from e
+    _check_static(traced)
+    grad_modes.annotate(traced)
+    _rename_inputs(traced, [names[p] for p in positions])
+    captured.gm = traced
     captured.fake_mode = mode
     return captured
 
@@ -227,40 +205,7 @@ def _check_static(gm: fx.GraphModule) -> None:
             raise DataDependentError(with_location(f"the program reads {what} ({node.target})", node_location(node)))
 
 
-def _name_placeholders(
-    gm: fx.GraphModule,
-    fn: Callable[..., Any],
-    leaves: list[Any],
-    positions: list[int],
-    in_spec: pytree.TreeSpec,
-    names: list[str],
-) -> None:
-    """Name each input after the user's parameter and its place in the pytree (`xs_a`, `cache_0`); the
-    first `len(names)` inputs (lifted state) by `names`."""
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        params = []
-    if names:
-        params = ["lifted", *params]
-    paths = [p for p, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(leaves, in_spec))[0]]
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, (node, pos) in enumerate(zip(placeholders, positions)):
-        if i < len(names):
-            node._rename("".join(c if c.isalnum() else "_" for c in names[i]))
-            continue
-        keys = [getattr(k, "idx", getattr(k, "key", None)) for k in paths[pos]]
-        if keys and keys[0] == 0 and len(keys) > 1 and isinstance(keys[1], int):
-            head = params[keys[1]] if keys[1] < len(params) else f"arg{keys[1]}"
-            rest = keys[2:]
-        else:
-            head, rest = (str(keys[1]) if len(keys) > 1 else "arg"), keys[2:]
-        name = "_".join([head, *map(str, rest)])
-        node._rename("".join(c if c.isalnum() or c == "_" else "_" for c in name))
-    gm.recompile()
-
-
-def _rename_all(gm: fx.GraphModule, names: list[str]) -> None:
+def _rename_inputs(gm: fx.GraphModule, names: list[str]) -> None:
     """Name each input after what the user calls it (`cache`, `self_lin_weight`)."""
     used: set[str] = set()
     for node, name in zip([n for n in gm.graph.nodes if n.op == "placeholder"], names):

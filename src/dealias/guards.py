@@ -15,31 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device)
-
-
-def flatten_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
-    """The argument leaves (in pytree order) and a hashable description of their structure. Positional
-    tensors and scalars, and lists or tuples of them one level deep (an optimizer's parameter lists), are
-    flattened without pytree: an int structure, or a tuple of per-argument markers."""
-    if not kwargs:
-        leaves: list[Any] = []
-        markers: list[Any] = []
-        for a in args:
-            if isinstance(a, torch.Tensor) or type(a) in _SCALARS:
-                leaves.append(a)
-                markers.append(None)
-            elif type(a) in (list, tuple) and all(isinstance(x, torch.Tensor) or type(x) in _SCALARS for x in a):
-                leaves.extend(a)
-                markers.append((type(a), len(a)))
-            else:
-                break
-        else:
-            return leaves, len(args) if not any(markers) else tuple(markers)
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    return leaves, spec
 
 
 def _leaf_key(x: Any) -> Any:
@@ -153,9 +130,7 @@ def explain_miss(old: tuple[Any, ...], new: tuple[Any, ...], named: Any = lambda
         if a == b:
             continue
         if a[0] is not b[0] or len(a) != len(b) or len(a) != len(_LEAF_FIELDS):
-            reasons.append(
-                f"{named(i)}: {a[-1]!r} -> {b[-1]!r}" if len(a) == len(b) == 2 else f"{named(i)} changed"
-            )
+            reasons.append(f"{named(i)}: {a[-1]!r} -> {b[-1]!r}" if len(a) == len(b) == 2 else f"{named(i)} changed")
             continue
         for name, x, y in zip(_LEAF_FIELDS, a, b):
             if x != y:
