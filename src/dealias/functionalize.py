@@ -325,7 +325,9 @@ class _Functionalizer:
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         for wb in self.program.writebacks:
             ph = next((p for p in placeholders if self.placeholder_ref.get(p) == wb.target), None)
-            if ph is None or not ph.meta.get("rg"):
+            # An input that does not require grad can still be saved for backward by an op that does record
+            # it (batch norm saves its running stats): protect it whenever a reader of it is differentiable.
+            if ph is None or not (ph.meta.get("rg") or any(u.meta.get("rg") for u in ph.users)):
                 continue
             with self.graph.inserting_after(placeholders[-1]):
                 clone = self.graph.call_function(aten.clone.default, (ph,))
