@@ -46,6 +46,7 @@ for _mode in ("eager", "dealias"):
     SCENARIOS[f"ddp_batchnorm_{_mode}"] = ("ddp", _mode, {"norm": "batchnorm", "accumulate_step": 1})
     SCENARIOS[f"fsdp_batchnorm_{_mode}"] = ("fsdp", _mode, {"norm": "batchnorm"})
 
+
 def _examples() -> Any:
     if str(ROOT / "examples") not in sys.path:
         sys.path.insert(0, str(ROOT / "examples"))
