@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._dynamo.exc import TorchRuntimeError, Unsupported
+from torch._dynamo.exc import BackendCompilerFailed, TorchRuntimeError, Unsupported
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
 from .backend import _EAGER, Backend, Options, Stats
-from .errors import DataDependentError, FallbackWarning, UnsupportedError, with_location
+from .errors import DataDependentError, DealiasError, FallbackWarning, UnsupportedError, with_location
 from .program import CompiledProgram
 from .traces import Trace
 from .writeback import WriteBackReport
@@ -59,6 +59,8 @@ class JitFunction:
             recompile_limit=cache_limit,
             isolate_recompiles=True,
         )
+        # Dynamo does not guard module hooks by default: a hook registered after the first call would be ignored.
+        torch._dynamo.config.skip_nnmodule_hook_guards = False
         self.hits = 0
         self.misses = 0
         self.last_miss_reason = ""
@@ -77,6 +79,12 @@ class JitFunction:
         )
         try:
             return self.compiled(*args, **kwargs)
+        except BackendCompilerFailed as e:
+            # The backend refused the graph (strict=True, or a FallbackWarning the caller turned into an error):
+            # raise that, not dynamo's wrapper.
+            if isinstance(getattr(e, "inner_exception", None), (DealiasError, Warning)):
+                raise e.inner_exception.with_traceback(None) from None
+            raise
         except Unsupported as e:
             # strict=True (fullgraph): dynamo could not capture the whole program. Say where and why, in one line.
             raise _strict_error(e) from e

@@ -27,9 +27,12 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dynamo.convert_frame import compile_lock
+from torch._dynamo.exc import SkipFrame
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
-from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError
+from .capture import node_location
+from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
 from .guards import explain_miss, guard_key, lookup_key, tensor_check
 from .pipeline import compile_program
 from .sharing import find_groups_or_none, overlapping_pairs
@@ -38,8 +41,10 @@ from .verify import VerificationError, clone_args, first_difference
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)
 _FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
-# make_fx and fake tensor modes keep global state: one compile at a time, whatever thread asks.
-COMPILE_LOCK = threading.RLock()
+# make_fx patches nn.Module.__call__ for the whole process while it traces, and dispatch modes keep global
+# state: a dealias compile must not overlap with dynamo tracing in another thread. So it takes dynamo's own
+# compile lock (re-entrant; dynamo holds it while it calls the backend).
+COMPILE_LOCK = compile_lock
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ class GraphProgram:
         if entry is None:
             entry = self._miss(key, leaves, tensors)
         if entry is _EAGER:
-            return self.gm(*args)
+            return self.gm.forward(*args)
         self.stats.last, self.stats.last_graph = entry, self
         if self.options.verify:
             return self._verified(entry, leaves)
@@ -228,10 +233,47 @@ class Backend:
         self.stats = stats if stats is not None else Stats()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        refuse_stale_metadata(gm, self.options, self.stats.name)
         return GraphProgram(gm, self.options, self.stats)
 
 
 def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
     """`torch.compile(fn, backend="dealias", options={...})`: registered through the `torch_dynamo_backends`
     entry point. `options` are those of `Options` (executor, verify, strict, cache_limit)."""
-    return GraphProgram(gm, Options(**(options or {})), Stats())
+    opts = Options(**(options or {}))
+    refuse_stale_metadata(gm, opts, "a compiled function")
+    return GraphProgram(gm, opts, Stats())
+
+
+def _inplace_view(node: fx.Node) -> bool:
+    """`x.t_()`, `x.unsqueeze_(0)`, `x.as_strided_(..)`: an op tagged inplace_view (it changes `x`'s metadata)."""
+    if node.op == "call_method":
+        name = node.target
+    elif node.op == "call_function" and getattr(node.target, "__self__", None) is None:
+        name = getattr(node.target, "__name__", "")
+    else:
+        return False
+    packet = getattr(torch.ops.aten, name, None) if isinstance(name, str) and name.endswith("_") else None
+    if packet is None or not hasattr(packet, "overloads"):
+        return False
+    return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
+
+
+def refuse_stale_metadata(gm: fx.GraphModule, options: Options, name: str) -> None:
+    """Dynamo keeps a tensor's sizes and strides from when it was made: after an in-place metadata change inside
+    the graph (`v = a[0]; v.unsqueeze_(0)`), Python code that reads `v.shape` gets the old shape, in every
+    backend. dealias cannot repair bytecode dynamo already generated, so it asks dynamo to run the frame
+    eagerly (exact; the decision is cached by dynamo) and says where."""
+    node = next((n for n in gm.graph.nodes if _inplace_view(n)), None)
+    if node is None:
+        return
+    op = node.target if isinstance(node.target, str) else node.target.__name__
+    message = with_location(
+        f"{name}: `{op}` changes a tensor's metadata inside the graph, and dynamo's view of the tensor goes stale;"
+        " this frame runs eagerly",
+        node_location(node),
+    )
+    if options.strict:
+        raise UnsupportedError(message)
+    warnings.warn(f"dealias: {message}", FallbackWarning, stacklevel=2)
+    raise SkipFrame(message)

@@ -1,0 +1,137 @@
+"""The dynamo backend itself: what dealias checks that dynamo does not (memory shared between graph inputs),
+what it refuses (dynamo's stale metadata), its registration, options and limits."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from harness import compare_call
+
+import dealias
+
+
+def write_first_read_second(x, y):
+    x.add_(1)
+    return y * 2
+
+
+@pytest.mark.parametrize(
+    "layouts",
+    [
+        # Two views of one storage are separate graph inputs for dynamo; whether they overlap is dealias's to check,
+        # on every call: each order of first calls must give eager's values.
+        ("same", "disjoint"),
+        ("disjoint", "same"),
+        ("view", "rows"),
+        ("rows", "view"),
+    ],
+)
+def test_sharing_pattern_checked_on_every_call(layouts):
+    jf = dealias.jit(write_first_read_second)
+
+    def make(kind):
+        b = torch.arange(8.0)
+        return {
+            "same": (b, b.view(8)),
+            "disjoint": (b[:4], b[4:]),
+            "view": (b, b.view(2, 4)[1]),
+            "rows": (b.view(2, 4)[0], b.view(2, 4)[0]),
+        }[kind]
+
+    for kind in layouts + layouts:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dealias.FallbackWarning)
+            assert compare_call(write_first_read_second, jf, make(kind)) is None, kind
+    assert dealias.cache_info(jf).entries == 2  # one program per layout, each reused
+
+
+def stale_shape(a):
+    v = a[0]
+    v.unsqueeze_(0)
+    v.add_(1)
+    return a, v.shape
+
+
+def test_in_place_metadata_change_runs_its_frame_eagerly():
+    # Dynamo reports v.shape as it was before unsqueeze_ (torch.Size([3])) whatever the backend; dealias runs the
+    # frame eagerly instead, every call, and says so once.
+    jf = dealias.jit(stale_shape)
+    with pytest.warns(dealias.FallbackWarning, match=r"unsqueeze_.*stale"):
+        assert compare_call(stale_shape, jf, (torch.zeros(2, 3),)) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        a = torch.zeros(2, 3)
+        out, shape = jf(a)
+        assert out is a and shape == torch.Size([1, 3]) and a[0].eq(1).all()
+    with pytest.raises(dealias.UnsupportedError, match=r"unsqueeze_[\s\S]*test_backend.py:\d+"):
+        dealias.jit(stale_shape, strict=True)(torch.zeros(2, 3))
+
+
+def test_registered_backend_with_options():
+    def f(cache, k):
+        cache[:, 1] = k
+        return cache.sum()
+
+    for options in (None, {"verify": True}, {"executor": "torch", "cache_limit": 2}):
+        torch._dynamo.reset()
+        cf = torch.compile(f, backend="dealias", options=options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dealias.FallbackWarning)
+            assert compare_call(f, cf, (torch.zeros(3, 4), torch.ones(3))) is None
+    with pytest.raises(Exception, match="no_such_option"):  # dynamo wraps it in BackendCompilerFailed
+        torch.compile(f, backend="dealias", options={"no_such_option": 1})(torch.zeros(3, 4), torch.ones(3))
+
+
+def test_backend_layout_limit_runs_the_graph_eagerly():
+    # Dynamo sees one graph (shapes dynamic after the first change); dealias compiles per concrete layout up to
+    # cache_limit, then runs the graph eagerly, with a warning, still exact.
+    def f(x):
+        x.mul_(2)
+        return x + 1
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="dealias", options={"cache_limit": 2}, dynamic=True)
+    with pytest.warns(dealias.FallbackWarning, match="cache_limit"):
+        for n in range(1, 6):
+            assert compare_call(f, cf, (torch.ones(n),)) is None
+
+
+def test_recompile_limit_warns_and_stays_exact():
+    def f(x, n):
+        x.add_(n)
+        return x * n
+
+    jf = dealias.jit(f, cache_limit=3)
+    with pytest.warns(dealias.FallbackWarning, match="cache_limit"):
+        for n in range(6):
+            assert compare_call(f, jf, (torch.ones(2), n)) is None
+    assert dealias.cache_info(jf).entries == 3
+    assert "n == " in dealias.cache_info(jf).last_miss_reason
+
+
+def test_traces_start_with_dynamos_graph_and_name_inputs_as_the_user_does():
+    def cache_write(cache, k):
+        cache[:, 2] = k
+        return cache
+
+    jf = dealias.jit(cache_write)
+    jf(torch.zeros(2, 5), torch.ones(2))
+    names = [t.name for t in dealias.last_traces(jf)]
+    assert names == ["dynamo", "captured", "functional", "execution"]
+    (report,) = dealias.explain(jf)
+    assert report.target == "cache" and report.mode == "in place" and report.nbytes == 8
+    assert "cache[:, 2] = k" in str(dealias.last_traces(jf)[1])  # the user's line beside the captured op
+
+
+def test_eager_error_from_tracing_is_eagers_own():
+    def f(x):
+        x.add_(1.5)  # int tensor: eager raises "result type Float can't be cast"
+        return x
+
+    x = torch.ones(3, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="can't be cast") as info:
+        dealias.jit(f)(x)
+    assert not isinstance(info.value, torch._dynamo.exc.TorchDynamoException)
+    assert torch.equal(x, torch.ones(3, dtype=torch.int64))
