@@ -136,9 +136,10 @@ class JitFunction:
         new_count, self._failures_seen = count - self._failures_seen, count
         if new_count <= 0:
             return []
-        # Dynamo records one failure per cached entry it tried; the newest says what changed since the last compile.
-        reasons = [r for failures in list(guard_failures.values()) for r in failures]
-        return list(dict.fromkeys(_one_line(part) for part in str(reasons[-1]).split("; ")))
+        # Dynamo records one failure per cached entry it tried ("frame/entry: reason"); the newest entry's says
+        # what changed since the last compile.
+        reasons = [str(r) for failures in list(guard_failures.values()) for r in failures][-new_count:]
+        return [_one_line(max(reasons, key=_entry_number))]
 
     def cache_info(self) -> CacheInfo:
         graphs = list(self.stats.graphs)
@@ -172,6 +173,11 @@ def _limit_hits() -> int:
 
 def _guard_failure_count() -> int:
     return sum(len(v) for v in list(guard_failures.values()))
+
+
+def _entry_number(reason: str) -> int:
+    found = re.match(r"\d+/(\d+)", reason)
+    return int(found.group(1)) if found else -1
 
 
 def _one_line(reason: Any) -> str:

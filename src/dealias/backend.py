@@ -92,10 +92,19 @@ class GraphProgram:
     """One graph from dynamo, compiled per input layout on first use; called with the graph's flat inputs."""
 
     def __init__(self, gm: fx.GraphModule, options: Options, stats: Stats) -> None:
-        self.gm = gm
+        # Tensors the graph holds as attributes (dynamo makes some Python-held state, such as a non-foreach
+        # optimizer's parameters and state, `get_attr` constants) become inputs: they are traced as fakes like any
+        # input, checked for shared memory, and their mutations written back into them.
+        self.gm, self.attributes = lift_attributes(gm)
         self.options = options
         self.stats = stats
-        self.names = [source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        self.names = [source_name(n) for n in placeholders]
+        # Dynamo already guards sizes, strides, dtype, device and requires_grad of the inputs it took from the
+        # user's frame when they are static: then dealias's own check is the hashable key alone (sharing,
+        # offsets, leaf-ness). Inputs it made itself (DDP's split graphs), attributes and symbolic sizes get the
+        # full check.
+        self.dynamo_guarded = not self.attributes and all(_statically_guarded(n) for n in placeholders)
         # lookup key -> [(tensor check, compiled program or _EAGER, (full key, overlapping pairs))]
         self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, tuple[Any, ...]]]] = {}
         self.entries = 0
@@ -105,17 +114,17 @@ class GraphProgram:
             stats.graphs.append(self)
 
     def __call__(self, *args: Any) -> Any:
-        leaves = list(args)
+        leaves = [*args, *self.attributes] if self.attributes else list(args)
         key, tensors = lookup_key(leaves, len(leaves))
         entry = None
         for check, candidate, _ in self.cache.get(key, ()):
-            if check(*tensors):
+            if self.dynamo_guarded or check(*tensors):
                 entry = candidate
                 break
         if entry is None:
             entry = self._miss(key, leaves, tensors)
         if entry is _EAGER:
-            return self.gm.forward(*args)
+            return self.gm.forward(*leaves)
         self.stats.last, self.stats.last_graph = entry, self
         if self.options.verify:
             return self._verified(entry, leaves)
@@ -207,6 +216,44 @@ class GraphProgram:
         if diff is not None:
             raise VerificationError(f"{self.stats.name}: {diff}")
         return got
+
+
+def lift_attributes(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
+    """A copy of `gm` whose tensor attributes (`get_attr` nodes) are trailing placeholders, and those tensors."""
+    attrs = [n for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attribute(gm, n.target), torch.Tensor)]
+    if not attrs:
+        return gm, []
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    old_placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n in old_placeholders:
+        env[n] = graph.node_copy(n, env.__getitem__)
+    values = []
+    for n in attrs:
+        env[n] = graph.placeholder(re.sub(r"\W", "_", n.target))
+        env[n].meta.update(n.meta)
+        values.append(_attribute(gm, n.target))
+    for n in gm.graph.nodes:
+        if n not in env:
+            env[n] = graph.node_copy(n, env.__getitem__)
+    return fx.GraphModule(gm, graph), values
+
+
+def _attribute(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _statically_guarded(node: fx.Node) -> bool:
+    """An input dynamo took from the user's frame (it has a source, so dynamo guards it), with static sizes."""
+    arg = node.meta.get("grapharg")
+    val = node.meta.get("example_value")
+    if arg is None or getattr(arg, "source", None) is None or not isinstance(val, torch.Tensor):
+        return isinstance(val, (int, float, bool)) and arg is not None  # a specialized scalar: guarded by value
+    sizes = (*val.shape, *val.stride())
+    return all(isinstance(s, int) for s in sizes)
 
 
 def _n(names: list[str], i: int) -> str:

@@ -119,11 +119,13 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str]) -> Captured
         return [o for o in out_leaves if isinstance(o, torch.Tensor)]
 
     grad_modes = _GradModes()
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # No real tensor may reach an op while tracing (it would run for real: a write would touch user memory);
+    # the backend lifted the graph's tensor attributes to inputs, so every tensor here is a fake.
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
     fakes = [mode.from_tensor(leaves[p]) for p in positions]
     try:
         with quiet_fake_tensor_log(), fx_traceback.preserve_node_meta():
-            traced = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*fakes)
+            traced = make_fx(flat_fn, tracing_mode="fake")(*fakes)
     except _DATA_DEPENDENT as e:
         if isinstance(e, DataDependentOutputException):
             what = "reads a tensor's value into Python"
