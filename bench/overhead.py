@@ -28,8 +28,8 @@ def kv_write(kc, vc, k, v, pos):
 
 
 def _kv_args() -> tuple[Any, ...]:
-    shape = (1, 16, 4096, 64)
-    return torch.zeros(shape), torch.zeros(shape), torch.randn(1, 16, 1, 64), torch.randn(1, 16, 1, 64), torch.tensor([7])
+    shape, token = (1, 16, 4096, 64), (1, 16, 1, 64)
+    return torch.zeros(shape), torch.zeros(shape), torch.randn(token), torch.randn(token), torch.tensor([7])
 
 
 WORKLOADS = {"tiny": (tiny, lambda: (torch.zeros(8),)), "kv_write": (kv_write, _kv_args)}
