@@ -59,11 +59,10 @@ class JitFunction:
             recompile_limit=cache_limit,
             isolate_recompiles=True,
         )
-        # Dynamo does not guard module hooks by default: a hook registered after the first call would be ignored.
-        torch._dynamo.config.skip_nnmodule_hook_guards = False
         self.hits = 0
         self.misses = 0
         self.last_miss_reason = ""
+        self._breaks_told: set[str] = set()
         self._failures_seen = _guard_failure_count()
 
     @property
@@ -121,7 +120,10 @@ class JitFunction:
         elif self.stats.compiles != compiles and self.stats.last_miss_reason:
             self.last_miss_reason = self.stats.last_miss_reason
         for reason in graph_break_reasons[breaks:]:
-            warnings.warn(f"dealias: {self.stats.name}: {_describe_break(reason)}", FallbackWarning, stacklevel=3)
+            described = _describe_break(reason)
+            if described not in self._breaks_told:  # once per break, not again on each recompile
+                self._breaks_told.add(described)
+                warnings.warn(f"dealias: {self.stats.name}: {described}", FallbackWarning, stacklevel=3)
         if _limit_hits() != limits:
             warnings.warn(
                 f"dealias: {self.stats.name} compiled {self.options.cache_limit} times (cache_limit); calls that "

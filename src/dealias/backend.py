@@ -41,6 +41,14 @@ from .verify import VerificationError, clone_args, first_difference
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)
 _FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
+# Two dynamo settings, process-wide, made when dealias is imported (before dynamo traces anything for it):
+# - dynamo decomposes `addcmul_`/`addcdiv_`/`add_(alpha=tensor)` into inductor's `prims.fma` for inductor's
+#   numerics; dealias runs eager's kernels, so it keeps eager's ops (same bits as eager, and prims.fma run
+#   eagerly is slow: a hand-written Adam ran 2.4x eager with it);
+# - dynamo does not guard module hooks: a forward hook registered after the first call would be ignored.
+torch._dynamo.config.enable_dynamo_decompositions = False
+torch._dynamo.config.skip_nnmodule_hook_guards = False
+
 # make_fx patches nn.Module.__call__ for the whole process while it traces, and dispatch modes keep global
 # state: a dealias compile must not overlap with dynamo tracing in another thread. So it takes dynamo's own
 # compile lock (re-entrant; dynamo holds it while it calls the backend).
