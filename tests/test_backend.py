@@ -135,3 +135,63 @@ def test_eager_error_from_tracing_is_eagers_own():
         dealias.jit(f)(x)
     assert not isinstance(info.value, torch._dynamo.exc.TorchDynamoException)
     assert torch.equal(x, torch.ones(3, dtype=torch.int64))
+
+
+class _Half(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+
+
+def custom_function(x):
+    return _Half.apply(x * 2).sum()
+
+
+def tensor_hook(x):
+    y = x * 2
+    y.register_hook(lambda g: g * 10)
+    return y.sum()
+
+
+def no_grad_write_then_read(x):
+    y = x + 2
+    with torch.no_grad():
+        y.add_(2)  # invisible to autograd in eager: y keeps its history
+    return (x * 2 + y).sum()
+
+
+def no_grad_write_returned(x):
+    y = x * 3
+    with torch.no_grad():
+        y.mul_(2)
+    return y
+
+
+@pytest.mark.parametrize(
+    "fn, why",
+    [
+        (custom_function, "autograd_function_apply"),
+        (tensor_hook, "register_hook"),
+        (no_grad_write_then_read, "under no_grad wrote a tensor that requires grad"),
+        (no_grad_write_returned, "under no_grad wrote a tensor that requires grad"),
+    ],
+)
+def test_autograd_dealias_cannot_compile_exactly_runs_its_graph_eagerly(fn, why):
+    # Each of these gave a wrong gradient (or none) when compiled; the graph now runs as dynamo captured it.
+    grads, outs = [], []
+    for f in (fn, dealias.jit(fn)):
+        x = torch.arange(3.0, requires_grad=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", dealias.FallbackWarning)
+            out = f(x)
+        if f is not fn:
+            assert any(why in str(w.message) for w in caught), [str(w.message) for w in caught]
+        out.sum().backward()
+        outs.append(out.detach())
+        grads.append(x.grad)
+        assert out.requires_grad
+    assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1]), (grads, outs)

@@ -160,6 +160,12 @@ class GraphProgram:
             return entry
 
     def _compile(self, leaves: list[Any]) -> Any:
+        hop = next((n for n in self.gm.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)), None)
+        if hop is not None:
+            # autograd.Function (its backward), checkpointing, control-flow operators: their subgraphs are not
+            # functionalized by dealias; the graph runs as dynamo captured it.
+            what = f"{hop.target.name()} is not compiled by dealias yet"
+            return self._fall_back(UnsupportedError(with_location(what, node_location(hop))))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         for group in find_groups_or_none(tensors):
             if any(tensors[i].requires_grad for i in group.members):

@@ -133,6 +133,9 @@ class _Functionalizer:
         self.first: dict[int, Value] = {}  # caller's tensor object -> its value on entry
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
         self.grad_writes: set[Storage] = set()  # storages written with grad mode on
+        # Storages whose base required grad and was then written under no_grad: eager keeps the tensor's history
+        # (the write is invisible to autograd); the functional value computed under no_grad has none.
+        self.nograd_written: dict[Storage, fx.Node] = {}
         self.detached: set[int] = set()  # tensor objects that ran detach_()
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
@@ -217,6 +220,8 @@ class _Functionalizer:
             bases = [*bases[: i + 1], self.emit.call(as_strided_rel, bases[i], *step.args)]
         for i in range(len(chain) - 1, -1, -1):
             new = inverse(chain[i], bases[i].meta["val"], bases[i + 1].meta["val"], bases[i], new, self.emit.call)
+        if not self.emit.grad and self.base[s].meta.get("rg"):
+            self.nograd_written.setdefault(s, node)
         new = self._restride(new, s.root_meta)
         self.base[s] = new
         self.version[s] += 1
@@ -391,6 +396,8 @@ class _Functionalizer:
     def _call(self, node: fx.Node) -> None:
         op = node.target
         v = self.info.values.get(node)
+        if self.nograd_written and self.emit.grad:
+            self._refuse_lost_history(node, node.all_input_nodes)
         if op is operator.getitem:
             if isinstance(v, Value) and v.storage not in self.base:  # an element of a functional tuple
                 item = self.emit.call(operator.getitem, self.emitted[node.args[0]], node.args[1])
@@ -505,6 +512,10 @@ class _Functionalizer:
                 rel = m.storage_offset() - first.meta.storage_offset()
                 write = MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, obj in self.detached)
                 self.program.metadata_writebacks.append(write)
+        if self.nograd_written:
+            self._refuse_lost_history(
+                node, [a for a in node.args[0] if self.info.value(a).storage.kind == "intermediate"]
+            )
         results: dict[Storage, int] = {}
         seen: dict[int, int] = {}  # tensor object -> its first output position
         for position, arg in enumerate(node.args[0]):
@@ -524,6 +535,22 @@ class _Functionalizer:
                     outs.append(self.base[s])
                 self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
         self.graph.output(tuple(outs))
+
+    def _refuse_lost_history(self, node: fx.Node, inputs: list[fx.Node]) -> None:
+        """A tensor that requires grad, written under no_grad, then read with grad on (or returned): eager
+        differentiates through its history as if the write had not happened; the functional value has lost it.
+        Refuse (the graph runs eagerly) rather than return a wrong gradient."""
+        for a in inputs:
+            value = self.info.values.get(a)
+            write = self.nograd_written.get(value.storage) if isinstance(value, Value) else None
+            if write is not None:
+                raise UnsupportedError(
+                    with_location(
+                        f"{write.target} under no_grad wrote a tensor that requires grad, used afterwards with grad "
+                        f"on (at {node_location(node) or node.target}): its gradient is not compiled exactly yet",
+                        node_location(write),
+                    )
+                )
 
     def _caller_view(self, v: Value) -> OutputSlot:
         """A view of a caller's tensor: replayed on the input it was taken from, so it is a real view of it."""
