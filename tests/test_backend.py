@@ -3,6 +3,7 @@ what it refuses (dynamo's stale metadata), its registration, options and limits.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -195,3 +196,31 @@ def test_autograd_dealias_cannot_compile_exactly_runs_its_graph_eagerly(fn, why)
         grads.append(x.grad)
         assert out.requires_grad
     assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1]), (grads, outs)
+
+
+def test_train_step_with_backward_inside():
+    # loss.backward() and the optimizer's own breaks run eagerly; the forward and the update compile.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(inplace=True), torch.nn.Linear(4, 2))
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+
+    def train_step(model, opt, x):
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    jstep = dealias.jit(train_step)
+    for i in range(3):
+        x = torch.randn(5, 3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            got = jstep(model, opt, x)
+        assert torch.equal(got, train_step(ref, ref_opt, x)), i
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert torch.equal(p, q) and type(p) is torch.nn.Parameter
+    # The second step recompiles once: the momentum buffers exist from then on (a guard on the optimizer state).
+    assert dealias.cache_info(jstep).misses == 2 and len(jstep.stats.graphs) >= 2
