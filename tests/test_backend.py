@@ -172,6 +172,21 @@ def no_grad_write_returned(x):
     return y
 
 
+def inference_region(x):
+    with torch.inference_mode():
+        y = x * 2
+    return y
+
+
+def test_inference_mode_region_makes_inference_tensors():
+    jf = dealias.jit(inference_region)
+    with pytest.warns(dealias.FallbackWarning, match="_enter_inference_mode"):
+        out = jf(torch.ones(2))
+    assert out.is_inference()
+    with pytest.raises(RuntimeError, match="inference tensor"):
+        out.add_(1)  # as in eager: an inference tensor cannot be updated outside inference mode
+
+
 @pytest.mark.parametrize(
     "fn, why",
     [

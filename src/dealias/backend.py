@@ -160,11 +160,11 @@ class GraphProgram:
             return entry
 
     def _compile(self, leaves: list[Any]) -> Any:
-        hop = next((n for n in self.gm.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)), None)
+        hop = next((n for n in self.gm.graph.nodes if _not_compiled(n.target)), None)
         if hop is not None:
             # autograd.Function (its backward), checkpointing, control-flow operators: their subgraphs are not
             # functionalized by dealias; the graph runs as dynamo captured it.
-            what = f"{hop.target.name()} is not compiled by dealias yet"
+            what = f"{getattr(hop.target, '__name__', None) or hop.target.name()} is not compiled by dealias yet"
             return self._fall_back(UnsupportedError(with_location(what, node_location(hop))))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         for group in find_groups_or_none(tensors):
@@ -258,6 +258,15 @@ def _attribute(gm: fx.GraphModule, target: str) -> Any:
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _not_compiled(target: Any) -> bool:
+    """Graph nodes dealias leaves to eager: higher-order operators (autograd.Function with its backward, hooks,
+    checkpointing, control flow) and inference mode regions (tensors made inside are inference tensors, which
+    a traced graph does not reproduce)."""
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return True
+    return target is torch.autograd.grad_mode._enter_inference_mode
 
 
 def _statically_guarded(node: fx.Node) -> bool:
