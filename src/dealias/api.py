@@ -28,7 +28,7 @@ class CacheInfo:
     hits: int
     misses: int
     entries: int
-    eager_entries: int  # signatures that fell back to eager
+    eager_entries: int  # input layouts of a graph that run it eagerly, plus 1 if the whole function runs eagerly
     last_miss_reason: str = ""  # why the latest compile happened ("first call" or what changed)
 
 
@@ -64,18 +64,17 @@ class JitFunction:
         self.last_miss_reason = ""
         self._breaks_told: set[str] = set()
         self._failures_seen = _guard_failure_count()
+        self._limits_seen = _limit_hits()
+        self.eager = False  # dynamo could not trace the function where eager runs it: it runs eagerly
 
     @property
     def last(self) -> CompiledProgram | None:
         return self.stats.last
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        compiles, frames, breaks, limits = (
-            self.stats.compiles,
-            _frames_compiled(),
-            len(graph_break_reasons),
-            _limit_hits(),
-        )
+        if self.eager:
+            return self.fn(*args, **kwargs)
+        compiles, frames, breaks = self.stats.compiles, _frames_compiled(), len(graph_break_reasons)
         try:
             return self.compiled(*args, **kwargs)
         except BackendCompilerFailed as e:
@@ -98,8 +97,11 @@ class JitFunction:
                     raise cause.with_traceback(None) from None
                 raise
             out = self.fn(*args, **kwargs)  # eager's own error, if the program has one, propagates from here
+            # Eager succeeded where dynamo's tracing failed: from now on the function runs eagerly (tracing it again
+            # on every call would fail again, at a tracing's cost).
+            self.eager = True
             warnings.warn(
-                f"dealias: {self.stats.name} ran eagerly: dynamo could not trace it: {_first_line(e.__cause__ or e)}",
+                f"dealias: {self.stats.name} runs eagerly: dynamo could not trace it: {_first_line(e.__cause__ or e)}",
                 FallbackWarning,
                 stacklevel=2,
             )
@@ -108,9 +110,9 @@ class JitFunction:
             if self.stats.compiles == compiles and _frames_compiled() == frames:
                 self.hits += 1
             else:
-                self._record_miss(compiles, breaks, limits)
+                self._record_miss(compiles, breaks)
 
-    def _record_miss(self, compiles: int, breaks: int, limits: int) -> None:
+    def _record_miss(self, compiles: int, breaks: int) -> None:
         self.misses += 1
         dynamo_reasons = self._new_guard_failures()
         if self.misses == 1:
@@ -124,7 +126,9 @@ class JitFunction:
             if described not in self._breaks_told:  # once per break, not again on each recompile
                 self._breaks_told.add(described)
                 warnings.warn(f"dealias: {self.stats.name}: {described}", FallbackWarning, stacklevel=3)
-        if _limit_hits() != limits:
+        limits = _limit_hits()
+        if limits != self._limits_seen:  # counted process-wide: read on misses only, off the hot path
+            self._limits_seen = limits
             warnings.warn(
                 f"dealias: {self.stats.name} compiled {self.options.cache_limit} times (cache_limit); calls that "
                 f"match none of those programs now run eagerly. Latest change: {self.last_miss_reason}",
@@ -147,6 +151,7 @@ class JitFunction:
         graphs = list(self.stats.graphs)
         entries = sum(g.entries for g in graphs)
         eager = sum(1 for g in graphs for bucket in g.cache.values() for _, e, _ in bucket if e is _EAGER)
+        eager += self.eager
         return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason)
 
 

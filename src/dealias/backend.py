@@ -3,16 +3,16 @@
 Dynamo reads the user's Python bytecode and hands over FX graphs of torch-level ops on graph inputs, with
 in-place ops and views intact. It owns everything about Python: guards on Python values, objects and module
 state, lifting parameters, buffers, globals and closure tensors to graph inputs, graph breaks (the parts it
-cannot capture run eagerly), recompile limits and its compile lock. dealias owns what dynamo does not check
-and what its graphs leave to the backend: which inputs share memory and how, storage offsets, metadata
-mutations of inputs, functionalization and exact write-back.
+cannot capture run eagerly, in-place metadata changes of inputs among them), recompile limits and its compile
+lock. dealias owns what dynamo does not check and what its graphs leave to the backend: which inputs share
+memory and how, storage offsets, functionalization and exact write-back.
 
 A graph is compiled lazily, on its first call, with the real inputs of that call: a graph's example inputs
 can be fake (DDP's graph splitter hands over fakes), and only real inputs tell which of them overlap in
 memory. A `GraphProgram` keeps one compiled program per input layout (storage sharing, offsets, shapes,
-strides and the values of Python scalars that dynamo left symbolic), each found by the same two-step key the
-standalone cache used (`guards.py`): a call whose layout changes compiles a new program inside the backend,
-with the reason recorded, up to `cache_limit` programs per graph; past that, the graph runs eagerly.
+strides and the values of Python scalars that dynamo left symbolic), found by a two-step key (`guards.py`): a
+call whose layout changes compiles a new program inside the backend, with the reason recorded, up to
+`cache_limit` programs per graph; past that, the graph runs eagerly.
 """
 
 from __future__ import annotations
@@ -77,7 +77,6 @@ class Stats:
     graphs: list[GraphProgram] = field(default_factory=list)
     compiles: int = 0  # programs compiled (including layouts that run eagerly)
     last: Any = None  # the CompiledProgram a call ran last
-    last_graph: GraphProgram | None = None
     last_miss_reason: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -133,7 +132,7 @@ class GraphProgram:
             entry = self._miss(key, leaves, tensors)
         if entry is _EAGER:
             return self.gm.forward(*leaves)
-        self.stats.last, self.stats.last_graph = entry, self
+        self.stats.last = entry
         if self.options.verify:
             return self._verified(entry, leaves)
         return entry(leaves)
@@ -141,7 +140,7 @@ class GraphProgram:
     def _miss(self, key: tuple[Any, ...], leaves: list[Any], tensors: list[torch.Tensor]) -> Any:
         with self.lock:
             for check, candidate, _ in self.cache.get(key, ()):  # another thread compiled it meanwhile
-                if check(*tensors):
+                if self.dynamo_guarded or check(*tensors):
                     return candidate
             described = self._explain_miss(guard_key(leaves, len(leaves)), tensors)
             if self.entries >= self.options.cache_limit:
@@ -219,7 +218,7 @@ class GraphProgram:
         eager_leaves = clone_args(leaves)
         rng = torch.get_rng_state()
         try:
-            expected, eager_error = self.gm(*eager_leaves), None
+            expected, eager_error = self.gm.forward(*eager_leaves), None
         except Exception as e:  # noqa: BLE001 - compared with what the compiled call does
             expected, eager_error = None, e
         torch.set_rng_state(rng)
@@ -287,7 +286,7 @@ def _raises(gm: fx.GraphModule, leaves: list[Any]) -> bool:
     """Whether eager raises running the graph, on copies of its inputs and with the random state restored."""
     rng = torch.get_rng_state()
     try:
-        gm(*clone_args(leaves))
+        gm.forward(*clone_args(leaves))  # forward: fx's __call__ would print the error's traceback
     except Exception:  # noqa: BLE001 - any error: the program's own
         return True
     finally:
