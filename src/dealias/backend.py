@@ -167,12 +167,18 @@ class GraphProgram:
             return self._fall_back(UnsupportedError(with_location(what, node_location(hop))))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         for group in find_groups_or_none(tensors):
-            if any(tensors[i].requires_grad for i in group.members):
-                # Gradients through a synthetic base of inputs that overlap are not exact yet (issue 10).
+            grads = [tensors[i] for i in group.members if tensors[i].requires_grad]
+            roots = {id(t._base if t._base is not None else t) for t in grads}
+            if grads and (len(grads) < len(group.members) or len(roots) > 1):
+                # Gradients reach overlapping inputs through their common view base (AliasGroup.base_of), which
+                # is exact when every member is a differentiable view of it. A detached member, or memory shared
+                # without a common view base (tensors made with set_), is left to eager.
                 names = [n for n, x in zip(self.names, leaves) if isinstance(x, torch.Tensor)]
                 members = ", ".join(names[i] for i in group.members)
                 return self._fall_back(
-                    UnsupportedError(f"inputs {members} share memory and require grad (gradients through them)")
+                    UnsupportedError(
+                        f"inputs {members} share memory, and not all of them are differentiable views of one tensor"
+                    )
                 )
         try:
             return compile_program(self.gm, leaves, self.names, self.options.executor)

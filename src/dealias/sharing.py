@@ -31,8 +31,18 @@ class AliasGroup:
     extent: int  # its number of elements
 
     def base_of(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """The synthetic base over the caller's memory: a 1-D view of the group's storage."""
-        return tensors[self.members[0]].as_strided((self.extent,), (1,), self.start)
+        """The synthetic base over the caller's memory: a 1-D view of the group's storage. Under autograd it is
+        taken from the members' common view base (`_base`): an `as_strided` of one member differentiates only
+        into that member's own elements, and the gradient of memory only other members cover would be lost."""
+        t = tensors[self.members[0]]
+        for i in self.members:
+            if tensors[i].requires_grad:
+                t = tensors[i]
+                root = t._base
+                if root is not None and root.dtype == t.dtype:
+                    t = root
+                break
+        return t.as_strided((self.extent,), (1,), self.start)
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
