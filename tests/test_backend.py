@@ -172,51 +172,6 @@ def no_grad_write_returned(x):
     return y
 
 
-def no_grad_region_write_then_differentiable_write(x):
-    y = x * 3
-    with torch.no_grad():
-        y[0] = 5.0
-    y.mul_(x)
-    return y.sum() + y[1]
-
-
-def no_grad_write_to_an_input(a):
-    with torch.no_grad():
-        a.mul_(2)
-    return a + 3
-
-
-@pytest.mark.parametrize(
-    "fn", [no_grad_write_then_read, no_grad_write_returned, no_grad_region_write_then_differentiable_write]
-)
-def test_no_grad_write_keeps_the_history_as_in_eager(fn):
-    # Eager's write under no_grad is invisible to autograd: the tensor keeps its history. Compiled (no fallback),
-    # the written values get that history back before anything differentiable reads them (keep_history).
-    results = []
-    for f in (fn, dealias.jit(fn)):
-        x = torch.arange(3.0, requires_grad=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", dealias.FallbackWarning)
-            out = f(x)
-        out.sum().backward()
-        results.append((out.detach(), x.grad, out.requires_grad))
-    (eo, eg, er), (do, dg, dr) = results
-    assert torch.equal(eo, do) and torch.equal(eg, dg) and er == dr, results
-
-
-def test_no_grad_write_to_a_non_leaf_input():
-    results = []
-    for f in (no_grad_write_to_an_input, dealias.jit(no_grad_write_to_an_input)):
-        leaf = torch.arange(3.0, requires_grad=True)
-        a = leaf * 1
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", dealias.FallbackWarning)
-            out = f(a)
-        out.sum().backward()
-        results.append((out.detach(), leaf.grad, a.detach(), type(a.grad_fn)))
-    assert all(torch.equal(p, q) if isinstance(p, torch.Tensor) else p == q for p, q in zip(*results)), results
-
-
 def inference_region(x):
     with torch.inference_mode():
         y = x * 2
@@ -237,6 +192,8 @@ def test_inference_mode_region_makes_inference_tensors():
     [
         (custom_function, "autograd_function_apply"),
         (tensor_hook, "register_hook"),
+        (no_grad_write_then_read, "under no_grad wrote a tensor that requires grad"),
+        (no_grad_write_returned, "under no_grad wrote a tensor that requires grad"),
     ],
 )
 def test_autograd_dealias_cannot_compile_exactly_runs_its_graph_eagerly(fn, why):

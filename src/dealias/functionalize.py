@@ -133,9 +133,8 @@ class _Functionalizer:
         self.first: dict[int, Value] = {}  # caller's tensor object -> its value on entry
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
         self.grad_writes: set[Storage] = set()  # storages written with grad mode on
-        # Storages whose base required grad and was then written under no_grad, with that base: eager keeps the
-        # tensor's history (the write is invisible to autograd); the value computed under no_grad has none, so
-        # it gets the history back (`keep_history`) before anything differentiable reads it.
+        # Storages whose base required grad and was then written under no_grad: eager keeps the tensor's history
+        # (the write is invisible to autograd); the functional value computed under no_grad has none.
         self.nograd_written: dict[Storage, fx.Node] = {}
         self.detached: set[int] = set()  # tensor objects that ran detach_()
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
@@ -222,7 +221,7 @@ class _Functionalizer:
         for i in range(len(chain) - 1, -1, -1):
             new = inverse(chain[i], bases[i].meta["val"], bases[i + 1].meta["val"], bases[i], new, self.emit.call)
         if not self.emit.grad and self.base[s].meta.get("rg"):
-            self.nograd_written.setdefault(s, self.base[s])
+            self.nograd_written.setdefault(s, node)
         new = self._restride(new, s.root_meta)
         self.base[s] = new
         self.version[s] += 1
@@ -398,7 +397,7 @@ class _Functionalizer:
         op = node.target
         v = self.info.values.get(node)
         if self.nograd_written and self.emit.grad:
-            self._restore_history(node.all_input_nodes)
+            self._refuse_lost_history(node, node.all_input_nodes)
         if op is operator.getitem:
             if isinstance(v, Value) and v.storage not in self.base:  # an element of a functional tuple
                 item = self.emit.call(operator.getitem, self.emitted[node.args[0]], node.args[1])
@@ -513,8 +512,10 @@ class _Functionalizer:
                 rel = m.storage_offset() - first.meta.storage_offset()
                 write = MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, obj in self.detached)
                 self.program.metadata_writebacks.append(write)
-        if self.nograd_written:  # returned intermediates keep their history too
-            self._restore_history([a for a in node.args[0] if self.info.value(a).storage.kind == "intermediate"])
+        if self.nograd_written:
+            self._refuse_lost_history(
+                node, [a for a in node.args[0] if self.info.value(a).storage.kind == "intermediate"]
+            )
         results: dict[Storage, int] = {}
         seen: dict[int, int] = {}  # tensor object -> its first output position
         for position, arg in enumerate(node.args[0]):
@@ -535,19 +536,21 @@ class _Functionalizer:
                 self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
         self.graph.output(tuple(outs))
 
-    def _restore_history(self, inputs: list[fx.Node]) -> None:
-        """Before a differentiable read of a storage written under no_grad: its base becomes the written values
-        with the autograd history the base had before those writes, as eager's tensor has."""
+    def _refuse_lost_history(self, node: fx.Node, inputs: list[fx.Node]) -> None:
+        """A tensor that requires grad, written under no_grad, then read with grad on (or returned): eager
+        differentiates through its history as if the write had not happened; the functional value has lost it.
+        Refuse (the graph runs eagerly) rather than return a wrong gradient."""
         for a in inputs:
             value = self.info.values.get(a)
-            if not isinstance(value, Value) or value.storage not in self.nograd_written:
-                continue
-            s = value.storage
-            history = self.nograd_written.pop(s)
-            grad, self.emit.grad = self.emit.grad, True
-            self.base[s] = self.emit.call(keep_history, history, self.base[s])
-            self.emit.grad = grad
-            self.version[s] += 1  # views materialized from the old base are replayed from this one
+            write = self.nograd_written.get(value.storage) if isinstance(value, Value) else None
+            if write is not None:
+                raise UnsupportedError(
+                    with_location(
+                        f"{write.target} under no_grad wrote a tensor that requires grad, used afterwards with grad "
+                        f"on (at {node_location(node) or node.target}): its gradient is not compiled exactly yet",
+                        node_location(write),
+                    )
+                )
 
     def _caller_view(self, v: Value) -> OutputSlot:
         """A view of a caller's tensor: replayed on the input it was taken from, so it is a real view of it."""
@@ -563,23 +566,6 @@ class _Functionalizer:
 # tensor), and every alias of a location receives the same value, so the result is well defined.
 # (fill_.Tensor is left out: eager's `x[i] = 3.0` reaches it under tracing but runs copy_, which refuses.)
 _UNIFORM_WRITES = {aten.fill_.Scalar, aten.zero_.default}
-
-
-class _KeepHistory(torch.autograd.Function):
-    """`value`'s values with `history`'s autograd history: the gradient goes to `history` unchanged, none to
-    `value` (it was computed under no_grad)."""
-
-    @staticmethod
-    def forward(ctx: Any, history: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
-
-
-def keep_history(history: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    return _KeepHistory.apply(history, value)
 
 
 def _hides_grad(step: ViewStep, base: fx.Node) -> bool:
