@@ -268,3 +268,35 @@ def test_gradients_through_overlapping_inputs(detached):
         assert f is add_to_first_read_both or fell_back == (detached is not None), [str(w.message) for w in caught]
     (eo, eg, ex), (do, dg, dx) = results
     assert torch.equal(eo, do) and torch.equal(eg, dg) and torch.equal(ex, dx), (eg, dg)
+
+
+def grad_write_then_no_grad_write(x0):  # fuzz seed 51343, shrunk
+    x0.index_fill_(0, torch.tensor([1]), 0.25)
+    with torch.no_grad():
+        x0.zero_()
+    return (x0,)
+
+
+def view_made_under_no_grad(x0):  # a view made under no_grad is not differentiable in eager
+    with torch.no_grad():
+        v = x0.t()
+    return x0 * 2 + v.t()
+
+
+@pytest.mark.parametrize("fn", [grad_write_then_no_grad_write, view_made_under_no_grad])
+def test_no_grad_regions_match_eager(fn):
+    # Found by the fuzzer once it put statements under no_grad: the write-back gave the caller's tensor the
+    # no_grad values' (missing) history, and a no_grad view was replayed as a differentiable one. Both graphs
+    # now run eagerly, with a warning, and match eager.
+    results = []
+    for f in (fn, dealias.jit(fn)):
+        leaf = torch.arange(6.0).reshape(2, 3).requires_grad_()
+        x = leaf * 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            out = f(x)
+        out = out[0] if isinstance(out, tuple) else out
+        (out * torch.arange(6.0).reshape(2, 3)).sum().backward()
+        results.append((out.detach(), leaf.grad, out.requires_grad))
+    (eo, eg, er), (do, dg, dr) = results
+    assert torch.equal(eo, do) and torch.equal(eg, dg) and er == dr, results

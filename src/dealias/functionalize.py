@@ -136,6 +136,7 @@ class _Functionalizer:
         # Storages whose base required grad and was then written under no_grad: eager keeps the tensor's history
         # (the write is invisible to autograd); the functional value computed under no_grad has none.
         self.nograd_written: dict[Storage, fx.Node] = {}
+        self.nograd_views: dict[fx.Node, fx.Node] = {}  # captured view node -> the no_grad view it comes from
         self.detached: set[int] = set()  # tensor objects that ran detach_()
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
@@ -396,8 +397,7 @@ class _Functionalizer:
     def _call(self, node: fx.Node) -> None:
         op = node.target
         v = self.info.values.get(node)
-        if self.nograd_written and self.emit.grad:
-            self._refuse_lost_history(node, node.all_input_nodes)
+        self._track_no_grad(node)
         if op is operator.getitem:
             if isinstance(v, Value) and v.storage not in self.base:  # an element of a functional tuple
                 item = self.emit.call(operator.getitem, self.emitted[node.args[0]], node.args[1])
@@ -503,6 +503,17 @@ class _Functionalizer:
         # Write-backs first: every caller-visible storage whose version moved.
         for s in list(self.base):
             if s.kind != "intermediate" and self.version[s] > 0:
+                if s in self.grad_writes and s in self.nograd_written:
+                    # Eager's tensor keeps the history of its differentiable writes and the values of the no_grad
+                    # ones; a write-back of the final value can give it one or the other, not both.
+                    write = self.nograd_written[s]
+                    raise UnsupportedError(
+                        with_location(
+                            f"{write.target} under no_grad wrote a caller's tensor also written with grad on: "
+                            "its gradient is not compiled exactly yet",
+                            node_location(write),
+                        )
+                    )
                 self.program.writebacks.append(WriteBack(caller_ref(s), len(outs), s in self.grad_writes))
                 outs.append(self.base[s])
         for obj, ref in self.caller_objs.items():
@@ -512,10 +523,9 @@ class _Functionalizer:
                 rel = m.storage_offset() - first.meta.storage_offset()
                 write = MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, obj in self.detached)
                 self.program.metadata_writebacks.append(write)
-        if self.nograd_written:
-            self._refuse_lost_history(
-                node, [a for a in node.args[0] if self.info.value(a).storage.kind == "intermediate"]
-            )
+        if self.nograd_written or self.nograd_views:
+            intermediates = [a for a in node.args[0] if self.info.value(a).storage.kind == "intermediate"]
+            self._refuse_lost_history(node, intermediates, [a for a in node.args[0] if a in self.nograd_views])
         results: dict[Storage, int] = {}
         seen: dict[int, int] = {}  # tensor object -> its first output position
         for position, arg in enumerate(node.args[0]):
@@ -536,10 +546,40 @@ class _Functionalizer:
                 self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
         self.graph.output(tuple(outs))
 
-    def _refuse_lost_history(self, node: fx.Node, inputs: list[fx.Node]) -> None:
+    def _track_no_grad(self, node: fx.Node) -> None:
+        """Views made under no_grad of a tensor that requires grad are not differentiable in eager (nor views of
+        them); functional values are replayed from their base, which is. Record them, and refuse a
+        differentiable use of them or of a storage written under no_grad (see _refuse_lost_history)."""
+        is_view = node.target is operator.getitem or (
+            isinstance(node.target, torch._ops.OpOverload) and facts(node.target).kind is OpKind.VIEW
+        )
+        inputs = node.all_input_nodes
+        if not self.emit.grad:
+            if is_view and any(self._requires_grad(a) or a in self.nograd_views for a in inputs):
+                self.nograd_views[node] = next((self.nograd_views[a] for a in inputs if a in self.nograd_views), node)
+        elif is_view and any(a in self.nograd_views for a in inputs):
+            self.nograd_views[node] = next(self.nograd_views[a] for a in inputs if a in self.nograd_views)
+        elif self.nograd_written or self.nograd_views:
+            self._refuse_lost_history(node, inputs, [a for a in inputs if a in self.nograd_views])
+
+    def _requires_grad(self, a: fx.Node) -> bool:
+        value = self.info.values.get(a)
+        base = self.base.get(value.storage) if isinstance(value, Value) else None
+        return bool(base is not None and base.meta.get("rg"))
+
+    def _refuse_lost_history(self, node: fx.Node, inputs: list[fx.Node], views: list[fx.Node] = ()) -> None:
         """A tensor that requires grad, written under no_grad, then read with grad on (or returned): eager
         differentiates through its history as if the write had not happened; the functional value has lost it.
-        Refuse (the graph runs eagerly) rather than return a wrong gradient."""
+        A view made under no_grad, used with grad on (or returned): eager's is not differentiable, a functional
+        replay is. Refuse both (the graph runs eagerly) rather than return a wrong gradient."""
+        for a in views:
+            raise UnsupportedError(
+                with_location(
+                    f"a view made under no_grad of a tensor that requires grad is used with grad on (at "
+                    f"{node_location(node) or node.target}): not compiled exactly yet",
+                    node_location(self.nograd_views[a]),
+                )
+            )
         for a in inputs:
             value = self.info.values.get(a)
             write = self.nograd_written.get(value.storage) if isinstance(value, Value) else None

@@ -127,6 +127,9 @@ class _Gen:
             if st is None:
                 continue
             src, name = st
+            if self.autograd and self.rng.random() < 0.15:
+                # A statement under no_grad: a write there is invisible to autograd, in eager and in dealias.
+                src = f"with torch.no_grad(): {src}"
             snapshot = {k: v for k, v in self.env.items()}
             try:
                 with warnings.catch_warnings():
@@ -256,6 +259,11 @@ class Outcome:
     detail: str = ""
 
 
+# Errors dynamo's tracing raised where eager ran the program, after user code had run (so the call could not be
+# re-run eagerly): a clear error, not a silent result, counted apart from mismatches.
+_DYNAMO_TRACING_ERRORS = ("dealias raised TorchRuntimeError", "dealias raised InternalTorchDynamoError")
+
+
 def run_program(prog: Program) -> Outcome:
     import dealias
 
@@ -271,7 +279,7 @@ def run_program(prog: Program) -> Outcome:
             diff = compare_call(program, jitted, args)
             if diff is None and prog.autograd:
                 diff = _compare_grads(program, jitted, make_args)
-        if diff is not None and diff.startswith("dealias raised TorchRuntimeError"):
+        if diff is not None and diff.startswith(_DYNAMO_TRACING_ERRORS):
             return Outcome("refused", f"call {call + 1}: {diff.splitlines()[0]}")
         if diff is not None:
             return Outcome("mismatch", f"call {call + 1}: {diff}")
