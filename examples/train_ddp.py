@@ -1,6 +1,6 @@
 """Train a small model with in-place ops and BatchNorm under DistributedDataParallel (gloo, CPU), compiled by dealias.
 
-    torchrun --nproc_per_node 2 examples/train_ddp.py [--mode eager|dealias|aot_eager] [--steps 3]
+    torchrun --standalone --nproc_per_node 2 examples/train_ddp.py [--mode eager|dealias|aot_eager] [--steps 3]
 
 Each rank prints its loss at every step. The model mutates its BatchNorm buffers in forward, runs an in-place
 ReLU and scales an intermediate in place: the kind of program dealias functionalizes and writes back exactly.

@@ -231,11 +231,13 @@ def test_example_under_torchrun():
 
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    command += ["--nproc_per_node", str(WORLD), "--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
+    # --standalone: torchrun's own rendezvous on a free local port (a port picked here could be taken before
+    # torchrun binds it).
+    command += ["--standalone", "--nproc_per_node", str(WORLD)]
     command += [str(ROOT / "examples" / "train_ddp.py"), "--mode", "dealias", "--norm", "center", "--steps", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
     # The ranks write to one pipe: their lines can interleave, so count the reports, not the lines.
     reports = re.findall(r"\[dealias\] rank (\d) step (\d): loss [\d.]+", done.stdout)
     assert sorted(reports) == sorted((str(r), str(s)) for r in range(WORLD) for s in range(2)), done.stdout
