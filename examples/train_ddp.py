@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-MODES = ("eager", "dealias", "aot_eager")
+MODES = ("eager", "dealias", "jit", "aot_eager")  # jit: dealias.jit(model) instead of torch.compile
 
 
 class RunningCenter(nn.Module):
@@ -83,6 +83,10 @@ def compiled(module: nn.Module, mode: Any) -> Any:
         return torch.compile(module, backend=mode)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if mode == "jit":
+        import dealias
+
+        return dealias.jit(module)
     return module if mode == "eager" else torch.compile(module, backend=mode)
 
 

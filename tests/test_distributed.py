@@ -46,6 +46,8 @@ for _mode in ("eager", "dealias"):
     # BatchNorm1d last: a scenario that fails on both ranks leaves the process group usable for the next one.
     SCENARIOS[f"ddp_batchnorm_{_mode}"] = ("ddp", _mode, {"norm": "batchnorm", "accumulate_step": 1})
     SCENARIOS[f"fsdp_batchnorm_{_mode}"] = ("fsdp", _mode, {"norm": "batchnorm"})
+# dealias.jit(ddp_model): the same front end and backend as torch.compile(backend="dealias").
+SCENARIOS["ddp_batchnorm_jit"] = ("ddp", "jit", {"norm": "batchnorm", "accumulate_step": 1})
 
 
 def _examples() -> Any:
@@ -169,8 +171,8 @@ def _assert_same(got: dict[str, Any], expected: dict[str, Any], where: str) -> N
                 assert torch.equal(x, y), f"{where}: {part} {label} differs from eager by {(x - y).abs().max()}"
 
 
-def _compare(results: dict[str, list[dict[str, Any]]], scenario: str) -> list[dict[str, Any]]:
-    eager, dealias_ = results[f"{scenario}_eager"], results[f"{scenario}_dealias"]
+def _compare(results: dict[str, list[dict[str, Any]]], scenario: str, mode: str = "dealias") -> list[dict[str, Any]]:
+    eager, dealias_ = results[f"{scenario}_eager"], results[f"{scenario}_{mode}"]
     for rank in range(WORLD):
         _assert_same(dealias_[rank], eager[rank], f"{scenario}, rank {rank}")
         assert dealias_[rank]["dynamo_graphs"] >= 1, f"{scenario}: dynamo compiled nothing with dealias"
@@ -219,6 +221,10 @@ def test_fsdp2(results):
 
 def test_ddp_batchnorm(results):
     _replicas_agree(_compare(results, "ddp_batchnorm"))
+
+
+def test_ddp_batchnorm_with_dealias_jit(results):
+    _replicas_agree(_compare(results, "ddp_batchnorm", mode="jit"))
 
 
 def test_fsdp2_batchnorm(results):
