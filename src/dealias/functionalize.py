@@ -567,17 +567,17 @@ class _Functionalizer:
         base = self.base.get(value.storage) if isinstance(value, Value) else None
         return bool(base is not None and base.meta.get("rg"))
 
-    def _refuse_lost_history(self, node: fx.Node, inputs: list[fx.Node], views: list[fx.Node] = ()) -> None:
+    def _refuse_lost_history(self, node: fx.Node, inputs: list[fx.Node], views: list[fx.Node] | None = None) -> None:
         """A tensor that requires grad, written under no_grad, then read with grad on (or returned): eager
         differentiates through its history as if the write had not happened; the functional value has lost it.
         A view made under no_grad, used with grad on (or returned): eager's is not differentiable, a functional
         replay is. Refuse both (the graph runs eagerly) rather than return a wrong gradient."""
-        for a in views:
+        if views:
             raise UnsupportedError(
                 with_location(
                     f"a view made under no_grad of a tensor that requires grad is used with grad on (at "
                     f"{node_location(node) or node.target}): not compiled exactly yet",
-                    node_location(self.nograd_views[a]),
+                    node_location(self.nograd_views[views[0]]),
                 )
             )
         for a in inputs:
