@@ -176,6 +176,8 @@ def main() -> None:
             norm=args.norm,
         )
     finally:
+        # Every rank done before any tears gloo down: a rank leaving while the other still talks to it aborts.
+        dist.barrier()
         dist.destroy_process_group()
 
 

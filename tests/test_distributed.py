@@ -243,6 +243,10 @@ def test_example_under_torchrun():
     command += [str(ROOT / "examples" / "train_ddp.py"), "--mode", "dealias", "--norm", "center", "--steps", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    if done.returncode != 0 and "SIGABRT" in done.stderr and done.stdout.count("step 1: loss") == WORLD:
+        # Seen once in ~10 full-suite runs before the example's final barrier: a rank aborting in gloo's
+        # teardown after both had trained. One more launch; a second failure fails the test.
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
     # The ranks write to one pipe: their lines can interleave, so count the reports, not the lines.
     reports = re.findall(r"\[dealias\] rank (\d) step (\d): loss [\d.]+", done.stdout)
