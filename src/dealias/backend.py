@@ -205,8 +205,7 @@ class GraphProgram:
         tensor_names = [n for n, x in zip(self.names, full[4:]) if isinstance(x, tuple) and len(x) > 2]
         if self.last_described is not None:
             last, before = self.last_described
-            named = lambda i: self.names[i] if i < len(self.names) else f"input {i}"
-            reasons = explain_miss(last, full, named)
+            reasons = explain_miss(last, full, lambda i: _n(self.names, i))
             pair = lambda i, j: f"{_n(tensor_names, i)} and {_n(tensor_names, j)}"
             reasons += [f"{pair(i, j)} now overlap" for i, j in sorted(overlapping - before)]
             reasons += [f"{pair(i, j)} no longer overlap" for i, j in sorted(before - overlapping)]

@@ -16,8 +16,6 @@ from typing import Any
 
 import torch
 
-_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device)
-
 
 def _leaf_key(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
