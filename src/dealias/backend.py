@@ -112,6 +112,9 @@ class GraphProgram:
         # offsets, leaf-ness). Inputs it made itself (DDP's split graphs), attributes and symbolic sizes get the
         # full check.
         self.dynamo_guarded = not self.attributes and all(_statically_guarded(n) for n in placeholders)
+        # Programs are relative to their inputs' first elements; only an explicit `as_strided` offset (or a read
+        # of `storage_offset()`) makes one depend on where an input sits in its storage.
+        self.offsets = _reads_offsets(self.gm)
         # lookup key -> [(tensor check, compiled program or _EAGER, (full key, overlapping pairs))]
         self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, tuple[Any, ...]]]] = {}
         self.entries = 0
@@ -122,7 +125,7 @@ class GraphProgram:
 
     def __call__(self, *args: Any) -> Any:
         leaves = [*args, *self.attributes] if self.attributes else list(args)
-        key, tensors = lookup_key(leaves, len(leaves))
+        key, tensors = lookup_key(leaves, len(leaves), self.offsets)
         entry = None
         for check, candidate, _ in self.cache.get(key, ()):
             if self.dynamo_guarded or check(*tensors):
@@ -142,7 +145,7 @@ class GraphProgram:
             for check, candidate, _ in self.cache.get(key, ()):  # another thread compiled it meanwhile
                 if self.dynamo_guarded or check(*tensors):
                     return candidate
-            described = self._explain_miss(guard_key(leaves, len(leaves)), tensors)
+            described = self._explain_miss(guard_key(leaves, len(leaves), self.offsets), tensors)
             if self.entries >= self.options.cache_limit:
                 entry = self._fall_back(
                     InternalError(
@@ -271,6 +274,17 @@ def _not_compiled(target: Any) -> bool:
     if isinstance(target, torch._ops.HigherOrderOperator):
         return True
     return target is torch.autograd.grad_mode._enter_inference_mode
+
+
+def _reads_offsets(gm: fx.GraphModule) -> bool:
+    """Whether a graph may depend on its inputs' absolute storage offsets: it calls an `as_strided` op (whose
+    offset argument is absolute) or reads `storage_offset()`."""
+    for n in gm.graph.nodes:
+        if n.op in ("call_function", "call_method"):
+            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+            if "as_strided" in name or "storage_offset" in name:
+                return True
+    return False
 
 
 def _statically_guarded(node: fx.Node) -> bool:

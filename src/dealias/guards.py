@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .sharing import find_groups_or_none
+
 
 def _leaf_key(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
@@ -59,21 +61,42 @@ except ImportError:  # pragma: no cover - not in the torch this project pins
     _TensorGuards = None
 
 
-def lookup_key(leaves: list[Any], structure: Any) -> tuple[tuple[Any, ...], list[torch.Tensor]]:
-    """The hashable part of the guard, and the tensors for the tensor check. One pass over the leaves."""
+def lookup_key(
+    leaves: list[Any], structure: Any, offsets: bool = True, symbolic: frozenset[int] = frozenset()
+) -> tuple[tuple[Any, ...], list[torch.Tensor]]:
+    """The hashable part of the guard, and the tensors for the tensor check. One pass over the leaves.
+
+    Storage offsets are in the key only when `offsets` (the program reads absolute offsets: `as_strided` with
+    an offset). Otherwise a program is the same wherever its inputs sit in memory (`f(buf[i])` for every row
+    i); only inputs that share a storage add their overlap structure, from which the program's alias groups
+    come (computed only then). Leaves at the positions `symbolic` are Python scalars the program takes as
+    symbols: their values are checked by the program's shape guards, not keyed."""
     tensors: list[torch.Tensor] = []
-    layout: list[tuple[int, int, bool]] = []
+    layout: list[tuple[int, int | None, bool]] = []
     values: list[Any] = []
     first: dict[int, int] = {}
-    for x in leaves:
+    shared = False
+    for i, x in enumerate(leaves):
         if isinstance(x, torch.Tensor):
             sharer = first.setdefault(x.untyped_storage()._cdata, len(tensors))
-            layout.append((sharer, x.storage_offset(), x.requires_grad and x.is_leaf))
+            shared = shared or sharer != len(tensors)
+            layout.append((sharer, x.storage_offset() if offsets else None, x.requires_grad and x.is_leaf))
             tensors.append(x)
-        else:
+        elif i not in symbolic:
             values.append(_leaf_key(x))
     key = (structure, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), tuple(layout), *values)
+    if shared and not offsets:
+        key += (overlap_structure(tensors),)
     return key, tensors
+
+
+def overlap_structure(tensors: list[torch.Tensor]) -> tuple[Any, ...]:
+    """Which inputs overlap in memory, and each member's offset within its group's extent: everything about
+    the placement of inputs that share a storage that a program depends on."""
+    return tuple(
+        (g.members, g.extent, tuple(tensors[m].storage_offset() - g.start for m in g.members))
+        for g in find_groups_or_none(tensors)
+    )
 
 
 def tensor_check(tensors: list[torch.Tensor]) -> Any:
@@ -89,15 +112,20 @@ def tensor_check(tensors: list[torch.Tensor]) -> Any:
     return lambda *ts: tuple(map(_leaf_key, ts)) == keys
 
 
-def guard_key(leaves: list[Any], structure: Any) -> tuple[Any, ...]:
-    """Everything in one tuple: used to explain a recompile, not on the hot path."""
-    return (
-        structure,
-        torch.is_grad_enabled(),
-        torch.is_inference_mode_enabled(),
-        sharing_pattern(leaves),
-        *map(_leaf_key, leaves),
-    )
+def guard_key(
+    leaves: list[Any], structure: Any, offsets: bool = True, symbolic: frozenset[int] = frozenset()
+) -> tuple[Any, ...]:
+    """Everything in one tuple (offsets and symbolic scalars only where `lookup_key` keys them): used to
+    explain a recompile, not on the hot path."""
+    keys = []
+    for i, x in enumerate(leaves):
+        k = _leaf_key(x)
+        if isinstance(x, torch.Tensor) and not offsets:
+            k = (*k[:5], None, *k[6:])
+        elif i in symbolic:
+            k = (type(x), "symbolic")
+        keys.append(k)
+    return (structure, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), sharing_pattern(leaves), *keys)
 
 
 _LEAF_FIELDS = (

@@ -27,8 +27,9 @@ _EXACT_LIMIT = 1 << 26  # elements of a group's extent up to which overlap is co
 class AliasGroup:
     members: tuple[int, ...]  # positions among the tensor inputs, in order
     dtype: torch.dtype
-    start: int  # storage offset (in elements) of the synthetic base
+    start: int  # storage offset (in elements) of the synthetic base, in the call it was found in
     extent: int  # its number of elements
+    lead: int = 0  # the first member's offset from `start`: a later call's base starts `lead` before it
 
     def base_of(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The synthetic base over the caller's memory: a 1-D view of the group's storage. Under autograd it is
@@ -42,7 +43,10 @@ class AliasGroup:
                 if root is not None and root.dtype == t.dtype:
                     t = root
                 break
-        return t.as_strided((self.extent,), (1,), self.start)
+        # Relative to the first member: a program compiled for one placement serves every placement with the
+        # same overlap structure (the guard key holds the members' offsets relative to each other).
+        start = tensors[self.members[0]].storage_offset() - self.lead
+        return t.as_strided((self.extent,), (1,), start)
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -142,4 +146,5 @@ def _group(tensors: list[torch.Tensor], members: tuple[int, ...]) -> AliasGroup:
     spans = [_span(tensors[i]) for i in members]
     start = min(lo for lo, _ in spans)
     end = max(hi for _, hi in spans)
-    return AliasGroup(members, dtypes.pop(), start, end - start + 1)
+    lead = tensors[members[0]].storage_offset() - start
+    return AliasGroup(members, dtypes.pop(), start, end - start + 1, lead)
