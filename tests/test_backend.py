@@ -41,11 +41,16 @@ def test_sharing_pattern_checked_on_every_call(layouts):
             "rows": (b.view(2, 4)[0], b.view(2, 4)[0]),
         }[kind]
 
-    for kind in layouts + layouts:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", dealias.FallbackWarning)
-            assert compare_call(write_first_read_second, jf, make(kind)) is None, kind
-    assert dealias.cache_info(jf).entries == 2  # one program per layout, each reused
+    for round in range(3):
+        for kind in layouts:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", dealias.FallbackWarning)
+                assert compare_call(write_first_read_second, jf, make(kind)) is None, kind
+        if round == 1:
+            settled = dealias.cache_info(jf).misses
+    # One program per layout and dynamo graph (a size change makes dynamo's graph symbolic, and dynamo tries its
+    # newest graph first: a layout seen by the static graph compiles once more), then every call is a hit.
+    assert dealias.cache_info(jf).misses == settled <= 4, dealias.cache_info(jf)
 
 
 def stale_shape(a):
@@ -95,8 +100,8 @@ def test_backend_layout_limit_runs_the_graph_eagerly():
     torch._dynamo.reset()
     cf = torch.compile(f, backend="dealias", options={"cache_limit": 2}, dynamic=True)
     with pytest.warns(dealias.FallbackWarning, match="cache_limit"):
-        for n in range(1, 6):
-            assert compare_call(f, cf, (torch.ones(n),)) is None
+        for step in range(1, 6):  # a new stride each call: dynamo's graph is symbolic, dealias's layout is not
+            assert compare_call(f, cf, (torch.ones(6 * step)[::step],)) is None
 
 
 def test_recompile_limit_warns_and_stays_exact():
@@ -106,8 +111,8 @@ def test_recompile_limit_warns_and_stays_exact():
 
     jf = dealias.jit(f, cache_limit=3)
     with pytest.warns(dealias.FallbackWarning, match="cache_limit"):
-        for n in range(6):
-            assert compare_call(f, jf, (torch.ones(2), n)) is None
+        for n in range(6):  # a float: specialized (ints go symbolic)
+            assert compare_call(f, jf, (torch.ones(2), n + 0.5)) is None
     assert dealias.cache_info(jf).entries == 3
     assert "n == " in dealias.cache_info(jf).last_miss_reason
 

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 import dealias
@@ -81,3 +82,149 @@ def test_absolute_offsets_stay_keyed():
     flat = torch.randn(16)
     info = run_calls(strided_window, [(flat[i : i + 8],) for i in (0, 1, 2)])
     assert info.entries == 3, info
+
+
+# --- Python ints that change every call: positions, step counts ------------------------------------------------
+
+
+def decode_write(cache, k, pos):
+    cache.select(2, pos).copy_(k)  # one token's slot
+    cache.narrow(2, pos, 1).mul_(0.5)
+    return cache[:, :, : pos + 1].sum(2)
+
+
+def test_decode_position_compiles_at_most_twice():
+    cache = torch.randn(2, 3, 40, 4)
+    k = torch.randn(2, 3, 4)
+    info = run_calls(decode_write, [(cache, k, pos) for pos in range(39)])
+    assert info.misses <= 2, info
+    # At the last position the slice read is the whole buffer, a contiguous tensor: torch's shape functions
+    # guard on that, and it is one more program.
+    info = run_calls(decode_write, [(cache, k, pos) for pos in (0, 5, 39, 38, 39)])
+    assert info.misses <= 3, info
+
+
+def test_symbolic_position_stays_a_region_write():
+    jf = dealias.jit(decode_write)
+    cache, k = torch.zeros(2, 3, 40, 4), torch.ones(2, 3, 4)
+    for pos in range(5):
+        jf(cache, k, pos)
+    (report,) = dealias.explain(jf)
+    assert report.mode == "in place" and report.nbytes == 2 * 3 * 4 * 4 * 2, report  # the slot, written twice
+    assert "pos" in " ".join(report.regions), report
+    execution = dealias.last_traces(jf)[-1].text
+    assert "cache[:, :, pos] = k" in execution and "cache.copy_" not in execution, execution
+    assert "float32[2, 3, pos + 1, 4]" in execution, execution  # symbolic sizes shown by the input's name
+
+
+def test_position_out_of_range_raises_eagers_error():
+    jf = dealias.jit(decode_write)
+    cache, k = torch.zeros(2, 3, 8, 4), torch.ones(2, 3, 4)
+    for pos in range(4):
+        jf(cache, k, pos)
+    before = cache.clone()
+    with pytest.raises(IndexError):
+        decode_write(cache.clone(), k, 9)
+    with pytest.raises(IndexError):
+        jf(cache, k, 9)
+    assert torch.equal(cache, before)
+
+
+class Counter:
+    def __init__(self, cache):
+        self.cache = cache
+        self.length = 0
+
+    def append(self, row):
+        self.cache[self.length] = row  # integer indexing: dynamo specializes it
+        self.cache.narrow(0, self.length, 1).add_(1)
+        self.length += 1
+        return self.length
+
+
+def test_int_attribute_of_a_cache_object_stays_a_plain_int():
+    obj, ref = Counter(torch.zeros(12, 3)), Counter(torch.zeros(12, 3))
+    jf = dealias.jit(obj.append)
+    for i in range(12):
+        row = torch.randn(3)
+        got, want = jf(row), ref.append(row)
+        assert type(got) is int and got == want
+        assert type(obj.length) is int and obj.length == ref.length
+    assert torch.equal(obj.cache, ref.cache)
+
+
+def adamw_int_step(params, grads, ms, vs, step):
+    b1, b2, lr, wd = 0.9, 0.999, 1e-3, 1e-2
+    bc1 = 1 - b1**step
+    bc2 = 1 - b2**step
+    for p, g, m, v in zip(params, grads, ms, vs):
+        p.mul_(1 - lr * wd)
+        m.lerp_(g, 1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (v / bc2).sqrt_().add_(1e-8)
+        p.addcdiv_(m, denom, value=-lr / bc1)
+
+
+def test_adamw_with_an_int_step_compiles_at_most_twice():
+    torch.manual_seed(0)
+    params = [torch.randn(5, 3), torch.randn(7)]
+    ms = [torch.zeros_like(p) for p in params]
+    vs = [torch.zeros_like(p) for p in params]
+    calls = [(params, [torch.randn_like(p) for p in params], ms, vs, step) for step in range(1, 101)]
+    info = run_calls(adamw_int_step, calls)
+    assert info.misses <= 2, info
+
+
+# --- sizes that change: sequence lengths, batch sizes -----------------------------------------------------------
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.out = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(a)
+        x.relu_()
+        return x
+
+
+def test_sequence_lengths_1_to_64_compile_at_most_twice():
+    torch.manual_seed(0)
+    m = Attention()
+    info = run_calls(m, [(torch.randn(2, n, 16),) for n in range(1, 65)])
+    assert info.misses <= 2, info
+
+
+def fill_prefix(buf, x):
+    buf[: x.shape[0]].copy_(x)  # a region whose size is symbolic
+    buf[x.shape[0] :].zero_()
+    return buf.sum()
+
+
+def test_prefix_write_of_symbolic_size():
+    buf = torch.randn(32, 3)
+    info = run_calls(fill_prefix, [(buf, torch.randn(n, 3)) for n in (2, 5, 9, 17, 30)])
+    assert info.misses <= 2, info
+
+
+def test_shape_guard_failure_recompiles_and_says_why():
+    def f(x, n):
+        x.narrow(0, n, 2).mul_(2)
+        return x
+
+    jf = dealias.jit(f)
+    for n in (0, 3, 4, 5):
+        assert compare_call(f, jf, (torch.randn(8), n)) is None
+    assert dealias.cache_info(jf).misses == 2
+    x = torch.randn(8)
+    with pytest.raises(RuntimeError) as eager:
+        f(x.clone(), 7)  # the narrow reaches past the end
+    with pytest.raises(RuntimeError) as compiled:
+        jf(x, 7)
+    assert str(compiled.value) == str(eager.value)
+    reason = dealias.cache_info(jf).last_miss_reason
+    assert "n <= 6" in reason, reason  # dynamo or dealias guarded the range the program holds for

@@ -102,7 +102,9 @@ def analyze(gm: fx.GraphModule, groups: list[AliasGroup] = ()) -> AliasInfo:
     inputs = 0
     for node in gm.graph.nodes:
         meta = node.meta.get("val")
-        if node.op == "placeholder":
+        if node.op == "placeholder" and not isinstance(meta, torch.Tensor):
+            info.values[node] = None  # a symbolic scalar (a position, a size): no memory
+        elif node.op == "placeholder":
             info.input_index[node] = inputs
             if inputs in group_of:
                 g = group_of[inputs]
@@ -184,6 +186,8 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
             return Value(pv.parent.storage, pv.parent.chain + (step,), next(ids), meta, node)
         return pv[index]
     op = node.target
+    if not isinstance(op, torch._ops.OpOverload) and isinstance(meta, (torch.SymInt, torch.SymBool, torch.SymFloat)):
+        return None  # arithmetic on symbols (`pos + 1`): no memory
     if not isinstance(op, torch._ops.OpOverload):
         raise UnsupportedError(with_location(f"unsupported call {op}", node_location(node)))
     f = facts(op)

@@ -49,12 +49,13 @@ class JitFunction:
         self.fn = fn
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
         self.stats = Stats(name=name)
-        # dynamic=False: every size and Python scalar is specialized, and dynamo's recompile limit (this function's
-        # own: isolate_recompiles) bounds them; the pipeline does not take symbolic shapes yet.
+        # dynamic=None: dynamo's automatic dynamic. A Python int that changes between calls (a position, a step
+        # count) becomes a symbol after its second value, and the backend compiles one program for all values its
+        # shape guard accepts. Tensor sizes that change are still specialized by the backend, per layout.
         self.compiled = torch.compile(
             fn,
             backend=Backend(self.options, self.stats),
-            dynamic=False,
+            dynamic=None,
             fullgraph=strict,
             recompile_limit=cache_limit,
             isolate_recompiles=True,
@@ -150,7 +151,7 @@ class JitFunction:
     def cache_info(self) -> CacheInfo:
         graphs = list(self.stats.graphs)
         entries = sum(g.entries for g in graphs)
-        eager = sum(1 for g in graphs for bucket in g.cache.values() for _, e, _ in bucket if e is _EAGER)
+        eager = sum(1 for g in graphs for bucket in g.cache.values() for *_, e, _ in bucket if e is _EAGER)
         eager += self.eager
         return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason)
 

@@ -34,6 +34,7 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 from .capture import node_location
 from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
 from .guards import explain_miss, guard_key, lookup_key, tensor_check
+from .capture import Symbolic
 from .pipeline import compile_program
 from .sharing import find_groups_or_none, overlapping_pairs
 from .verify import VerificationError, clone_args, first_difference
@@ -45,9 +46,13 @@ _FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
 # - dynamo decomposes `addcmul_`/`addcdiv_`/`add_(alpha=tensor)` into inductor's `prims.fma` for inductor's
 #   numerics; dealias runs eager's kernels, so it keeps eager's ops (same bits as eager, and prims.fma run
 #   eagerly is slow: a hand-written Adam ran 2.4x eager with it);
-# - dynamo does not guard module hooks: a forward hook registered after the first call would be ignored.
+# - dynamo does not guard module hooks: a forward hook registered after the first call would be ignored;
+# - a Python float that changes between calls would reach the graph as a 0-d tensor read back with `.item()`
+#   (dynamo's unspecialized floats), which a backend cannot trace without data-dependent values: floats stay
+#   specialized, as they were by default before torch 2.6 (ints still go symbolic: see api.py).
 torch._dynamo.config.enable_dynamo_decompositions = False
 torch._dynamo.config.skip_nnmodule_hook_guards = False
+torch._dynamo.config.specialize_float = True
 
 # make_fx patches nn.Module.__call__ for the whole process while it traces, and dispatch modes keep global
 # state: a dealias compile must not overlap with dynamo tracing in another thread. So it takes dynamo's own
@@ -111,12 +116,18 @@ class GraphProgram:
         # user's frame when they are static: then dealias's own check is the hashable key alone (sharing,
         # offsets, leaf-ness). Inputs it made itself (DDP's split graphs), attributes and symbolic sizes get the
         # full check.
-        self.dynamo_guarded = not self.attributes and all(_statically_guarded(n) for n in placeholders)
+        # Python ints dynamo left symbolic (a decode position, a step count) stay symbols in the program: one
+        # compile serves every value its shape guard accepts, and the values are not part of the key.
+        self.symbolic = _symbolic_inputs(placeholders)
+        self.unkeyed = frozenset((*self.symbolic.scalars, *self.symbolic.sizes))  # values the shape guard checks
+        self.dynamo_guarded = not self.attributes and all(
+            _statically_guarded(n) or i in self.symbolic.scalars for i, n in enumerate(placeholders)
+        )
         # Programs are relative to their inputs' first elements; only an explicit `as_strided` offset (or a read
         # of `storage_offset()`) makes one depend on where an input sits in its storage.
         self.offsets = _reads_offsets(self.gm)
-        # lookup key -> [(tensor check, compiled program or _EAGER, (full key, overlapping pairs))]
-        self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, tuple[Any, ...]]]] = {}
+        # lookup key -> [(tensor check, shape guard or None, compiled program or _EAGER, (full key, overlaps))]
+        self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, Any, tuple[Any, ...]]]] = {}
         self.entries = 0
         self.last_described: tuple[Any, ...] | None = None
         self.lock = threading.Lock()
@@ -125,10 +136,10 @@ class GraphProgram:
 
     def __call__(self, *args: Any) -> Any:
         leaves = [*args, *self.attributes] if self.attributes else list(args)
-        key, tensors = lookup_key(leaves, len(leaves), self.offsets)
+        key, tensors = lookup_key(leaves, len(leaves), self.offsets, self.unkeyed)
         entry = None
-        for check, candidate, _ in self.cache.get(key, ()):
-            if self.dynamo_guarded or check(*tensors):
+        for check, shape_guard, candidate, _ in self.cache.get(key, ()):
+            if (self.dynamo_guarded or check(*tensors)) and (shape_guard is None or shape_guard(leaves)):
                 entry = candidate
                 break
         if entry is None:
@@ -142,10 +153,11 @@ class GraphProgram:
 
     def _miss(self, key: tuple[Any, ...], leaves: list[Any], tensors: list[torch.Tensor]) -> Any:
         with self.lock:
-            for check, candidate, _ in self.cache.get(key, ()):  # another thread compiled it meanwhile
-                if self.dynamo_guarded or check(*tensors):
+            for check, shape_guard, candidate, _ in self.cache.get(key, ()):  # another thread compiled it meanwhile
+                if (self.dynamo_guarded or check(*tensors)) and (shape_guard is None or shape_guard(leaves)):
                     return candidate
-            described = self._explain_miss(guard_key(leaves, len(leaves), self.offsets), tensors)
+            full = guard_key(leaves, len(leaves), self.offsets, self.unkeyed)
+            described = self._explain_miss(full, tensors, self._failed_shape_guard(key, leaves))
             if self.entries >= self.options.cache_limit:
                 entry = self._fall_back(
                     InternalError(
@@ -156,7 +168,11 @@ class GraphProgram:
             else:
                 with COMPILE_LOCK:
                     entry = self._compile(leaves)
-            self.cache.setdefault(key, []).append((tensor_check(tensors), entry, described))
+            shape_guard = getattr(entry, "shape_guard", None)
+            if self.unkeyed and shape_guard is None and entry is not _EAGER:
+                shape_guard = self._same_values(leaves)  # compiled with the values specialized
+            layouts = entry.layouts if entry is not _EAGER else None
+            self.cache.setdefault(key, []).append((tensor_check(tensors, layouts), shape_guard, entry, described))
             self.entries += 1
             self.stats.compiles += 1
             return entry
@@ -183,6 +199,11 @@ class GraphProgram:
                         f"inputs {members} share memory, and not all of them are differentiable views of one tensor"
                     )
                 )
+        if self.symbolic:
+            try:
+                return compile_program(self.gm, leaves, self.names, self.options.executor, self.symbolic)
+            except Exception as e:  # noqa: BLE001 - any failure: compile again with the values specialized
+                log.info("dealias: %s compiles with its symbolic values specialized: %s", self.stats.name, e, exc_info=True)
         try:
             return compile_program(self.gm, leaves, self.names, self.options.executor)
         except EagerSemanticsError:
@@ -196,19 +217,35 @@ class GraphProgram:
                 raise
             return self._fall_back(InternalError(f"tracing failed where eager does not: {type(e).__name__}: {e}"))
 
+    def _same_values(self, leaves: list[Any]) -> Callable[[list[Any]], bool]:
+        """The shape guard of a program that specialized the symbolic scalars: exactly these values."""
+        values = [(p, _leaf_value(leaves[p])) for p in sorted(self.unkeyed)]
+        guard = lambda call: all(_leaf_value(call[p]) == v for p, v in values)
+        guard.text = " and ".join(f"{self.names[p]} == {v[1]!r}" for p, v in values)
+        return guard
+
+    def _failed_shape_guard(self, key: tuple[Any, ...], leaves: list[Any]) -> str:
+        """Why no program of this layout took the call, when its symbolic values were what differed."""
+        texts = [g.text for _, g, _, _ in self.cache.get(key, ()) if g is not None and not g(leaves)]
+        if not texts:
+            return ""
+        values = ", ".join(f"{self.names[p]}={leaves[p]!r}" for p in sorted(self.unkeyed))
+        return f"{values} outside what the compiled program assumed ({texts[-1]})"
+
     def _fall_back(self, e: Exception) -> Any:
         if self.options.strict:
             raise e
         warnings.warn(f"dealias: a graph of {self.stats.name} runs eagerly: {e}", FallbackWarning, stacklevel=2)
         return _EAGER
 
-    def _explain_miss(self, full: tuple[Any, ...], tensors: list[torch.Tensor]) -> tuple[Any, ...]:
+    def _explain_miss(self, full: tuple[Any, ...], tensors: list[torch.Tensor], shape: str = "") -> tuple[Any, ...]:
         """Say why this graph compiles again, against the layout of its previous compile."""
         overlapping = overlapping_pairs(tensors, find_groups_or_none(tensors))
         tensor_names = [n for n, x in zip(self.names, full[4:]) if isinstance(x, tuple) and len(x) > 2]
         if self.last_described is not None:
             last, before = self.last_described
             reasons = explain_miss(last, full, lambda i: _n(self.names, i))
+            reasons += [shape] if shape else []
             pair = lambda i, j: f"{_n(tensor_names, i)} and {_n(tensor_names, j)}"
             reasons += [f"{pair(i, j)} now overlap" for i, j in sorted(overlapping - before)]
             reasons += [f"{pair(i, j)} no longer overlap" for i, j in sorted(before - overlapping)]
@@ -285,6 +322,36 @@ def _reads_offsets(gm: fx.GraphModule) -> bool:
             if "as_strided" in name or "storage_offset" in name:
                 return True
     return False
+
+
+def _symbolic_inputs(placeholders: list[fx.Node]) -> Symbolic:
+    """What dynamo made symbolic (automatic dynamic: it changed between calls): tensor dims with symbolic sizes,
+    int inputs that are one of those sizes, and free int inputs (a position, a step count)."""
+    dims: dict[int, frozenset[int]] = {}
+    size_of: dict[Any, tuple[int, int]] = {}  # symbol -> (tensor, dim) whose size it is
+    for i, n in enumerate(placeholders):
+        val = n.meta.get("example_value")
+        if isinstance(val, torch.Tensor):
+            symbolic = frozenset(d for d, s in enumerate(val.shape) if isinstance(s, torch.SymInt))
+            if symbolic:
+                dims[i] = symbolic
+            for d in symbolic:
+                size_of.setdefault(val.shape[d].node.expr, (i, d))
+    scalars, sizes = [], {}
+    for i, n in enumerate(placeholders):
+        val = n.meta.get("example_value")
+        if isinstance(val, torch.SymInt) and val.node.expr.free_symbols:
+            if val.node.expr in size_of:
+                sizes[i] = size_of[val.node.expr]
+            elif not val.node.expr.free_symbols & set(size_of):
+                scalars.append(i)
+            else:
+                return Symbolic()  # an expression over sizes (`2 * s0`): specialize everything
+    return Symbolic(dims, tuple(scalars), sizes)
+
+
+def _leaf_value(x: Any) -> tuple[type, Any]:
+    return (type(x), x)
 
 
 def _statically_guarded(node: fx.Node) -> bool:

@@ -25,7 +25,14 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
+from torch._dynamo.source import ConstantSource, LocalSource
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    GuardOnDataDependentSymNode,
+    ShapeEnv,
+    StatelessSymbolicContext,
+    free_unbacked_symbols,
+)
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -33,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .errors import DataDependentError, UnsupportedError, with_location
 from .sharing import AliasGroup, find_groups
 
-TENSOR_SLOT = object()  # marks a tensor output in `Captured.out_template`
+TENSOR_SLOT = object()  # marks an output the graph computes (a tensor or a symbolic scalar) in `out_template`
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
 
 
@@ -50,6 +57,10 @@ class Captured:
     groups: list[AliasGroup] = field(default_factory=list)  # inputs that overlap in memory
     requires_grad: list[bool] = field(default_factory=list)  # per tensor input (fake metas do not keep it)
     detached: set[int] = field(default_factory=set)  # tensor inputs the program ran detach_() on
+    symbols: list[torch.SymInt] = field(default_factory=list)  # the symbolic scalar inputs, as traced
+    sym_positions: list[int] = field(default_factory=list)  # their positions among the argument leaves
+    fakes: list[torch.Tensor] = field(default_factory=list)  # the tensor inputs as traced (symbolic sizes or not)
+    names: list[str] = field(default_factory=list)  # what the user calls each argument leaf
 
 
 @contextlib.contextmanager
@@ -96,36 +107,64 @@ class _Replay(fx.Interpreter):
         return super().run_node(n)
 
 
-def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str]) -> Captured:
+@dataclass(frozen=True)
+class Symbolic:
+    """What of a call is traced as symbols of the captured program's own ShapeEnv (from what dynamo left
+    symbolic); everything else is specialized. Keys and values are positions among the argument leaves."""
+
+    dims: dict[int, frozenset[int]] = field(default_factory=dict)  # tensor -> its dims with symbolic sizes
+    scalars: tuple[int, ...] = ()  # int inputs that are free symbols (a position, a step count)
+    sizes: dict[int, tuple[int, int]] = field(default_factory=dict)  # int input -> (tensor, dim) it is the size of
+
+    def __bool__(self) -> bool:
+        return bool(self.dims or self.scalars)
+
+
+def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: Symbolic | None = None) -> Captured:
     """Trace dynamo's graph `gm` at the aten level on fake copies of the call's inputs `leaves` (tensors and
-    Python scalars, which are specialized); raise DataDependentError if the program depends on tensor data.
-    `names` name the inputs (`cache`, `self.lin.weight`)."""
+    Python scalars); raise DataDependentError if the program depends on tensor data. `names` name the inputs
+    (`cache`, `self.lin.weight`). What `symbolic` names is traced as symbols (free int inputs become
+    placeholders after the tensors; an int that is a tensor's size is read from that tensor); the other sizes
+    and scalars are specialized."""
     args = tuple(leaves)
     leaves, in_spec = pytree.tree_flatten((args, {}))
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    symbolic = symbolic or Symbolic()
+    sym_positions = list(symbolic.scalars)
     captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
     captured.groups = find_groups([leaves[p] for p in positions])
     captured.requires_grad = [leaves[p].requires_grad for p in positions]
     replay = _Replay(gm)
 
-    def flat_fn(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    def flat_fn(*inputs: Any) -> list[torch.Tensor]:
         call_leaves = list(leaves)
-        for pos, t in zip(positions, tensors):
+        for pos, t in zip(positions + sym_positions, inputs):
             call_leaves[pos] = t
+        tensors = inputs[: len(positions)]
+        for pos, (tensor, dim) in symbolic.sizes.items():
+            call_leaves[pos] = call_leaves[tensor].size(dim)
         with grad_modes, _AutogradMetadata(tensors, captured.detached):
             out = replay.run(*call_leaves)
         out_leaves, captured.out_spec = pytree.tree_flatten(out)
-        captured.out_template = [TENSOR_SLOT if isinstance(o, torch.Tensor) else o for o in out_leaves]
-        return [o for o in out_leaves if isinstance(o, torch.Tensor)]
+        # Tensors and symbolic scalars (`cache.length + 1`, which dynamo returns to update an attribute) are
+        # computed by the graph; other leaves are constants of the program.
+        computed = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+        captured.out_template = [TENSOR_SLOT if isinstance(o, computed) else o for o in out_leaves]
+        return [o for o in out_leaves if isinstance(o, computed)]
 
     grad_modes = _GradModes()
     # No real tensor may reach an op while tracing (it would run for real: a write would touch user memory);
     # the backend lifted the graph's tensor attributes to inputs, so every tensor here is a fake.
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
-    fakes = [mode.from_tensor(leaves[p]) for p in positions]
+    shape_env = ShapeEnv() if symbolic else None
+    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=shape_env)
+    fakes = [_fake(mode, leaves[p], symbolic.dims.get(p), names[p]) for p in positions]
+    syms = [
+        shape_env.create_unspecified_symint_and_symbol(leaves[p], ConstantSource(names[p]), DimDynamic.DYNAMIC)
+        for p in sym_positions
+    ]
     try:
         with quiet_fake_tensor_log(), fx_traceback.preserve_node_meta():
-            traced = make_fx(flat_fn, tracing_mode="fake")(*fakes)
+            traced = make_fx(flat_fn, tracing_mode="symbolic" if symbolic else "fake")(*fakes, *syms)
     except _DATA_DEPENDENT as e:
         if isinstance(e, DataDependentOutputException):
             what = "reads a tensor's value into Python"
@@ -137,10 +176,22 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str]) -> Captured
         raise DataDependentError(with_location(f"the program {what}", where)) from e
     _check_static(traced)
     grad_modes.annotate(traced)
-    _rename_inputs(traced, [names[p] for p in positions])
+    _rename_inputs(traced, [names[p] for p in positions + sym_positions])
     captured.gm = traced
     captured.fake_mode = mode
+    captured.symbols = syms
+    captured.sym_positions = sym_positions
+    captured.fakes = fakes
+    captured.names = list(names)
     return captured
+
+
+def _fake(mode: FakeTensorMode, t: torch.Tensor, dims: frozenset[int] | None, name: str) -> torch.Tensor:
+    """A fake of `t` with the sizes of `dims` as symbols (their strides follow), the rest static."""
+    if not dims:
+        return mode.from_tensor(t, static_shapes=True)
+    dynamic = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())]
+    return mode.from_tensor(t, source=LocalSource(name), symbolic_context=StatelessSymbolicContext(dynamic))
 
 
 class _AutogradMetadata(TorchFunctionMode):

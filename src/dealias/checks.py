@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from .errors import UnsupportedError
+
 aten = torch.ops.aten
 
 
@@ -70,11 +72,15 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
     for w in writes:
         for index, dim, neg in _index_args(w):
             size = w.args[0].meta["val"].shape[dim]
-            if (index, size, dim, neg) in done:
+            if (index, str(size), dim, neg) in done:
                 continue
-            done.add((index, size, dim, neg))
+            done.add((index, str(size), dim, neg))
             anchor = first if order[index] < order[first] else w
             with graph.inserting_before(anchor):
+                if isinstance(size, torch.SymInt):  # read from the written tensor when it is symbolic
+                    if order[w.args[0]] > order[anchor]:
+                        raise UnsupportedError("an index bound of symbolic size known only after the first write")
+                    size = graph.call_function(torch.ops.aten.sym_size.int, (w.args[0], dim))
                 graph.call_function(check_index_bounds, (index, size, dim, neg))
 
 

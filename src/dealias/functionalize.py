@@ -96,8 +96,11 @@ class Emitter:
         self.fake_mode = fake_mode
         self.stack_trace: str | None = None
         self.grad: bool | None = None  # grad mode of the op being translated
+        self.symbols: dict[Any, Any] | None = None  # symbol or expression -> its node (see symbolic)
 
     def call(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
+        if self.fake_mode.shape_env is not None:
+            args, kwargs = self.symbolic((args, kwargs))
         name = op_name(op) if op is not operator.getitem else "getitem"
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
         fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (args, kwargs))
@@ -111,6 +114,64 @@ class Emitter:
         grad = self.grad if self.grad is not None else torch.is_grad_enabled()
         node.meta["rg"] = grad and any(a.meta.get("rg") for a in node.all_input_nodes)
         return node
+
+    def symbolic(self, tree: Any) -> Any:
+        """`tree` with every symbolic size in it (a SymInt taken from a fake value: `[s0, 4]`, `4*s0`) as a node
+        of the graph computing it from the inputs: an input int, `x.size(d)` of an input, or arithmetic on them
+        (placed right after the inputs). A size no input determines raises UnsupportedError (the backend then
+        compiles with sizes specialized)."""
+        return pytree.tree_map_only(torch.SymInt, self._sym_node, tree)
+
+    def _sym_node(self, value: torch.SymInt) -> Any:
+        expr = value.node.expr
+        if expr.is_Integer:
+            return int(expr)
+        if self.symbols is None:
+            self.symbols = {}
+            for n in self.graph.nodes:
+                val = n.meta.get("val")
+                if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:
+                    self.symbols.setdefault(val.node.expr, n)
+                elif n.op == "placeholder" and isinstance(val, torch.Tensor):
+                    for d, size in enumerate(val.shape):
+                        if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                            self.symbols.setdefault(size.node.expr, (n, d))
+        return self._expr_node(expr)
+
+    def _expr_node(self, expr: Any) -> Any:
+        if expr.is_Integer:
+            return int(expr)
+        hit = self.symbols.get(expr)
+        if isinstance(hit, fx.Node):
+            return hit
+        if isinstance(hit, tuple):
+            node = self._early(aten.sym_size.int, *hit)
+        elif type(expr).__name__ in _SYMPY_OPS:
+            op = _SYMPY_OPS[type(expr).__name__]
+            parts = [self._expr_node(a) for a in expr.args]
+            node = parts[0]
+            for part in parts[1:]:
+                node = self._early(op, node, part)
+        else:
+            raise UnsupportedError(f"a symbolic size ({expr}) that no input of the program determines")
+        self.symbols[expr] = node
+        return node
+
+    def _early(self, op: Callable[..., Any], *args: Any) -> fx.Node:
+        """`op(*args)` on sizes, placed after the graph's inputs, so every later position can use it."""
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        last = [n for n in self.graph.nodes if n.op == "placeholder"][-1]
+        last = max([last, *(a for a in args if isinstance(a, fx.Node))], key=order.__getitem__)
+        with self.graph.inserting_after(last):
+            node = self.graph.call_function(op, args)
+        fargs = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
+        node.meta["val"] = op(*fargs)
+        node.meta["rg"] = False
+        return node
+
+
+# sympy's operations on sizes, as the Python operators that compute them.
+_SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod}
 
 
 def functionalize(captured: Captured, info: AliasInfo) -> FunctionalProgram:
@@ -141,6 +202,7 @@ class _Functionalizer:
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
+        self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
 
     # -- reading -------------------------------------------------------------------------------------
     def materialize(self, v: Value) -> fx.Node:
@@ -148,7 +210,7 @@ class _Functionalizer:
         hit = self.cache.get(v)
         if hit is not None and hit[1] == self.version[v.storage]:
             return hit[0]
-        node = replay_chain(v.chain, self.base[v.storage], self.emit.call)
+        node = replay_chain(self._steps(v.chain), self.base[v.storage], self.emit.call)
         self.cache[v] = (node, self.version[v.storage])
         return node
 
@@ -191,7 +253,7 @@ class _Functionalizer:
                 )
             )
         # bases[i] is the value the i-th step of the chain applies to; bases[-1] is v itself.
-        chain = v.chain
+        chain = self._steps(v.chain)
         bases = [self.base[s]]
         for step in chain:
             bases.append(replay(step, bases[-1], self.emit.call))
@@ -343,7 +405,7 @@ class _Functionalizer:
                     user.replace_input_with(ph, clone)
             for member, step in self.member_steps.get(wb.target, []):  # members of the alias group
                 with self.graph.inserting_after(clone):
-                    view = self.graph.call_function(as_strided_rel, (clone, *step.args))
+                    view = self.graph.call_function(as_strided_rel, (clone, *self.emit.symbolic(step.args)))
                 view.meta.update(val=member.meta["val"], rg=True, grad=True)
                 for user in list(member.users):
                     user.replace_input_with(member, view)
@@ -358,7 +420,21 @@ class _Functionalizer:
         self.first[v.obj] = self.latest[v.obj] = v
         self.caller_objs.setdefault(v.obj, ref)
 
+    def _steps(self, chain: tuple[ViewStep, ...]) -> tuple[ViewStep, ...]:
+        """`chain` with its symbolic arguments (captured nodes: `select(1, pos)`) as this graph's nodes."""
+        if not self.scalars:
+            return chain
+        return tuple(
+            ViewStep(step.op, *pytree.tree_map_only(fx.Node, self.scalars.__getitem__, (step.args, step.kwargs)))
+            for step in chain
+        )
+
     def _placeholder(self, node: fx.Node) -> None:
+        if self.info.values[node] is None:  # a symbolic scalar input
+            ph = self.graph.placeholder(node.name)
+            ph.meta["val"] = node.meta["val"]
+            self.scalars[node] = self.emitted[node] = ph
+            return
         v = self.info.value(node)
         ph = self.graph.placeholder(node.name)
         ph.meta["val"] = node.meta["val"]
@@ -398,6 +474,10 @@ class _Functionalizer:
         op = node.target
         v = self.info.values.get(node)
         self._track_no_grad(node)
+        if v is None and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat)):
+            # Arithmetic on symbols or a tensor's symbolic size (`pos + 1`, `x.size(0)`): computed in the graph.
+            self.scalars[node] = self.emitted[node] = self.emit.call(op, *self.read(node.args), **self.read(node.kwargs))
+            return
         if op is operator.getitem:
             if isinstance(v, Value) and v.storage not in self.base:  # an element of a functional tuple
                 item = self.emit.call(operator.getitem, self.emitted[node.args[0]], node.args[1])
@@ -524,11 +604,16 @@ class _Functionalizer:
                 write = MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, obj in self.detached)
                 self.program.metadata_writebacks.append(write)
         if self.nograd_written or self.nograd_views:
-            intermediates = [a for a in node.args[0] if self.info.value(a).storage.kind == "intermediate"]
+            values = [a for a in node.args[0] if isinstance(self.info.values.get(a), Value)]
+            intermediates = [a for a in values if self.info.value(a).storage.kind == "intermediate"]
             self._refuse_lost_history(node, intermediates, [a for a in node.args[0] if a in self.nograd_views])
         results: dict[Storage, int] = {}
         seen: dict[int, int] = {}  # tensor object -> its first output position
         for position, arg in enumerate(node.args[0]):
+            if self.info.values.get(arg) is None and arg in self.scalars:  # a symbolic scalar: computed
+                self.program.outputs.append(OutputSlot(Ref("result", len(outs))))
+                outs.append(self.scalars[arg])
+                continue
             v = self.info.value(arg)
             s = v.storage
             if v.obj in seen:  # eager returns that very object again (`flatten()` of a 1-D tensor is itself)

@@ -99,17 +99,29 @@ def overlap_structure(tensors: list[torch.Tensor]) -> tuple[Any, ...]:
     )
 
 
-def tensor_check(tensors: list[torch.Tensor]) -> Any:
-    """A callable `check(*tensors) -> bool` accepting exactly tensors like these (see the module doc)."""
+def tensor_check(tensors: list[torch.Tensor], layouts: list[tuple[list[Any], list[Any]]] | None = None) -> Any:
+    """A callable `check(*tensors) -> bool` accepting exactly tensors like these (see the module doc). With
+    `layouts` (per tensor: sizes and strides, None where a program holds them symbolic), sizes and strides are
+    checked only where static; the program's shape guard checks the rest."""
+    if layouts is None:
+        layouts = [(list(t.shape), list(t.stride())) for t in tensors]
     if _TensorGuards is not None:
         guard = _TensorGuards(
             *tensors,
-            dynamic_dims_sizes=[list(t.shape) for t in tensors],
-            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+            dynamic_dims_sizes=[sizes for sizes, _ in layouts],
+            dynamic_dims_strides=[strides for _, strides in layouts],
         )
         return guard.check
-    keys = tuple(map(_leaf_key, tensors))
-    return lambda *ts: tuple(map(_leaf_key, ts)) == keys
+    def layout_key(t: torch.Tensor, layout: tuple[list[Any], list[Any]]) -> tuple[Any, ...]:
+        k = _leaf_key(t)  # the storage offset (k[5]) is the lookup key's business
+        return (*k[:3], _masked(k[3], layout[0]), _masked(k[4], layout[1]), *k[6:])
+
+    keys = [layout_key(t, layout) for t, layout in zip(tensors, layouts)]
+    return lambda *ts: all(layout_key(t, layout) == k for t, layout, k in zip(ts, layouts, keys))
+
+
+def _masked(values: Any, layout: list[Any]) -> tuple[Any, ...]:
+    return tuple(None if want is None else v for v, want in zip(values, layout))
 
 
 def guard_key(

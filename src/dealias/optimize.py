@@ -63,7 +63,7 @@ def distinct_outputs(gm: fx.GraphModule, first: int) -> fx.GraphModule:
     values = list(out.args[0])
     seen: set[fx.Node] = set()
     for i in range(first, len(values)):
-        if values[i] in seen:
+        if values[i] in seen and isinstance(values[i].meta.get("val"), torch.Tensor):
             with gm.graph.inserting_before(out):
                 clone = gm.graph.call_function(torch.ops.aten.clone.default, (values[i],))
             clone.meta = dict(values[i].meta)

@@ -5,13 +5,17 @@ lowering -> executor. Its input is a graph from dynamo and the real inputs of on
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils import _pytree as pytree
+from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
 from .alias import analyze
-from .capture import capture
+from .capture import Symbolic, capture
+from .errors import UnsupportedError
 from .executor import inductor_executor, torch_executor, uniform_grad_mode, verify_functional
 from .functionalize import FunctionalProgram, Ref, functionalize
 from .optimize import optimize
@@ -70,11 +74,16 @@ def _alias_placeholders(gm: fx.GraphModule, captured: Any) -> dict[fx.Node, list
 
 
 def compile_program(
-    gm: fx.GraphModule, leaves: list[Any], names: list[str], executor: str = "torch"
+    gm: fx.GraphModule,
+    leaves: list[Any],
+    names: list[str],
+    executor: str = "torch",
+    symbolic: Symbolic | None = None,
 ) -> CompiledProgram:
     """capture -> alias analysis -> functionalize -> optimize -> write-back lowering -> executor, for dynamo's
-    graph `gm` called with `leaves`, whose inputs are called `names`."""
-    captured = capture(gm, leaves, names)
+    graph `gm` called with `leaves`, whose inputs are called `names`; what `symbolic` names stays symbolic (the
+    program's `shape_guard` says for which calls it holds)."""
+    captured = capture(gm, leaves, names, symbolic)
     info = analyze(captured.gm, captured.groups)
     fp = functionalize(captured, info)
     fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
@@ -90,6 +99,7 @@ def compile_program(
     else:
         fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
         run, name = torch_executor(fp.gm, grad), "execution trace (torch executor)"
+    _no_loose_symbols(fp.gm)
     # Name each caller tensor as the captured graph does (after the user's argument or attribute).
     inputs = [n.name for n in captured.gm.graph.nodes if n.op == "placeholder"]
     reports = [
@@ -102,7 +112,57 @@ def compile_program(
         functional,
         _execution_trace(fp, reports, name),
     ]
-    return CompiledProgram(captured, fp, run, traces, functional_gm, reports)
+    return CompiledProgram(
+        captured, fp, run, traces, functional_gm, reports, _shape_guard(captured), tensor_layouts(captured)
+    )
+
+
+def _no_loose_symbols(gm: fx.GraphModule) -> None:
+    """Every symbolic size a graph uses must be a value of the graph (a node); a SymInt object left in an op's
+    arguments would be printed as its symbol's name and fail when run. Refuse instead (the backend then
+    compiles with sizes specialized)."""
+    for node in gm.graph.nodes:
+        loose = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, _SYM_TYPES)]
+        if loose:
+            raise UnsupportedError(f"{node.target} takes the symbolic size {loose[0]} as a constant")
+
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _shape_guard(captured: Any) -> Any:
+    """For a program over symbols: `guard(leaves) -> bool`, whether this call satisfies every assumption the
+    compile made about its symbolic sizes and scalars (`0 <= pos <= 13`, `x.size(0) >= 2`), from the program's
+    ShapeEnv; None if the program has no symbols. Generated once as a Python function of the inputs. Static
+    sizes and strides are left to the tensor check (`tensor_layouts`)."""
+    shape_env = captured.fake_mode.shape_env
+    if shape_env is None:
+        return None
+    tensors = [p for p, f in zip(captured.tensor_positions, captured.fakes) if _symbolic(f)]
+    positions = [*tensors, *captured.sym_positions]
+    placeholders = [captured.fakes[captured.tensor_positions.index(p)] for p in tensors] + captured.symbols
+    code = shape_env.produce_guards_expression(placeholders)
+    names = [f"t{i}" for i in range(len(positions))]
+    for name in names:
+        code = code.replace(f"L['{name}']", name) if code else code
+    check = eval(f"lambda {', '.join(names)}: {code or True}", dict(SYMPY_INTERP))  # noqa: S307 - torch's guard
+    guard = lambda leaves: check(*(leaves[p] for p in positions))
+    guard.text = code or "True"  # for explaining a miss, in the user's names
+    for name, p in zip(names, positions):
+        guard.text = re.sub(rf"\b{name}\b", captured.names[p], guard.text)
+    return guard
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def tensor_layouts(captured: Any) -> list[tuple[list[Any], list[Any]]]:
+    """Per tensor input, the sizes and strides the program is specialized to (None where symbolic)."""
+    def static(xs: Any) -> list[Any]:
+        return [None if isinstance(x, torch.SymInt) else x for x in xs]
+
+    return [(static(f.shape), static(f.stride())) for f in captured.fakes]
 
 
 def _whole_report(fp: FunctionalProgram, wb: Any) -> WriteBackReport:

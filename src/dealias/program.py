@@ -44,12 +44,15 @@ class CompiledProgram:
     traces: list[Any]
     functional_gm: fx.GraphModule  # the functional graph before write-back lowering (for inspection)
     reports: list[Any]  # WriteBackReport per caller tensor written
+    shape_guard: Callable[[list[Any]], bool] | None = None  # the calls its symbolic sizes and scalars hold for
+    layouts: list[tuple[list[Any], list[Any]]] | None = None  # per tensor input: static sizes, strides (or None)
 
     def __post_init__(self) -> None:
         # Everything a call does beyond running the graph is resolved here once: a cache hit only indexes.
         cap, fp = self.captured, self.functional
         self._positions = tuple(cap.tensor_positions)
         self._all_tensors = self._positions == tuple(range(cap.in_spec.num_leaves))
+        self._symbols = tuple(cap.sym_positions)  # symbolic scalars: graph inputs after the tensors
         self._switches_grad = any(
             n.target is torch._C._set_grad_enabled for n in fp.gm.graph.nodes if n.op == "call_function"
         )
@@ -89,6 +92,8 @@ class CompiledProgram:
     def __call__(self, leaves: list[Any]) -> Any:
         tensors = leaves if self._all_tensors else [leaves[p] for p in self._positions]
         bases = [g.base_of(tensors) for g in self.captured.groups] if self.captured.groups else []
+        if self._symbols:
+            bases = [*(leaves[p] for p in self._symbols), *bases]
         grad = torch.is_grad_enabled()
         if self._switches_grad:
             try:

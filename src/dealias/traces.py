@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,9 @@ def _arg(a: Any) -> str:
 def _index_text(index: tuple[Any, ...]) -> str:
     def one(i: Any) -> str:
         if isinstance(i, slice):
-            text = f"{'' if i.start is None else i.start}:{'' if i.stop is None or i.stop >= 2**62 else i.stop}"
-            return text + (f":{i.step}" if i.step not in (None, 1) else "")
+            open_end = i.stop is None or (isinstance(i.stop, int) and i.stop >= 2**62)
+            text = f"{'' if i.start is None else _arg(i.start)}:{'' if open_end else _arg(i.stop)}"
+            return text + (f":{_arg(i.step)}" if i.step not in (None, 1) else "")
         return _arg(i)
 
     return ", ".join(one(i) for i in index)
@@ -60,11 +62,20 @@ def _meta(node: fx.Node) -> str:
     return ""
 
 
+_INFIX = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//", operator.mod: "%"}
+
+
 def format_graph(
     gm: fx.GraphModule, name: str, header: str, epilogue: list[str] | None = None, returns: str | None = None
 ) -> str:
     lines = [f"# {header}"]
     params = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    # Symbolic sizes are shown by the name of the input they come from (`[2, pos + 1]`, not `[2, s33 + 1]`).
+    symbols = {
+        str(n.meta["val"].node.expr): n.name
+        for n in gm.graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.SymInt) and n.meta["val"].node.expr.is_Symbol
+    }
     lines.append(f"def {name}({', '.join(params)}):")
     for node in gm.graph.nodes:
         if node.op == "get_attr":
@@ -73,6 +84,8 @@ def format_graph(
             stmt = f"{node.name} = {_arg(node.args[0])}[{_index_text(node.args[1])}]"
         elif node.target is operator.setitem:
             stmt = f"{_arg(node.args[0])}[{_index_text(node.args[1])}] = {_arg(node.args[2])}"
+        elif node.target in _INFIX and len(node.args) == 2:  # arithmetic on sizes and positions
+            stmt = f"{node.name} = {_arg(node.args[0])} {_INFIX[node.target]} {_arg(node.args[1])}"
         elif node.op == "call_function":
             args = [_arg(a) for a in node.args] + [f"{k}={_arg(v)}" for k, v in node.kwargs.items()]
             stmt = f"{node.name} = {_target(node.target)}({', '.join(args)})"
@@ -85,7 +98,10 @@ def format_graph(
             continue
         else:
             continue
-        notes = "  ".join(x for x in (_meta(node), node_location(node)) if x)
+        shape = _meta(node)
+        for symbol, input_name in symbols.items():
+            shape = re.sub(rf"\b{symbol}\b", input_name, shape)
+        notes = "  ".join(x for x in (shape, node_location(node)) if x)
         lines.append(f"    {stmt:<60}  # {notes}" if notes else f"    {stmt}")
     for e in epilogue or []:
         lines.append(f"    {e}")
