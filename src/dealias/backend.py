@@ -9,10 +9,11 @@ memory and how, storage offsets, functionalization and exact write-back.
 
 A graph is compiled lazily, on its first call, with the real inputs of that call: a graph's example inputs
 can be fake (DDP's graph splitter hands over fakes), and only real inputs tell which of them overlap in
-memory. A `GraphProgram` keeps one compiled program per input layout (storage sharing, offsets, shapes,
-strides and the values of Python scalars that dynamo left symbolic), found by a two-step key (`guards.py`): a
-call whose layout changes compiles a new program inside the backend, with the reason recorded, up to
-`cache_limit` programs per graph; past that, the graph runs eagerly.
+memory. A `GraphProgram` keeps compiled programs per input layout (storage sharing and overlap, static
+shapes and strides, specialized scalars), found by a two-step key (`guards.py`); ints and sizes dynamo made
+symbolic stay symbols, and each program's shape guard says which of their values it holds for. A call that
+matches no program compiles a new one inside the backend, with the reason recorded, up to `cache_limit`
+programs per graph; past that, the graph runs eagerly.
 """
 
 from __future__ import annotations

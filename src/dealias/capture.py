@@ -2,8 +2,9 @@
 tensors, keeping the ops exactly as dispatched, in-place and view ops included (no PyTorch functionalization).
 
 Dynamo has already run the user's Python; this runs only the graph, so no user object is touched and no op runs
-on a real tensor. Python scalars among the graph's inputs are specialized: they are baked into the trace and
-belong to the backend's cache key (see `guards.py`). Each traced op keeps the user's source line.
+on a real tensor. Python scalars among the graph's inputs are specialized (baked into the trace, part of the
+backend's cache key, see `guards.py`), except the ints and sizes dynamo made symbolic, which are traced as
+symbols (`Symbolic`). Each traced op keeps the user's source line.
 """
 
 from __future__ import annotations

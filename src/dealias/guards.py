@@ -1,8 +1,9 @@
 """Guards: everything about a call that changes the meaning of its compiled program.
 
-Per tensor: type, dtype, device, shape, strides, storage offset, requires_grad, leaf-ness, conj/neg bits.
-Per other leaf: its type and value (Python scalars are specialized). Per call: the argument structure, grad
-mode, inference mode, and which tensors share a storage.
+Per tensor: type, dtype, device, shape, strides (static ones), requires_grad, leaf-ness, conj/neg bits; the
+storage offset only where the program reads absolute offsets. Per other leaf: its type and value (specialized
+scalars; symbolic ones are left to the program's shape guard). Per call: the argument structure, grad mode,
+inference mode, which tensors share a storage and, for those, how they overlap.
 
 A lookup is split in two so that a cache hit stays cheap for many tensors: a hashable key of what Python
 reads fast (structure, modes, values, storage sharing, offsets, leaf-ness), then, among that key's entries,

@@ -8,8 +8,8 @@ traced over one synthetic base, a 1-D view covering the group's memory, and each
 `as_strided` view of it, so a write through one member is seen through the others exactly where eager
 would show it.
 
-This runs only when compiling: the guard key (shapes, strides, offsets, and which inputs share a storage)
-already determines which inputs overlap, so a cache hit never repeats it.
+This runs when compiling, and on a call only when some inputs share a storage (the guard key then holds the
+overlap structure, `guards.overlap_structure`).
 """
 
 from __future__ import annotations
