@@ -3,6 +3,7 @@ every call equal to eager (outputs, every mutated input, aliasing)."""
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -228,3 +229,47 @@ def test_shape_guard_failure_recompiles_and_says_why():
     assert str(compiled.value) == str(eager.value)
     reason = dealias.cache_info(jf).last_miss_reason
     assert "n <= 6" in reason, reason  # dynamo or dealias guarded the range the program holds for
+
+
+# --- random positions, sizes and placements against eager --------------------------------------------------------
+
+
+def window_update(buf, x, i):
+    buf.narrow(0, i, x.shape[0]).add_(x)
+    y = buf[i : i + 2].t()  # a view of the caller's tensor at a symbolic position, returned
+    y.mul_(2)
+    return buf.sum(0), y
+
+
+def prefix_copy(a, b, n):
+    a[:n].copy_(b[:n])
+    a.select(0, n).zero_()
+    return a[: n + 1].clone(), b
+
+
+def cache_prefix(cache, k, pos):
+    cache.select(1, pos).copy_(k)
+    out = cache[:, : pos + 1]  # returned: a view of the input whose size is symbolic
+    return out, out.mean(1)
+
+
+RANDOM_PROGRAMS = [
+    (window_update, lambda r: (torch.randn(r.randint(6, 12), 3), torch.randn(r.randint(1, 3), 3), r.randint(0, 3))),
+    (prefix_copy, lambda r: (torch.randn(10, 2), torch.randn(10, 2), r.randint(0, 8))),
+    (cache_prefix, lambda r: (torch.zeros(2, 12, 3), torch.randn(2, 3), r.randint(0, 11))),
+]
+
+
+@pytest.mark.parametrize("fn, make", RANDOM_PROGRAMS, ids=[f.__name__ for f, _ in RANDOM_PROGRAMS])
+def test_random_positions_sizes_and_rows_match_eager(fn, make):
+    r = random.Random(0)
+    calls = []
+    for _ in range(40):
+        args = make(r)
+        if r.random() < 0.3:  # the first argument as a row of a bigger buffer
+            big = torch.randn(3, *args[0].shape)
+            big[1] = args[0]
+            args = (big[1], *args[1:])
+        calls.append(args)
+    info = run_calls(fn, calls)
+    assert info.misses <= 6, info

@@ -63,6 +63,16 @@ class MetadataWriteBack:
 
 
 @dataclass(frozen=True)
+class ResultArg:
+    """In an output's view chain: a symbolic argument (`pos + 1`), computed by the graph as result `index`."""
+
+    index: int
+
+    def __repr__(self) -> str:
+        return f"result[{self.index}]"
+
+
+@dataclass(frozen=True)
 class OutputSlot:
     """One tensor output: `source` itself, or the view `chain` of it."""
 
@@ -203,6 +213,7 @@ class _Functionalizer:
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
+        self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
 
     # -- reading -------------------------------------------------------------------------------------
     def materialize(self, v: Value) -> fx.Node:
@@ -601,6 +612,8 @@ class _Functionalizer:
             if _layout(last.meta) != _layout(first.meta) or obj in self.detached:
                 m = last.meta
                 rel = m.storage_offset() - first.meta.storage_offset()
+                if any(isinstance(x, torch.SymInt) for x in (*m.shape, *m.stride(), rel)):
+                    raise UnsupportedError("a metadata change of a caller's tensor to a symbolic layout")
                 write = MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, obj in self.detached)
                 self.program.metadata_writebacks.append(write)
         if self.nograd_written or self.nograd_views:
@@ -629,7 +642,25 @@ class _Functionalizer:
                     results[s] = len(outs)
                     outs.append(self.base[s])
                 self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
+        if self.fake_symbolic:
+            self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
+
+    def _computed_chain(self, slot: OutputSlot, outs: list[fx.Node]) -> OutputSlot:
+        """An output view whose chain has symbolic arguments (`cache[:, :pos + 1]`): each becomes a result of the
+        graph, read by the epilogue when it replays the chain on the caller's tensor."""
+        chain = self.emit.symbolic(self._steps(slot.chain))
+        if not any(isinstance(a, fx.Node) for step in chain for a in pytree.tree_leaves((step.args, step.kwargs))):
+            return slot
+
+        def result(node: fx.Node) -> ResultArg:
+            outs.append(node)
+            return ResultArg(len(outs) - 1)
+
+        chain = tuple(
+            ViewStep(step.op, *pytree.tree_map_only(fx.Node, result, (step.args, step.kwargs))) for step in chain
+        )
+        return OutputSlot(slot.source, chain, slot.same_as)
 
     def _track_no_grad(self, node: fx.Node) -> None:
         """Views made under no_grad of a tensor that requires grad are not differentiable in eager (nor views of

@@ -17,8 +17,8 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from .capture import TENSOR_SLOT, Captured
-from .functionalize import FunctionalProgram, Ref
-from .viewops import replay_chain
+from .functionalize import FunctionalProgram, Ref, ResultArg
+from .viewops import ViewStep, replay_chain
 
 
 def _restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
@@ -30,6 +30,15 @@ def _restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
     if spec.type is dict:
         return {k: _restore_sizes(c, value[k]) for k, c in zip(spec.context, spec.children())}
     return value
+
+
+def _has_results(chain: Any) -> bool:
+    return any(isinstance(a, ResultArg) for step in chain for a in pytree.tree_leaves((step.args, step.kwargs)))
+
+
+def _resolved(chain: tuple[ViewStep, ...], results: list[Any]) -> tuple[ViewStep, ...]:
+    value = lambda r: results[r.index]
+    return tuple(ViewStep(s.op, *pytree.tree_map_only(ResultArg, value, (s.args, s.kwargs))) for s in chain)
 
 
 def _torch_call(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -58,6 +67,8 @@ class CompiledProgram:
         )
         self._writebacks = [(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
         self._outputs = [(self._getter(slot.source), slot.chain, slot.same_as) for slot in fp.outputs]
+        # Output chains with symbolic arguments take them from the graph's results on each call.
+        self._computed = any(_has_results(slot.chain) for slot in fp.outputs)
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
         n = len(cap.out_template)
         all_tensors = all(t is TENSOR_SLOT for t in cap.out_template)
@@ -114,6 +125,8 @@ class CompiledProgram:
                 outs.append(outs[same_as])
                 continue
             t = get(tensors, bases, results)
+            if chain and self._computed:
+                chain = _resolved(chain, results)
             outs.append(replay_chain(chain, t, _torch_call) if chain else t)
         for get, m in self._metadata:
             t = get(tensors, bases, results)

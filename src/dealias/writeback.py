@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils import _pytree as pytree
 
 from .checks import guard_index_writes
-from .functionalize import Emitter, FunctionalProgram, Ref
+from .functionalize import Emitter, FunctionalProgram, OutputSlot, Ref, ResultArg
 from .opfacts import OpKind, facts, has_effect, inplace_variant
 from .viewops import ViewStep, chain_text, internal_overlap, inverse, op_name
 
@@ -279,10 +280,7 @@ def lower(
     out_node.args = (tuple(new_results),)
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
     fp.writebacks = [replace(wb, output=remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
-    fp.outputs = [
-        replace(s, source=Ref("result", remap[s.source.key])) if s.source.kind == "result" and s.same_as is None else s
-        for s in fp.outputs
-    ]
+    fp.outputs = [_remapped(s, remap) for s in fp.outputs]
     for n in reversed(list(graph.nodes)):
         if n.op == "call_function" and not n.users and not has_effect(n.target):
             graph.erase_node(n)
@@ -290,6 +288,19 @@ def lower(
     graph.lint()
     gm.recompile()
     return fp, reports
+
+
+def _remapped(slot: OutputSlot, remap: dict[int, int]) -> OutputSlot:
+    """`slot` with the graph results it reads (its source, symbolic arguments of its chain) renumbered."""
+    if slot.same_as is not None:
+        return slot
+    if slot.source.kind == "result":
+        slot = replace(slot, source=Ref("result", remap[slot.source.key]))
+    chain = tuple(
+        ViewStep(s.op, *pytree.tree_map_only(ResultArg, lambda r: ResultArg(remap[r.index]), (s.args, s.kwargs)))
+        for s in slot.chain
+    )
+    return replace(slot, chain=chain)
 
 
 def _root_placeholder(gm: fx.GraphModule, target: Ref) -> fx.Node | None:
