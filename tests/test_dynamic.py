@@ -99,6 +99,7 @@ def test_decode_position_compiles_at_most_twice():
     k = torch.randn(2, 3, 4)
     info = run_calls(decode_write, [(cache, k, pos) for pos in range(39)])
     assert info.misses <= 2, info
+    assert info.dynamic == ("pos",), info
     # At the last position the slice read is the whole buffer, a contiguous tensor: torch's shape functions
     # guard on that, and it is one more program.
     info = run_calls(decode_write, [(cache, k, pos) for pos in (0, 5, 39, 38, 39)])
@@ -198,6 +199,7 @@ def test_sequence_lengths_1_to_64_compile_at_most_twice():
     m = Attention()
     info = run_calls(m, [(torch.randn(2, n, 16),) for n in range(1, 65)])
     assert info.misses <= 2, info
+    assert info.dynamic == ("x.size(1)",), info
 
 
 def fill_prefix(buf, x):

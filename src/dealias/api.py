@@ -30,6 +30,7 @@ class CacheInfo:
     entries: int
     eager_entries: int  # input layouts of a graph that run it eagerly, plus 1 if the whole function runs eagerly
     last_miss_reason: str = ""  # why the latest compile happened ("first call" or what changed)
+    dynamic: tuple[str, ...] = ()  # what compiled programs hold symbolic: `pos`, `x.size(1)`
 
 
 class JitFunction:
@@ -153,7 +154,9 @@ class JitFunction:
         entries = sum(g.entries for g in graphs)
         eager = sum(1 for g in graphs for bucket in g.cache.values() for *_, e, _ in bucket if e is _EAGER)
         eager += self.eager
-        return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason)
+        programs = [e for g in graphs for bucket in list(g.cache.values()) for *_, e, _ in bucket if e is not _EAGER]
+        dynamic = dict.fromkeys(name for p in programs for name in p.symbolic_inputs())
+        return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason, tuple(dynamic))
 
 
 def _frames_compiled() -> int:

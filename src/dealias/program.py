@@ -83,6 +83,16 @@ class CompiledProgram:
             self._pack = self._unflatten
         self._has_size = "TreeSpec(Size" in repr(cap.out_spec)
 
+    def symbolic_inputs(self) -> list[str]:
+        """What this program holds symbolic, in the user's names: `pos`, `x.size(1)`."""
+        cap = self.captured
+        if cap.fake_mode is None or cap.fake_mode.shape_env is None:
+            return []
+        out = [cap.names[p] for p in cap.sym_positions]
+        for p, fake in zip(cap.tensor_positions, cap.fakes):
+            out += [f"{cap.names[p]}.size({d})" for d, s in enumerate(fake.shape) if isinstance(s, torch.SymInt)]
+        return out
+
     def _getter(self, ref: Ref) -> Callable[[list[torch.Tensor], list[torch.Tensor], Any], torch.Tensor]:
         key = ref.key
         if ref.kind == "input":

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
 
 from .checks import guard_index_writes
@@ -138,6 +139,11 @@ def match_region_write(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx
     return None
 
 
+def _known(cond: Any) -> bool:
+    """True only if `cond` holds for every value of its symbols (no guard added); plain bools as they are."""
+    return statically_known_true(cond) if isinstance(cond, torch.SymBool) else bool(cond)
+
+
 def _updated_in_place(node: fx.Node) -> fx.Node | None:
     """For `op(B, ...)` of B's shape and dtype where `op` has an in-place form (`add(x, 1)` for `x.add_(1)`,
     `index_copy(x, ...)`, `copy(x, src)`): B. Such a node is a full write of B's memory when B is dead
@@ -150,10 +156,13 @@ def _updated_in_place(node: fx.Node) -> fx.Node | None:
     bv, nv = b.meta.get("val"), node.meta.get("val")
     if not isinstance(bv, torch.Tensor) or not isinstance(nv, torch.Tensor):
         return None
-    same_layout = all(x == y for n, x, y in zip(bv.shape, bv.stride(), nv.stride()) if n > 1)
+    # An optimization's question: asked without guards on symbolic sizes (`_known`), so that it never narrows
+    # the values a program holds for; where it cannot tell, the write stays a copy.
+    same_shape = bv.dim() == nv.dim() and all(_known(x == y) for x, y in zip(bv.shape, nv.shape))
+    same_layout = all(_known(x == y) for n, x, y in zip(bv.shape, bv.stride(), nv.stride()) if not _known(n <= 1))
     # (the layout too: running `cumsum` in place on a transposed buffer would return eager's fresh,
     # contiguous result with the buffer's strides)
-    return b if bv.shape == nv.shape and bv.dtype == nv.dtype and same_layout else None
+    return b if same_shape and bv.dtype == nv.dtype and same_layout else None
 
 
 def _matches(rec: tuple[Any, tuple[Any, ...], dict], node: fx.Node, value: fx.Node) -> bool:
