@@ -3,6 +3,7 @@ every call equal to eager (outputs, every mutated input, aliasing)."""
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 from collections.abc import Callable
@@ -275,3 +276,46 @@ def test_random_positions_sizes_and_rows_match_eager(fn, make):
         calls.append(args)
     info = run_calls(fn, calls)
     assert info.misses <= 6, info
+
+
+def made_from_an_int(n):
+    x = torch.arange(n, dtype=torch.float32)  # no tensor input: the symbol's ShapeEnv comes from dealias
+    y = torch.zeros(n + 2)
+    y[1 : n + 1] = x
+    return y.cumsum(0), torch.full((n, 2), 1.5)
+
+
+def test_tensors_sized_by_an_int_compile_at_most_twice():
+    info = run_calls(made_from_an_int, [(n,) for n in (3, 4, 5, 9, 2, 7, 12)])
+    assert info.misses <= 2 and info.dynamic == ("n",), info
+
+
+def test_training_with_changing_batch_sizes_matches_eager():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 1)
+    )
+    ref = copy.deepcopy(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    jnet, jstep = dealias.jit(net), dealias.jit(opt.step)
+    for batch in (3, 16, 5, 9, 12, 4, 7):
+        x = torch.randn(batch, 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)  # the optimizer's own graph breaks
+            jnet(x).pow(2).mean().backward()
+            jstep()
+        ref(x).pow(2).mean().backward()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for (name, a), b in zip(net.state_dict().items(), ref.state_dict().values()):
+            assert torch.equal(a, b), f"batch {batch}: {name}"
+    info = dealias.cache_info(jnet)
+    assert info.misses <= 2 and info.dynamic == ("args[0].size(0)",), info
+
+
+def test_symbolic_position_with_the_inductor_executor():
+    info = run_calls(decode_write, [(torch.randn(2, 3, 12, 4), torch.randn(2, 3, 4), p) for p in (1, 4, 6, 9)],
+                     executor="inductor")
+    assert info.misses <= 2, info

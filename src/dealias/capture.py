@@ -164,7 +164,9 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
         for p in sym_positions
     ]
     try:
-        with quiet_fake_tensor_log(), fx_traceback.preserve_node_meta():
+        # make_fx finds the fake mode through the inputs' tensors; with symbols and no tensor input (`f(n)`), only
+        # the active mode tells it which ShapeEnv the symbols belong to.
+        with quiet_fake_tensor_log(), fx_traceback.preserve_node_meta(), mode if syms else contextlib.nullcontext():
             traced = make_fx(flat_fn, tracing_mode="symbolic" if symbolic else "fake")(*fakes, *syms)
     except _DATA_DEPENDENT as e:
         if isinstance(e, DataDependentOutputException):
