@@ -272,8 +272,10 @@ def run_program(prog: Program) -> Outcome:
     except Exception as e:  # noqa: BLE001
         return Outcome("ok", f"does not load: {e}")
     jitted = dealias.jit(program)
-    for call in range(2):
-        args = make_args()
+    # Calls 1 and 2 compile and hit the cache; call 3 moves the arguments elsewhere in memory (same sharing, new
+    # storage offsets), which a program must not depend on.
+    for call in range(2 if prog.autograd else 3):
+        args = make_args() if call < 2 else _shifted(make_args(), pad=1 + prog.seed % 7)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FallbackWarning)
             diff = compare_call(program, jitted, args)
@@ -288,6 +290,23 @@ def run_program(prog: Program) -> Outcome:
     if dealias.cache_info(jitted).entries == 0:
         return Outcome("error-matched")
     return Outcome("ok")
+
+
+def _shifted(args: tuple[Any, ...], pad: int) -> tuple[Any, ...]:
+    """`args` copied into storages `pad` elements longer at the front: same values, sizes, strides and sharing,
+    every storage offset moved by `pad`."""
+    moved: dict[int, torch.Tensor] = {}
+    out = []
+    for x in args:
+        if not isinstance(x, torch.Tensor):
+            out.append(x)
+            continue
+        key = x.untyped_storage()._cdata
+        if key not in moved:
+            old = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage())
+            moved[key] = torch.cat([torch.zeros(pad, dtype=x.dtype), old.detach()])
+        out.append(moved[key].as_strided(x.shape, x.stride(), x.storage_offset() + pad))
+    return tuple(out)
 
 
 def _compare_grads(program: Callable[..., Any], jitted: Callable[..., Any], make_args: Callable[[], Any]) -> str | None:
