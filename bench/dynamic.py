@@ -122,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         fn = make_fn()
         calls, reset = make_calls(a.steps)
         makers = {
-            "alone": lambda: torch.compile(fn, backend=lambda gm, example_inputs: gm.forward),
-            "dealias": lambda: dealias.jit(fn),
+            "alone": lambda fn=fn: torch.compile(fn, backend=lambda gm, example_inputs: gm.forward),
+            "dealias": lambda fn=fn: dealias.jit(fn),
         }
         if not a.no_inductor:
-            makers["inductor"] = lambda: torch.compile(fn)
+            makers["inductor"] = lambda fn=fn: torch.compile(fn)
         cells, eager_best = {}, float("inf")
         for key, make in makers.items():
             # Each front end from a fresh dynamo (its automatic-dynamic state is per code object, so a variant

@@ -148,7 +148,7 @@ class Counter:
 def test_int_attribute_of_a_cache_object_stays_a_plain_int():
     obj, ref = Counter(torch.zeros(12, 3)), Counter(torch.zeros(12, 3))
     jf = dealias.jit(obj.append)
-    for i in range(12):
+    for _ in range(12):
         row = torch.randn(3)
         got, want = jf(row), ref.append(row)
         assert type(got) is int and got == want
@@ -316,6 +316,7 @@ def test_training_with_changing_batch_sizes_matches_eager():
 
 
 def test_symbolic_position_with_the_inductor_executor():
-    info = run_calls(decode_write, [(torch.randn(2, 3, 12, 4), torch.randn(2, 3, 4), p) for p in (1, 4, 6, 9)],
-                     executor="inductor")
+    info = run_calls(
+        decode_write, [(torch.randn(2, 3, 12, 4), torch.randn(2, 3, 4), p) for p in (1, 4, 6, 9)], executor="inductor"
+    )
     assert info.misses <= 2, info

@@ -32,10 +32,9 @@ from torch._dynamo.convert_frame import compile_lock
 from torch._dynamo.exc import SkipFrame
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
-from .capture import node_location
+from .capture import Symbolic, node_location
 from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
 from .guards import explain_miss, guard_key, lookup_key, tensor_check
-from .capture import Symbolic
 from .pipeline import compile_program
 from .sharing import find_groups_or_none, overlapping_pairs
 from .verify import VerificationError, clone_args, first_difference
@@ -204,7 +203,9 @@ class GraphProgram:
             try:
                 return compile_program(self.gm, leaves, self.names, self.options.executor, self.symbolic)
             except Exception as e:  # noqa: BLE001 - any failure: compile again with the values specialized
-                log.info("dealias: %s compiles with its symbolic values specialized: %s", self.stats.name, e, exc_info=True)
+                log.info(
+                    "dealias: %s compiles with its symbolic values specialized: %s", self.stats.name, e, exc_info=True
+                )
         try:
             return compile_program(self.gm, leaves, self.names, self.options.executor)
         except EagerSemanticsError:

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
+from torch._dynamo.source import ConstantSource, LocalSource
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensorMode,
 )
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch._dynamo.source import ConstantSource, LocalSource
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
     GuardOnDataDependentSymNode,

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .capture import quiet_fake_tensor_log
 from .errors import InternalError
-from .opfacts import OpKind, facts, has_effect
+from .opfacts import OpKind, facts, has_effect, is_view_node
 
 aten = torch.ops.aten
 
@@ -185,9 +185,8 @@ def _only_read(node: fx.Node) -> bool:
     for user in node.users:
         if user.op == "output" or user.target in (operator.setitem,) or has_effect(user.target):
             return False
-        if isinstance(user.target, torch._ops.OpOverload) and facts(user.target).kind is OpKind.VIEW:
-            if not _only_read(user):
-                return False
+        if is_view_node(user) and not _only_read(user):
+            return False
     return True
 
 

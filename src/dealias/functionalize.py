@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from .alias import AliasInfo, Storage, Value
 from .capture import Captured, node_location
 from .errors import EagerSemanticsError, UnsupportedError, with_location
-from .opfacts import OpKind, facts, writes_nothing
+from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
 from .viewops import ViewStep, as_strided_rel, internal_overlap, inverse, op_name, replay, replay_chain
 
@@ -487,7 +487,9 @@ class _Functionalizer:
         self._track_no_grad(node)
         if v is None and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat)):
             # Arithmetic on symbols or a tensor's symbolic size (`pos + 1`, `x.size(0)`): computed in the graph.
-            self.scalars[node] = self.emitted[node] = self.emit.call(op, *self.read(node.args), **self.read(node.kwargs))
+            self.scalars[node] = self.emitted[node] = self.emit.call(
+                op, *self.read(node.args), **self.read(node.kwargs)
+            )
             return
         if op is operator.getitem:
             if isinstance(v, Value) and v.storage not in self.base:  # an element of a functional tuple
@@ -666,9 +668,7 @@ class _Functionalizer:
         """Views made under no_grad of a tensor that requires grad are not differentiable in eager (nor views of
         them); functional values are replayed from their base, which is. Record them, and refuse a
         differentiable use of them or of a storage written under no_grad (see _refuse_lost_history)."""
-        is_view = node.target is operator.getitem or (
-            isinstance(node.target, torch._ops.OpOverload) and facts(node.target).kind is OpKind.VIEW
-        )
+        is_view = is_view_node(node)
         inputs = node.all_input_nodes
         if not self.emit.grad:
             if is_view and any(self._requires_grad(a) or a in self.nograd_views for a in inputs):

@@ -113,6 +113,7 @@ def tensor_check(tensors: list[torch.Tensor], layouts: list[tuple[list[Any], lis
             dynamic_dims_strides=[strides for _, strides in layouts],
         )
         return guard.check
+
     def layout_key(t: torch.Tensor, layout: tuple[list[Any], list[Any]]) -> tuple[Any, ...]:
         k = _leaf_key(t)  # the storage offset (k[5]) is the lookup key's business
         return (*k[:3], _masked(k[3], layout[0]), _masked(k[4], layout[1]), *k[6:])

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import enum
 import functools
+import operator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch._ops import OpOverload
@@ -173,3 +175,18 @@ def has_effect(target: object) -> bool:
         f = facts(target)
         return f.nondeterministic or f.kind not in (OpKind.FUNCTIONAL, OpKind.VIEW)
     return bool(getattr(target, "_dealias_effect", False))
+
+
+def is_view_node(node: Any) -> bool:
+    """Whether a graph node's result is a view of its first argument's memory: an aten view op (from its
+    schema), a view helper of dealias's own graphs (`as_strided_rel`, marked `dealias_view`), or an element of
+    a multi-output view (`split(..)[i]`). The one answer every pass uses: a write through any view counts as a
+    write of its base."""
+    if getattr(node, "op", None) != "call_function":
+        return False
+    target = node.target
+    if isinstance(target, OpOverload):
+        return facts(target).kind is OpKind.VIEW
+    if target is operator.getitem:
+        return is_view_node(node.args[0])
+    return bool(getattr(target, "dealias_view", False))

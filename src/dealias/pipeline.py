@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils import _pytree as pytree
 from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+from torch.utils import _pytree as pytree
 
 from .alias import analyze
 from .capture import Symbolic, capture
@@ -159,6 +159,7 @@ def _symbolic(t: torch.Tensor) -> bool:
 
 def tensor_layouts(captured: Any) -> list[tuple[list[Any], list[Any]]]:
     """Per tensor input, the sizes and strides the program is specialized to (None where symbolic)."""
+
     def static(xs: Any) -> list[Any]:
         return [None if isinstance(x, torch.SymInt) else x for x in xs]
 

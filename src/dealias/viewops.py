@@ -70,6 +70,9 @@ def as_strided_rel(t: torch.Tensor, size: list[int], stride: list[int], rel: int
     return torch.ops.aten.as_strided.default(t, size, stride, t.storage_offset() + rel)
 
 
+as_strided_rel.dealias_view = True  # opfacts.is_view_node
+
+
 def as_strided_scatter_rel(t: torch.Tensor, src: torch.Tensor, size: list[int], stride: list[int], rel: int):
     """`as_strided_scatter` with a relative offset (see `as_strided_rel`). Its result keeps `t`'s layout and
     offset, so the view written is `t.as_strided(size, stride, t.storage_offset() + rel)`."""

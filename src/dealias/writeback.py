@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 
 from .checks import guard_index_writes
 from .functionalize import Emitter, FunctionalProgram, OutputSlot, Ref, ResultArg
-from .opfacts import OpKind, facts, has_effect, inplace_variant
+from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node
 from .viewops import ViewStep, chain_text, internal_overlap, inverse, op_name
 
 aten = torch.ops.aten
@@ -55,14 +55,6 @@ class WriteBackReport:
     mode: str  # "in place" (only the written regions move) or "whole copy"
     regions: list[str] = field(default_factory=list)
     nbytes: int = 0
-
-
-def _is_view_node(n: fx.Node) -> bool:
-    if n.op != "call_function":
-        return False
-    if isinstance(n.target, torch._ops.OpOverload):
-        return facts(n.target).kind is OpKind.VIEW
-    return getattr(n.target, "__name__", "") == "as_strided_rel"
 
 
 def _step_of(view: fx.Node) -> ViewStep:
@@ -116,7 +108,7 @@ def match_region_write(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx
     # Scatter inverses: node = scatter(B, Y, args) for the view b1 = view(B, args).
     base = node.args[0]
     for b1 in base.users:
-        if b1 is not node and _is_view_node(b1) and b1.args[0] is base:
+        if b1 is not node and is_view_node(b1) and b1.args[0] is base:
             found = _match_inverse(node, base, b1)
             if found is not None:
                 return found
@@ -130,7 +122,7 @@ def match_region_write(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx
         first = [y.args[0]] if y.args and isinstance(y.args[0], fx.Node) else []
         candidates = first + [a for a in y.all_input_nodes if a not in first]
     for b1 in candidates:
-        if not _is_view_node(b1) or not isinstance(b1.args[0], fx.Node):
+        if not is_view_node(b1) or not isinstance(b1.args[0], fx.Node):
             continue
         rec = _recorded_inverse(_step_of(b1), b1.args[0], b1)
         if rec is not None and _matches(rec, node, y):
@@ -151,7 +143,7 @@ def _updated_in_place(node: fx.Node) -> fx.Node | None:
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or not node.args:
         return None
     b = node.args[0]
-    if not isinstance(b, fx.Node) or _is_view_node(b) or inplace_variant(node.target) is None:
+    if not isinstance(b, fx.Node) or is_view_node(b) or inplace_variant(node.target) is None:
         return None
     bv, nv = b.meta.get("val"), node.meta.get("val")
     if not isinstance(bv, torch.Tensor) or not isinstance(nv, torch.Tensor):
@@ -223,7 +215,7 @@ def _readers(node: fx.Node) -> list[fx.Node]:
             if u in seen:
                 continue
             seen.add(u)
-            (todo if _is_view_node(u) else out).append(u)
+            (todo if is_view_node(u) else out).append(u)
     return out
 
 
@@ -410,7 +402,7 @@ def _erase_dead(graph: fx.Graph, nodes: set[fx.Node]) -> None:
 
 def _is_replay(node: Any, root: fx.Node, chain: tuple[ViewStep, ...]) -> bool:
     for step in reversed(chain):
-        if not isinstance(node, fx.Node) or not _is_view_node(node) or _step_of(node) != step:
+        if not isinstance(node, fx.Node) or not is_view_node(node) or _step_of(node) != step:
             return False
         node = node.args[0]
     return node is root
