@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+import dealias
 
 from harness import check
 
@@ -26,3 +29,93 @@ def test_created_tensor_written_through_a_view_is_not_folded():
     # folded a tensor the program writes: [1,0,1,0], then [2,0,2,0], ... on successive calls.
     check(write_through_own_as_strided, torch.zeros(4), calls=3)
     check(write_through_split_element, torch.zeros(4), calls=3)
+
+
+def out_into_view_of_input(x, s):
+    torch.slice_scatter(x, s, out=x.view(x.shape))
+    return x  # eager returns x itself, not the view make_fx names it by
+
+
+def out_into_slice_of_input(x, s):
+    torch.slice_scatter(x, s, out=x[:])
+    return x
+
+
+def test_out_into_a_view_returns_the_input_itself():
+    check(out_into_view_of_input, torch.zeros(4), torch.ones(4))
+    check(out_into_slice_of_input, torch.zeros(4), torch.ones(4))
+
+
+def unused_index_select(x, i):
+    torch.index_select(x, 0, i)  # unused, but eager raises on an index out of range
+    return x + 1
+
+
+def unused_cholesky(x):
+    torch.linalg.cholesky(x)  # unused, but eager raises when x is not positive-definite
+    return x + 1
+
+
+def test_ops_that_raise_on_their_values_are_not_dead():
+    check(unused_index_select, torch.zeros(4), torch.tensor([9]))
+    check(unused_index_select, torch.zeros(4), torch.tensor([2]))
+    check(unused_cholesky, -torch.eye(3))
+    check(unused_cholesky, torch.eye(3))
+
+
+def index_add_own_source(x, i):
+    x.index_add_(0, i, x)
+    return x
+
+
+def index_select_into_source(x, i):
+    torch.index_select(x, 0, i, out=x)
+    return x
+
+
+def test_writes_whose_source_is_the_written_tensor_raise_eagers_error():
+    # Full overlap through a second argument: pointwise kernels allow it, these kernels refuse it.
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        index_add_own_source(torch.ones(4), torch.arange(4))
+    check(index_add_own_source, torch.ones(4), torch.arange(4))
+    check(index_select_into_source, torch.arange(4.0), torch.tensor([3, 2, 1, 0]))
+
+
+def scatter_value(x, i):
+    x.scatter_(0, i, 1.0)
+    return x
+
+
+def index_fill_last(x, i):
+    x.index_fill_(0, i, 5.0)
+    return x
+
+
+def index_copy_row(x, i, s):
+    x.index_copy_(0, i, s)
+    return x
+
+
+@pytest.mark.parametrize(
+    "fn, index",
+    [(scatter_value, 7), (scatter_value, -1), (index_fill_last, -1), (index_fill_last, -5), (index_copy_row, -1)],
+)
+def test_index_bounds_follow_each_ops_own_rule(fn, index):
+    # scatter_ raises RuntimeError, index_fill_ takes -1, index_copy_ does not: eager's answers, learned by
+    # probing each write when compiling.
+    args = (torch.zeros(4), torch.tensor([index])) + ((torch.ones(1),) if fn is index_copy_row else ())
+    check(fn, *args)
+
+
+def test_index_bounds_error_is_eagers_and_names_the_op_and_line():
+    x = torch.zeros(4)
+    jf = dealias.jit(index_copy_row)
+    jf(x, torch.tensor([1]), torch.ones(1))
+    with pytest.raises(IndexError) as eager:
+        index_copy_row(torch.zeros(4), torch.tensor([7]), torch.ones(1))
+    with pytest.raises(IndexError) as compiled:
+        jf(x, torch.tensor([7]), torch.ones(1))
+    message = str(compiled.value)
+    assert message.startswith(str(eager.value)), message
+    assert "index_copy_" in message and "test_exactness.py" in message, message
+    assert torch.equal(x, torch.tensor([0.0, 1.0, 0.0, 0.0]))  # untouched by the failing call

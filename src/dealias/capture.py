@@ -151,9 +151,13 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
         # computed by the graph; other leaves are constants of the program.
         computed = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
         captured.out_template = [TENSOR_SLOT if isinstance(o, computed) else o for o in out_leaves]
-        return [o for o in out_leaves if isinstance(o, computed)]
+        results = [o for o in out_leaves if isinstance(o, computed)]
+        by_id = {id(t): i for i, t in enumerate(tensors)}
+        returned_inputs[:] = [by_id.get(id(o)) for o in results]
+        return results
 
     grad_modes = _GradModes()
+    returned_inputs: list[int | None] = []  # per result: the input tensor object it is, if any
     # No real tensor may reach an op while tracing (it would run for real: a write would touch user memory);
     # the backend lifted the graph's tensor attributes to inputs, so every tensor here is a fake.
     shape_env = ShapeEnv() if symbolic else None
@@ -178,6 +182,7 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
         where = node_location(replay.current) if replay.current is not None else None
         raise DataDependentError(with_location(f"the program {what}", where)) from e
     _check_static(traced)
+    _return_inputs_as_themselves(traced, returned_inputs)
     grad_modes.annotate(traced)
     _rename_inputs(traced, [names[p] for p in positions + sym_positions])
     captured.gm = traced
@@ -243,6 +248,22 @@ class _GradModes(TorchDispatchMode):
             if j is not None:
                 grad, i = self.calls[j][1], j + 1
             node.meta["grad"] = grad
+
+
+def _return_inputs_as_themselves(gm: fx.GraphModule, returned_inputs: list[int | None]) -> None:
+    """A result that is an input tensor object is returned as that input's placeholder. make_fx names a result
+    by the node that last produced its value, and after an out= write into a view of the input
+    (`slice_scatter(x, s, out=x.view(..))`) it names the input by that op, whose value is the view: the caller
+    would get the view back instead of `x` itself. Alias analysis follows the placeholder's object, metadata
+    changes included."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    results = list(out.args[0])
+    for k, i in enumerate(returned_inputs):
+        if i is not None and k < len(results):
+            results[k] = placeholders[i]
+    out.args = (results,)
+    gm.recompile()
 
 
 def _check_static(gm: fx.GraphModule) -> None:

@@ -1,29 +1,121 @@
-"""Run-time checks that keep a failing call from touching the caller's tensors.
+"""Run-time checks that keep a failing call from touching the caller's tensors, and eager's own answers to
+what its kernels check.
 
 Shapes, dtypes and overlap are checked when tracing; what can still fail at run time is an index out of
 range in an indexed write (`index_put_`, `index_copy_`, `scatter_`...). Eager may then have written part of
 its input before raising. dealias checks the indices of every indexed write into the caller's memory before
-the first such write, and raises eager's IndexError with the inputs left as they were.
+the first such write, and raises eager's error with the inputs left as they were.
+
+Which indices an op accepts and what it raises differ from op to op (`index_fill_` takes -1, `index_copy_`
+does not; `scatter_` raises RuntimeError, `index_put_` IndexError). Rather than keep a table, dealias asks
+eager when compiling (`probe`): the op runs on zero-filled memory laid out like its traced arguments.
 """
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
 
-from .errors import UnsupportedError
+from .capture import node_location
+from .errors import UnsupportedError, with_location
 
 aten = torch.ops.aten
 
 
-def check_index_bounds(index: torch.Tensor, size: int, dim: int, allow_negative: bool) -> None:
-    """Raise eager's IndexError if an entry of `index` does not address dimension `dim` of size `size`."""
+_PROBE_LIMIT = 1 << 24  # bytes of memory a probe may allocate
+
+
+class NoProbe(Exception):
+    pass
+
+
+def probe(node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None) -> Exception | None:
+    """Run `node`'s op eagerly on zero-filled memory laid out like its traced arguments (each storage once, every
+    tensor at its own offset and strides, so aliasing between arguments is kept), with the arguments in
+    `replace` given real values; return what it raises (None if it returns). Raises NoProbe where nothing can
+    be learned: memory larger than _PROBE_LIMIT, or symbolic."""
+    buffers: dict[Any, torch.Tensor] = {}
+    replace = replace or {}
+
+    def real(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        if not isinstance(nbytes, int) or nbytes > _PROBE_LIMIT or isinstance(t.storage_offset(), torch.SymInt):
+            raise NoProbe
+        key = StorageWeakRef(storage)
+        if key not in buffers:
+            buffers[key] = torch.zeros(nbytes, dtype=torch.uint8)
+        return torch.empty(0, dtype=t.dtype).set_(
+            buffers[key].untyped_storage(), t.storage_offset(), t.shape, t.stride()
+        )
+
+    def value(n: fx.Node) -> Any:
+        return replace[n] if n in replace else n.meta.get("val")
+
+    args, kwargs = pytree.tree_map_only(fx.Node, value, (node.args, node.kwargs))
+    swapped = {id(t) for t in replace.values()}
+    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t if id(t) in swapped else real(t), (args, kwargs))
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            node.target(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - eager's answer, whatever it is
+        return e
+    return None
+
+
+@dataclass(frozen=True)
+class IndexPolicy:
+    """What eager does with an out-of-range index of one indexed write: whether negative indices address from
+    the end, and the error it raises (`{bad}` in the message stands for the index)."""
+
+    allow_negative: bool
+    error: type[Exception] = IndexError
+    message: str = "index {bad} is out of bounds for dimension {dim} with size {size}"
+
+
+def index_policy(node: fx.Node, index: fx.Node, allow_negative: bool) -> IndexPolicy:
+    """Eager's policy for `index` of the write `node`, learned by probing it with -1 and with an index past the
+    end; where it cannot be probed, `allow_negative` and IndexError."""
+    val = index.meta.get("val")
+    others = {
+        a: torch.zeros(a.meta["val"].shape, dtype=a.meta["val"].dtype)
+        for a in _index_nodes(node)
+        if a is not index and not isinstance(a.meta["val"].numel(), torch.SymInt)
+    }
+    try:
+        if not isinstance(val, torch.Tensor) or isinstance(val.numel(), torch.SymInt) or val.numel() == 0:
+            raise NoProbe
+        negative = probe(node, {**others, index: torch.full(val.shape, -1, dtype=val.dtype)})
+        bad = 1_000_003  # past any traced size, and a number no message contains otherwise
+        past = probe(node, {**others, index: torch.full(val.shape, bad, dtype=val.dtype)})
+    except NoProbe:
+        return IndexPolicy(allow_negative)
+    if past is None or not isinstance(past, (IndexError, RuntimeError)):
+        return IndexPolicy(allow_negative)
+    message = (
+        (str(past).strip().splitlines() or [""])[0]
+        .replace(str(bad), "{bad}")
+        .replace("{", "{{")
+        .replace("}", "}}")
+        .replace("{{bad}}", "{bad}")
+    )
+    return IndexPolicy(negative is None, type(past), message)
+
+
+def _check(index: torch.Tensor, size: int, dim: int, policy: IndexPolicy, where: str) -> None:
+    """Raise eager's error for this write if an entry of `index` does not address dimension `dim` of size
+    `size`; `where` names the op and the user's line."""
     n = index.numel()
     if n == 0:
         return
-    lo = -size if allow_negative else 0
+    lo = -size if policy.allow_negative else 0
     if n <= 64:  # the usual KV-cache position: a host list is cheaper than two reductions
         values = index.reshape(-1).tolist()
         small, large = min(values), max(values)
@@ -31,10 +123,18 @@ def check_index_bounds(index: torch.Tensor, size: int, dim: int, allow_negative:
         small, large = (int(v) for v in torch.aminmax(index))
     if small < lo or large >= size:
         bad = small if small < lo else large
-        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+        raise policy.error(policy.message.format(bad=bad, dim=dim, size=size) + where)
 
 
-check_index_bounds._dealias_effect = True  # type: ignore[attr-defined]
+def bounds_check(policy: IndexPolicy, where: str) -> Any:
+    """`check(index, size, dim)` for one write: a function of its own (the graph calls it by name), carrying
+    that write's policy and location."""
+
+    def check_index_bounds(index: torch.Tensor, size: int, dim: int) -> None:
+        _check(index, size, dim, policy, where)
+
+    check_index_bounds._dealias_effect = True  # type: ignore[attr-defined]
+    return check_index_bounds
 
 
 def _index_args(node: fx.Node) -> list[tuple[fx.Node, int, bool]]:
@@ -51,6 +151,10 @@ def _index_args(node: fx.Node) -> list[tuple[fx.Node, int, bool]]:
     if name.startswith(("aten::scatter", "aten::scatter_add_", "aten::scatter_reduce_")):
         return [(args[2], args[1], False)]
     return []
+
+
+def _index_nodes(node: fx.Node) -> list[fx.Node]:
+    return [i for i, _, _ in _index_args(node)]
 
 
 def _root(node: Any) -> Any:
@@ -81,7 +185,9 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
                     if order[w.args[0]] > order[anchor]:
                         raise UnsupportedError("an index bound of symbolic size known only after the first write")
                     size = graph.call_function(torch.ops.aten.sym_size.int, (w.args[0], dim))
-                graph.call_function(check_index_bounds, (index, size, dim, neg))
+                policy = index_policy(w, index, neg)
+                where = with_location(f" ({w.target})", node_location(w))
+                graph.call_function(bounds_check(policy, where), (index, size, dim))
 
 
 def _is_write(n: fx.Node) -> bool:

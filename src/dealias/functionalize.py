@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from .alias import AliasInfo, Storage, Value
 from .capture import Captured, node_location
+from .checks import NoProbe, probe
 from .errors import EagerSemanticsError, UnsupportedError, with_location
 from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
@@ -356,6 +357,14 @@ class _Functionalizer:
                 raise UnsupportedError(
                     with_location(f"{node.target} writes a tensor whose elements overlap in memory", loc)
                 )
+            full = [o for o in others if o.storage is v.storage and _layout(o.meta) == _layout(v.meta)]
+            if full and torch.Tag.pointwise not in node.target.tags:
+                # The written tensor is also read through another argument (`index_add_(0, i, x)` on x,
+                # `index_select(x, 0, i, out=x)`). Pointwise kernels allow it; others check it each their own
+                # way: ask eager, on zeros laid out like these arguments.
+                error = _eager_overlap_error(node)
+                if error is not None:
+                    raise EagerSemanticsError(with_location(f"{node.target}: {error}", loc))
             for o in others:
                 if o.storage is not v.storage or _layout(o.meta) == _layout(v.meta):
                     continue
@@ -729,6 +738,18 @@ def _hides_grad(step: ViewStep, base: fx.Node) -> bool:
     if step.op is aten.detach.default:
         return True
     return step.op is aten.view.dtype and not step.args[0].is_floating_point and not step.args[0].is_complex
+
+
+def _eager_overlap_error(node: fx.Node) -> str | None:
+    """Eager's "unsupported operation: ... refer to a single memory location" for `node`'s op with its arguments'
+    aliasing (checks.probe: overlap checks run before any computation, so zeros tell). None if eager accepts it,
+    or if nothing can be learned (large or symbolic memory)."""
+    try:
+        error = probe(node)
+    except NoProbe:
+        return None
+    message = (str(error).strip().splitlines() or [""])[0] if isinstance(error, RuntimeError) else ""
+    return message if "refer to a single memory location" in message else None
 
 
 def _bind_args(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

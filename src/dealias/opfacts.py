@@ -177,6 +177,23 @@ def has_effect(target: object) -> bool:
     return bool(getattr(target, "_dealias_effect", False))
 
 
+def may_raise(target: object) -> bool:
+    """An op whose error depends on the values of its inputs, not only on their shapes: an index out of range
+    (a Tensor argument named index, indices or target), or an op that exists for its check (no results:
+    `_linalg_check_errors`, `_assert_async`). Its result unused, it is still not dead: eager raises there."""
+    if not isinstance(target, OpOverload):
+        return False
+    schema = target._schema
+    if not schema.returns:
+        return True
+    return any(a.name in ("index", "indices", "target") and "Tensor" in str(a.type) for a in schema.arguments)
+
+
+def removable_if_unused(target: object) -> bool:
+    """What dead-code elimination may drop: no effect (write, random draw, check) and no error of its own."""
+    return not has_effect(target) and not may_raise(target)
+
+
 def is_view_node(node: Any) -> bool:
     """Whether a graph node's result is a view of its first argument's memory: an aten view op (from its
     schema), a view helper of dealias's own graphs (`as_strided_rel`, marked `dealias_view`), or an element of

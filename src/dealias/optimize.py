@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .opfacts import has_effect
+from .opfacts import has_effect, removable_if_unused
 
 
 def _keep(node: fx.Node) -> bool:
@@ -50,8 +50,10 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def dce(gm: fx.GraphModule) -> fx.GraphModule:
+    """Drop unused values, except ops with an effect and ops that raise on their values (an unused
+    `index_select` with an index out of range raises in eager)."""
     for node in reversed(list(gm.graph.nodes)):
-        if node.op in ("call_function", "get_attr") and not node.users and not _keep(node):
+        if node.op in ("call_function", "get_attr") and not node.users and removable_if_unused(node.target):
             gm.graph.erase_node(node)
     return gm
 

@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 
 from .checks import guard_index_writes
 from .functionalize import Emitter, FunctionalProgram, OutputSlot, Ref, ResultArg
-from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node
+from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
 from .viewops import ViewStep, chain_text, internal_overlap, inverse, op_name
 
 aten = torch.ops.aten
@@ -283,7 +283,7 @@ def lower(
     fp.writebacks = [replace(wb, output=remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
     fp.outputs = [_remapped(s, remap) for s in fp.outputs]
     for n in reversed(list(graph.nodes)):
-        if n.op == "call_function" and not n.users and not has_effect(n.target):
+        if n.op == "call_function" and not n.users and removable_if_unused(n.target):
             graph.erase_node(n)
     guard_index_writes(graph, [_root_placeholder(gm, wb.target) for wb in writebacks_before])
     graph.lint()
