@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness import check
 
 import dealias
-
-from harness import check
 
 
 def write_through_own_as_strided(x):

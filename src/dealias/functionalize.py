@@ -688,9 +688,14 @@ class _Functionalizer:
             self._refuse_lost_history(node, inputs, [a for a in inputs if a in self.nograd_views])
 
     def _requires_grad(self, a: fx.Node) -> bool:
+        """Whether eager's tensor requires grad: its storage's base does, or did before a no_grad write (an
+        in-place write under no_grad leaves requires_grad as it was; the functional value computed there has
+        none)."""
         value = self.info.values.get(a)
-        base = self.base.get(value.storage) if isinstance(value, Value) else None
-        return bool(base is not None and base.meta.get("rg"))
+        if not isinstance(value, Value):
+            return False
+        base = self.base.get(value.storage)
+        return bool(base is not None and base.meta.get("rg")) or value.storage in self.nograd_written
 
     def _refuse_lost_history(self, node: fx.Node, inputs: list[fx.Node], views: list[fx.Node] | None = None) -> None:
         """A tensor that requires grad, written under no_grad, then read with grad on (or returned): eager
