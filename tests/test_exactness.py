@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness import check
+from harness import check, clone_args
 
 import dealias
 
@@ -118,3 +118,36 @@ def test_index_bounds_error_is_eagers_and_names_the_op_and_line():
     assert message.startswith(str(eager.value)), message
     assert "index_copy_" in message and "test_exactness.py" in message, message
     assert torch.equal(x, torch.tensor([0.0, 1.0, 0.0, 0.0]))  # untouched by the failing call
+
+
+def add_into_first(a, b):
+    a.add_(1)
+    return a + b
+
+
+def double(z):
+    return z * 2
+
+
+def plus_one(m):
+    return m + 1
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (add_into_first, lambda: (lambda x: (x, x))(torch.zeros(3))),  # the same tensor twice
+        (double, lambda: (torch.randn(3, dtype=torch.cfloat).conj(),)),  # a lazily conjugated input
+        (double, lambda: (-torch.randn(3, dtype=torch.cfloat).conj().imag,)),  # a negative-bit view
+        (plus_one, lambda: (torch.empty(3, device="meta"),)),  # meta tensors have no values to compare
+    ],
+    ids=["same-tensor-twice", "conj-bit", "neg-bit", "meta"],
+)
+def test_verify_raises_no_false_alarm(fn, make):
+    jf = dealias.jit(fn, verify=True)
+    for _ in range(2):
+        args = make()
+        expected = fn(*(args if args[0].device.type == "meta" else clone_args(args)))
+        got = jf(*args)
+        if got.device.type != "meta":
+            torch.testing.assert_close(got.resolve_conj().resolve_neg(), expected.resolve_conj().resolve_neg())

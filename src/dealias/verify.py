@@ -68,6 +68,11 @@ def _on(storage: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     t = torch.empty(0, dtype=like.dtype, device=like.device)
     with torch.no_grad():
         t.set_(storage.untyped_storage(), like.storage_offset(), like.shape, like.stride())
+    # The bytes are the physical values; a lazily conjugated or negated view says so in a bit of its own.
+    if like.is_conj():
+        t = t.conj()
+    if like.is_neg():
+        t = t._neg_view()
     return t
 
 
@@ -83,6 +88,8 @@ def tensor_difference(a: torch.Tensor, b: Any) -> str | None:
         return f"strides {a.stride()} != {b.stride()}"
     if a.requires_grad != b.requires_grad:
         return f"requires_grad {a.requires_grad} != {b.requires_grad}"
+    if a.device.type == "meta" or b.device.type == "meta":
+        return None if a.device == b.device else f"device {a.device} != {b.device}"  # meta tensors have no values
     ad, bd = a.detach(), b.detach()
     if a.is_floating_point() or a.is_complex():
         if not torch.allclose(ad, bd, rtol=1e-5, atol=1e-6, equal_nan=True):
