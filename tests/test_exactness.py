@@ -151,3 +151,40 @@ def test_verify_raises_no_false_alarm(fn, make):
         got = jf(*args)
         if got.device.type != "meta":
             torch.testing.assert_close(got.resolve_conj().resolve_neg(), expected.resolve_conj().resolve_neg())
+
+
+def polygamma_in_place(x):
+    x.polygamma_(1)  # the functional form takes its arguments in another order: polygamma(n, self)
+    return x
+
+
+def factories_into_out(a, b, c, d):
+    torch.arange(4, out=a)  # out= factories: the functional form takes dtype and device instead
+    torch.full((4,), 2.5, out=b)
+    torch.eye(3, out=c)
+    torch.linspace(0, 1, 4, out=d)
+    return a, b, c, d
+
+
+def test_ops_whose_functional_form_differs_compile():
+    check(polygamma_in_place, torch.rand(3) + 0.5)
+    check(factories_into_out, torch.zeros(4, dtype=torch.float64), torch.zeros(4), torch.zeros(3, 3), torch.zeros(4))
+    check(factories_into_out, torch.zeros(4, dtype=torch.int32), torch.zeros(4), torch.zeros(3, 3), torch.zeros(4))
+
+
+def composites_into_out(x, o1, o2):
+    torch.linalg.inv(x, out=o1)  # inside, an empty out= tensor the kernel resizes
+    torch.msort(x, out=o2)
+    return o1, o2
+
+
+def split_into_rows(x, rows):
+    torch.split_with_sizes_copy(x, [2, 2], out=[rows[0], rows[1]])  # out= a list of views of an input
+    torch.unbind_copy(x.view(2, 2), out=[rows[1], rows[0]])
+    return rows
+
+
+def test_out_arguments_inside_composites_and_lists_of_views():
+    x = torch.eye(3) * 2 + 0.1
+    check(composites_into_out, x, torch.zeros(3, 3), torch.zeros(3, 3))
+    check(split_into_rows, torch.arange(4.0), torch.zeros(2, 2))

@@ -218,7 +218,10 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         step = _step(view_op, node, self_v)
         return Value(self_v.storage, self_v.chain + (step,), self_v.obj, meta, node)
     if f.kind is OpKind.OUT:
-        outs = tuple(info.value(_tensor_arg(node, n)) for n in f.mutated)
+        written = [_tensor_arg(node, n) for n in f.mutated]
+        if any(isinstance(w, (list, tuple)) for w in written):  # out= a list of tensors (`unbind_copy`)
+            return None  # returns nothing: the written tensors keep their own values
+        outs = tuple(info.value(w) for w in written)
         return outs[0] if len(outs) == 1 and not isinstance(meta, (list, tuple)) else outs
     # FUNCTIONAL and MUTABLE ops return fresh tensors.
     return fresh(node, meta)

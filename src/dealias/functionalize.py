@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._prims_common import is_contiguous_or_false
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
@@ -244,6 +245,16 @@ class _Functionalizer:
         """`v` now holds `new`: rebuild its storage's base through the inverses of v's view chain."""
         meta = v.meta
         new_meta = new.meta["val"]
+        s = v.storage
+        if tuple(new_meta.shape) != tuple(meta.shape) and self._fresh_out(v, new_meta):
+            # An empty tensor made inside the program as an out= argument (composites do this: linalg.inv,
+            # msort, log_sigmoid) is resized by eager to the result, contiguous: nothing else sees its memory, so
+            # the result simply becomes that tensor.
+            if new_meta.dtype != meta.dtype:
+                new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
+            self.base[s] = new
+            self.version[s] += 1
+            return
         if tuple(new_meta.shape) != tuple(meta.shape):
             raise UnsupportedError(
                 with_location(
@@ -254,7 +265,6 @@ class _Functionalizer:
             )
         if new_meta.dtype != meta.dtype:
             new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
-        s = v.storage
         if self.base[s].meta.get("rg") and any(_hides_grad(step, self.base[s]) for step in v.chain):
             # Eager writes through a dtype or detached view without touching the base's autograd history;
             # a functional base would lose it. Refuse rather than return a wrong gradient.
@@ -302,6 +312,17 @@ class _Functionalizer:
         self.version[s] += 1
         if self.emit.grad:
             self.grad_writes.add(s)
+
+    def _fresh_out(self, v: Value, new_meta: torch.Tensor) -> bool:
+        """`v` is a whole tensor with no elements, made inside the program and not seen by the caller, so an
+        out= write may resize it as eager does (to a contiguous tensor of the result's shape)."""
+        return (
+            v.storage.kind == "intermediate"
+            and not v.chain
+            and v.meta.numel() == 0
+            and v.obj == v.storage.root_obj
+            and is_contiguous_or_false(new_meta)
+        )
 
     def _restride(self, new: fx.Node, like: torch.Tensor) -> fx.Node:
         """Keep every base in its traced layout, so replayed views get exactly eager's strides."""
@@ -541,7 +562,8 @@ class _Functionalizer:
         if op is aten.copy_.default and bound["self"] is bound["src"]:
             return  # `x.copy_(x)`: eager returns at once, touching nothing (autograd included)
         lists = [n for n, a in bound.items() if isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node)]
-        if lists and self._crosses_indices(bound, lists, f.mutated):
+        foreach = op._schema.name.startswith("aten::_foreach_")  # the i-th result depends on the i-th inputs only
+        if foreach and lists and self._crosses_indices(bound, lists, f.mutated):
             # A foreach op whose i-th write is read at another index (`_foreach_mul_([a, b], [b, a])`): eager
             # applies it tensor by tensor, so the later elements see the earlier writes. Do the same.
             for i in range(len(bound[lists[0]])):
@@ -580,6 +602,10 @@ class _Functionalizer:
         kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
         defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
         args, kwargs = _to_call(f.functional._schema, kept, {n: self.read(a) for n, a in bound.items()}, defaults)
+        factory = "dtype" in {a.name for a in f.functional._schema.arguments} and "dtype" not in kept
+        if f.kind is OpKind.OUT and factory:
+            out_meta = targets[0].meta  # a factory: makes a tensor of the out= tensor's dtype, on its device
+            kwargs.update(dtype=out_meta.dtype, device=out_meta.device)
         if f.functional is aten.copy.default and any(isinstance(a, fx.Node) and a.meta.get("rg") for a in args[:2]):
             out = self.copy_value(args[0], args[1])  # aten.copy has no derivative
         else:
@@ -780,6 +806,8 @@ def _to_call(
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     positional = True
+    if sorted(names) == sorted(a.name for a in schema.arguments) and names != [a.name for a in schema.arguments]:
+        names = [a.name for a in schema.arguments]  # the same arguments in the functional schema's order
     for name, a in zip(names, schema.arguments):
         if name in values:
             value = values[name]

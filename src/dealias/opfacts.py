@@ -108,7 +108,20 @@ def _find_functional(op: OpOverload, kind: OpKind) -> OpOverload | None:
         for ov in overloads:
             if [_strip_optional(str(a.type)) for a in ov._schema.arguments] == wanted_types:
                 return ov
+        for ov in overloads:  # the same arguments in another order (`polygamma_(self, n)`, `polygamma(n, self)`)
+            if sorted(_arg_signature(list(ov._schema.arguments))) == sorted(wanted):
+                return ov
+        if kind is OpKind.OUT:
+            for ov in overloads:  # a factory: `arange.out(end, *, out)` is `arange(end, *, dtype, layout, device..)`
+                own = _arg_signature(list(ov._schema.arguments))
+                rest = {a.name for a in ov._schema.arguments[len(wanted) :]}
+                if own[: len(wanted)] == wanted and rest and rest <= _FACTORY_ARGS:
+                    return ov
     return None
+
+
+# What a factory's out= tensor stands for in its functional form (taken from the out= tensor).
+_FACTORY_ARGS = {"dtype", "layout", "device", "pin_memory"}
 
 
 @functools.cache
