@@ -276,3 +276,36 @@ def test_no_grad_view_after_no_grad_write_keeps_eagers_gradients(fn, second):
         for _ in range(2):
             assert compare_call(fn, jf, make_args()) is None
             assert _compare_grads(fn, jf, make_args) is None
+
+
+# Found by the fuzzer (seed 31856): a view first read under no_grad was materialized there and the cached
+# node served the later read with grad on, so the gradient through it was lost.
+def view_read_under_no_grad_first(x0, x1):
+    v1 = x1.permute(0, 1)
+    with torch.no_grad():
+        v1 + v1
+    x0.add_(v1)
+    return (x0,)
+
+
+def test_view_read_under_no_grad_then_with_grad_keeps_its_gradient():
+    from dealias.fuzz import _compare_grads
+
+    def make_args():  # the same non-leaf tensor twice
+        a = torch.linspace(-1, 1, 4).view(2, 2).requires_grad_() * 1
+        return a, a
+
+    jf = dealias.jit(view_read_under_no_grad_first)
+    for _ in range(2):
+        assert _compare_grads(view_read_under_no_grad_first, jf, make_args) is None
+
+
+def view_read_under_no_grad_first_one_input(x):
+    v = x.t()
+    with torch.no_grad():
+        v * 2
+    return v * 3
+
+
+def test_view_read_under_no_grad_then_with_grad_one_input():
+    check_grads(view_read_under_no_grad_first_one_input, torch.randn(2, 3))

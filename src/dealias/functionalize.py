@@ -215,16 +215,27 @@ class _Functionalizer:
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
+        self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
         self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
 
     # -- reading -------------------------------------------------------------------------------------
     def materialize(self, v: Value) -> fx.Node:
         """The node holding `v`'s current contents, replaying its view chain if a write made it stale."""
         hit = self.cache.get(v)
-        if hit is not None and hit[1] == self.version[v.storage]:
+        if (
+            hit is not None
+            and hit[1] == self.version[v.storage]
+            and (v not in self.replayed_without_grad or not self.emit.grad)
+        ):
             return hit[0]
         node = replay_chain(self._steps(v.chain), self.base[v.storage], self.emit.call)
         self.cache[v] = (node, self.version[v.storage])
+        # A view replayed for a read under no_grad is not differentiable: a later read with grad on (eager's view
+        # was made with grad on) replays it again.
+        if v.chain and self.emit.grad is False:
+            self.replayed_without_grad.add(v)
+        else:
+            self.replayed_without_grad.discard(v)
         return node
 
     def read(self, a: Any) -> Any:
