@@ -188,3 +188,24 @@ def test_out_arguments_inside_composites_and_lists_of_views():
     x = torch.eye(3) * 2 + 0.1
     check(composites_into_out, x, torch.zeros(3, 3), torch.zeros(3, 3))
     check(split_into_rows, torch.arange(4.0), torch.zeros(2, 2))
+
+
+def fill_everything(x):
+    x.fill_(2)  # eager writes each element of memory once per repeat, all with one value
+    return x
+
+
+def zero_everything(x):
+    x.zero_()
+    return x
+
+
+def fill_a_row(x):
+    x[1].fill_(3)
+    return x * 1
+
+
+def test_uniform_writes_into_expanded_inputs():
+    check(fill_everything, torch.zeros(4).expand(3, 4))
+    check(zero_everything, torch.ones(4, 1).expand(4, 5))
+    check(fill_a_row, torch.zeros(4).expand(3, 4))

@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 from .capture import TENSOR_SLOT, Captured
 from .functionalize import FunctionalProgram, Ref, ResultArg
 from .viewops import ViewStep, replay_chain
+from .writeback import repeated_dims
 
 
 def _restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
@@ -66,6 +67,12 @@ class CompiledProgram:
             n.target is torch._C._set_grad_enabled for n in fp.gm.graph.nodes if n.op == "call_function"
         )
         self._writebacks = [(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
+        # A caller tensor that repeats its memory (expanded): copy one of each repeat (see writeback._apply).
+        self._repeated = {
+            k: repeated_dims(cap.fakes[wb.target.key])
+            for k, wb in enumerate(fp.writebacks)
+            if wb.target.kind == "input" and repeated_dims(cap.fakes[wb.target.key])
+        }
         self._outputs = [(self._getter(slot.source), slot.chain, slot.same_as) for slot in fp.outputs]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(_has_results(slot.chain) for slot in fp.outputs)
@@ -123,12 +130,15 @@ class CompiledProgram:
                 torch._C._set_grad_enabled(grad)  # the graph switches it around no_grad regions
         else:
             results = self.run_graph(*tensors, *bases)
-        for get, k, with_grad in self._writebacks:
+        for i, (get, k, with_grad) in enumerate(self._writebacks):
+            target, value = get(tensors, bases, results), results[k]
+            for d in self._repeated.get(i, ()):
+                target, value = target.narrow(d, 0, 1), value.narrow(d, 0, 1)
             if with_grad or not grad:
-                get(tensors, bases, results).copy_(results[k])
+                target.copy_(value)
             else:
                 with torch.no_grad():
-                    get(tensors, bases, results).copy_(results[k])
+                    target.copy_(value)
         outs = []
         for get, chain, same_as in self._outputs:
             if same_as is not None:

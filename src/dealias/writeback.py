@@ -344,6 +344,11 @@ def _fresh(n: fx.Node) -> bool:
     return isinstance(n.target, torch._ops.OpOverload) and facts(n.target).kind is OpKind.FUNCTIONAL
 
 
+def repeated_dims(t: torch.Tensor) -> list[int]:
+    """Dimensions along which `t` repeats the same memory (stride 0, size > 1: an expanded tensor)."""
+    return [d for d, (n, st) in enumerate(zip(t.shape, t.stride())) if st == 0 and n > 1]
+
+
 def _apply(graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.Node) -> tuple[list[str], int]:
     """Write each version into `root` in place, right where it was computed; later reads read `root`.
     Returns the regions written and their bytes."""
@@ -359,9 +364,20 @@ def _apply(graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.No
         for step in write.chain:
             with graph.inserting_after(anchor):
                 target = anchor = emit.call(step.op, target, *step.args, **dict(step.kwargs))
+        value = write.value
+        reads: set[fx.Node] = set()  # the nodes that read the version being written: not redirected to root
+        for d in repeated_dims(target.meta["val"]):
+            # An expanded caller tensor: each element of memory appears along dim d many times, all with one
+            # value (only uniform writes such as fill_ reach such a tensor), and copy_ refuses the overlap.
+            with graph.inserting_after(anchor):
+                target = anchor = emit.call(aten.narrow.default, target, d, 0, 1)
+            with graph.inserting_after(anchor):
+                value = anchor = emit.call(aten.narrow.default, value, d, 0, 1)
+            reads.add(value)
         with graph.inserting_after(anchor):
-            copy = emit.call(aten.copy_.default, target, write.value)
-        version.replace_all_uses_with(root, delete_user_cb=lambda user, copy=copy: user is not copy)
+            copy = emit.call(aten.copy_.default, target, value)
+        reads.add(copy)
+        version.replace_all_uses_with(root, delete_user_cb=lambda user, reads=reads: user not in reads)
         _erase_dead(graph, built - {write.value})
         op = _reinplace_value(emit, copy, write, root)
         region = chain_text("x", write.chain)
