@@ -27,6 +27,28 @@ def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     return scores.squeeze(-1)
 
 
+def decode_step(k_cache: torch.Tensor, k: torch.Tensor, pos: int) -> torch.Tensor:
+    k_cache.narrow(2, pos, 1).copy_(k)  # this step's slot; `pos` changes every call
+    return (k_cache[:, :, : pos + 1] @ k.transpose(-1, -2)).squeeze(-1)
+
+
+def _decode_loop() -> bool:
+    """A decode loop whose position changes every step: compiled twice (the second time with `pos` a symbol),
+    every step equal to eager."""
+    print("=== decode loop (pos changes every step) ===")
+    jf = dealias.jit(decode_step)
+    cache, eager_cache = torch.zeros(1, 2, 16, 4), torch.zeros(1, 2, 16, 4)
+    ok = True
+    for pos in range(8):
+        k = torch.randn(1, 2, 1, 4)
+        ok &= _equal(decode_step(eager_cache, k, pos), jf(cache, k, pos)) and _equal(eager_cache, cache)
+    print(f"8 steps: outputs and the cache {'match' if ok else 'DIFFER FROM'} eager")
+    print(dealias.last_traces(jf)[-1])
+    print(dealias.cache_info(jf))
+    print()
+    return ok
+
+
 EXAMPLES: list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     ("seed program", seed_program, lambda: (torch.randn(4, 4), torch.randn(4, 4))),
     (
@@ -68,5 +90,6 @@ def run() -> int:
             print()
         print(dealias.cache_info(jf))
         print()
+    ok &= _decode_loop()
     print("demo: all examples match eager" if ok else "demo: MISMATCH")
     return 0 if ok else 1
