@@ -8,6 +8,7 @@ import torch
 from harness import check, clone_args
 
 import dealias
+from dealias.verify import compare_call
 
 
 def write_through_own_as_strided(x):
@@ -209,3 +210,16 @@ def test_uniform_writes_into_expanded_inputs():
     check(fill_everything, torch.zeros(4).expand(3, 4))
     check(zero_everything, torch.ones(4, 1).expand(4, 5))
     check(fill_a_row, torch.zeros(4).expand(3, 4))
+
+
+def matrix_rank_into_out(x, o):
+    torch.linalg.matrix_rank(x, out=o)  # its composite traces to ops that never write out=
+    return o
+
+
+def test_out_call_that_traces_without_writing_out_runs_eagerly():
+    jf = dealias.jit(matrix_rank_into_out)
+    args = (torch.randn(4, 4), torch.zeros((), dtype=torch.int64))
+    with pytest.warns(dealias.FallbackWarning, match="without writing its out="):
+        assert compare_call(matrix_rank_into_out, jf, args) is None
+    assert compare_call(matrix_rank_into_out, jf, args) is None

@@ -105,7 +105,21 @@ class _Replay(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
-        return super().run_node(n)
+        # A single out= tensor (several may be an aten TensorList, whose writes do not bump version counters).
+        out = n.kwargs.get("out")
+        outs = [out] if isinstance(out, fx.Node) else []
+        if not outs:
+            return super().run_node(n)
+        tensors = [t for t in (self.env.get(o) for o in outs) if isinstance(t, torch.Tensor)]
+        before = [t._version for t in tensors]
+        result = super().run_node(n)
+        if tensors and all(t._version == v for t, v in zip(tensors, before)):
+            # A composite op (linalg.matrix_rank) can trace to ops that compute the result and never write
+            # `out=`: the traced program would return the tensor unchanged where eager fills it.
+            raise UnsupportedError(
+                with_location(f"{n.target} with out= traces without writing its out= tensor", node_location(n))
+            )
+        return result
 
 
 @dataclass(frozen=True)

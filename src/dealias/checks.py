@@ -175,7 +175,8 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
     done: set[tuple[Any, ...]] = set()
     for w in writes:
         for index, dim, neg in _index_args(w):
-            size = w.args[0].meta["val"].shape[dim]
+            written = w.args[0].meta["val"]
+            size = written.shape[dim] if written.dim() > 0 else 1  # a 0-d tensor is indexed as one element
             if (index, str(size), dim, neg) in done:
                 continue
             done.add((index, str(size), dim, neg))
