@@ -223,3 +223,13 @@ def test_out_call_that_traces_without_writing_out_runs_eagerly():
     with pytest.warns(dealias.FallbackWarning, match="without writing its out="):
         assert compare_call(matrix_rank_into_out, jf, args) is None
     assert compare_call(matrix_rank_into_out, jf, args) is None
+
+
+def solve_into_out(a, b, o):
+    torch.linalg.solve(a, b, out=o)  # inside: LU and pivots are empty out= tensors the kernel restrides
+    return o
+
+
+def test_internal_out_tensors_take_the_kernels_layout():
+    a = torch.randn(5, 5) + 5 * torch.eye(5)
+    check(solve_into_out, a, torch.randn(5), torch.zeros(5))

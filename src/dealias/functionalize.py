@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._prims_common import is_contiguous_or_false
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
@@ -257,7 +256,7 @@ class _Functionalizer:
         meta = v.meta
         new_meta = new.meta["val"]
         s = v.storage
-        if tuple(new_meta.shape) != tuple(meta.shape) and self._fresh_out(v, new_meta):
+        if tuple(new_meta.shape) != tuple(meta.shape) and self._fresh_out(v):
             # An empty tensor made inside the program as an out= argument (composites do this: linalg.inv,
             # msort, log_sigmoid) is resized by eager to the result, contiguous: nothing else sees its memory, so
             # the result simply becomes that tensor.
@@ -324,16 +323,11 @@ class _Functionalizer:
         if self.emit.grad:
             self.grad_writes.add(s)
 
-    def _fresh_out(self, v: Value, new_meta: torch.Tensor) -> bool:
+    def _fresh_out(self, v: Value) -> bool:
         """`v` is a whole tensor with no elements, made inside the program and not seen by the caller, so an
-        out= write may resize it as eager does (to a contiguous tensor of the result's shape)."""
-        return (
-            v.storage.kind == "intermediate"
-            and not v.chain
-            and v.meta.numel() == 0
-            and v.obj == v.storage.root_obj
-            and is_contiguous_or_false(new_meta)
-        )
+        out= write may resize it as eager does: to the result's shape, with the layout its kernel gives it (linalg
+        kernels restride their outputs column-major, as their functional forms return them)."""
+        return v.storage.kind == "intermediate" and not v.chain and v.meta.numel() == 0 and v.obj == v.storage.root_obj
 
     def _restride(self, new: fx.Node, like: torch.Tensor) -> fx.Node:
         """Keep every base in its traced layout, so replayed views get exactly eager's strides."""
