@@ -95,21 +95,46 @@ def test_non_leaf_input_mutated_keeps_autograd_history():
     torch.testing.assert_close(w.grad, we.grad)
 
 
-def test_modified_by_inplace_returns_the_functional_gradient():
-    """Eager raises "modified by an inplace operation" at backward: exp saved its result, then add_
-    changed it. dealias documents and returns the gradient of the program's functional meaning,
-    d/dx (exp(x) + 1) = exp(x), which is never a third answer."""
+def exp_then_add_(x):
+    y = x.exp()  # exp saves its result for backward
+    y.add_(1)  # ... which this changes
+    return y
 
-    def f(x):
-        y = x.exp()
-        y.add_(1)
-        return y
 
-    x = torch.randn(3, requires_grad=True)
+def mul_then_add_(x, w):
+    h = x * 1
+    out = h * w  # mul saves h (for w's gradient)
+    h.add_(1)
+    return out, h
+
+
+def mul_then_relu_(x, w):
+    h = x * w
+    h.relu_()  # relu_ saves its own result; mul saved x and w, untouched: eager's backward works
+    return h
+
+
+@pytest.mark.parametrize("fn", [exp_then_add_, mul_then_add_])
+def test_modified_by_inplace_raises_at_backward_as_in_eager(fn):
+    """Eager's backward raises "modified by an inplace operation" when a tensor an op saved for backward was
+    written afterwards. dealias finds it when compiling (which tensors each op saves is asked of eager) and runs
+    the graph eagerly, so backward raises eager's own error when eager does; forward values are eager's."""
+    n = 2 if fn is mul_then_add_ else 1
+    args = [torch.randn(3, requires_grad=True) for _ in range(n)]
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        f(x).sum().backward()
-    (g,) = torch.autograd.grad(dealias.jit(f)(x).sum(), [x])
-    torch.testing.assert_close(g, x.detach().exp())
+        out = fn(*args)
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+    jf = dealias.jit(fn)
+    with pytest.warns(dealias.FallbackWarning, match="saves a tensor for backward"):
+        out = jf(*args)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+
+
+def test_saved_tensors_left_alone_still_compile():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        check_grads(mul_then_relu_, torch.randn(3), torch.randn(3), wrt=(0, 1))
 
 
 # --- metadata mutations --------------------------------------------------------------------------

@@ -72,10 +72,11 @@ KNOWN_MISMATCHES: dict[tuple[str, str], str] = {
 # The highest fallback rate (programs with a FallbackWarning / programs run) each family may have: the rate measured
 # (torch 2.13) plus a margin of about 5 programs. Measured when written: inplace 61/364 (16.8 %), view 1/47 (2.1 %),
 # out 18/382 (4.7 %); after the 0-d index-write fix and the out= check in capture: inplace 47/364 (12.9 %), out
-# 22/382 (5.8 %: linalg.matrix_rank's out= now runs eagerly instead of mismatching). Most of these are not dealias's choice: dynamo breaks the graph at in-place
-# metadata changes of inputs (t_, squeeze_, as_strided_, resize_...), at data-dependent and dynamic-shape ops, and
-# at OpInfo's own `wrapper_set_seed` around random ops (dropout, rrelu, normal...: `freeze_rng_state` is a
-# contextmanager in torch.testing, which dynamo skips), 25 programs.
+# 22/382 (5.8 %: linalg.matrix_rank's out= now runs eagerly instead of mismatching). Most of these are not
+# dealias's choice: dynamo breaks the graph at in-place metadata changes of inputs (t_, squeeze_, as_strided_,
+# resize_...), at data-dependent and dynamic-shape ops, and at OpInfo's own `wrapper_set_seed` around random ops
+# (dropout, rrelu, normal...: `freeze_rng_state` is a contextmanager in torch.testing, which dynamo skips), 25
+# programs.
 FALLBACK_CEILING = {"inplace": 0.145, "view": 0.085, "out": 0.07}
 
 

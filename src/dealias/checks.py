@@ -61,12 +61,15 @@ def probe(node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None) -> 
     args, kwargs = pytree.tree_map_only(fx.Node, value, (node.args, node.kwargs))
     swapped = {id(t) for t in replace.values()}
     args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t if id(t) in swapped else real(t), (args, kwargs))
+    rng = torch.get_rng_state()  # a probe must not move the program's random generator
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             node.target(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - eager's answer, whatever it is
         return e
+    finally:
+        torch.set_rng_state(rng)
     return None
 
 

@@ -20,6 +20,7 @@ from .executor import inductor_executor, torch_executor, uniform_grad_mode, veri
 from .functionalize import FunctionalProgram, Ref, functionalize
 from .optimize import optimize
 from .program import CompiledProgram
+from .saved import refuse_saved_then_written
 from .traces import Trace, format_graph
 from .viewops import chain_text
 from .writeback import WriteBackReport, lower, whole_report
@@ -85,6 +86,7 @@ def compile_program(
     program's `shape_guard` says for which calls it holds)."""
     captured = capture(gm, leaves, names, symbolic)
     info = analyze(captured.gm, captured.groups)
+    refuse_saved_then_written(captured.gm, info, captured.requires_grad)
     fp = functionalize(captured, info)
     fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
     functional_gm = _copy_graph_module(fp.gm)

@@ -1,0 +1,174 @@
+"""Tensors saved for backward, then written in place: eager's backward refuses them.
+
+When a differentiable op saves a tensor for its backward (mul saves its factors, relu its result) and the
+program then writes that tensor's memory in place, eager's backward raises "one of the variables needed for
+gradient computation has been modified by an inplace operation". dealias's functional program never modifies a
+saved value, so its backward would return a gradient where eager raises: code developed under dealias would
+break without it. This pass finds such programs when compiling, and the graph then runs eagerly, so backward
+raises eager's own error at the moment eager raises it.
+
+Which arguments (or result) an op saves is asked of eager: the op runs once on zero-filled tensors of the traced
+sizes and strides, and its grad_fn's saved tensors are matched to them. Only ops that read a storage the program
+later writes are asked, so programs without such writes cost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from .alias import AliasInfo, Storage, Value
+from .capture import node_location
+from .errors import UnsupportedError, with_location
+from .opfacts import OpKind, facts
+
+_PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate
+
+
+def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> None:
+    """Raise UnsupportedError (the graph runs eagerly) if a tensor some differentiable op saved for backward is
+    written in place afterwards."""
+    if not any(requires_grad) or not torch.is_grad_enabled() and not _switches_grad_on(gm):
+        return
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    writes = {n: _written_storages(n, info) for n in nodes}
+    written_later: set[Storage] = set()
+    later: dict[fx.Node, set[Storage]] = {}
+    for n in reversed(nodes):  # which storages are written after each node
+        later[n] = set(written_later)
+        written_later |= writes[n]
+    if not written_later:
+        return
+    rg = _requires_grad(gm, info, requires_grad)
+    for n in nodes:
+        if not n.meta.get("grad", True) or not rg.get(n):
+            continue
+        args = [x for x in pytree.tree_leaves((n.args, n.kwargs)) if isinstance(x, fx.Node)]
+        candidates = [x for x in args if isinstance(v := info.values.get(x), Value) and v.storage in later[n]]
+        result = info.values.get(n)
+        if isinstance(result, Value) and result.storage in later[n]:
+            candidates.append(n)
+        if not candidates:
+            continue
+        for x in _saved(n, rg, candidates):
+            v = info.values[x]
+            writer = next(w for w in nodes[nodes.index(n) + 1 :] if v.storage in writes[w])
+            raise UnsupportedError(
+                with_location(
+                    f"{n.target} saves a tensor for backward that {writer.target} then modifies in place (at "
+                    f"{node_location(writer) or writer.target}); eager's backward raises: one of the variables "
+                    "needed for gradient computation has been modified by an inplace operation",
+                    node_location(n),
+                )
+            )
+
+
+def _switches_grad_on(gm: fx.GraphModule) -> bool:
+    return any(n.meta.get("grad") for n in gm.graph.nodes if n.op == "call_function")
+
+
+def _written_storages(node: fx.Node, info: AliasInfo) -> set[Storage]:
+    f = facts(node.target)
+    if f.kind not in (OpKind.INPLACE, OpKind.OUT, OpKind.MUTABLE, OpKind.INPLACE_VIEW):
+        return set()
+    if f.kind is OpKind.INPLACE_VIEW:
+        return set()  # metadata only: the version counter does not move
+    schema = node.target._schema
+    out = set()
+    for i, a in enumerate(schema.arguments):
+        if a.name not in f.mutated:
+            continue
+        arg = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+        for x in pytree.tree_leaves(arg):
+            v = info.values.get(x) if isinstance(x, fx.Node) else None
+            if isinstance(v, Value):
+                out.add(v.storage)
+    return out
+
+
+def _tensor_values(node: fx.Node, info: AliasInfo) -> list[Value]:
+    return [
+        v
+        for x in pytree.tree_leaves((node.args, node.kwargs))
+        if isinstance(x, fx.Node) and isinstance(v := info.values.get(x), Value)
+    ]
+
+
+def _requires_grad(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> dict[fx.Node, bool]:
+    """Whether each node's result requires grad in eager (per storage: a write with grad on from a tensor that
+    requires grad makes the written tensor require it)."""
+    storage_rg: dict[Storage, bool] = {}
+    out: dict[fx.Node, bool] = {}
+    for n in gm.graph.nodes:
+        v = info.values.get(n)
+        if n.op == "placeholder" and isinstance(v, Value):
+            storage_rg[v.storage] = storage_rg.get(v.storage, False) or requires_grad[info.input_index[n]]
+            out[n] = storage_rg[v.storage]
+        elif n.op == "call_function":
+            ins = [storage_rg.get(x.storage, False) for x in _tensor_values(n, info)]
+            rg = bool(n.meta.get("grad", True)) and any(ins)
+            for s in _written_storages(n, info) if isinstance(n.target, torch._ops.OpOverload) else ():
+                storage_rg[s] = storage_rg.get(s, False) or rg
+            if isinstance(v, Value):
+                storage_rg[v.storage] = storage_rg.get(v.storage, False) or rg
+            out[n] = rg
+    return out
+
+
+def _saved(node: fx.Node, rg: dict[fx.Node, bool], candidates: list[fx.Node]) -> list[fx.Node]:
+    """The nodes among `candidates` (arguments of `node`, or `node` itself for its result) whose tensors eager's
+    grad_fn for `node` saves."""
+    real: dict[fx.Node, torch.Tensor] = {}
+
+    def make(x: fx.Node) -> Any:
+        meta = x.meta.get("val")
+        if not isinstance(meta, torch.Tensor):
+            return meta
+        if any(isinstance(s, torch.SymInt) for s in (*meta.shape, *meta.stride())):
+            raise _NoProbe
+        if meta.untyped_storage().nbytes() > _PROBE_LIMIT:
+            raise _NoProbe
+        if meta.device.type != "cpu":
+            raise _NoProbe
+        t = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype).zero_()
+        if rg.get(x) and (t.is_floating_point() or t.is_complex()):
+            t = t.requires_grad_().clone()  # a non-leaf, so in-place ops may write it
+        real[x] = t
+        return t
+
+    rng = torch.get_rng_state()  # a random op probed must not move the program's generator
+    try:
+        args, kwargs = pytree.tree_map_only(fx.Node, make, (node.args, node.kwargs))
+        with torch.enable_grad():
+            out = node.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - nothing learned (a probe eager refuses, or one too large): no refusal
+        return []
+    finally:
+        torch.set_rng_state(rng)
+    result = out[0] if isinstance(out, (list, tuple)) and out else out
+    grad_fn = getattr(result, "grad_fn", None)
+    if grad_fn is None:
+        return []
+    saved_ptrs = set()
+    for name in dir(grad_fn):
+        if name.startswith("_saved_"):
+            try:
+                value = getattr(grad_fn, name)
+            except RuntimeError:  # a saved tensor already freed or not saved for this input
+                continue
+            for t in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(t, torch.Tensor) and t.numel():
+                    saved_ptrs.add(t.untyped_storage().data_ptr())
+    found = []
+    for x in candidates:
+        t = result if x is node else real.get(x)
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in saved_ptrs:
+            found.append(x)
+    return found
+
+
+class _NoProbe(Exception):
+    pass
