@@ -233,3 +233,36 @@ def solve_into_out(a, b, o):
 def test_internal_out_tensors_take_the_kernels_layout():
     a = torch.randn(5, 5) + 5 * torch.eye(5)
     check(solve_into_out, a, torch.randn(5), torch.zeros(5))
+
+
+def sum_into_own_row(x):
+    torch.sum(x, 0, out=x[1])  # a reduction writing memory it reads: eager's kernel order decides
+    return x
+
+
+def amax_into_itself(v):
+    torch.amax(v, 0, keepdim=True, out=v)
+    return v
+
+
+def mm_into_operand(a, x):
+    torch.mm(a, x, out=x)
+    return x
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (sum_into_own_row, lambda: (torch.randn(2, 3, 4),)),
+        (amax_into_itself, lambda: (torch.randn(1, 2),)),
+        (mm_into_operand, lambda: (torch.randn(5, 5), torch.randn(5, 5))),
+    ],
+    ids=["sum-out-row", "amax-out-self", "mm-out-operand"],
+)
+def test_non_pointwise_ops_reading_what_they_write_run_eagerly(fn, make):
+    # Found by the fuzzer once it generated out= and aliased arguments: dealias raised an overlap error eager does
+    # not raise, or computed the functional result where eager reads memory it already overwrote.
+    jf = dealias.jit(fn)
+    with pytest.warns(dealias.FallbackWarning, match="reads memory it writes"):
+        assert compare_call(fn, jf, make()) is None
+    assert compare_call(fn, jf, make()) is None

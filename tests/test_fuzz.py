@@ -20,8 +20,12 @@ def test_bounded_fuzz_finds_no_mismatch(seed):
     summary = fuzz(seed, 250, out=out, progress=False)
     assert summary["mismatch"] == 0, out.getvalue()
     # Most programs compile whole. Fallbacks are counted, not hidden: with dynamo as the front end, in-place
-    # metadata changes of inputs (t_, transpose_, unsqueeze_...) and storage_offset() are graph breaks.
-    assert summary["ok"] >= 175, summary
+    # metadata changes of inputs (t_, transpose_, unsqueeze_...), storage_offset() and out= into a non-contiguous
+    # tensor are graph breaks; a write whose source is the written memory through another argument of a
+    # non-pointwise op (`sum(x, 0, out=x[1])`, `mm(a, x, out=x)`) runs eagerly unless eager agrees with copies.
+    # Measured: 158 and 174 of 250 (seeds 0, 5000) since the generator also makes created tensors, out= and
+    # aliased arguments (178 and 183 before).
+    assert summary["ok"] >= 150, summary
     assert summary["refused"] <= 3, summary
 
 

@@ -73,6 +73,61 @@ def probe(node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None) -> 
     return None
 
 
+def aliasing_is_benign(node: fx.Node, written: list[fx.Node]) -> bool:
+    """Whether eager computes `node`'s op on its aliased arguments (a written tensor also read through another
+    argument) exactly as on separate copies of them, which is what the functional program computes. Asked of
+    eager on random values laid out like the traced arguments: the op runs once on shared memory and once on
+    copies, and the written tensors must come out equal. False where nothing can be learned."""
+    buffers: dict[Any, torch.Tensor] = {}
+    gen = torch.Generator().manual_seed(0)
+
+    def real(n: fx.Node) -> Any:
+        t = n.meta.get("val")
+        if not isinstance(t, torch.Tensor):
+            return t
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        if not isinstance(nbytes, int) or nbytes > _PROBE_LIMIT or isinstance(t.storage_offset(), torch.SymInt):
+            raise NoProbe
+        key = StorageWeakRef(storage)
+        if key not in buffers:
+            buffers[key] = torch.zeros(nbytes, dtype=torch.uint8)
+        out = torch.empty(0, dtype=t.dtype).set_(
+            buffers[key].untyped_storage(), t.storage_offset(), t.shape, t.stride()
+        )
+        if t.is_floating_point():
+            out.copy_(torch.randn(t.shape, generator=gen, dtype=t.dtype))
+        elif t.dtype == torch.bool:  # masks: any value is valid (integer arguments, indices, stay 0)
+            out.copy_(torch.rand(t.shape, generator=gen) < 0.5)
+        return out
+
+    rng = torch.get_rng_state()
+    try:
+        args, kwargs = pytree.tree_map_only(fx.Node, real, (node.args, node.kwargs))
+        copies = pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), (args, kwargs))
+        by_node = dict(
+            zip(
+                [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)],
+                [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)],
+            )
+        )
+        copy_of = dict(zip(map(id, pytree.tree_leaves((args, kwargs))), pytree.tree_leaves(copies)))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            node.target(*args, **kwargs)
+            node.target(*copies[0], **copies[1])
+        return all(
+            torch.equal(by_node[w], copy_of[id(by_node[w])])
+            or torch.allclose(by_node[w], copy_of[id(by_node[w])], equal_nan=True)
+            for w in written
+            if w in by_node
+        )
+    except Exception:  # noqa: BLE001 - nothing learned: not benign
+        return False
+    finally:
+        torch.set_rng_state(rng)
+
+
 @dataclass(frozen=True)
 class IndexPolicy:
     """What eager does with an out-of-range index of one indexed write: whether negative indices address from

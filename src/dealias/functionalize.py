@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 
 from .alias import AliasInfo, Storage, Value
 from .capture import Captured, node_location
-from .checks import NoProbe, probe
+from .checks import NoProbe, aliasing_is_benign, probe
 from .errors import EagerSemanticsError, UnsupportedError, with_location
 from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
@@ -383,32 +383,39 @@ class _Functionalizer:
                 raise UnsupportedError(
                     with_location(f"{node.target} writes a tensor whose elements overlap in memory", loc)
                 )
-            full = [o for o in others if o.storage is v.storage and _layout(o.meta) == _layout(v.meta)]
-            if full and torch.Tag.pointwise not in node.target.tags:
+            shared = [o for o in others if o.storage is v.storage and overlaps(v.meta, o.meta)]
+            if shared and torch.Tag.pointwise not in node.target.tags:
                 # The written tensor is also read through another argument (`index_add_(0, i, x)` on x,
-                # `index_select(x, 0, i, out=x)`). Pointwise kernels allow it; others check it each their own
-                # way: ask eager, on zeros laid out like these arguments.
+                # `torch.sum(x, 0, out=x[1])`, `mm(a, x, out=x)`). Pointwise kernels allow an exact alias; other
+                # kernels check it each their own way, or read what they already wrote in an order of their own.
+                # Ask eager (on zeros laid out like these arguments): raise its error, or run the graph eagerly.
                 error = _eager_overlap_error(node)
                 if error is not None:
                     raise EagerSemanticsError(with_location(f"{node.target}: {error}", loc))
-            for o in others:
-                if o.storage is not v.storage or _layout(o.meta) == _layout(v.meta):
-                    continue
-                if not _partial_overlap(v.meta, o.meta) and overlaps(v.meta, o.meta):
+                bound = _bind_args(node.target._schema, node.args, node.kwargs)
+                targets = [a for name in facts(node.target).mutated for a in pytree.tree_leaves(bound.get(name))]
+                if aliasing_is_benign(node, [a for a in targets if isinstance(a, fx.Node)]):
+                    continue  # (`slice_scatter(x, s, out=x.view(..))`: eager copies x first, as copies would)
+                raise UnsupportedError(
+                    with_location(f"{node.target} reads memory it writes, through another argument", loc)
+                )
+            for o in shared:
+                if _layout(o.meta) == _layout(v.meta):
+                    continue  # the same elements: a pointwise kernel reads each before writing it
+                if not _partial_overlap(v.meta, o.meta):
                     # Eager's check cannot tell (non-dense layouts) and it reads elements it may already have
                     # written, in an order it does not promise: refuse rather than guess.
                     raise UnsupportedError(
                         with_location(f"{node.target} reads memory it writes through another view", loc)
                     )
-                if _partial_overlap(v.meta, o.meta):
-                    raise EagerSemanticsError(
-                        with_location(
-                            f"{node.target}: unsupported operation: some elements of the input tensor and the "
-                            "written-to tensor refer to a single memory location. Please clone() the tensor "
-                            "before performing the operation.",
-                            loc,
-                        )
+                raise EagerSemanticsError(
+                    with_location(
+                        f"{node.target}: unsupported operation: some elements of the input tensor and the "
+                        "written-to tensor refer to a single memory location. Please clone() the tensor "
+                        "before performing the operation.",
+                        loc,
                     )
+                )
 
     # -- the walk ------------------------------------------------------------------------------------
     def run(self) -> FunctionalProgram:

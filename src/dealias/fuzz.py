@@ -10,6 +10,7 @@ dealias raises too without touching the inputs.
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
@@ -56,6 +57,8 @@ class _Gen:
         self.env: dict[str, Any] = {"torch": torch}
         self.names: list[str] = []
         self.count = 0
+        self.kind = ""  # kind of the last statement made, and of every statement kept (for statistics)
+        self.kinds: list[str] = []
 
     def fresh(self) -> str:
         self.count += 1
@@ -100,21 +103,38 @@ class _Gen:
         return prog
 
     def statement(self) -> tuple[str, str | None] | None:
-        """A random statement: (source, name it defines or None)."""
+        """A random statement: (source, name it defines or None). `self.kind` says which kind it is."""
         r = self.rng
         ts = self.tensors()
         if not ts:
             return None
-        t = r.choice(ts)
-        x = self.env[t]
         kind = r.random()
         n = self.fresh()
+        if kind < _NEW_KINDS:
+            # tensors made by the program, `out=` writes, in-place ops given an alias of what they write
+            if kind < 0.07:
+                self.kind = "create"
+                t = r.choice(ts)
+                return f"{n} = {_create(r, t, self.env[t])}", n
+            if kind < 0.14:
+                self.kind = "out"
+                st = _out(r, ts, self.env)
+                return (st, None) if st else None
+            self.kind = "aliased"
+            st = _aliased_write(r, ts, self.env)
+            return (st, None) if st else None
+        kind = (kind - _NEW_KINDS) / (1 - _NEW_KINDS)
+        t = r.choice(ts)
+        x = self.env[t]
         if kind < 0.45:
+            self.kind = "view"
             view = _view(r, t, x)
             return (f"{n} = {view}", n) if view else None
         if kind < 0.6:
+            self.kind = "functional"
             fn = _functional(r, t, x, self.tensors(x.is_floating_point()), self.env)
             return (f"{n} = {fn}", n) if fn else None
+        self.kind = "write"
         write = _write(r, t, x, self.tensors(x.is_floating_point()), self.env)
         return (write, None) if write else None
 
@@ -139,9 +159,11 @@ class _Gen:
                 self.env = snapshot
                 if self.rng.random() < 0.03 and not self.autograd:
                     prog.body.append(src)
+                    self.kinds.append(self.kind + " (error)")
                     break
                 continue
             prog.body.append(src)
+            self.kinds.append(self.kind)
             if name is not None:
                 self.names.append(name)
         outs = [n for n in self.names if isinstance(self.env.get(n), torch.Tensor)]
@@ -240,6 +262,179 @@ def _write(r: random.Random, t: str, x: torch.Tensor, same: list[str], env: dict
             options.append(f"{t}.index_fill_({d}, torch.tensor([{i}]), {c})")
     if x.dim() >= 1 and r.random() < 0.15:
         options += [f"{t}.t_()" if x.dim() <= 2 else f"{t}.transpose_(0, 1)", f"{t}.unsqueeze_(0)", f"{t}.squeeze_()"]
+    return r.choice(options)
+
+
+# --- statements of the kinds below: tensors the program makes, `out=` writes, in-place ops given aliases ------
+_NEW_KINDS = 0.18  # their share of the statements tried (create 7 %, out= 7 %, aliased in-place 4 %)
+_CONSTANTS = [1.5, -2.0, 0.25, 3.0]
+
+
+def _tuple(shape: tuple[int, ...]) -> str:
+    return f"({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''})"
+
+
+def _eval(expr: str, env: dict[str, Any]) -> torch.Tensor | None:
+    """The example value of a side-effect-free expression (a view or a copy), or None where eager rejects it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            v = eval(expr, env)  # noqa: S307 - the generator's own expression on its examples
+    except Exception:  # noqa: BLE001
+        return None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _create(r: random.Random, t: str, x: torch.Tensor) -> str:
+    """A tensor made inside the program, shaped like `t` (or like a shape that broadcasts to t's)."""
+    shape = tuple(x.shape)
+    if shape and r.random() < 0.3:
+        shape = tuple(1 if r.random() < 0.3 else s for s in shape[r.randrange(len(shape)) :])
+    dims, tup, numel, c = (
+        ", ".join(map(str, shape)) or "()",
+        _tuple(shape),
+        math.prod(shape),
+        r.choice(_CONSTANTS),
+    )
+    floating = x.is_floating_point()
+    options = [
+        f"torch.zeros({dims})",
+        f"torch.ones({dims})",
+        f"torch.full({tup}, {c})",
+        f"torch.arange({numel}, dtype=torch.float32).view({tup})",
+        f"torch.linspace(-1, 1, {numel}).view({tup})",
+        f"torch.zeros_like({t})",
+        f"torch.ones_like({t})",
+        f"torch.full_like({t}, {c if floating else 3})",
+        f"{t}.new_full({tup}, {c if floating else 3})",
+        f"{t}.new_zeros({tup})",
+        f"{t}.new_ones({tup})",
+        f"torch.arange({numel}).view({tup})",  # int64
+    ]
+    if len(shape) == 1:
+        options.append(f"torch.tensor({[r.choice(_CONSTANTS) for _ in range(shape[0])]})")
+    if len(shape) == 2:
+        options += [f"torch.zeros({shape[1]}, {shape[0]}).t()", f"torch.eye({shape[0]}, {shape[1]})"]
+    return r.choice(options)
+
+
+def _out(r: random.Random, ts: list[str], env: dict[str, Any]) -> str | None:
+    """`torch.op(..., out=o)`: o is a tensor or a view of one, the result exactly o's shape and dtype; the inputs
+    are sometimes o itself (full overlap, which eager allows for pointwise ops)."""
+    t = r.choice(ts)
+    x = env[t]
+    targets = [t, t, t]
+    if x.dim():
+        d = _dim(r, x)
+        if x.shape[d]:
+            targets += [f"{t}[{':, ' * d}{r.randrange(x.shape[d])}]", f"{t}[{':, ' * d}1:]", f"{t}[{':, ' * d}::2]"]
+    if x.dim() == 2:
+        targets += [f"{t}.t()", f"{t}.diagonal()"]
+    values = {e: v for e in targets if (v := _eval(e, env)) is not None and v.numel()}
+    dense = [e for e in targets if e in values and values[e].is_contiguous()]
+    # dynamo breaks the graph at a non-contiguous `out=` (it never reaches dealias): mostly contiguous targets
+    o = r.choice(dense if dense and r.random() < 0.75 else targets)
+    if o not in values:
+        return None
+    ov = values[o]
+    same = [n for n in ts if env[n].dtype == ov.dtype]
+    # inputs of o's shape: variables, rows of variables, transposed matrices (any of them may alias o)
+    exact = [n for n in same if env[n].shape == ov.shape]
+    exact += [f"{n}[{r.randrange(len(env[n]))}]" for n in same if env[n].dim() and env[n].shape[1:] == ov.shape]
+    exact += [f"{n}.t()" for n in same if env[n].dim() == 2 and env[n].shape[::-1] == ov.shape]
+    exact = [e for e in exact if e != o]
+    a = o if r.random() < 0.35 or not exact else r.choice(exact)  # o itself: full overlap
+    wide = [n for n in same if _broadcasts(env[n].shape, ov.shape) and n != o]
+    b = r.choice(wide) if wide and r.random() < 0.6 else r.choice([o, a])
+    if r.random() < 0.5:
+        a, b = b, a
+    c = r.choice(_CONSTANTS)
+    if not ov.is_floating_point():
+        options = [
+            f"torch.add({a}, {b}, out={o})",
+            f"torch.mul({a}, 3, out={o})",
+            f"torch.neg({a}, out={o})",
+            f"torch.bitwise_xor({a}, {b}, out={o})",
+        ]
+        return r.choice(options)
+    options = [
+        f"torch.add({a}, {b}, out={o})",
+        f"torch.add({a}, {b}, alpha={c}, out={o})",
+        f"torch.sub({a}, {b}, out={o})",
+        f"torch.mul({a}, {b}, out={o})",
+        f"torch.mul({a}, {c}, out={o})",
+        f"torch.maximum({a}, {b}, out={o})",
+        f"torch.where({b} > 0, {a}, {b}, out={o})",
+        f"torch.neg({a}, out={o})",
+        f"torch.sin({a}, out={o})",
+        f"torch.exp({a}, out={o})",
+        f"torch.abs({a}, out={o})",
+        f"torch.clamp({a}, -1, 1, out={o})",
+    ]
+    if ov.dim():
+        options.append(f"torch.cumsum({a}, {_dim(r, ov)}, out={o})")
+    if ov.dim() == 2:  # a matrix product into o, from any two matrices of fitting shapes (o itself when square)
+        m, k = ov.shape
+        left = [n for n in [o, *same] if (v := env.get(n, ov)).dim() == 2 and v.shape[0] == m]
+        p = r.choice(left)
+        pk = (env[p] if p in env else ov).shape[1]
+        right = [n for n in [o, *same] if (v := env.get(n, ov)).dim() == 2 and v.shape == (pk, k)]
+        if right:
+            options.append(f"torch.mm({p}, {r.choice(right)}, out={o})")
+    sums = []  # a reduction of any tensor whose reduced shape is o's
+    for n in same:
+        s = tuple(env[n].shape)
+        for d in range(len(s)):
+            if s[:d] + s[d + 1 :] == tuple(ov.shape):
+                sums.append(f"torch.sum({n}, {d}, out={o})")
+            if s[:d] + (1,) + s[d + 1 :] == tuple(ov.shape):
+                sums.append(f"torch.amax({n}, {d}, keepdim=True, out={o})")
+    if sums:
+        options.append(r.choice(sums))
+    return r.choice(options)
+
+
+def _aliased_write(r: random.Random, ts: list[str], env: dict[str, Any]) -> str | None:
+    """An in-place op whose other argument aliases what it writes: the tensor itself, a view of it, or another
+    variable sharing its memory (eager rejects many partial overlaps, and the generator drops those)."""
+    t = r.choice(ts)
+    x = env[t]
+    if not x.numel():
+        return None
+    cands = [t, t]
+    d = _dim(r, x)
+    if x.dim():
+        i = r.randrange(x.shape[d])
+        cands += [f"{t}[0]", f"{t}.flip({d})", f"{t}.narrow({d}, {i}, 1)", f"{t}.roll(1, {d})"]
+    if x.dim() == 2:
+        cands += [f"{t}.t()", f"{t}.diagonal()"]
+    cands += [n for n in ts if n != t and env[n].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()]
+    ok = [a for a in cands if (v := _eval(a, env)) is not None and v.dtype == x.dtype and _broadcasts(v.shape, x.shape)]
+    if not ok:
+        return None
+    a = r.choice(ok)
+    if not x.is_floating_point():
+        return r.choice([f"{t}.add_({a})", f"{t}.mul_({a})", f"{t}.bitwise_xor_({a})", f"{t}.copy_({a})"])
+    c = r.choice(_CONSTANTS)
+    options = [
+        f"{t}.add_({a})",
+        f"{t}.mul_({a})",
+        f"{t}.sub_({a}, alpha={c})",
+        f"{t}.copy_({a})",
+        f"{t}.addcmul_({a}, {a}, value=0.5)",
+        f"{t}.lerp_({a}, 0.5)",
+        f"{t}.clamp_(min={a})",
+        f"{t} += {a}",
+    ]
+    full = _eval(a, env)
+    if full is not None and full.shape == x.shape:
+        options.append(f"{t}.masked_scatter_({t} > 0, {a})")
+        if x.dim():
+            perm = r.sample(range(x.shape[d]), x.shape[d])
+            idx = r.choice([f"torch.tensor({perm})", f"torch.arange({x.shape[d]}).flip(0)"])
+            options += [f"{t}.index_add_({d}, {idx}, {a})", f"{t}.index_copy_({d}, {idx}, {a})"]
+    if x.dim() == 2 and x.shape[0] == x.shape[1]:
+        options += [f"{t}.addmm_({t}, {t}.t())", f"{t}.mul_({t}.t())"]
     return r.choice(options)
 
 
