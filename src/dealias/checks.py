@@ -118,7 +118,7 @@ def aliasing_is_benign(node: fx.Node, written: list[fx.Node]) -> bool:
             node.target(*copies[0], **copies[1])
         return all(
             torch.equal(by_node[w], copy_of[id(by_node[w])])
-            or torch.allclose(by_node[w], copy_of[id(by_node[w])], equal_nan=True)
+            or torch.allclose(by_node[w], copy_of[id(by_node[w])], rtol=0, atol=0, equal_nan=True)  # bit-equal
             for w in written
             if w in by_node
         )
