@@ -42,7 +42,7 @@ from .verify import VerificationError, clone_args, first_difference
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)
 _FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
-# Two dynamo settings, process-wide, made when dealias is imported (before dynamo traces anything for it):
+# Dynamo settings, process-wide, made when dealias is imported (before dynamo traces anything for it):
 # - dynamo decomposes `addcmul_`/`addcdiv_`/`add_(alpha=tensor)` into inductor's `prims.fma` for inductor's
 #   numerics; dealias runs eager's kernels, so it keeps eager's ops (same bits as eager, and prims.fma run
 #   eagerly is slow: a hand-written Adam ran 2.4x eager with it);
@@ -137,11 +137,7 @@ class GraphProgram:
     def __call__(self, *args: Any) -> Any:
         leaves = [*args, *self.attributes] if self.attributes else list(args)
         key, tensors = lookup_key(leaves, len(leaves), self.offsets, self.unkeyed)
-        entry = None
-        for check, shape_guard, candidate, _ in self.cache.get(key, ()):
-            if (self.dynamo_guarded or check(*tensors)) and (shape_guard is None or shape_guard(leaves)):
-                entry = candidate
-                break
+        entry = self._find(key, leaves, tensors)
         if entry is None:
             entry = self._miss(key, leaves, tensors)
         if entry is _EAGER:
@@ -151,11 +147,18 @@ class GraphProgram:
             return self._verified(entry, leaves)
         return entry(leaves)
 
+    def _find(self, key: tuple[Any, ...], leaves: list[Any], tensors: list[torch.Tensor]) -> Any:
+        """The program of this layout whose tensor check and shape guard accept the call, or None."""
+        for check, shape_guard, candidate, _ in self.cache.get(key, ()):
+            if (self.dynamo_guarded or check(*tensors)) and (shape_guard is None or shape_guard(leaves)):
+                return candidate
+        return None
+
     def _miss(self, key: tuple[Any, ...], leaves: list[Any], tensors: list[torch.Tensor]) -> Any:
         with self.lock:
-            for check, shape_guard, candidate, _ in self.cache.get(key, ()):  # another thread compiled it meanwhile
-                if (self.dynamo_guarded or check(*tensors)) and (shape_guard is None or shape_guard(leaves)):
-                    return candidate
+            found = self._find(key, leaves, tensors)  # another thread compiled it meanwhile
+            if found is not None:
+                return found
             full = guard_key(leaves, len(leaves), self.offsets, self.unkeyed)
             described = self._explain_miss(full, tensors, self._failed_shape_guard(key, leaves))
             if self.entries >= self.options.cache_limit:

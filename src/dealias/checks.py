@@ -35,97 +35,92 @@ class NoProbe(Exception):
     pass
 
 
-def probe(node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None) -> Exception | None:
-    """Run `node`'s op eagerly on zero-filled memory laid out like its traced arguments (each storage once, every
-    tensor at its own offset and strides, so aliasing between arguments is kept), with the arguments in
-    `replace` given real values; return what it raises (None if it returns). Raises NoProbe where nothing can
-    be learned: memory larger than _PROBE_LIMIT, or symbolic."""
-    buffers: dict[Any, torch.Tensor] = {}
-    replace = replace or {}
+class _Memory:
+    """Zero-filled memory laid out like traced (fake) tensors: each storage once, every tensor at its own offset
+    and strides, so aliasing between them is kept. Raises NoProbe where nothing can be learned: memory larger
+    than _PROBE_LIMIT, or symbolic."""
 
-    def real(t: torch.Tensor) -> torch.Tensor:
+    def __init__(self) -> None:
+        self.buffers: dict[Any, torch.Tensor] = {}
+
+    def like(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
         if not isinstance(nbytes, int) or nbytes > _PROBE_LIMIT or isinstance(t.storage_offset(), torch.SymInt):
             raise NoProbe
         key = StorageWeakRef(storage)
-        if key not in buffers:
-            buffers[key] = torch.zeros(nbytes, dtype=torch.uint8)
-        return torch.empty(0, dtype=t.dtype).set_(
-            buffers[key].untyped_storage(), t.storage_offset(), t.shape, t.stride()
-        )
+        if key not in self.buffers:
+            self.buffers[key] = torch.zeros(nbytes, dtype=torch.uint8)
+        out = torch.empty(0, dtype=t.dtype)
+        return out.set_(self.buffers[key].untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
-    def value(n: fx.Node) -> Any:
-        return replace[n] if n in replace else n.meta.get("val")
 
-    args, kwargs = pytree.tree_map_only(fx.Node, value, (node.args, node.kwargs))
-    swapped = {id(t) for t in replace.values()}
-    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t if id(t) in swapped else real(t), (args, kwargs))
-    rng = torch.get_rng_state()  # a probe must not move the program's random generator
+def _run_quietly(node: fx.Node, *calls: tuple[Any, Any]) -> None:
+    """Run `node`'s op on each (args, kwargs), without grad, warnings, or moving the program's random generator."""
+    rng = torch.get_rng_state()
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            node.target(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - eager's answer, whatever it is
-        return e
+            for args, kwargs in calls:
+                node.target(*args, **kwargs)
     finally:
         torch.set_rng_state(rng)
+
+
+def probe(node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None) -> Exception | None:
+    """Run `node`'s op eagerly on zero-filled memory laid out like its traced arguments (`_Memory`), with the
+    arguments in `replace` given real values; return what it raises (None if it returns). Raises NoProbe where
+    nothing can be learned."""
+    memory = _Memory()
+    replace = replace or {}
+
+    def value(n: fx.Node) -> Any:
+        if n in replace:
+            return replace[n]
+        t = n.meta.get("val")
+        return memory.like(t) if isinstance(t, torch.Tensor) else t
+
+    call = pytree.tree_map_only(fx.Node, value, (node.args, node.kwargs))
+    try:
+        _run_quietly(node, call)
+    except Exception as e:  # noqa: BLE001 - eager's answer, whatever it is
+        return e
     return None
 
 
 def aliasing_is_benign(node: fx.Node, written: list[fx.Node]) -> bool:
     """Whether eager computes `node`'s op on its aliased arguments (a written tensor also read through another
     argument) exactly as on separate copies of them, which is what the functional program computes. Asked of
-    eager on random values laid out like the traced arguments: the op runs once on shared memory and once on
-    copies, and the written tensors must come out equal. False where nothing can be learned."""
-    buffers: dict[Any, torch.Tensor] = {}
+    eager on random values laid out like the traced arguments (`_Memory`): the op runs once on shared memory and
+    once on copies (one per argument), and the written tensors must come out bit-equal. False where nothing can
+    be learned."""
+    memory = _Memory()
     gen = torch.Generator().manual_seed(0)
+    shared: list[tuple[fx.Node, Any]] = []  # per argument, in order: its node and the value it was given
 
     def real(n: fx.Node) -> Any:
         t = n.meta.get("val")
-        if not isinstance(t, torch.Tensor):
-            return t
-        storage = t.untyped_storage()
-        nbytes = storage.nbytes()
-        if not isinstance(nbytes, int) or nbytes > _PROBE_LIMIT or isinstance(t.storage_offset(), torch.SymInt):
-            raise NoProbe
-        key = StorageWeakRef(storage)
-        if key not in buffers:
-            buffers[key] = torch.zeros(nbytes, dtype=torch.uint8)
-        out = torch.empty(0, dtype=t.dtype).set_(
-            buffers[key].untyped_storage(), t.storage_offset(), t.shape, t.stride()
-        )
-        if t.is_floating_point():
+        out = memory.like(t) if isinstance(t, torch.Tensor) else t
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
             out.copy_(torch.randn(t.shape, generator=gen, dtype=t.dtype))
-        elif t.dtype == torch.bool:  # masks: any value is valid (integer arguments, indices, stay 0)
-            out.copy_(torch.rand(t.shape, generator=gen) < 0.5)
+        elif isinstance(t, torch.Tensor) and t.dtype == torch.bool:  # masks: any value is valid
+            out.copy_(torch.rand(t.shape, generator=gen) < 0.5)  # (integer arguments, indices, stay 0)
+        shared.append((n, out))
         return out
 
-    rng = torch.get_rng_state()
     try:
-        args, kwargs = pytree.tree_map_only(fx.Node, real, (node.args, node.kwargs))
-        copies = pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), (args, kwargs))
-        by_node = dict(
-            zip(
-                [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)],
-                [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)],
-            )
-        )
-        copy_of = dict(zip(map(id, pytree.tree_leaves((args, kwargs))), pytree.tree_leaves(copies)))
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            node.target(*args, **kwargs)
-            node.target(*copies[0], **copies[1])
+        call = pytree.tree_map_only(fx.Node, real, (node.args, node.kwargs))
+        copied = [v.clone() if isinstance(v, torch.Tensor) else v for _, v in shared]  # after every fill
+        it = iter(copied)
+        copies = pytree.tree_map_only(fx.Node, lambda n: next(it), (node.args, node.kwargs))
+        _run_quietly(node, call, copies)
         return all(
-            torch.equal(by_node[w], copy_of[id(by_node[w])])
-            or torch.allclose(by_node[w], copy_of[id(by_node[w])], rtol=0, atol=0, equal_nan=True)  # bit-equal
-            for w in written
-            if w in by_node
+            torch.equal(a, b) or torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)  # bit-equal, NaN too
+            for (n, a), b in zip(shared, copied)
+            if n in written and isinstance(a, torch.Tensor)
         )
     except Exception:  # noqa: BLE001 - nothing learned: not benign
         return False
-    finally:
-        torch.set_rng_state(rng)
 
 
 @dataclass(frozen=True)

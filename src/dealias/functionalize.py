@@ -28,7 +28,17 @@ from .checks import NoProbe, aliasing_is_benign, probe
 from .errors import EagerSemanticsError, UnsupportedError, with_location
 from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
-from .viewops import ViewStep, as_strided_rel, internal_overlap, inverse, op_name, replay, replay_chain
+from .viewops import (
+    ViewStep,
+    as_strided_rel,
+    chain_args,
+    internal_overlap,
+    inverse,
+    map_chain_args,
+    op_name,
+    replay,
+    replay_chain,
+)
 
 aten = torch.ops.aten
 
@@ -477,10 +487,7 @@ class _Functionalizer:
         """`chain` with its symbolic arguments (captured nodes: `select(1, pos)`) as this graph's nodes."""
         if not self.scalars:
             return chain
-        return tuple(
-            ViewStep(step.op, *pytree.tree_map_only(fx.Node, self.scalars.__getitem__, (step.args, step.kwargs)))
-            for step in chain
-        )
+        return map_chain_args(chain, fx.Node, self.scalars.__getitem__)
 
     def _placeholder(self, node: fx.Node) -> None:
         if self.info.values[node] is None:  # a symbolic scalar input
@@ -699,17 +706,14 @@ class _Functionalizer:
         """An output view whose chain has symbolic arguments (`cache[:, :pos + 1]`): each becomes a result of the
         graph, read by the epilogue when it replays the chain on the caller's tensor."""
         chain = self.emit.symbolic(self._steps(slot.chain))
-        if not any(isinstance(a, fx.Node) for step in chain for a in pytree.tree_leaves((step.args, step.kwargs))):
+        if not any(isinstance(a, fx.Node) for a in chain_args(chain)):
             return slot
 
         def result(node: fx.Node) -> ResultArg:
             outs.append(node)
             return ResultArg(len(outs) - 1)
 
-        chain = tuple(
-            ViewStep(step.op, *pytree.tree_map_only(fx.Node, result, (step.args, step.kwargs))) for step in chain
-        )
-        return OutputSlot(slot.source, chain, slot.same_as)
+        return OutputSlot(slot.source, map_chain_args(chain, fx.Node, result), slot.same_as)
 
     def _track_no_grad(self, node: fx.Node) -> None:
         """Views made under no_grad of a tensor that requires grad are not differentiable in eager (nor views of

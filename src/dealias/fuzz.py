@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .errors import FallbackWarning
-from .verify import compare_call
+from .verify import compare_call, view_on
 
 
 @dataclass
@@ -490,7 +490,7 @@ def run_program(prog: Program) -> Outcome:
 def _shifted(args: tuple[Any, ...], pad: int) -> tuple[Any, ...]:
     """`args` copied into storages `pad` elements longer at the front: same values, sizes, strides and sharing,
     every storage offset moved by `pad`."""
-    moved: dict[int, torch.Tensor] = {}
+    moved: dict[int, torch.Tensor] = {}  # storage -> a byte tensor over its padded copy
     out = []
     for x in args:
         if not isinstance(x, torch.Tensor):
@@ -498,9 +498,9 @@ def _shifted(args: tuple[Any, ...], pad: int) -> tuple[Any, ...]:
             continue
         key = x.untyped_storage()._cdata
         if key not in moved:
-            old = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage())
-            moved[key] = torch.cat([torch.zeros(pad, dtype=x.dtype), old.detach()])
-        out.append(moved[key].as_strided(x.shape, x.stride(), x.storage_offset() + pad))
+            old = torch.empty(0, dtype=torch.uint8).set_(x.untyped_storage())
+            moved[key] = torch.cat([torch.zeros(pad * x.element_size(), dtype=torch.uint8), old.detach()])
+        out.append(view_on(moved[key], x, shift=pad))
     return tuple(out)
 
 

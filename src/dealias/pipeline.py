@@ -140,9 +140,9 @@ def _shape_guard(captured: Any) -> Any:
     shape_env = captured.fake_mode.shape_env
     if shape_env is None:
         return None
-    tensors = [p for p, f in zip(captured.tensor_positions, captured.fakes) if _symbolic(f)]
-    positions = [*tensors, *captured.sym_positions]
-    placeholders = [captured.fakes[captured.tensor_positions.index(p)] for p in tensors] + captured.symbols
+    tensors = [(p, f) for p, f in zip(captured.tensor_positions, captured.fakes) if _symbolic(f)]
+    positions = [p for p, _ in tensors] + captured.sym_positions
+    placeholders = [f for _, f in tensors] + captured.symbols
     code = shape_env.produce_guards_expression(placeholders)
     names = [f"t{i}" for i in range(len(positions))]
     for name in names:

@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 
 from .capture import TENSOR_SLOT, Captured
 from .functionalize import FunctionalProgram, Ref, ResultArg
-from .viewops import ViewStep, replay_chain
+from .viewops import chain_args, map_chain_args, replay_chain
 from .writeback import repeated_dims
 
 
@@ -31,15 +31,6 @@ def _restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
     if spec.type is dict:
         return {k: _restore_sizes(c, value[k]) for k, c in zip(spec.context, spec.children())}
     return value
-
-
-def _has_results(chain: Any) -> bool:
-    return any(isinstance(a, ResultArg) for step in chain for a in pytree.tree_leaves((step.args, step.kwargs)))
-
-
-def _resolved(chain: tuple[ViewStep, ...], results: list[Any]) -> tuple[ViewStep, ...]:
-    value = lambda r: results[r.index]
-    return tuple(ViewStep(s.op, *pytree.tree_map_only(ResultArg, value, (s.args, s.kwargs))) for s in chain)
 
 
 def _torch_call(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -68,14 +59,13 @@ class CompiledProgram:
         )
         self._writebacks = [(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
         # A caller tensor that repeats its memory (expanded): copy one of each repeat (see writeback._apply).
-        self._repeated = {
-            k: repeated_dims(cap.fakes[wb.target.key])
-            for k, wb in enumerate(fp.writebacks)
-            if wb.target.kind == "input" and repeated_dims(cap.fakes[wb.target.key])
-        }
+        repeated = [
+            repeated_dims(cap.fakes[wb.target.key]) if wb.target.kind == "input" else [] for wb in fp.writebacks
+        ]
+        self._repeated = {k: dims for k, dims in enumerate(repeated) if dims}
         self._outputs = [(self._getter(slot.source), slot.chain, slot.same_as) for slot in fp.outputs]
         # Output chains with symbolic arguments take them from the graph's results on each call.
-        self._computed = any(_has_results(slot.chain) for slot in fp.outputs)
+        self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
         n = len(cap.out_template)
         all_tensors = all(t is TENSOR_SLOT for t in cap.out_template)
@@ -146,7 +136,7 @@ class CompiledProgram:
                 continue
             t = get(tensors, bases, results)
             if chain and self._computed:
-                chain = _resolved(chain, results)
+                chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
             outs.append(replay_chain(chain, t, _torch_call) if chain else t)
         for get, m in self._metadata:
             t = get(tensors, bases, results)

@@ -41,14 +41,14 @@ def clone_args(tree: Any) -> Any:
         key = x.untyped_storage()._cdata
         if key not in storages:
             storages[key] = torch.empty(0, dtype=torch.uint8, device=x.device).set_(x.untyped_storage().clone())
-        c = _on(storages[key], x)
+        c = view_on(storages[key], x)
         if x.requires_grad and x.is_leaf:
             c.requires_grad_()
         elif x.requires_grad:
             if key not in copied_owners:
                 owner = owners.get(key)
                 if owner is not None:  # recompute the owner: a non-view, non-leaf tensor on fresh memory
-                    copied_owners[key] = _on(storages[key], owner).detach().requires_grad_() * 1
+                    copied_owners[key] = view_on(storages[key], owner).detach().requires_grad_() * 1
                 else:  # only views of a tensor we do not have: views of a computed flat copy
                     flat = torch.empty(0, dtype=x.dtype, device=x.device)
                     with torch.no_grad():
@@ -63,11 +63,11 @@ def clone_args(tree: Any) -> Any:
     return pytree.tree_unflatten(out, spec)
 
 
-def _on(storage: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A tensor with `like`'s dtype and layout over `storage`'s memory."""
+def view_on(storage: torch.Tensor, like: torch.Tensor, shift: int = 0) -> torch.Tensor:
+    """A tensor with `like`'s dtype and layout over `storage`'s memory, `shift` elements further in."""
     t = torch.empty(0, dtype=like.dtype, device=like.device)
     with torch.no_grad():
-        t.set_(storage.untyped_storage(), like.storage_offset(), like.shape, like.stride())
+        t.set_(storage.untyped_storage(), like.storage_offset() + shift, like.shape, like.stride())
     # The bytes are the physical values; a lazily conjugated or negated view says so in a bit of its own.
     if like.is_conj():
         t = t.conj()

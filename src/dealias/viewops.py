@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch._ops import OpOverload
+from torch.utils import _pytree as pytree
 
 from .errors import UnsupportedError
 
@@ -102,6 +103,16 @@ def relative_as_strided(args: tuple[Any, ...], kwargs: dict[str, Any], parent: t
     if offset is None:
         offset = parent.storage_offset()
     return ViewStep(as_strided_rel, (list(size), list(stride), offset - parent.storage_offset()))
+
+
+def chain_args(chain: tuple[ViewStep, ...]) -> list[Any]:
+    """Every argument leaf of a view chain's steps (positions, sizes, symbolic values)."""
+    return [a for step in chain for a in pytree.tree_leaves((step.args, step.kwargs))]
+
+
+def map_chain_args(chain: tuple[ViewStep, ...], cls: type | tuple[type, ...], fn: Callable[[Any], Any]):
+    """`chain` with `fn` applied to each argument leaf of type `cls` (a symbolic position, a graph result)."""
+    return tuple(ViewStep(step.op, *pytree.tree_map_only(cls, fn, (step.args, step.kwargs))) for step in chain)
 
 
 def replay(step: ViewStep, base: Any, call: Callable[..., Any]) -> Any:

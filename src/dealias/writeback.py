@@ -30,12 +30,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from torch.utils import _pytree as pytree
 
 from .checks import guard_index_writes
 from .functionalize import Emitter, FunctionalProgram, OutputSlot, Ref, ResultArg
 from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
-from .viewops import ViewStep, chain_text, internal_overlap, inverse, op_name
+from .viewops import ViewStep, chain_text, internal_overlap, inverse, map_chain_args, op_name
 
 aten = torch.ops.aten
 
@@ -297,11 +296,7 @@ def _remapped(slot: OutputSlot, remap: dict[int, int]) -> OutputSlot:
         return slot
     if slot.source.kind == "result":
         slot = replace(slot, source=Ref("result", remap[slot.source.key]))
-    chain = tuple(
-        ViewStep(s.op, *pytree.tree_map_only(ResultArg, lambda r: ResultArg(remap[r.index]), (s.args, s.kwargs)))
-        for s in slot.chain
-    )
-    return replace(slot, chain=chain)
+    return replace(slot, chain=map_chain_args(slot.chain, ResultArg, lambda r: ResultArg(remap[r.index])))
 
 
 def _root_placeholder(gm: fx.GraphModule, target: Ref) -> fx.Node | None:
