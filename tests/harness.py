@@ -7,6 +7,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils import _pytree as pytree
+
 import dealias
 from dealias.verify import alias_pattern, clone_args, compare_call, first_difference  # noqa: F401
 
@@ -32,3 +36,51 @@ def functional_ops(jf: Any) -> list[str]:
     """The targets of the functional trace of the last program `jf` ran."""
     gm = jf.last.functional_gm
     return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def same(got, expected):
+    """Exact equality of values, dtypes and shapes (the torch executor runs eager's own kernels)."""
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def same_state(eager: torch.nn.Module, jitted: torch.nn.Module) -> None:
+    a, b = eager.state_dict(), jitted.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=lambda m, k=k: f"state {k}: {m}")
+
+
+class no_fallback(warnings.catch_warnings):
+    """Any FallbackWarning inside is an error."""
+
+    def __enter__(self):
+        out = super().__enter__()
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        return out
+
+
+def fallback_messages(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, dealias.FallbackWarning)]
+
+
+def no_fakes_in(obj) -> list[str]:
+    """Paths of FakeTensors reachable from a module through vars(), parameters and buffers."""
+    found = []
+    for name, mod in obj.named_modules():
+        for k, v in vars(mod).items():
+            for leaf in pytree.tree_leaves(v) if isinstance(v, (dict, list, tuple)) else [v]:
+                if isinstance(leaf, FakeTensor):
+                    found.append(f"{name}.{k}")
+        for k, t in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
+            if isinstance(t, FakeTensor) or isinstance(getattr(t, "data", None), FakeTensor):
+                found.append(f"{name}.{k}")
+    return found
+
+
+def check_real_parameters(model: torch.nn.Module) -> None:
+    for name, p in model.named_parameters():
+        assert type(p) is torch.nn.Parameter, f"{name} is a {type(p).__name__}"
+        assert not isinstance(p.data, FakeTensor), name
+    for name, b in model.named_buffers():
+        assert type(b) is torch.Tensor, f"{name} is a {type(b).__name__}"
+    assert no_fakes_in(model) == []

@@ -12,19 +12,18 @@ Intermediate storages need no copy at all: their final contents are just the las
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from .alias import AliasInfo, Storage, Value
 from .capture import Captured, node_location
 from .checks import NoProbe, aliasing_is_benign, probe
+from .emitter import Emitter
 from .errors import EagerSemanticsError, UnsupportedError, with_location
 from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
@@ -35,7 +34,6 @@ from .viewops import (
     internal_overlap,
     inverse,
     map_chain_args,
-    op_name,
     replay,
     replay_chain,
 )
@@ -105,94 +103,6 @@ def caller_ref(s: Storage) -> Ref:
     if s.kind == "constant":
         return Ref("constant", s.constant)
     return Ref(s.kind, s.index)
-
-
-class Emitter:
-    """Adds nodes to a graph, keeping a fake value on every node (sizes and strides are needed by the view
-    inverses and later passes), the user's source line, grad mode and requires_grad of the op being
-    translated. Functionalization and write-back lowering both build with it."""
-
-    def __init__(self, graph: fx.Graph, fake_mode: FakeTensorMode) -> None:
-        self.graph = graph
-        self.fake_mode = fake_mode
-        self.stack_trace: str | None = None
-        self.grad: bool | None = None  # grad mode of the op being translated
-        self.symbols: dict[Any, Any] | None = None  # symbol or expression -> its node (see symbolic)
-
-    def call(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
-        if self.fake_mode.shape_env is not None:
-            args, kwargs = self.symbolic((args, kwargs))
-        name = op_name(op) if op is not operator.getitem else "getitem"
-        node = self.graph.create_node("call_function", op, args, kwargs, name=name)
-        fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (args, kwargs))
-        with self.fake_mode:
-            node.meta["val"] = op(*fargs, **fkwargs)
-        if self.stack_trace:
-            node.meta["stack_trace"] = self.stack_trace
-        if self.grad is not None:
-            node.meta["grad"] = self.grad
-        # requires_grad, propagated here (fake values do not keep it): grad mode on and an input needs it.
-        grad = self.grad if self.grad is not None else torch.is_grad_enabled()
-        node.meta["rg"] = grad and any(a.meta.get("rg") for a in node.all_input_nodes)
-        return node
-
-    def symbolic(self, tree: Any) -> Any:
-        """`tree` with every symbolic size in it (a SymInt taken from a fake value: `[s0, 4]`, `4*s0`) as a node
-        of the graph computing it from the inputs: an input int, `x.size(d)` of an input, or arithmetic on them
-        (placed right after the inputs). A size no input determines raises UnsupportedError (the backend then
-        compiles with sizes specialized)."""
-        return pytree.tree_map_only(torch.SymInt, self._sym_node, tree)
-
-    def _sym_node(self, value: torch.SymInt) -> Any:
-        expr = value.node.expr
-        if expr.is_Integer:
-            return int(expr)
-        if self.symbols is None:
-            self.symbols = {}
-            for n in self.graph.nodes:
-                val = n.meta.get("val")
-                if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:
-                    self.symbols.setdefault(val.node.expr, n)
-                elif n.op == "placeholder" and isinstance(val, torch.Tensor):
-                    for d, size in enumerate(val.shape):
-                        if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
-                            self.symbols.setdefault(size.node.expr, (n, d))
-        return self._expr_node(expr)
-
-    def _expr_node(self, expr: Any) -> Any:
-        if expr.is_Integer:
-            return int(expr)
-        hit = self.symbols.get(expr)
-        if isinstance(hit, fx.Node):
-            return hit
-        if isinstance(hit, tuple):
-            node = self._early(aten.sym_size.int, *hit)
-        elif type(expr).__name__ in _SYMPY_OPS:
-            op = _SYMPY_OPS[type(expr).__name__]
-            parts = [self._expr_node(a) for a in expr.args]
-            node = parts[0]
-            for part in parts[1:]:
-                node = self._early(op, node, part)
-        else:
-            raise UnsupportedError(f"a symbolic size ({expr}) that no input of the program determines")
-        self.symbols[expr] = node
-        return node
-
-    def _early(self, op: Callable[..., Any], *args: Any) -> fx.Node:
-        """`op(*args)` on sizes, placed after the graph's inputs, so every later position can use it."""
-        order = {n: i for i, n in enumerate(self.graph.nodes)}
-        last = [n for n in self.graph.nodes if n.op == "placeholder"][-1]
-        last = max([last, *(a for a in args if isinstance(a, fx.Node))], key=order.__getitem__)
-        with self.graph.inserting_after(last):
-            node = self.graph.call_function(op, args)
-        fargs = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
-        node.meta["val"] = op(*fargs)
-        node.meta["rg"] = False
-        return node
-
-
-# sympy's operations on sizes, as the Python operators that compute them.
-_SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod}
 
 
 def functionalize(captured: Captured, info: AliasInfo) -> FunctionalProgram:

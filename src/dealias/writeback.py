@@ -32,7 +32,8 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .checks import guard_index_writes
-from .functionalize import Emitter, FunctionalProgram, OutputSlot, Ref, ResultArg
+from .emitter import Emitter
+from .functionalize import FunctionalProgram, OutputSlot, Ref, ResultArg
 from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
 from .viewops import ViewStep, chain_text, internal_overlap, inverse, map_chain_args, op_name
 
