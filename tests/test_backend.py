@@ -163,20 +163,6 @@ def tensor_hook(x):
     return y.sum()
 
 
-def no_grad_write_then_read(x):
-    y = x + 2
-    with torch.no_grad():
-        y.add_(2)  # invisible to autograd in eager: y keeps its history
-    return (x * 2 + y).sum()
-
-
-def no_grad_write_returned(x):
-    y = x * 3
-    with torch.no_grad():
-        y.mul_(2)
-    return y
-
-
 def inference_region(x):
     with torch.inference_mode():
         y = x * 2
@@ -197,8 +183,6 @@ def test_inference_mode_region_makes_inference_tensors():
     [
         (custom_function, "autograd_function_apply"),
         (tensor_hook, "register_hook"),
-        (no_grad_write_then_read, "under no_grad wrote a tensor that requires grad"),
-        (no_grad_write_returned, "under no_grad wrote a tensor that requires grad"),
     ],
 )
 def test_autograd_dealias_cannot_compile_exactly_runs_its_graph_eagerly(fn, why):
@@ -291,8 +275,8 @@ def view_made_under_no_grad(x0):  # a view made under no_grad is not differentia
 @pytest.mark.parametrize("fn", [grad_write_then_no_grad_write, view_made_under_no_grad])
 def test_no_grad_regions_match_eager(fn):
     # Found by the fuzzer once it put statements under no_grad: the write-back gave the caller's tensor the
-    # no_grad values' (missing) history, and a no_grad view was replayed as a differentiable one. Both graphs
-    # now run eagerly, with a warning, and match eager.
+    # no_grad values' (missing) history, and a no_grad view was replayed as a differentiable one. Both are
+    # compiled now (see test_autograd_writes.py) and match eager.
     results = []
     for f in (fn, dealias.jit(fn)):
         leaf = torch.arange(6.0).reshape(2, 3).requires_grad_()

@@ -43,9 +43,12 @@ class Emitter:
             node.meta["stack_trace"] = self.stack_trace
         if self.grad is not None:
             node.meta["grad"] = self.grad
-        # requires_grad, propagated here (fake values do not keep it): grad mode on and an input needs it.
+        # requires_grad, propagated here (fake values do not keep it): grad mode on, an input needs it, and the
+        # result is differentiable (not detached, not integer).
         grad = self.grad if self.grad is not None else torch.is_grad_enabled()
-        node.meta["rg"] = grad and any(a.meta.get("rg") for a in node.all_input_nodes)
+        node.meta["rg"] = (
+            grad and any(a.meta.get("rg") for a in node.all_input_nodes) and _differentiable(op, node.meta["val"])
+        )
         return node
 
     def symbolic(self, tree: Any) -> Any:
@@ -105,3 +108,11 @@ class Emitter:
 
 # sympy's operations on sizes, as the Python operators that compute them.
 _SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod}
+
+
+def _differentiable(op: Any, val: Any) -> bool:
+    if op is aten.detach.default:
+        return False
+    if isinstance(val, torch.Tensor):
+        return val.dtype.is_floating_point or val.dtype.is_complex
+    return True  # a tuple of results, or a Python function's: as their inputs

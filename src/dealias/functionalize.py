@@ -12,7 +12,7 @@ Intermediate storages need no copy at all: their final contents are just the las
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from .capture import Captured, node_location
 from .checks import NoProbe, aliasing_is_benign, probe
 from .emitter import Emitter
 from .errors import EagerSemanticsError, UnsupportedError, with_location
+from .gradops import grad_leaf, keep_history
 from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
 from .viewops import (
@@ -88,6 +89,7 @@ class OutputSlot:
     source: Ref
     chain: tuple[ViewStep, ...] = ()
     same_as: int | None = None  # the same tensor object as an earlier output (`return v, v`)
+    no_grad: bool = False  # a view eager made under no_grad: the chain is replayed under no_grad, as eager did
 
 
 @dataclass
@@ -125,10 +127,14 @@ class _Functionalizer:
         self.first: dict[int, Value] = {}  # caller's tensor object -> its value on entry
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
         self.grad_writes: set[Storage] = set()  # storages written with grad mode on
-        # Storages whose base required grad and was then written under no_grad: eager keeps the tensor's history
-        # (the write is invisible to autograd); the functional value computed under no_grad has none.
-        self.nograd_written: dict[Storage, fx.Node] = {}
-        self.nograd_views: dict[fx.Node, fx.Node] = {}  # captured view node -> the no_grad view it comes from
+        # Storages whose base required grad and was then written invisibly to autograd (under no_grad, or
+        # through `detach()` / a dtype view): eager's tensor keeps its history, the functional value computed by
+        # the write has none. `history` holds the base from before the first such write; a differentiable use
+        # joins the two (gradops.keep_history, see _restore_history).
+        self.history: dict[Storage, fx.Node] = {}
+        # Views of a tensor that requires grad whose grad_fn eager cannot rebuild after a write (see _Fragile).
+        self.fragile: dict[int, _Fragile] = {}  # by tensor object
+        self.writes: dict[Storage, int] = {}  # writes of each storage, as eager's version counter counts them
         self.detached: set[int] = set()  # tensor objects that ran detach_()
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
@@ -162,6 +168,8 @@ class _Functionalizer:
         if isinstance(a, fx.Node):
             v = self.info.values[a]
             if isinstance(v, Value):
+                if self.emit.grad and self.fragile and v.obj in self.fragile:
+                    return self._fragile_read(a)
                 return self.materialize(v)
             return self.emitted[a]
         if isinstance(a, (list, tuple)):
@@ -195,12 +203,15 @@ class _Functionalizer:
             )
         if new_meta.dtype != meta.dtype:
             new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
-        if self.base[s].meta.get("rg") and any(_hides_grad(step, self.base[s]) for step in v.chain):
-            # Eager writes through a dtype or detached view without touching the base's autograd history;
-            # a functional base would lose it. Refuse rather than return a wrong gradient.
+        # Eager writes through a dtype or detached view without touching the base's autograd history.
+        hidden = self.base[s].meta.get("rg") and any(_hides_grad(step, self.base[s]) for step in v.chain)
+        if hidden and new.meta.get("rg"):
+            # ...but the view itself then has the history of the value written into it, which a view replayed
+            # from the base cannot have.
             raise UnsupportedError(
                 with_location(
-                    f"{node.target} writes through a non-differentiable view of a tensor that requires grad",
+                    f"{node.target} writes a value that requires grad through a non-differentiable view of a "
+                    "tensor that requires grad",
                     node_location(node),
                 )
             )
@@ -235,12 +246,13 @@ class _Functionalizer:
             bases = [*bases[: i + 1], self.emit.call(as_strided_rel, bases[i], *step.args)]
         for i in range(len(chain) - 1, -1, -1):
             new = inverse(chain[i], bases[i].meta["val"], bases[i + 1].meta["val"], bases[i], new, self.emit.call)
-        if not self.emit.grad and self.base[s].meta.get("rg"):
-            self.nograd_written.setdefault(s, node)
+        if (hidden or not self.emit.grad) and self.base[s].meta.get("rg"):
+            self.history.setdefault(s, self.base[s])
         new = self._restride(new, s.root_meta)
         self.base[s] = new
         self.version[s] += 1
-        if self.emit.grad:
+        self.writes[s] = self.writes.get(s, 0) + 1
+        if self.emit.grad and not hidden:
             self.grad_writes.add(s)
 
     def _fresh_out(self, v: Value) -> bool:
@@ -558,19 +570,14 @@ class _Functionalizer:
     def _output(self, node: fx.Node) -> None:
         outs: list[fx.Node] = []
         # Write-backs first: every caller-visible storage whose version moved.
+        # A caller's tensor written with grad on is written back with its history, a returned intermediate is
+        # returned with it: eager's history, if writes invisible to autograd came since.
+        returned = [self.info.value(a).storage for a in node.args[0] if isinstance(self.info.values.get(a), Value)]
+        for s in [*(s for s in self.base if s in self.grad_writes), *returned]:
+            if s in self.history and (s in self.grad_writes or s.kind == "intermediate"):
+                self._restore_history(s)
         for s in list(self.base):
             if s.kind != "intermediate" and self.version[s] > 0:
-                if s in self.grad_writes and s in self.nograd_written:
-                    # Eager's tensor keeps the history of its differentiable writes and the values of the no_grad
-                    # ones; a write-back of the final value can give it one or the other, not both.
-                    write = self.nograd_written[s]
-                    raise UnsupportedError(
-                        with_location(
-                            f"{write.target} under no_grad wrote a caller's tensor also written with grad on: "
-                            "its gradient is not compiled exactly yet",
-                            node_location(write),
-                        )
-                    )
                 self.program.writebacks.append(WriteBack(caller_ref(s), len(outs), s in self.grad_writes))
                 outs.append(self.base[s])
         for obj, ref in self.caller_objs.items():
@@ -582,10 +589,6 @@ class _Functionalizer:
                     raise UnsupportedError("a metadata change of a caller's tensor to a symbolic layout")
                 write = MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, obj in self.detached)
                 self.program.metadata_writebacks.append(write)
-        if self.nograd_written or self.nograd_views:
-            values = [a for a in node.args[0] if isinstance(self.info.values.get(a), Value)]
-            intermediates = [a for a in values if self.info.value(a).storage.kind == "intermediate"]
-            self._refuse_lost_history(node, intermediates, [a for a in node.args[0] if a in self.nograd_views])
         results: dict[Storage, int] = {}
         seen: dict[int, int] = {}  # tensor object -> its first output position
         for position, arg in enumerate(node.args[0]):
@@ -608,6 +611,9 @@ class _Functionalizer:
                     results[s] = len(outs)
                     outs.append(self.base[s])
                 self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
+        for position, arg in enumerate(node.args[0]):
+            if self._fragile_of(arg) is not None:
+                self.program.outputs[position] = self._fragile_output(arg, self.program.outputs[position])
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
@@ -623,56 +629,112 @@ class _Functionalizer:
             outs.append(node)
             return ResultArg(len(outs) - 1)
 
-        return OutputSlot(slot.source, map_chain_args(chain, fx.Node, result), slot.same_as)
+        return replace(slot, chain=map_chain_args(chain, fx.Node, result))
+
+    def _fragile_output(self, arg: fx.Node, slot: OutputSlot) -> OutputSlot:
+        """A returned fragile view. Made under no_grad, eager's is a leaf that requires grad: replayed under
+        no_grad it is one too. Written since (eager's raises when its grad_fn is read), or a view made with grad
+        on of a no_grad view (eager's has a grad_fn that ends at that leaf), the graph runs eagerly."""
+        f = self.fragile[self.info.value(arg).obj]
+        if self._stale(arg) or (f.nograd and f.made_with_grad):
+            raise UnsupportedError(
+                with_location(
+                    f"a view {f.why} is returned after its base was written or a view of it was made with grad "
+                    "on; not compiled exactly yet",
+                    node_location(f.root),
+                )
+            )
+        return replace(slot, no_grad=True) if f.nograd and slot.same_as is None else slot
 
     def _track_no_grad(self, node: fx.Node) -> None:
-        """Views made under no_grad of a tensor that requires grad are not differentiable in eager (nor views of
-        them); functional values are replayed from their base, which is. Record them, and refuse a
-        differentiable use of them or of a storage written under no_grad (see _refuse_lost_history)."""
+        """Before `node` runs: restore eager's history of what it reads with grad on (see history), record
+        fragile views, and refuse a write with grad on through one (eager raises)."""
         is_view = is_view_node(node)
         inputs = node.all_input_nodes
+        if self.emit.grad and self.history:
+            for a in inputs:
+                value = self.info.values.get(a)
+                if isinstance(value, Value) and value.storage in self.history:
+                    self._restore_history(value.storage)
+        if is_view:
+            self._track_fragile(node, inputs)
+        elif self.emit.grad and self.fragile and any(self._fragile_of(a) for a in self._written(node)):
+            f = next(self._fragile_of(a) for a in self._written(node) if self._fragile_of(a))
+            raise UnsupportedError(
+                with_location(
+                    f"{node.target} with grad on writes through a view {f.why} (at "
+                    f"{node_location(f.root) or f.root}); eager raises",
+                    node_location(node),
+                )
+            )
+
+    def _track_fragile(self, view: fx.Node, inputs: list[fx.Node]) -> None:
+        value = self.info.values.get(view)
+        if not isinstance(value, Value):
+            return  # the list a split returns: its elements are tracked
+        parent = next((f for a in inputs if (f := self._fragile_of(a)) is not None), None)
+        if parent is not None:
+            nograd = parent.nograd or not self.emit.grad
+            self.fragile[value.obj] = replace(parent, nograd=nograd, made_with_grad=bool(self.emit.grad))
+            return
+        source = view.args[0] if view.target is operator.getitem else view
+        if not any(self._requires_grad(a) for a in source.all_input_nodes):
+            return
+        epoch = self.writes.get(value.storage, 0)
         if not self.emit.grad:
-            if is_view and any(self._requires_grad(a) or a in self.nograd_views for a in inputs):
-                self.nograd_views[node] = next((self.nograd_views[a] for a in inputs if a in self.nograd_views), node)
-        elif is_view and any(a in self.nograd_views for a in inputs):
-            self.nograd_views[node] = next(self.nograd_views[a] for a in inputs if a in self.nograd_views)
-        elif self.nograd_written or self.nograd_views:
-            self._refuse_lost_history(node, inputs, [a for a in inputs if a in self.nograd_views])
+            self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False)
+        elif view.target is operator.getitem and isinstance(source.target, torch._ops.OpOverload):
+            if facts(source.target).multi_output_view:
+                self.fragile[value.obj] = _Fragile(view, epoch, False, f"returned by {source.target}", True)
+
+    def _stale(self, a: fx.Node) -> bool:
+        v = self.info.value(a)
+        return self.writes.get(v.storage, 0) != self.fragile[v.obj].epoch
+
+    def _fragile_of(self, a: fx.Node) -> _Fragile | None:
+        v = self.info.values.get(a)
+        return self.fragile.get(v.obj) if isinstance(v, Value) else None
+
+    def _written(self, node: fx.Node) -> list[fx.Node]:
+        """The captured tensors `node` writes."""
+        op = node.target
+        if not isinstance(op, torch._ops.OpOverload) or not facts(op).mutated:
+            return []
+        bound = _bind_args(op._schema, node.args, node.kwargs)
+        args = [bound.get(name) for name in facts(op).mutated]
+        return [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, fx.Node)]
+
+    def _restore_history(self, s: Storage) -> None:
+        """Give storage `s` eager's history again: its current values, the gradient of its base from before the
+        writes autograd did not see."""
+        grad, self.emit.grad = self.emit.grad, True
+        self.base[s] = self.emit.call(keep_history, self.history.pop(s), self.base[s])
+        self.emit.grad = grad
+        self.version[s] += 1  # views read from here on are replayed from the base with history
+
+    def _fragile_read(self, a: fx.Node) -> fx.Node:
+        """Reading a fragile view with grad on: made under no_grad, eager's is a leaf that requires grad. Its
+        storage written since the view was made, eager raises (reading the view's grad_fn): the graph runs
+        eagerly."""
+        f = self.fragile[self.info.value(a).obj]
+        if self._stale(a):
+            raise UnsupportedError(
+                with_location(
+                    f"a view {f.why} is used with grad on after its base was written; eager raises",
+                    node_location(f.root),
+                )
+            )
+        node = self.materialize(self.info.value(a))
+        return self.emit.call(grad_leaf, node) if f.nograd else node
 
     def _requires_grad(self, a: fx.Node) -> bool:
-        """Whether eager's tensor requires grad: its storage's base does, or did before a no_grad write (an
-        in-place write under no_grad leaves requires_grad as it was; the functional value computed there has
-        none)."""
+        """Whether eager's tensor requires grad: its storage's base does, or did before a write invisible to
+        autograd (which leaves requires_grad as it was; the functional value computed there has none)."""
         value = self.info.values.get(a)
         if not isinstance(value, Value):
             return False
         base = self.base.get(value.storage)
-        return bool(base is not None and base.meta.get("rg")) or value.storage in self.nograd_written
-
-    def _refuse_lost_history(self, node: fx.Node, inputs: list[fx.Node], views: list[fx.Node] | None = None) -> None:
-        """A tensor that requires grad, written under no_grad, then read with grad on (or returned): eager
-        differentiates through its history as if the write had not happened; the functional value has lost it.
-        A view made under no_grad, used with grad on (or returned): eager's is not differentiable, a functional
-        replay is. Refuse both (the graph runs eagerly) rather than return a wrong gradient."""
-        if views:
-            raise UnsupportedError(
-                with_location(
-                    f"a view made under no_grad of a tensor that requires grad is used with grad on (at "
-                    f"{node_location(node) or node.target}): not compiled exactly yet",
-                    node_location(self.nograd_views[views[0]]),
-                )
-            )
-        for a in inputs:
-            value = self.info.values.get(a)
-            write = self.nograd_written.get(value.storage) if isinstance(value, Value) else None
-            if write is not None:
-                raise UnsupportedError(
-                    with_location(
-                        f"{write.target} under no_grad wrote a tensor that requires grad, used afterwards with grad "
-                        f"on (at {node_location(node) or node.target}): its gradient is not compiled exactly yet",
-                        node_location(write),
-                    )
-                )
+        return bool(base is not None and base.meta.get("rg")) or value.storage in self.history
 
     def _caller_view(self, v: Value) -> OutputSlot:
         """A view of a caller's tensor: replayed on the input it was taken from, so it is a real view of it."""
@@ -682,6 +744,20 @@ class _Functionalizer:
             if root.storage is v.storage and v.chain[:n] == root.chain:
                 return OutputSlot(ref, v.chain[n:])
         return OutputSlot(caller_ref(v.storage), v.chain)
+
+
+@dataclass(frozen=True)
+class _Fragile:
+    """A view of a tensor that requires grad, made under no_grad or taken from a multi-output view (split,
+    unbind), or a view of one. Eager raises when it is written with grad on, and when its grad_fn is read after
+    its storage was written (any write, since `epoch` writes). Made under no_grad (`nograd`), eager's is a leaf
+    that requires grad: no gradient goes through it to its base."""
+
+    root: fx.Node
+    epoch: int
+    nograd: bool
+    why: str
+    made_with_grad: bool  # this view itself (a view of a no_grad view made with grad on has a grad_fn)
 
 
 # Writes of one value everywhere: eager runs them on tensors whose elements share memory (an expanded

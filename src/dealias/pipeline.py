@@ -18,6 +18,7 @@ from .capture import Symbolic, capture
 from .errors import UnsupportedError
 from .executor import inductor_executor, torch_executor, uniform_grad_mode, verify_functional
 from .functionalize import FunctionalProgram, Ref, functionalize
+from .gradops import uses_autograd_ops
 from .optimize import optimize
 from .program import CompiledProgram
 from .saved import refuse_saved_then_written
@@ -92,7 +93,7 @@ def compile_program(
     functional_gm = _copy_graph_module(fp.gm)
     functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
     grad = torch.is_grad_enabled()
-    if executor == "inductor" and uniform_grad_mode(fp.gm, grad):
+    if executor == "inductor" and uniform_grad_mode(fp.gm, grad) and not uses_autograd_ops(fp.gm):
         # The fusing executor gets the pure functional graph: its only writes are the write-backs after it,
         # so a fused kernel can never read a buffer the program already overwrote (checked, not assumed).
         verify_functional(fp.gm)

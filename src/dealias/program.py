@@ -63,7 +63,7 @@ class CompiledProgram:
             repeated_dims(cap.fakes[wb.target.key]) if wb.target.kind == "input" else [] for wb in fp.writebacks
         ]
         self._repeated = {k: dims for k, dims in enumerate(repeated) if dims}
-        self._outputs = [(self._getter(slot.source), slot.chain, slot.same_as) for slot in fp.outputs]
+        self._outputs = [(self._getter(slot.source), slot.chain, slot.same_as, slot.no_grad) for slot in fp.outputs]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
@@ -130,14 +130,19 @@ class CompiledProgram:
                 with torch.no_grad():
                     target.copy_(value)
         outs = []
-        for get, chain, same_as in self._outputs:
+        for get, chain, same_as, no_grad in self._outputs:
             if same_as is not None:
                 outs.append(outs[same_as])
                 continue
             t = get(tensors, bases, results)
             if chain and self._computed:
                 chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
-            outs.append(replay_chain(chain, t, _torch_call) if chain else t)
+            if no_grad:
+                with torch.no_grad():
+                    t = replay_chain(chain, t, _torch_call)
+            elif chain:
+                t = replay_chain(chain, t, _torch_call)
+            outs.append(t)
         for get, m in self._metadata:
             t = get(tensors, bases, results)
             t.as_strided_(m.size, m.stride, t.storage_offset() + m.rel)

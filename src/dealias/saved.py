@@ -30,7 +30,7 @@ _PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate
 
 def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> None:
     """Raise UnsupportedError (the graph runs eagerly) if a tensor some differentiable op saved for backward is
-    written in place afterwards."""
+    written in place afterwards, or by the op itself (`x.mul_(x)` saves `x` as its other factor)."""
     if not any(requires_grad) or not torch.is_grad_enabled() and not _switches_grad_on(gm):
         return
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
@@ -43,7 +43,7 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
     if not written_later:
         return
     rg = _requires_grad(gm, info, requires_grad)
-    for n in nodes:
+    for i, n in enumerate(nodes):
         if not n.meta.get("grad", True) or not rg.get(n):
             continue
         args = [x for x in pytree.tree_leaves((n.args, n.kwargs)) if isinstance(x, fx.Node)]
@@ -51,19 +51,34 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
         result = info.values.get(n)
         if isinstance(result, Value) and result.storage in later[n]:
             candidates.append(n)
-        if not candidates:
+        if not candidates and not _saves_what_it_writes(n, writes[n], args, info):
             continue
-        for x in _saved(n, rg, candidates):
-            v = info.values[x]
-            writer = next(w for w in nodes[nodes.index(n) + 1 :] if v.storage in writes[w])
-            raise UnsupportedError(
-                with_location(
-                    f"{n.target} saves a tensor for backward that {writer.target} then modifies in place (at "
-                    f"{node_location(writer) or writer.target}); eager's backward raises: one of the variables "
-                    "needed for gradient computation has been modified by an inplace operation",
-                    node_location(n),
-                )
+        saved, own = _saved(n, rg, candidates, bool(writes[n]))
+        if own:
+            writer = n
+        elif saved:
+            v = info.values[saved[0]]
+            writer = next(w for w in nodes[i + 1 :] if v.storage in writes[w])
+        else:
+            continue
+        raise UnsupportedError(
+            with_location(
+                f"{n.target} saves a tensor for backward that {writer.target} "
+                f"{'itself modifies' if own else 'then modifies'} in place (at "
+                f"{node_location(writer) or writer.target}); eager's backward raises: one of the variables "
+                "needed for gradient computation has been modified by an inplace operation",
+                node_location(n),
             )
+        )
+
+
+def _saves_what_it_writes(n: fx.Node, written: set[Storage], args: list[fx.Node], info: AliasInfo) -> bool:
+    """Whether an op writing `written` also reads one of those storages through another argument (`x.mul_(x)`,
+    `v.mul_(v)` on a view): then its own write may invalidate what it saved. Asked of eager (see _saved)."""
+    if not written:
+        return False
+    seen = [info.values[x].storage for x in args if isinstance(info.values.get(x), Value)]
+    return any(seen.count(s) > 1 for s in written)
 
 
 def _switches_grad_on(gm: fx.GraphModule) -> bool:
@@ -114,16 +129,25 @@ def _requires_grad(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool
                 storage_rg[s] = storage_rg.get(s, False) or rg
             if isinstance(v, Value):
                 storage_rg[v.storage] = storage_rg.get(v.storage, False) or rg
+                # An in-place op's result, or a view (even one made under no_grad), requires grad if its storage
+                # does; a detached view does not.
+                rg = storage_rg[v.storage] and n.target is not torch.ops.aten.detach.default
             out[n] = rg
     return out
 
 
-def _saved(node: fx.Node, rg: dict[fx.Node, bool], candidates: list[fx.Node]) -> list[fx.Node]:
+def _saved(
+    node: fx.Node, rg: dict[fx.Node, bool], candidates: list[fx.Node], writes: bool
+) -> tuple[list[fx.Node], bool]:
     """The nodes among `candidates` (arguments of `node`, or `node` itself for its result) whose tensors eager's
-    grad_fn for `node` saves."""
+    grad_fn for `node` saves; and, for an op that `writes`, whether its own write invalidates what it saved
+    (eager's backward of the probe raises)."""
     real: dict[fx.Node, torch.Tensor] = {}
+    leaves: list[torch.Tensor] = []
 
     def make(x: fx.Node) -> Any:
+        if x in real:  # the same tensor twice (`x.mul_(x)`)
+            return real[x]
         meta = x.meta.get("val")
         if not isinstance(meta, torch.Tensor):
             return meta
@@ -135,7 +159,8 @@ def _saved(node: fx.Node, rg: dict[fx.Node, bool], candidates: list[fx.Node]) ->
             raise _NoProbe
         t = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype).zero_()
         if rg.get(x) and (t.is_floating_point() or t.is_complex()):
-            t = t.requires_grad_().clone()  # a non-leaf, so in-place ops may write it
+            leaves.append(t.requires_grad_())
+            t = t.clone()  # a non-leaf, so in-place ops may write it
         real[x] = t
         return t
 
@@ -145,19 +170,19 @@ def _saved(node: fx.Node, rg: dict[fx.Node, bool], candidates: list[fx.Node]) ->
         with torch.enable_grad():
             out = node.target(*args, **kwargs)
     except Exception:  # noqa: BLE001 - nothing learned (a probe eager refuses, or one too large): no refusal
-        return []
+        return [], False
     finally:
         torch.set_rng_state(rng)
     result = out[0] if isinstance(out, (list, tuple)) and out else out
     grad_fn = getattr(result, "grad_fn", None)
     if grad_fn is None:
-        return []
+        return [], False
     saved_ptrs = set()
     for name in dir(grad_fn):
         if name.startswith("_saved_"):
             try:
                 value = getattr(grad_fn, name)
-            except RuntimeError:  # a saved tensor already freed or not saved for this input
+            except RuntimeError:  # a saved tensor already freed, not saved for this input, or written
                 continue
             for t in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(t, torch.Tensor) and t.numel():
@@ -167,7 +192,19 @@ def _saved(node: fx.Node, rg: dict[fx.Node, bool], candidates: list[fx.Node]) ->
         t = result if x is node else real.get(x)
         if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in saved_ptrs:
             found.append(x)
-    return found
+    return found, writes and _backward_raises(out, leaves)
+
+
+def _backward_raises(out: Any, leaves: list[torch.Tensor]) -> bool:
+    """Whether eager's backward through the probe raises "modified by an inplace operation"."""
+    outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    if not outs or not leaves:
+        return False
+    try:
+        torch.autograd.grad([o.float().sum() for o in outs], leaves, allow_unused=True)
+    except RuntimeError as e:
+        return "modified by an inplace operation" in str(e)
+    return False
 
 
 class _NoProbe(Exception):

@@ -88,6 +88,8 @@ def tensor_difference(a: torch.Tensor, b: Any) -> str | None:
         return f"strides {a.stride()} != {b.stride()}"
     if a.requires_grad != b.requires_grad:
         return f"requires_grad {a.requires_grad} != {b.requires_grad}"
+    if _history(a) != _history(b):
+        return f"autograd history: {_history(a)} != {_history(b)}"
     if a.device.type == "meta" or b.device.type == "meta":
         return None if a.device == b.device else f"device {a.device} != {b.device}"  # meta tensors have no values
     ad, bd = a.detach(), b.detach()
@@ -97,6 +99,15 @@ def tensor_difference(a: torch.Tensor, b: Any) -> str | None:
     elif not torch.equal(ad, bd):
         return "values differ"
     return None
+
+
+def _history(t: torch.Tensor) -> str:
+    """Whether a tensor has a grad_fn, or eager's error on reading it (a view made under no_grad whose base was
+    written since)."""
+    try:
+        return "leaf" if t.grad_fn is None else "grad_fn"
+    except RuntimeError as e:
+        return f"RuntimeError reading grad_fn: {str(e)[:60]}"
 
 
 def _value_difference(a: Any, b: Any) -> str | None:

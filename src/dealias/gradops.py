@@ -1,0 +1,42 @@
+"""Two ops for autograd facts of eager that no aten op states, called by functional graphs where eager's
+tensors carry a history their values do not:
+
+- `keep_history(old, new)`: the values of `new` with the history of `old`. Eager writes a tensor that requires
+  grad under `no_grad` (or through `detach()` / a dtype view) without touching its autograd history: gradients
+  flow to what the tensor was computed from, as if the write had not happened. The functional value computed by
+  the write has no such history; this joins the two.
+- `grad_leaf(view)`: a view made under `no_grad` of a tensor that requires grad is, in eager, a leaf that
+  requires grad: ops on it with grad on are differentiable, and their gradient stops there. A functional replay
+  of the view from its base would send it on to the base.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class _KeepHistory(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return new.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def keep_history(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    if not (torch.is_grad_enabled() and old.requires_grad):
+        return new
+    return _KeepHistory.apply(old, new)
+
+
+def grad_leaf(view: torch.Tensor) -> torch.Tensor:
+    return view.detach().requires_grad_(view.requires_grad)
+
+
+def uses_autograd_ops(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph calls these ops (a fusing executor cannot: it compiles aten ops)."""
+    return any(n.target in (keep_history, grad_leaf) for n in gm.graph.nodes)

@@ -1,0 +1,224 @@
+"""Writes autograd does not see (under no_grad, through detach() or a dtype view) and views made under no_grad,
+compiled (no eager fallback) and compared with eager: outputs, inputs after the call, requires_grad, grad_fn
+presence, gradients of every leaf, eager's errors; first and cached call."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import dealias
+from dealias.fuzz import _compare_grads
+from dealias.verify import compare_call
+
+
+def _non_leaf(*shape):
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return (torch.randn(*shape, generator=g, requires_grad=True) * 1,)
+
+    return make
+
+
+def _leaf(*shape):
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return (torch.randn(*shape, generator=g, requires_grad=True),)
+
+    return make
+
+
+def assert_compiled_like_eager(fn, make_args, compiled=True):
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dealias.FallbackWarning)
+        for call in range(2):
+            assert compare_call(fn, jf, make_args()) is None, call
+            assert _compare_grads(fn, jf, make_args) is None, call
+    fell_back = [str(w.message) for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+    if compiled:
+        assert not fell_back, fell_back
+    else:
+        assert fell_back
+    return jf
+
+
+def no_grad_write_then_read(x):
+    y = x + 2
+    with torch.no_grad():
+        y.add_(2)  # invisible to autograd in eager: y keeps its history
+    return (x * 2 + y).sum()
+
+
+def no_grad_write_returned(x):
+    y = x * 3
+    with torch.no_grad():
+        y.mul_(2)
+    return y
+
+
+def grad_write_then_no_grad_write(x):
+    x.index_fill_(0, torch.tensor([1]), 0.25)
+    with torch.no_grad():
+        x.zero_()
+    return (x,)
+
+
+def no_grad_write_then_grad_write(x):
+    with torch.no_grad():
+        x.mul_(2)
+    x.mul_(3).add_(1)  # eager: x's history is these writes on x's history before the no_grad write
+    return x * 3
+
+
+def interleaved(x):
+    y = x * 2
+    with torch.no_grad():
+        y[0] = 7.0
+    y.mul_(3)
+    with torch.no_grad():
+        y[1].zero_()
+    return y, x.sin()
+
+
+def no_grad_write_of_a_view_read_by_a_view(x):
+    y = x * 2
+    v = y[:, 1]
+    with torch.no_grad():
+        y.t()[0].fill_(-1)
+    return v * y[1]
+
+
+def view_made_under_no_grad(x):
+    with torch.no_grad():
+        v = x.t()
+    return x * 2 + v.t()  # eager's v is a leaf that requires grad: no gradient reaches x through it
+
+
+def no_grad_view_returned(x):
+    with torch.no_grad():
+        v = x[0]
+    return v, x * 2
+
+
+def view_of_no_grad_view_under_no_grad_returned(x):
+    with torch.no_grad():
+        v = x.t()
+        w = v[1]
+    return w, v.sum()
+
+
+def detach_write(x):
+    x.detach().add_(1)  # the values change, the history does not
+    return x * x
+
+
+def dtype_view_write(x):
+    x.view(torch.int32).bitwise_xor_(1)
+    return x * x
+
+
+def leaf_written_under_no_grad_then_read(p):
+    with torch.no_grad():
+        p.add_(1)
+    return p * p  # the gradient reaches the leaf p
+
+
+def leaf_detach_write(p):
+    p.detach().mul_(2)
+    return p.sum() * p
+
+
+CASES = [
+    (no_grad_write_then_read, _non_leaf(3)),
+    (no_grad_write_returned, _non_leaf(3)),
+    (grad_write_then_no_grad_write, _non_leaf(2, 3)),
+    (no_grad_write_then_grad_write, _non_leaf(2, 3)),
+    (interleaved, _non_leaf(2, 3)),
+    (no_grad_write_of_a_view_read_by_a_view, _non_leaf(3, 3)),
+    (view_made_under_no_grad, _non_leaf(2, 3)),
+    (no_grad_view_returned, _non_leaf(2, 3)),
+    (view_of_no_grad_view_under_no_grad_returned, _non_leaf(2, 3)),
+    (detach_write, _non_leaf(2, 3)),
+    (dtype_view_write, _non_leaf(2, 3)),
+    (leaf_written_under_no_grad_then_read, _leaf(2, 3)),
+    (leaf_detach_write, _leaf(2, 3)),
+]
+
+
+@pytest.mark.parametrize("fn, make_args", CASES, ids=[c[0].__name__ for c in CASES])
+def test_compiled_and_equal_to_eager(fn, make_args):
+    assert_compiled_like_eager(fn, make_args)
+
+
+def test_history_kept_in_the_functional_graph():
+    # Structure: the no_grad write's value and the history before it are joined by keep_history, and the
+    # executor runs the op under grad mode on.
+    jf = dealias.jit(no_grad_write_then_read)
+    jf(*_non_leaf(3)())
+    assert "keep_history" in "\n".join(str(t) for t in dealias.last_traces(jf))
+
+
+# Eager raises for these (at the op, when the view's grad_fn is read, or at backward): dealias runs the graph
+# eagerly so the same error comes at the same moment.
+def no_grad_view_written_with_grad(x):
+    with torch.no_grad():
+        v = x[0]
+    v.add_(1)
+    return v
+
+
+def no_grad_view_read_after_its_base_was_written(x):
+    with torch.no_grad():
+        v = x[0]
+        x.mul_(2)
+    return v * 2
+
+
+def no_grad_view_returned_after_its_base_was_written(x):
+    with torch.no_grad():
+        v = x[0]
+    x.mul_(2)
+    return v
+
+
+def value_requiring_grad_written_through_detach(x, w):
+    d = x.detach()
+    d.add_(w)  # eager: d now has w's history; a view replayed from x cannot
+    return d * 2, x * 3
+
+
+def saved_then_written_under_no_grad(x):
+    y = x * 1
+    z = y.sin()  # saves y
+    with torch.no_grad():
+        y.add_(1)
+    return z  # backward raises "modified by an inplace operation"
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        no_grad_view_written_with_grad,
+        no_grad_view_read_after_its_base_was_written,
+        no_grad_view_returned_after_its_base_was_written,
+        saved_then_written_under_no_grad,
+    ],
+)
+def test_eagers_autograd_errors_kept(fn):
+    jf = dealias.jit(fn)
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            assert compare_call(fn, jf, _non_leaf(2, 3)()) is None
+            assert _compare_grads(fn, jf, _non_leaf(2, 3)) is None
+
+
+def test_value_requiring_grad_written_through_detach_runs_eagerly():
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(3, generator=g, requires_grad=True) * 1, torch.randn(3, generator=g, requires_grad=True)
+
+    assert_compiled_like_eager(value_requiring_grad_written_through_detach, make, compiled=False)
