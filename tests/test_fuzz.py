@@ -4,7 +4,6 @@ regression test here, written from the shrunk program."""
 from __future__ import annotations
 
 import io
-
 import warnings
 
 import pytest
@@ -13,7 +12,6 @@ from harness import check
 
 import dealias
 from dealias.fuzz import Program, fuzz, generate, run_program, shrink
-from dealias.verify import clone_args
 
 
 @pytest.mark.parametrize("seed", [0, 5000])
