@@ -36,6 +36,7 @@ from .capture import Symbolic, node_location
 from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
 from .guards import explain_miss, guard_key, lookup_key, tensor_check
 from .pipeline import compile_program
+from .segments import runs_eagerly, split_around_eager_nodes
 from .sharing import find_groups_or_none, overlapping_pairs
 from .verify import VerificationError, clone_args, first_difference
 
@@ -394,7 +395,7 @@ class Backend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         refuse_stale_metadata(gm, self.options, self.stats.name)
-        return GraphProgram(gm, self.options, self.stats)
+        return graph_program(gm, self.options, self.stats)
 
 
 def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
@@ -402,7 +403,21 @@ def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict
     entry point. `options` are those of `Options` (executor, verify, strict, cache_limit)."""
     opts = Options(**(options or {}))
     refuse_stale_metadata(gm, opts, "a compiled function")
-    return GraphProgram(gm, opts, Stats())
+    return graph_program(gm, opts, Stats(name="a compiled function"))
+
+
+def graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callable[..., Any]:
+    """A graph from dynamo, compiled; one with higher-order operators (autograd.Function, hooks) as compiled
+    pieces around them, the operators run eagerly (see segments.py)."""
+    if not any(runs_eagerly(n) for n in gm.graph.nodes):
+        return GraphProgram(gm, options, stats)
+    try:
+        return split_around_eager_nodes(gm, lambda piece: GraphProgram(piece, options, stats))
+    except ValueError as e:
+        if options.strict:
+            raise UnsupportedError(str(e)) from e
+        warnings.warn(f"dealias: a graph of {stats.name} runs eagerly: {e}", FallbackWarning, stacklevel=3)
+        return gm.forward
 
 
 def _inplace_view(node: fx.Node) -> bool:

@@ -107,12 +107,19 @@ def tensor_check(tensors: list[torch.Tensor], layouts: list[tuple[list[Any], lis
     if layouts is None:
         layouts = [(list(t.shape), list(t.stride())) for t in tensors]
     if _TensorGuards is not None:
+        # TensorGuards refuses the same tensor twice (`f(y, y)`, as a graph split around a hook passes it): check
+        # each tensor once, and that the repeats are that very tensor again.
+        first = [next(j for j in range(i + 1) if tensors[j] is t) for i, t in enumerate(tensors)]
+        unique = [i for i, j in enumerate(first) if i == j]
         guard = _TensorGuards(
-            *tensors,
-            dynamic_dims_sizes=[sizes for sizes, _ in layouts],
-            dynamic_dims_strides=[strides for _, strides in layouts],
+            *(tensors[i] for i in unique),
+            dynamic_dims_sizes=[layouts[i][0] for i in unique],
+            dynamic_dims_strides=[layouts[i][1] for i in unique],
         )
-        return guard.check
+        if len(unique) == len(tensors):
+            return guard.check
+        repeats = [(i, j) for i, j in enumerate(first) if i != j]
+        return lambda *ts: all(ts[i] is ts[j] for i, j in repeats) and guard.check(*(ts[i] for i in unique))
 
     def layout_key(t: torch.Tensor, layout: tuple[list[Any], list[Any]]) -> tuple[Any, ...]:
         k = _leaf_key(t)  # the storage offset (k[5]) is the lookup key's business

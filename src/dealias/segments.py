@@ -1,0 +1,164 @@
+"""Graphs with higher-order operators: dealias compiles the pieces around them and runs them as eager does.
+
+Dynamo captures `autograd.Function.apply` as `autograd_function_apply(fwd, bwd, *args)` and `t.register_hook(fn)`
+as `register_hook(t, fn)`; checkpointing and control flow are higher-order operators too. Their bodies carry
+autograd behaviour (a custom backward, a hook on a gradient) that a functional trace of the forward loses, so
+dealias does not trace through them. Instead the graph is split around each of them, as a graph break would
+split it: the pieces between them are compiled by dealias (each one a graph program of its own, with exact
+write-back and output aliasing, so the operator gets the very tensor objects eager would give it), and the
+operator runs on real tensors, with eager's own autograd.
+
+A tensor hook applies to every gradient flowing into its tensor's current version, also through uses of it made
+before the hook was registered (`z = y * 3; y.register_hook(h)`). So the hook moves up to right after the node
+that made that version (the tensor's producer, or the last node that may have written its memory, found from
+dynamo's fake values): every use of that version is then in a later piece, which receives the very tensor
+object the hook is on. Uses of older versions stay before it, as in eager, where the hook does not see them.
+
+Dynamo's `autograd_function_apply` keeps the tensors the forward saved in a closure, so a saved tensor written
+afterwards no longer makes backward raise; it runs here as `autograd_function_apply` below, which saves them with
+`ctx.save_for_backward` as the user's forward did.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.split_module import split_module
+
+
+def runs_eagerly(node: fx.Node) -> bool:
+    """A higher-order operator node: dealias leaves it to eager, in a piece of its own."""
+    return node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+
+
+def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.GraphModule], Any]) -> fx.GraphModule:
+    """A graph module calling, in order, the pieces of `gm` between its higher-order operators (each compiled
+    by `compile_piece`) and the operators themselves (run eagerly)."""
+    gm = _hooks_after_their_tensors(gm)
+    part: dict[fx.Node, int] = {}
+    current = 0
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if runs_eagerly(node):
+            part[node] = current + 1
+            current += 2
+        elif node.target is operator.getitem and node.args[0] in part and runs_eagerly(node.args[0]):
+            part[node] = part[node.args[0]]  # the operator's piece returns its results one by one
+        else:
+            part[node] = current
+    for node in gm.graph.nodes:  # a subgraph attribute goes with the operator that uses it
+        if node.op == "get_attr":
+            users = [u for u in node.users if u in part]
+            part[node] = part[users[0]] if users else 0
+    parent = split_module(gm, gm, lambda n: part[n], keep_original_order=True)
+    for node in parent.graph.nodes:
+        if node.op != "call_module":
+            continue
+        piece = getattr(parent, node.target)
+        if not any(runs_eagerly(n) for n in piece.graph.nodes):
+            setattr(parent, node.target, _Compiled(compile_piece(piece)))
+            continue
+        for n in piece.graph.nodes:
+            if runs_eagerly(n) and n.target.name() == "autograd_function_apply":
+                n.target = autograd_function_apply
+        piece.recompile()
+    parent.recompile()
+    return parent
+
+
+def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+    """Dynamo's `autograd_function_apply`, with the tensors the user's forward passed to `ctx.save_for_backward`
+    saved by `ctx.save_for_backward` again: dynamo's operator keeps them in a closure, so a tensor saved and then
+    written in place no longer makes backward raise "modified by an inplace operation" as eager's does."""
+    checked = set(kwargs["saved_for_backward_idx"])
+    dirty = kwargs.get("dirty_idx", [])
+    non_differentiable = kwargs["non_differentiable_idx"]
+
+    class Apply(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *inputs: Any) -> Any:
+            output, saved = fwd(*inputs)
+            ctx.positions = [i in checked and isinstance(t, torch.Tensor) for i, t in enumerate(saved)]
+            ctx.save_for_backward(*(t for t, c in zip(saved, ctx.positions) if c))
+            ctx.unchecked = [None if c else t for t, c in zip(saved, ctx.positions)]
+            outs = output if isinstance(output, (tuple, list)) else (output,)
+            if dirty:
+                ctx.mark_dirty(*(outs[i] for i in dirty))
+            if non_differentiable:
+                ctx.mark_non_differentiable(*(outs[i] for i in non_differentiable))
+            return output
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            checked_values = iter(ctx.saved_tensors)
+            saved = [next(checked_values) if c else t for t, c in zip(ctx.unchecked, ctx.positions)]
+            return bwd(*grads, *saved)
+
+    return Apply.apply(*args)
+
+
+class _Compiled(torch.nn.Module):
+    def __init__(self, program: Callable[..., Any]) -> None:
+        super().__init__()
+        self.program = program
+
+    def forward(self, *args: Any) -> Any:
+        return self.program(*args)
+
+
+def _hooks_after_their_tensors(gm: fx.GraphModule) -> fx.GraphModule:
+    """Move each `register_hook` up to right after the last node that made or wrote its tensor."""
+    hooks = [n for n in gm.graph.nodes if runs_eagerly(n) and n.target.name() == "register_hook"]
+    for hook in hooks:
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        tensor = hook.args[0]
+        between = [n for n in gm.graph.nodes if order[tensor] < order[n] < order[hook]]
+        writes = [n for n in between if _may_write(n) and _touches(n, tensor)]
+        anchor = writes[-1] if writes else tensor
+        if anchor.op == "placeholder":
+            anchor = max((n for n in gm.graph.nodes if n.op == "placeholder"), key=order.__getitem__)
+        for node in [*(a for a in hook.all_input_nodes if a.op == "get_attr"), hook]:
+            anchor.append(node)
+            anchor = node
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _touches(node: fx.Node, tensor: fx.Node) -> bool:
+    """Whether `node` has an argument sharing memory with `tensor` (dynamo's fake values keep views' storage),
+    or may, when it is not known."""
+    target = _storage(tensor)
+    if target is None:
+        return True
+    return any(_storage(a) in (target, None) for a in node.all_input_nodes)
+
+
+def _storage(node: fx.Node) -> Any:
+    value = node.meta.get("example_value")
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage()._cdata
+    return None if value is None else "not a tensor"
+
+
+def _may_write(node: fx.Node) -> bool:
+    """A dynamo graph node that may write a tensor in place: an in-place method or function (`add_`,
+    `operator.iadd`, `setitem`), an out= argument, or an operator of its own."""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if runs_eagerly(node) or "out" in node.kwargs or node.target in _INPLACE_OPERATORS:
+        return True
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+_INPLACE_OPERATORS = {operator.setitem, operator.delitem} | {
+    getattr(operator, f"i{name}")
+    for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")
+    + ("matmul", "concat")
+}

@@ -1,0 +1,225 @@
+"""autograd.Function, tensor hooks and checkpointing inside a jitted function: the pieces around them are
+compiled, the operators run with eager's autograd. Compared with eager: outputs, inputs after the call,
+requires_grad and grad_fn presence, gradients of every leaf, eager's errors; first and cached call."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import dealias
+from dealias.fuzz import _compare_grads
+from dealias.verify import compare_call
+
+
+class Half(torch.autograd.Function):  # the identity, with half the gradient
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+
+
+class ScaledBySaved(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w * 3, g * x
+
+
+class CountsItsBackward(torch.autograd.Function):
+    calls = torch.zeros(())
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        CountsItsBackward.calls.add_(1)  # a write done by the custom backward
+        return g
+
+
+class InPlaceForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class TwoOutputs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        idx = x.argmax().reshape(1)
+        ctx.mark_non_differentiable(idx)
+        return x.exp(), idx
+
+    @staticmethod
+    def backward(ctx, g, gi):
+        return g * 2
+
+
+def half(x):
+    return Half.apply(x * 2).sum()
+
+
+def function_between_writes(x, w):
+    x.mul_(2)  # compiled before the Function
+    y = ScaledBySaved.apply(x.sin(), w)
+    w.add_(1)  # compiled after it; the Function saved w: eager's backward raises
+    return y
+
+
+def function_between_writes_of_others(x, w):
+    x.mul_(2)
+    y = ScaledBySaved.apply(x * 2, w * 1)
+    x.add_(y)
+    return y + x
+
+
+def custom_backward_writes(x):
+    return CountsItsBackward.apply(x * 3).sum()
+
+
+def in_place_forward(x):
+    y = x * 1
+    z = InPlaceForward.apply(y)
+    return z + y
+
+
+def two_outputs(x):
+    e, idx = TwoOutputs.apply(x + 1)
+    return e * 2, idx
+
+
+def hook_with_earlier_use(x):
+    y = x * 2
+    z = y * 3  # uses y before the hook: eager's hook sees this gradient too
+    y.register_hook(lambda g: g * 10)
+    return y.sum() + z.sum()
+
+
+def hook_on_input(x):
+    z = x * 3
+    x.register_hook(lambda g: g + 1)
+    return z * x
+
+
+def two_hooks_then_write(x):
+    y = x.exp()
+    y.register_hook(lambda g: g * 2)
+    y.register_hook(lambda g: g - 1)
+    y.mul_(3)  # after the hooks: they apply to the gradient of y before the write
+    return y
+
+
+def checkpointed(x, w):
+    h = x.mul(2)
+    h.add_(1)
+    y = checkpoint(lambda a: (a @ w).relu(), h, use_reentrant=False)
+    h.zero_()
+    return y, h
+
+
+def _args(*shapes):
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return tuple(torch.randn(*s, generator=g, requires_grad=True) * 1 for s in shapes)
+
+    return make
+
+
+CASES = [
+    (half, _args((3,))),
+    (function_between_writes, _args((3,), (3,))),
+    (function_between_writes_of_others, _args((3,), (3,))),
+    (custom_backward_writes, _args((3,))),
+    (in_place_forward, _args((3,))),
+    (two_outputs, _args((4,))),
+    (hook_with_earlier_use, _args((3,))),
+    (hook_on_input, _args((3,))),
+    (two_hooks_then_write, _args((2, 3))),
+    (checkpointed, _args((2, 3), (3, 3))),
+]
+
+
+@pytest.mark.parametrize("fn, make_args", CASES, ids=[c[0].__name__ for c in CASES])
+def test_like_eager_with_the_pieces_around_compiled(fn, make_args):
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dealias.FallbackWarning)
+        for call in range(2):
+            CountsItsBackward.calls.zero_()
+            assert compare_call(fn, jf, make_args()) is None, call
+            assert _compare_grads(fn, jf, make_args) is None, call
+    fell_back = [str(w.message) for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+    assert not any("runs eagerly" in m and "a graph of" in m for m in fell_back), fell_back
+    assert dealias.cache_info(jf).misses == 1  # compiled once, cached after
+
+
+def test_custom_backward_runs_and_its_writes_happen():
+    x = torch.randn(3, requires_grad=True)
+    jf = dealias.jit(half)
+    jf(x).backward()
+    assert torch.equal(x.grad, torch.full((3,), 1.0))  # 2 * 0.5: the Function's backward, not the forward's
+    CountsItsBackward.calls.zero_()
+    dealias.jit(custom_backward_writes)(x).backward()
+    assert CountsItsBackward.calls.item() == 1
+
+
+def test_pieces_are_compiled_by_dealias():
+    jf = dealias.jit(function_between_writes_of_others)
+    jf(*_args((3,), (3,))())
+    graphs = jf.stats.graphs
+    assert len(graphs) == 2  # before and after the Function; the Function runs eagerly between them
+    assert all(g.entries == 1 for g in graphs)
+
+
+def hook_after_a_write(x):
+    y = x * 2
+    z = y * 3
+    y.add_(1)
+    y.register_hook(lambda g: g * 10)  # hooks y after the write: z's gradient does not go through it
+    return y * 3 + z
+
+
+def test_hook_after_a_write_hooks_the_written_tensor():
+    jf = dealias.jit(hook_after_a_write)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        for _ in range(2):
+            assert compare_call(hook_after_a_write, jf, _args((3,))()) is None
+            assert _compare_grads(hook_after_a_write, jf, _args((3,))) is None
+
+
+def hook_after_a_write_through_a_view(x):
+    y = x * 2
+    z = y * 3
+    y[:1].add_(5.0)  # dynamo's graph: the hook's tensor is still the node that made y
+    w = y * 4  # a use of the written y before the hook: its gradient goes through the hook
+    y.register_hook(lambda g: g * 10)
+    return y * 3 + z + w
+
+
+def test_hook_after_a_write_through_a_view_hooks_the_written_tensor():
+    jf = dealias.jit(hook_after_a_write_through_a_view)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        for _ in range(2):
+            assert compare_call(hook_after_a_write_through_a_view, jf, _args((3,))()) is None
+            assert _compare_grads(hook_after_a_write_through_a_view, jf, _args((3,))) is None
