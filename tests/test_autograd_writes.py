@@ -222,3 +222,46 @@ def test_value_requiring_grad_written_through_detach_runs_eagerly():
         return torch.randn(3, generator=g, requires_grad=True) * 1, torch.randn(3, generator=g, requires_grad=True)
 
     assert_compiled_like_eager(value_requiring_grad_written_through_detach, make, compiled=False)
+
+
+# Found by the autograd fuzzer (seeds 101693, 101794, 102994).
+def overwritten_with_grad_on(x):  # seed 101693
+    with torch.no_grad():
+        c = x.new_full(x.shape, 0.25)
+    y = x.clone()
+    y.copy_(c)  # eager's y still requires grad (CopyBackwards, a zero gradient to x)
+    return y
+
+
+def zero_through_an_expanded_view(x):  # seed 101794: eager's backward raises (an overlapping written view)
+    v = x.expand(2, *x.shape)
+    v.zero_()
+    return v
+
+
+def test_overwritten_tensor_still_requires_grad():
+    assert_compiled_like_eager(overwritten_with_grad_on, _non_leaf(2, 3))
+
+
+def test_write_through_an_overlapping_view_with_grad_runs_eagerly():
+    assert_compiled_like_eager(zero_through_an_expanded_view, _non_leaf(3), compiled=False)
+
+
+def split_element_returned(x):
+    return x.split(2)[0], x.unbind(0)[1].t()
+
+
+def test_returned_split_elements_are_eagers_multi_output_views():
+    # Replayed as split(..)[i] (not as the slice it normalizes to): eager's element refuses an in-place write,
+    # and its grad_fn raises once its base was written (seed 102994 returned it after such a write).
+    for f in (split_element_returned, dealias.jit(split_element_returned)):
+        x = torch.randn(4, 2, 2, requires_grad=True) * 1
+        a, b = f(x)
+        for out in (a, b):
+            with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+                out.mul_(2)
+        with torch.no_grad():
+            x.add_(1)
+        for out in (a, b):
+            with pytest.raises(RuntimeError, match="its base or another view of its base has been modified"):
+                out.grad_fn

@@ -217,10 +217,13 @@ class GraphProgram:
         except (DealiasError, *_FAKE_LIMITS) as e:
             return self._fall_back(e)
         except Exception as e:
-            # The program's own error (eager raises it too) propagates; an error only tracing hits (a corner of
-            # make_fx or fake tensors) means the graph runs eagerly instead.
+            # Where eager raises too, this call runs the graph eagerly, which raises eager's own error after eager's
+            # own effects (tracing's error may be another one, from fake tensors); nothing is cached, so a later
+            # call compiles. An error only tracing hits (a corner of make_fx or fake tensors) means the graph runs
+            # eagerly.
             if _raises(self.gm, leaves):
-                raise
+                self.gm.forward(*leaves)
+                raise InternalError(f"eager raised on copies of the inputs and not on them; tracing: {e}") from e
             return self._fall_back(InternalError(f"tracing failed where eager does not: {type(e).__name__}: {e}"))
 
     def _same_values(self, leaves: list[Any]) -> Callable[[list[Any]], bool]:

@@ -25,7 +25,7 @@ from .capture import Captured, node_location
 from .checks import NoProbe, aliasing_is_benign, probe
 from .emitter import Emitter
 from .errors import EagerSemanticsError, UnsupportedError, with_location
-from .gradops import grad_leaf, keep_history
+from .gradops import grad_leaf, keep_history, overwritten
 from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
 from .viewops import (
@@ -90,6 +90,9 @@ class OutputSlot:
     chain: tuple[ViewStep, ...] = ()
     same_as: int | None = None  # the same tensor object as an earlier output (`return v, v`)
     no_grad: bool = False  # a view eager made under no_grad: the chain is replayed under no_grad, as eager did
+    # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
+    # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
+    multi_output: tuple[int, Any, tuple[Any, ...], int] | None = None
 
 
 @dataclass
@@ -221,6 +224,14 @@ class _Functionalizer:
         for step in chain:
             bases.append(replay(step, bases[-1], self.emit.call))
         overlapping = [k for k in range(1, len(bases)) if internal_overlap(bases[k].meta["val"]) != "no"]
+        if overlapping and self.emit.grad and not hidden and self.base[s].meta.get("rg"):
+            # Eager writes it, and its backward (copying the gradient into the overlapping view) raises "more than
+            # one element of the written-to tensor refers to a single memory location": run eagerly.
+            raise UnsupportedError(
+                with_location(
+                    f"{node.target} writes an overlapping view of a tensor that requires grad", node_location(node)
+                )
+            )
         if overlapping:
             # A view in the chain overlaps itself (`x.expand(2, n)[0] = 1`, `x.expand(2, n).fill_(1)`): its
             # values cannot stand in for memory. Write the rest of the chain, from the last base before it
@@ -249,6 +260,8 @@ class _Functionalizer:
         if (hidden or not self.emit.grad) and self.base[s].meta.get("rg"):
             self.history.setdefault(s, self.base[s])
         new = self._restride(new, s.root_meta)
+        if self.emit.grad and not hidden and self.base[s].meta.get("rg") and not new.meta.get("rg"):
+            new = self.emit.call(overwritten, self.base[s], new)
         self.base[s] = new
         self.version[s] += 1
         self.writes[s] = self.writes.get(s, 0) + 1
@@ -644,7 +657,22 @@ class _Functionalizer:
                     node_location(f.root),
                 )
             )
-        return replace(slot, no_grad=True) if f.nograd and slot.same_as is None else slot
+        if slot.same_as is not None:
+            return slot
+        return replace(slot, no_grad=f.nograd, multi_output=self._multi_output_step(f, slot))
+
+    def _multi_output_step(self, f: _Fragile, slot: OutputSlot) -> tuple[int, Any, tuple[Any, ...], int] | None:
+        """Where the output's chain has the split step of its fragile root, and how eager made it."""
+        root = f.root
+        if root.target is not operator.getitem or not isinstance(root.args[0].target, torch._ops.OpOverload):
+            return None
+        source = root.args[0]
+        args = tuple(source.args[1:])
+        if source.kwargs or any(isinstance(a, fx.Node) for a in pytree.tree_leaves(args)):
+            return None
+        step = self.info.value(root).chain[-1]
+        k = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), None)
+        return None if k is None else (k, source.target, args, root.args[1])
 
     def _track_no_grad(self, node: fx.Node) -> None:
         """Before `node` runs: restore eager's history of what it reads with grad on (see history), record

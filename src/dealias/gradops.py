@@ -1,10 +1,12 @@
-"""Two ops for autograd facts of eager that no aten op states, called by functional graphs where eager's
+"""Ops for autograd facts of eager that no aten op states, called by functional graphs where eager's
 tensors carry a history their values do not:
 
 - `keep_history(old, new)`: the values of `new` with the history of `old`. Eager writes a tensor that requires
   grad under `no_grad` (or through `detach()` / a dtype view) without touching its autograd history: gradients
   flow to what the tensor was computed from, as if the write had not happened. The functional value computed by
   the write has no such history; this joins the two.
+- `overwritten(old, new)`: eager's tensor that requires grad, overwritten with grad on by values that do not,
+  still requires grad; the functional value, made of those values alone, would not.
 - `grad_leaf(view)`: a view made under `no_grad` of a tensor that requires grad is, in eager, a leaf that
   requires grad: ops on it with grad on are differentiable, and their gradient stops there. A functional replay
   of the view from its base would send it on to the base.
@@ -33,10 +35,28 @@ def keep_history(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return _KeepHistory.apply(old, new)
 
 
+class _Overwritten(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return new.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.zeros_like(grad), None
+
+
+def overwritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """A tensor that requires grad, overwritten with grad on by values that do not (`y.copy_(c)`): eager's
+    still requires grad, and its old history gets a zero gradient."""
+    if not (torch.is_grad_enabled() and old.requires_grad) or new.requires_grad:
+        return new
+    return _Overwritten.apply(old, new)
+
+
 def grad_leaf(view: torch.Tensor) -> torch.Tensor:
     return view.detach().requires_grad_(view.requires_grad)
 
 
 def uses_autograd_ops(gm: torch.fx.GraphModule) -> bool:
     """Whether a graph calls these ops (a fusing executor cannot: it compiles aten ops)."""
-    return any(n.target in (keep_history, grad_leaf) for n in gm.graph.nodes)
+    return any(n.target in (keep_history, overwritten, grad_leaf) for n in gm.graph.nodes)

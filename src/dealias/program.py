@@ -37,6 +37,14 @@ def _torch_call(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return op(*args, **kwargs)
 
 
+def _replay_output(chain: tuple[Any, ...], t: torch.Tensor, multi: tuple[int, Any, tuple[Any, ...], int] | None) -> Any:
+    if multi is None:
+        return replay_chain(chain, t, _torch_call)
+    k, op, args, index = multi  # step k as the multi-output view eager made (see OutputSlot.multi_output)
+    t = op(replay_chain(chain[:k], t, _torch_call), *args)[index]
+    return replay_chain(chain[k + 1 :], t, _torch_call)
+
+
 @dataclass
 class CompiledProgram:
     captured: Captured
@@ -63,7 +71,10 @@ class CompiledProgram:
             repeated_dims(cap.fakes[wb.target.key]) if wb.target.kind == "input" else [] for wb in fp.writebacks
         ]
         self._repeated = {k: dims for k, dims in enumerate(repeated) if dims}
-        self._outputs = [(self._getter(slot.source), slot.chain, slot.same_as, slot.no_grad) for slot in fp.outputs]
+        self._outputs = [
+            (self._getter(slot.source), slot.chain, slot.same_as, slot.no_grad, slot.multi_output)
+            for slot in fp.outputs
+        ]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
@@ -130,16 +141,16 @@ class CompiledProgram:
                 with torch.no_grad():
                     target.copy_(value)
         outs = []
-        for get, chain, same_as, no_grad in self._outputs:
+        for get, chain, same_as, no_grad, multi in self._outputs:
             if same_as is not None:
                 outs.append(outs[same_as])
                 continue
             t = get(tensors, bases, results)
             if chain and self._computed:
                 chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
-            if no_grad:
-                with torch.no_grad():
-                    t = replay_chain(chain, t, _torch_call)
+            if no_grad or multi:
+                with torch.set_grad_enabled(grad and not no_grad):
+                    t = _replay_output(chain, t, multi)
             elif chain:
                 t = replay_chain(chain, t, _torch_call)
             outs.append(t)
