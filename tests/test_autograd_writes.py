@@ -264,4 +264,4 @@ def test_returned_split_elements_are_eagers_multi_output_views():
             x.add_(1)
         for out in (a, b):
             with pytest.raises(RuntimeError, match="its base or another view of its base has been modified"):
-                out.grad_fn
+                _ = out.grad_fn
