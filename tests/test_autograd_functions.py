@@ -223,3 +223,40 @@ def test_hook_after_a_write_through_a_view_hooks_the_written_tensor():
         for _ in range(2):
             assert compare_call(hook_after_a_write_through_a_view, jf, _args((3,))()) is None
             assert _compare_grads(hook_after_a_write_through_a_view, jf, _args((3,))) is None
+
+
+def hook_on_an_input_then_written(x):
+    x.register_hook(lambda g: g + 1)  # eager: hooks x's version before the write
+    x.mul_(0.25)
+    return x
+
+
+def test_hook_on_an_input_written_later_runs_eagerly():
+    # Dynamo registers a hook on a graph input after the graph ran (a side effect it replays), so it would hook
+    # the written version: the gradient came out (w + 1) * 0.25 where eager's is w * 0.25 + 1, with dynamo's own
+    # eager backend too. dealias makes dynamo run such a frame eagerly.
+    jf = dealias.jit(hook_on_an_input_then_written)
+    with pytest.warns(dealias.FallbackWarning, match="registered after the graph by dynamo"):
+        jf(*_args((3,))())
+    for _ in range(2):
+        assert compare_call(hook_on_an_input_then_written, jf, _args((3,))()) is None
+        assert _compare_grads(hook_on_an_input_then_written, jf, _args((3,))) is None
+
+
+def hook_after_a_no_grad_region(x):  # fuzz seed 5167
+    x += x
+    with torch.no_grad():
+        x.sin_()
+    x.register_hook(lambda g: g + 1)
+    return x
+
+
+def test_pieces_ending_inside_a_no_grad_region_keep_grad_mode():
+    # The piece before the hook ends inside the no_grad region (the next piece leaves it): compiling it left grad
+    # mode off after tracing, and running it restored the caller's mode where the region was still open; the
+    # write-back then lost its history and the hook saw a gradient of 1 instead of 2.
+    jf = dealias.jit(hook_after_a_no_grad_region)
+    for _ in range(2):
+        assert compare_call(hook_after_a_no_grad_region, jf, _args((3,))()) is None
+        assert torch.is_grad_enabled()
+        assert _compare_grads(hook_after_a_no_grad_region, jf, _args((3,))) is None

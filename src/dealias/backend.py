@@ -36,12 +36,13 @@ from .capture import Symbolic, node_location
 from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
 from .guards import explain_miss, guard_key, lookup_key, tensor_check
 from .pipeline import compile_program
-from .segments import runs_eagerly, split_around_eager_nodes
+from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
 from .sharing import find_groups_or_none, overlapping_pairs
 from .verify import VerificationError, clone_args, first_difference
 
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)
+_EAGER_ONCE = object()  # not cached: this call runs the graph eagerly (eager raises on it), the next compiles
 _FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
 # Dynamo settings, process-wide, made when dealias is imported (before dynamo traces anything for it):
 # - dynamo decomposes `addcmul_`/`addcdiv_`/`add_(alpha=tensor)` into inductor's `prims.fma` for inductor's
@@ -141,7 +142,7 @@ class GraphProgram:
         entry = self._find(key, leaves, tensors)
         if entry is None:
             entry = self._miss(key, leaves, tensors)
-        if entry is _EAGER:
+        if entry is _EAGER or entry is _EAGER_ONCE:
             return self.gm.forward(*leaves)
         self.stats.last = entry
         if self.options.verify:
@@ -170,8 +171,16 @@ class GraphProgram:
                     )
                 )
             else:
-                with COMPILE_LOCK:
-                    entry = self._compile(leaves)
+                grad = torch.is_grad_enabled()
+                try:
+                    with COMPILE_LOCK:
+                        entry = self._compile(leaves)
+                finally:
+                    # Tracing runs the graph's own grad-mode switches; a piece of a split graph may end in another
+                    # mode than it began (see segments._Compiled).
+                    torch._C._set_grad_enabled(grad)
+                if entry is _EAGER_ONCE:
+                    return entry
             shape_guard = getattr(entry, "shape_guard", None)
             if self.unkeyed and shape_guard is None and entry is not _EAGER:
                 shape_guard = self._same_values(leaves)  # compiled with the values specialized
@@ -219,11 +228,12 @@ class GraphProgram:
         except Exception as e:
             # Where eager raises too, this call runs the graph eagerly, which raises eager's own error after eager's
             # own effects (tracing's error may be another one, from fake tensors); nothing is cached, so a later
-            # call compiles. An error only tracing hits (a corner of make_fx or fake tensors) means the graph runs
-            # eagerly.
+            # call compiles (eager on copies of a stale split element raises where eager on it may not: then this
+            # call simply runs eagerly). An error only tracing hits (a corner of make_fx or fake tensors) means the
+            # graph runs eagerly.
             if _raises(self.gm, leaves):
-                self.gm.forward(*leaves)
-                raise InternalError(f"eager raised on copies of the inputs and not on them; tracing: {e}") from e
+                log.info("dealias: a graph of %s raises in eager; this call runs it eagerly: %s", self.stats.name, e)
+                return _EAGER_ONCE
             return self._fall_back(InternalError(f"tracing failed where eager does not: {type(e).__name__}: {e}"))
 
     def _same_values(self, leaves: list[Any]) -> Callable[[list[Any]], bool]:
@@ -398,6 +408,7 @@ class Backend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         refuse_stale_metadata(gm, self.options, self.stats.name)
+        refuse_late_hooks(gm, self.options, self.stats.name)
         return graph_program(gm, self.options, self.stats)
 
 
@@ -406,6 +417,7 @@ def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict
     entry point. `options` are those of `Options` (executor, verify, strict, cache_limit)."""
     opts = Options(**(options or {}))
     refuse_stale_metadata(gm, opts, "a compiled function")
+    refuse_late_hooks(gm, opts, "a compiled function")
     return graph_program(gm, opts, Stats(name="a compiled function"))
 
 
@@ -455,3 +467,32 @@ def refuse_stale_metadata(gm: fx.GraphModule, options: Options, name: str) -> No
         raise UnsupportedError(message)
     warnings.warn(f"dealias: {message}", FallbackWarning, stacklevel=2)
     raise SkipFrame(message)
+
+
+def refuse_late_hooks(gm: fx.GraphModule, options: Options, name: str) -> None:
+    """Dynamo registers a hook on a graph input (`x.register_hook(h)` in the user's code) after the graph has
+    run, as a side effect: if the graph writes that input in place, the hook lands on the written version, where
+    eager's hooks the version before the write, and the gradient differs (also with dynamo's own eager backend).
+    Such a frame runs eagerly."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        hooks = InstructionTranslator.current_tx().output.side_effects.tensor_hooks.values()
+    except Exception:  # noqa: BLE001 - not called from dynamo's tracing (or its internals moved): nothing to check
+        return
+    hooked = {getattr(getattr(h[0], "proxy", None), "node", None) for h in hooks}
+    for ph in (n for n in gm.graph.nodes if n.op == "placeholder"):
+        if ph.name not in {getattr(n, "name", None) for n in hooked}:
+            continue
+        writer = next((n for n in gm.graph.nodes if may_write(n) and touches(n, ph)), None)
+        if writer is None:
+            continue
+        message = with_location(
+            f"{name}: a hook registered on {source_name(ph)} before the graph writes it in place would be "
+            "registered after the graph by dynamo, on the written tensor; this frame runs eagerly",
+            node_location(writer),
+        )
+        if options.strict:
+            raise UnsupportedError(message)
+        warnings.warn(f"dealias: {message}", FallbackWarning, stacklevel=2)
+        raise SkipFrame(message)

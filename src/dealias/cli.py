@@ -17,13 +17,18 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument("--seed", type=int, default=0)
     fz.add_argument("--count", type=int, default=200)
     fz.add_argument("--time", type=float, default=None, help="stop after this many seconds")
+    fz.add_argument(
+        "--autograd",
+        action="store_true",
+        help="only programs on inputs that require grad (no_grad regions, autograd.Function, hooks, detach writes)",
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo.run()
     if args.command == "fuzz":
         from .fuzz import fuzz
 
-        s = fuzz(args.seed, args.count, args.time)
+        s = fuzz(args.seed, args.count, args.time, autograd=True if args.autograd else None)
         print(
             f"{s['programs']} programs in {s['seconds']} s: {s['ok']} matched eager, {s['error-matched']} raised "
             f"as eager did, {s['fallback']} ran eagerly (fallback), {s['mismatch']} MISMATCHED"

@@ -36,6 +36,8 @@ class Program:
 
     def source(self) -> str:
         lines = ["import torch", "", "", "def make_args():", *(f"    {s}" for s in self.setup), ""]
+        if self.autograd and any(name in line for line in self.body for name in _AUTOGRAD_NAMES):
+            lines = [*lines[:2], _AUTOGRAD_PRELUDE, *lines[2:]]
         lines += ["", f"def program({', '.join(self.params)}):"]
         lines += [f"    {s}" for s in self.body] or ["    pass"]
         lines.append(f"    return ({', '.join(self.outputs)}{',' if len(self.outputs) == 1 else ''})")
@@ -55,6 +57,8 @@ class _Gen:
         self.seed = seed
         self.autograd = autograd
         self.env: dict[str, Any] = {"torch": torch}
+        if autograd:
+            exec(_AUTOGRAD_PRELUDE, self.env)  # noqa: S102 - the generator's own Functions
         self.names: list[str] = []
         self.count = 0
         self.kind = ""  # kind of the last statement made, and of every statement kept (for statistics)
@@ -110,6 +114,9 @@ class _Gen:
             return None
         kind = r.random()
         n = self.fresh()
+        if self.autograd and r.random() < _AUTOGRAD_SHARE:
+            self.kind = "autograd"
+            return _autograd_statement(r, n, r.choice(ts), self.env)
         if kind < _NEW_KINDS:
             # tensors made by the program, `out=` writes, in-place ops given an alias of what they write
             if kind < 0.07:
@@ -266,6 +273,54 @@ def _write(r: random.Random, t: str, x: torch.Tensor, same: list[str], env: dict
 
 
 # --- statements of the kinds below: tensors the program makes, `out=` writes, in-place ops given aliases ------
+# Autograd programs also call autograd.Functions (a custom backward that is not the forward's derivative, so a
+# lost backward shows; one saving its input for backward), register hooks, and write through detach().
+_AUTOGRAD_PRELUDE = """
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 + x
+
+
+class Ident(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+"""
+_AUTOGRAD_NAMES = ("Scale.apply", "Ident.apply")
+_AUTOGRAD_SHARE = 0.12
+
+
+def _autograd_statement(r: random.Random, n: str, t: str, env: dict[str, Any]) -> tuple[str, str | None] | None:
+    x = env[t]
+    if not x.is_floating_point():
+        return None
+    choice = r.randrange(5)
+    if choice in (2, 3) and (x._base is not None or not x.requires_grad):
+        # Eager itself crashes (segfault, torch 2.13) registering a hook on a view whose base was written and
+        # then split; hooks go on tensors that are not views.
+        return None
+    if choice == 0:
+        return f"{n} = {r.choice(_AUTOGRAD_NAMES)}({t})", n
+    if choice == 1:
+        return f"{n} = {r.choice(_AUTOGRAD_NAMES)}({t} * 1)", n
+    if choice == 2:
+        return f"{t}.register_hook(lambda g: g * {r.choice(['2', '-1', '0.5'])})", None
+    if choice == 3:
+        return f"{t}.register_hook(lambda g: g + 1)", None
+    return f"{t}.detach().{r.choice(['mul_(0.5)', 'add_(1)', 'zero_()', 'clamp_(-1, 1)'])}", None
+
+
 _NEW_KINDS = 0.18  # their share of the statements tried (create 7 %, out= 7 %, aliased in-place 4 %)
 _CONSTANTS = [1.5, -2.0, 0.25, 3.0]
 
@@ -593,10 +648,15 @@ def _words(line: str) -> list[str]:
 
 
 def fuzz(
-    seed: int, count: int, seconds: float | None = None, out: Any = sys.stdout, progress: bool = True
+    seed: int,
+    count: int,
+    seconds: float | None = None,
+    out: Any = sys.stdout,
+    progress: bool = True,
+    autograd: bool | None = None,
 ) -> dict[str, Any]:
-    """Run `count` programs from `seed` (or until `seconds` pass). Returns a summary; mismatches are shrunk and
-    printed."""
+    """Run `count` programs from `seed` (or until `seconds` pass); `autograd` True makes every program an
+    autograd one (None: one in five). Returns a summary; mismatches are shrunk and printed."""
     start = time.monotonic()
     summary: dict[str, Any] = {
         "ok": 0,
@@ -610,7 +670,7 @@ def fuzz(
     for i in range(count):
         if seconds is not None and time.monotonic() - start > seconds:
             break
-        prog = generate(seed + i)
+        prog = generate(seed + i, autograd=autograd)
         outcome = run_program(prog)
         summary[outcome.status] += 1
         summary["programs"] += 1

@@ -30,7 +30,7 @@ def _leaf_key(x: Any) -> Any:
             x.stride(),
             x.storage_offset(),
             x.requires_grad,
-            x.is_leaf,
+            _is_leaf(x),
             x.is_conj(),
             x.is_neg(),
         )
@@ -41,6 +41,15 @@ def _leaf_key(x: Any) -> Any:
     except TypeError:
         return ("id", type(x), id(x))
     return (type(x), x)
+
+
+def _is_leaf(x: torch.Tensor) -> Any:
+    """`x.is_leaf`; reading it raises for a split element (or a view made under no_grad) whose base was written
+    since: such a tensor gets a key of its own ("stale") and eager's error comes where eager raises it."""
+    try:
+        return x.is_leaf
+    except RuntimeError:
+        return "stale"
 
 
 def sharing_pattern(leaves: list[Any]) -> tuple[int, ...]:
@@ -81,7 +90,7 @@ def lookup_key(
         if isinstance(x, torch.Tensor):
             sharer = first.setdefault(x.untyped_storage()._cdata, len(tensors))
             shared = shared or sharer != len(tensors)
-            layout.append((sharer, x.storage_offset() if offsets else None, x.requires_grad and x.is_leaf))
+            layout.append((sharer, x.storage_offset() if offsets else None, x.requires_grad and _is_leaf(x)))
             tensors.append(x)
         elif i not in symbolic:
             values.append(_leaf_key(x))

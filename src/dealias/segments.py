@@ -61,7 +61,7 @@ def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.Gra
             continue
         piece = getattr(parent, node.target)
         if not any(runs_eagerly(n) for n in piece.graph.nodes):
-            setattr(parent, node.target, _Compiled(compile_piece(piece)))
+            setattr(parent, node.target, _Compiled(compile_piece(piece), _grad_mode_at_exit(piece)))
             continue
         for n in piece.graph.nodes:
             if runs_eagerly(n) and n.target.name() == "autograd_function_apply":
@@ -103,12 +103,25 @@ def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any
 
 
 class _Compiled(torch.nn.Module):
-    def __init__(self, program: Callable[..., Any]) -> None:
+    """A compiled piece. A piece may end inside a `no_grad` region that the next piece leaves (split_module
+    enters a region at the start of each piece it spans, and leaves it only where the graph did); a compiled
+    program restores its caller's grad mode, so the mode the piece ends in is set after it."""
+
+    def __init__(self, program: Callable[..., Any], grad_at_exit: bool | None) -> None:
         super().__init__()
         self.program = program
+        self.grad_at_exit = grad_at_exit
 
     def forward(self, *args: Any) -> Any:
-        return self.program(*args)
+        out = self.program(*args)
+        if self.grad_at_exit is not None:
+            torch._C._set_grad_enabled(self.grad_at_exit)
+        return out
+
+
+def _grad_mode_at_exit(piece: fx.GraphModule) -> bool | None:
+    switches = [n.args[0] for n in piece.graph.nodes if n.target is torch._C._set_grad_enabled]
+    return switches[-1] if switches else None
 
 
 def _hooks_after_their_tensors(gm: fx.GraphModule) -> fx.GraphModule:
@@ -118,7 +131,7 @@ def _hooks_after_their_tensors(gm: fx.GraphModule) -> fx.GraphModule:
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         tensor = hook.args[0]
         between = [n for n in gm.graph.nodes if order[tensor] < order[n] < order[hook]]
-        writes = [n for n in between if _may_write(n) and _touches(n, tensor)]
+        writes = [n for n in between if may_write(n) and touches(n, tensor)]
         anchor = writes[-1] if writes else tensor
         if anchor.op == "placeholder":
             anchor = max((n for n in gm.graph.nodes if n.op == "placeholder"), key=order.__getitem__)
@@ -130,7 +143,7 @@ def _hooks_after_their_tensors(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def _touches(node: fx.Node, tensor: fx.Node) -> bool:
+def touches(node: fx.Node, tensor: fx.Node) -> bool:
     """Whether `node` has an argument sharing memory with `tensor` (dynamo's fake values keep views' storage),
     or may, when it is not known."""
     target = _storage(tensor)
@@ -146,7 +159,7 @@ def _storage(node: fx.Node) -> Any:
     return None if value is None else "not a tensor"
 
 
-def _may_write(node: fx.Node) -> bool:
+def may_write(node: fx.Node) -> bool:
     """A dynamo graph node that may write a tensor in place: an in-place method or function (`add_`,
     `operator.iadd`, `setitem`), an out= argument, or an operator of its own."""
     if node.op not in ("call_function", "call_method"):
