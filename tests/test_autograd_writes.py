@@ -265,3 +265,57 @@ def test_returned_split_elements_are_eagers_multi_output_views():
         for out in (a, b):
             with pytest.raises(RuntimeError, match="its base or another view of its base has been modified"):
                 _ = out.grad_fn
+
+
+_lin = torch.nn.Linear(3, 3)
+
+
+def relu_then_linear(x):
+    x.relu_()
+    return _lin(x)  # saves x for backward: eager's saved tensor is the caller's x
+
+
+def test_saved_caller_tensor_written_after_the_call_makes_backward_raise():
+    # The caller's tensor receives its final value inside the graph, where its last write is, and the linear
+    # reads (and saves) the caller's tensor itself: an in-place write after the call, in eager code or another
+    # graph, makes backward raise as in eager. Before, the graph saved its own copy and backward went through.
+    jf = dealias.jit(relu_then_linear)
+    for f in (relu_then_linear, jf, jf):
+        x = torch.randn(2, 3, requires_grad=True) * 1
+        y = f(x)
+        x.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    x = torch.randn(2, 3, requires_grad=True)
+    y = jf(x * 1)  # not written afterwards: backward works, as in eager
+    y.sum().backward()
+    assert x.grad is not None
+    assert_compiled_like_eager(relu_then_linear, _non_leaf(2, 3))
+
+
+def written_then_saved_then_function_writes(x, w):
+    x.mul_(2)
+    s = x.sin()  # saves the caller's x
+    x.add_(w * 1)  # the next piece writes x: eager's backward raises
+    return s
+
+
+def test_saved_in_one_graph_written_in_the_next():
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(3, generator=g, requires_grad=True) * 1, torch.randn(3, generator=g, requires_grad=True)
+
+    def with_a_break(x, w):
+        x.mul_(2)
+        s = x.sin()
+        torch._dynamo.graph_break()
+        x.add_(w * 1)
+        return s
+
+    for fn in (written_then_saved_then_function_writes, with_a_break):
+        jf = dealias.jit(fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            for _ in range(2):
+                assert compare_call(fn, jf, make()) is None
+                assert _compare_grads(fn, jf, make) is None

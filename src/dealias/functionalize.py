@@ -25,7 +25,7 @@ from .capture import Captured, node_location
 from .checks import NoProbe, aliasing_is_benign, probe
 from .emitter import Emitter
 from .errors import EagerSemanticsError, UnsupportedError, with_location
-from .gradops import grad_leaf, keep_history, overwritten
+from .gradops import grad_leaf, keep_history, overwritten, write_back_now
 from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
 from .viewops import (
@@ -145,6 +145,9 @@ class _Functionalizer:
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
         self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
+        # Caller storages written back where their last write is, under autograd (see _write_back_now).
+        self.last_write = _last_writes_read_later(captured.gm, info) if any(self.requires_grad) else {}
+        self.written_back: set[Storage] = set()
 
     # -- reading -------------------------------------------------------------------------------------
     def materialize(self, v: Value) -> fx.Node:
@@ -267,6 +270,25 @@ class _Functionalizer:
         self.writes[s] = self.writes.get(s, 0) + 1
         if self.emit.grad and not hidden:
             self.grad_writes.add(s)
+        if self.last_write.get(s) is node:
+            self._write_back_now(s)
+
+    def _write_back_now(self, s: Storage) -> None:
+        """The caller's tensor of input storage `s` receives its final value here, at its last write, and later
+        reads read it: ops that save it for backward save the caller's tensor itself, as eager's do, so an
+        in-place write after the call (in a later graph, or in eager code) makes backward raise as in eager.
+        Reads before read it through a clone (_protect_written_inputs)."""
+        ph = next(p for p, ref in self.placeholder_ref.items() if ref == Ref("input", s.index))
+        if s in self.history and s in self.grad_writes:
+            self._restore_history(s)
+        self.history.pop(s, None)  # the caller's tensor has eager's history from here on
+        grad, self.emit.grad = self.emit.grad, s in self.grad_writes
+        node = self.emit.call(write_back_now, ph, self.base[s])
+        self.emit.grad = grad
+        node.meta["rg"] = bool(ph.meta.get("rg") or node.meta.get("rg"))
+        self.base[s] = node
+        self.version[s] += 1
+        self.written_back.add(s)
 
     def _fresh_out(self, v: Value) -> bool:
         """`v` is a whole tensor with no elements, made inside the program and not seen by the caller, so an
@@ -389,8 +411,9 @@ class _Functionalizer:
         backward then save the clone, and the write-back into the caller's tensor after the graph cannot
         invalidate them ("modified by an inplace operation"); gradients still reach the input's history."""
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-        for wb in self.program.writebacks:
-            ph = next((p for p in placeholders if self.placeholder_ref.get(p) == wb.target), None)
+        targets = [wb.target for wb in self.program.writebacks] + [caller_ref(s) for s in self.written_back]
+        for target in targets:
+            ph = next((p for p in placeholders if self.placeholder_ref.get(p) == target), None)
             # An input that does not require grad can still be saved for backward by an op that does record
             # it (batch norm saves its running stats): protect it whenever a reader of it is differentiable.
             if ph is None or not (ph.meta.get("rg") or any(u.meta.get("rg") for u in ph.users)):
@@ -399,9 +422,9 @@ class _Functionalizer:
                 clone = self.graph.call_function(aten.clone.default, (ph,))
             clone.meta.update(val=ph.meta["val"], rg=True, grad=True)
             for user in list(ph.users):
-                if user is not clone:
+                if user is not clone and user.target is not write_back_now:
                     user.replace_input_with(ph, clone)
-            for member, step in self.member_steps.get(wb.target, []):  # members of the alias group
+            for member, step in self.member_steps.get(target, []):  # members of the alias group
                 with self.graph.inserting_after(clone):
                     view = self.graph.call_function(as_strided_rel, (clone, *self.emit.symbolic(step.args)))
                 view.meta.update(val=member.meta["val"], rg=True, grad=True)
@@ -590,7 +613,7 @@ class _Functionalizer:
             if s in self.history and (s in self.grad_writes or s.kind == "intermediate"):
                 self._restore_history(s)
         for s in list(self.base):
-            if s.kind != "intermediate" and self.version[s] > 0:
+            if s.kind != "intermediate" and self.version[s] > 0 and s not in self.written_back:
                 self.program.writebacks.append(WriteBack(caller_ref(s), len(outs), s in self.grad_writes))
                 outs.append(self.base[s])
         for obj, ref in self.caller_objs.items():
@@ -772,6 +795,27 @@ class _Functionalizer:
             if root.storage is v.storage and v.chain[:n] == root.chain:
                 return OutputSlot(ref, v.chain[n:])
         return OutputSlot(caller_ref(v.storage), v.chain)
+
+
+def _last_writes_read_later(gm: fx.GraphModule, info: AliasInfo) -> dict[Storage, fx.Node]:
+    """For each input storage (a caller's tensor of its own) read with grad on after its last write: that
+    write."""
+    from .saved import tensor_values, written_storages
+
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    last: dict[Storage, fx.Node] = {}
+    for n in nodes:
+        for s in written_storages(n, info):
+            if s.kind == "input":
+                last[s] = n
+    order = {n: i for i, n in enumerate(nodes)}
+    read_later = set()
+    for n in nodes:
+        if n.meta.get("grad"):
+            read_later |= {
+                v.storage for v in tensor_values(n, info) if v.storage in last and order[n] > order[last[v.storage]]
+            }
+    return {s: w for s, w in last.items() if s in read_later}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ tensors carry a history their values do not:
   the write has no such history; this joins the two.
 - `overwritten(old, new)`: eager's tensor that requires grad, overwritten with grad on by values that do not,
   still requires grad; the functional value, made of those values alone, would not.
+- `write_back_now(target, value)`: a caller's tensor written in the graph and then read by ops that save it for
+  backward: eager saves the caller's tensor itself, so a later in-place write (in a later graph, or in eager
+  code) makes backward raise. The graph writes it back where its last write was and reads it afterwards.
 - `grad_leaf(view)`: a view made under `no_grad` of a tensor that requires grad is, in eager, a leaf that
   requires grad: ops on it with grad on are differentiable, and their gradient stops there. A functional replay
   of the view from its base would send it on to the base.
@@ -53,10 +56,20 @@ def overwritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return _Overwritten.apply(old, new)
 
 
+def write_back_now(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The caller's tensor receives its final value inside the graph, where its last write was; later reads are
+    of the caller's tensor itself (see Functionalizer._write_back_now)."""
+    target.copy_(value)
+    return target
+
+
+write_back_now._dealias_effect = True  # type: ignore[attr-defined]  # a write: never dropped or merged
+
+
 def grad_leaf(view: torch.Tensor) -> torch.Tensor:
     return view.detach().requires_grad_(view.requires_grad)
 
 
 def uses_autograd_ops(gm: torch.fx.GraphModule) -> bool:
     """Whether a graph calls these ops (a fusing executor cannot: it compiles aten ops)."""
-    return any(n.target in (keep_history, overwritten, grad_leaf) for n in gm.graph.nodes)
+    return any(n.target in (keep_history, overwritten, grad_leaf, write_back_now) for n in gm.graph.nodes)

@@ -34,7 +34,7 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
     if not any(requires_grad) or not torch.is_grad_enabled() and not _switches_grad_on(gm):
         return
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
-    writes = {n: _written_storages(n, info) for n in nodes}
+    writes = {n: written_storages(n, info) for n in nodes}
     written_later: set[Storage] = set()
     later: dict[fx.Node, set[Storage]] = {}
     for n in reversed(nodes):  # which storages are written after each node
@@ -85,7 +85,7 @@ def _switches_grad_on(gm: fx.GraphModule) -> bool:
     return any(n.meta.get("grad") for n in gm.graph.nodes if n.op == "call_function")
 
 
-def _written_storages(node: fx.Node, info: AliasInfo) -> set[Storage]:
+def written_storages(node: fx.Node, info: AliasInfo) -> set[Storage]:
     f = facts(node.target)
     if f.kind not in (OpKind.INPLACE, OpKind.OUT, OpKind.MUTABLE, OpKind.INPLACE_VIEW):
         return set()
@@ -104,7 +104,7 @@ def _written_storages(node: fx.Node, info: AliasInfo) -> set[Storage]:
     return out
 
 
-def _tensor_values(node: fx.Node, info: AliasInfo) -> list[Value]:
+def tensor_values(node: fx.Node, info: AliasInfo) -> list[Value]:
     return [
         v
         for x in pytree.tree_leaves((node.args, node.kwargs))
@@ -123,9 +123,9 @@ def _requires_grad(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool
             storage_rg[v.storage] = storage_rg.get(v.storage, False) or requires_grad[info.input_index[n]]
             out[n] = storage_rg[v.storage]
         elif n.op == "call_function":
-            ins = [storage_rg.get(x.storage, False) for x in _tensor_values(n, info)]
+            ins = [storage_rg.get(x.storage, False) for x in tensor_values(n, info)]
             rg = bool(n.meta.get("grad", True)) and any(ins)
-            for s in _written_storages(n, info) if isinstance(n.target, torch._ops.OpOverload) else ():
+            for s in written_storages(n, info) if isinstance(n.target, torch._ops.OpOverload) else ():
                 storage_rg[s] = storage_rg.get(s, False) or rg
             if isinstance(v, Value):
                 storage_rg[v.storage] = storage_rg.get(v.storage, False) or rg
