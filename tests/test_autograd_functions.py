@@ -260,3 +260,100 @@ def test_pieces_ending_inside_a_no_grad_region_keep_grad_mode():
         assert compare_call(hook_after_a_no_grad_region, jf, _args((3,))()) is None
         assert torch.is_grad_enabled()
         assert _compare_grads(hook_after_a_no_grad_region, jf, _args((3,))) is None
+
+
+# Found by the autograd fuzzer (seeds 400305, 400553, 401537, 400884).
+def hook_between_a_no_grad_write_and_a_grad_write(x):  # seed 400305
+    v = x.cumsum(0)
+    with torch.no_grad():
+        v.relu_()
+    v.register_hook(lambda g: g + 1)
+    v.clamp_(-1, 1)  # the piece after the hook starts inside the no_grad region and leaves it
+    return v
+
+
+def hook_on_a_tensor_whose_view_is_written(x, y):  # seed 400553: y is a view of x
+    x.register_hook(lambda g: g + 1)  # dynamo registers it after the graph, which writes x through y
+    y.zero_()
+    return x * 2
+
+
+def same_tensor_twice_into_a_piece(x):  # seed 401537: the piece after the hook gets x twice, under no_grad
+    with torch.no_grad():
+        v = x.flatten()  # x itself (1-D)
+    v.register_hook(lambda g: g + 1)
+    with torch.no_grad():
+        v.index_fill_(0, torch.tensor([3]), 0.25)
+    v.neg_()
+    x.sub_(v, alpha=0.25)
+    return x
+
+
+def indexing_the_hooked_tensor(x):  # seed 400884: `v[1:]` of the hook's result is not a result of the hook
+    v = x * 1
+    with torch.no_grad():
+        v[:1].neg_()
+    v.register_hook(lambda g: g + 1)
+    w = v[1:]
+    w.mul_(-2.0)
+    return v
+
+
+FUZZ_CASES = [
+    (hook_between_a_no_grad_write_and_a_grad_write, _args((4, 3))),
+    (hook_on_a_tensor_whose_view_is_written, lambda: (lambda x: (x, x[::2]))(torch.randn(6, requires_grad=True) * 1)),
+    (same_tensor_twice_into_a_piece, _args((6,))),
+    (indexing_the_hooked_tensor, _args((4,))),
+]
+
+
+@pytest.mark.parametrize("fn, make_args", FUZZ_CASES, ids=[c[0].__name__ for c in FUZZ_CASES])
+def test_found_by_the_autograd_fuzzer(fn, make_args):
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dealias.FallbackWarning)
+        for _ in range(2):
+            torch.manual_seed(0)
+            assert compare_call(fn, jf, make_args()) is None
+            assert torch.is_grad_enabled()
+            assert _compare_grads(fn, jf, make_args) is None
+
+
+# Found by review.
+def hook_closing_over_a_later_tensor(x):
+    y = x * 2
+    s = x.sum().detach()  # made after y: the hook cannot move above it
+    y.register_hook(lambda g: g * s)
+    return y * 3
+
+
+def hook_after_a_functional_inplace(x):
+    y = x * 2
+    z = y * 3
+    torch.nn.functional.relu(y, inplace=True)  # a write without a trailing underscore
+    y.register_hook(lambda g: g * 10)
+    return y * 3 + z
+
+
+def hook_on_an_input_then_functional_inplace(x):
+    x.register_hook(lambda g: g + 1)
+    torch.nn.functional.relu(x, inplace=True)
+    return x
+
+
+REVIEW_CASES = [
+    hook_closing_over_a_later_tensor,
+    hook_after_a_functional_inplace,
+    hook_on_an_input_then_functional_inplace,
+]
+
+
+@pytest.mark.parametrize("fn", REVIEW_CASES, ids=[f.__name__ for f in REVIEW_CASES])
+def test_hooks_found_by_review(fn):
+    jf = dealias.jit(fn)
+    make = lambda: (torch.tensor([1.0, -2.0, 3.0], requires_grad=True) * 1,)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dealias.FallbackWarning)
+        for _ in range(2):
+            assert compare_call(fn, jf, make()) is None
+            assert _compare_grads(fn, jf, make) is None

@@ -319,3 +319,43 @@ def test_saved_in_one_graph_written_in_the_next():
             for _ in range(2):
                 assert compare_call(fn, jf, make()) is None
                 assert _compare_grads(fn, jf, make) is None
+
+
+# Found by review.
+def saved_then_written_inside_enable_grad(x):
+    with torch.enable_grad():
+        y = x * 1
+        y.mul_(y)  # saves y, then writes it: eager's backward raises
+    return y
+
+
+def test_saved_tensor_probe_under_a_no_grad_caller():
+    # The probe asking eager what an op saves ran in the caller's mode (no_grad) and learned nothing.
+    x = torch.randn(3, requires_grad=True)
+    for f in (saved_then_written_inside_enable_grad, dealias.jit(saved_then_written_inside_enable_grad)):
+        arg = x * 1
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            y = f(arg)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def fill_expanded_then_read(x, w):
+    x.fill_(2.0)
+    return x * w
+
+
+def overwritten_by_zeros_like(x):
+    y = x * 2
+    y.copy_(torch.zeros_like(x))  # zeros_like(x) does not require grad: y still does, through copy_
+    return y
+
+
+def test_expanded_input_written_then_read_with_grad():
+    # The write-back where the last write is (write_back_now) copied into the expanded tensor: eager's error.
+    def make():
+        return torch.randn(1).expand(3), torch.randn(3, requires_grad=True)
+
+    assert_compiled_like_eager(fill_expanded_then_read, make)
+    assert_compiled_like_eager(overwritten_by_zeros_like, _non_leaf(3))

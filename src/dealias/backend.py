@@ -428,9 +428,9 @@ def graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callabl
         return GraphProgram(gm, options, stats)
     try:
         return split_around_eager_nodes(gm, lambda piece: GraphProgram(piece, options, stats))
-    except ValueError as e:
+    except Exception as e:  # noqa: BLE001 - split_module refuses some graphs (grad-mode regions it cannot order)
         if options.strict:
-            raise UnsupportedError(str(e)) from e
+            raise UnsupportedError(f"the graph cannot be split around its higher-order operators: {e}") from e
         warnings.warn(f"dealias: a graph of {stats.name} runs eagerly: {e}", FallbackWarning, stacklevel=3)
         return gm.forward
 
@@ -480,15 +480,14 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Options, name: str) -> None:
         hooks = InstructionTranslator.current_tx().output.side_effects.tensor_hooks.values()
     except Exception:  # noqa: BLE001 - not called from dynamo's tracing (or its internals moved): nothing to check
         return
-    hooked = {getattr(getattr(h[0], "proxy", None), "node", None) for h in hooks}
-    for ph in (n for n in gm.graph.nodes if n.op == "placeholder"):
-        if ph.name not in {getattr(n, "name", None) for n in hooked}:
-            continue
-        writer = next((n for n in gm.graph.nodes if may_write(n) and touches(n, ph)), None)
+    # The hooked tensor need not be a graph input: a view of it may be (`x1 = x0[::2]` written, hook on x0).
+    hooked = [n for h in hooks if isinstance(n := getattr(getattr(h[0], "proxy", None), "node", None), fx.Node)]
+    for tensor in hooked:
+        writer = next((n for n in gm.graph.nodes if may_write(n) and touches(n, tensor)), None)
         if writer is None:
             continue
         message = with_location(
-            f"{name}: a hook registered on {source_name(ph)} before the graph writes it in place would be "
+            f"{name}: a hook registered on {tensor.name} before the graph writes its memory in place would be "
             "registered after the graph by dynamo, on the written tensor; this frame runs eagerly",
             node_location(writer),
         )

@@ -113,6 +113,9 @@ _SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.flo
 def _differentiable(op: Any, val: Any) -> bool:
     if op is aten.detach.default:
         return False
+    schema = getattr(op, "_schema", None)
+    if schema is not None and {"layout", "pin_memory"} <= {a.name for a in schema.arguments}:
+        return False  # a factory taking a tensor for its metadata (`zeros_like`, `new_ones`): a fresh leaf
     if isinstance(val, torch.Tensor):
         return val.dtype.is_floating_point or val.dtype.is_complex
     return True  # a tuple of results, or a Python function's: as their inputs

@@ -89,7 +89,9 @@ class OutputSlot:
     source: Ref
     chain: tuple[ViewStep, ...] = ()
     same_as: int | None = None  # the same tensor object as an earlier output (`return v, v`)
-    no_grad: bool = False  # a view eager made under no_grad: the chain is replayed under no_grad, as eager did
+    # Grad mode the view was made in (None: the call's): the chain is replayed in it, as eager made it (a view
+    # made under no_grad of a tensor that requires grad is a leaf that requires grad).
+    grad: bool | None = None
     # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
     # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
     multi_output: tuple[int, Any, tuple[Any, ...], int] | None = None
@@ -138,6 +140,7 @@ class _Functionalizer:
         # Views of a tensor that requires grad whose grad_fn eager cannot rebuild after a write (see _Fragile).
         self.fragile: dict[int, _Fragile] = {}  # by tensor object
         self.writes: dict[Storage, int] = {}  # writes of each storage, as eager's version counter counts them
+        self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.detached: set[int] = set()  # tensor objects that ran detach_()
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
@@ -270,8 +273,8 @@ class _Functionalizer:
         self.writes[s] = self.writes.get(s, 0) + 1
         if self.emit.grad and not hidden:
             self.grad_writes.add(s)
-        if self.last_write.get(s) is node:
-            self._write_back_now(s)
+        if self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no":
+            self._write_back_now(s)  # (an expanded caller tensor keeps its write-back of one of each repeat)
 
     def _write_back_now(self, s: Storage) -> None:
         """The caller's tensor of input storage `s` receives its final value here, at its last write, and later
@@ -648,6 +651,9 @@ class _Functionalizer:
                     outs.append(self.base[s])
                 self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
         for position, arg in enumerate(node.args[0]):
+            made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
+            if made is not None and self.program.outputs[position].chain:
+                self.program.outputs[position] = replace(self.program.outputs[position], grad=made)
             if self._fragile_of(arg) is not None:
                 self.program.outputs[position] = self._fragile_output(arg, self.program.outputs[position])
         if self.fake_symbolic:
@@ -682,7 +688,7 @@ class _Functionalizer:
             )
         if slot.same_as is not None:
             return slot
-        return replace(slot, no_grad=f.nograd, multi_output=self._multi_output_step(f, slot))
+        return replace(slot, grad=False if f.nograd else slot.grad, multi_output=self._multi_output_step(f, slot))
 
     def _multi_output_step(self, f: _Fragile, slot: OutputSlot) -> tuple[int, Any, tuple[Any, ...], int] | None:
         """Where the output's chain has the split step of its fragile root, and how eager made it."""
@@ -708,7 +714,10 @@ class _Functionalizer:
                 if isinstance(value, Value) and value.storage in self.history:
                     self._restore_history(value.storage)
         if is_view:
-            self._track_fragile(node, inputs)
+            value = self.info.values.get(node)
+            if isinstance(value, Value) and self.emit.grad is not None:
+                self.made_with_grad[value.obj] = self.emit.grad
+            self._track_fragile(node)
         elif self.emit.grad and self.fragile and any(self._fragile_of(a) for a in self._written(node)):
             f = next(self._fragile_of(a) for a in self._written(node) if self._fragile_of(a))
             raise UnsupportedError(
@@ -719,16 +728,16 @@ class _Functionalizer:
                 )
             )
 
-    def _track_fragile(self, view: fx.Node, inputs: list[fx.Node]) -> None:
+    def _track_fragile(self, view: fx.Node) -> None:
         value = self.info.values.get(view)
         if not isinstance(value, Value):
             return  # the list a split returns: its elements are tracked
-        parent = next((f for a in inputs if (f := self._fragile_of(a)) is not None), None)
+        source = view.args[0] if view.target is operator.getitem else view  # `split(..)[i]`: split's inputs
+        parent = next((f for a in source.all_input_nodes if (f := self._fragile_of(a)) is not None), None)
         if parent is not None:
             nograd = parent.nograd or not self.emit.grad
             self.fragile[value.obj] = replace(parent, nograd=nograd, made_with_grad=bool(self.emit.grad))
             return
-        source = view.args[0] if view.target is operator.getitem else view
         if not any(self._requires_grad(a) for a in source.all_input_nodes):
             return
         epoch = self.writes.get(value.storage, 0)

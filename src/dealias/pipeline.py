@@ -85,14 +85,19 @@ def compile_program(
     """capture -> alias analysis -> functionalize -> optimize -> write-back lowering -> executor, for dynamo's
     graph `gm` called with `leaves`, whose inputs are called `names`; what `symbolic` names stays symbolic (the
     program's `shape_guard` says for which calls it holds)."""
-    captured = capture(gm, leaves, names, symbolic)
+    grad = torch.is_grad_enabled()  # the mode calls enter with (keyed): the executor's baseline
+    try:
+        captured = capture(gm, leaves, names, symbolic)
+    finally:
+        # Tracing runs the graph's grad-mode switches; a piece of a split graph (segments.py) may end in
+        # another mode than it began.
+        torch._C._set_grad_enabled(grad)
     info = analyze(captured.gm, captured.groups)
     refuse_saved_then_written(captured.gm, info, captured.requires_grad)
     fp = functionalize(captured, info)
     fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
     functional_gm = _copy_graph_module(fp.gm)
     functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
-    grad = torch.is_grad_enabled()
     if executor == "inductor" and uniform_grad_mode(fp.gm, grad) and not uses_autograd_ops(fp.gm):
         # The fusing executor gets the pure functional graph: its only writes are the write-backs after it,
         # so a fused kernel can never read a buffer the program already overwrote (checked, not assumed).

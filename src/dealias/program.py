@@ -72,8 +72,7 @@ class CompiledProgram:
         ]
         self._repeated = {k: dims for k, dims in enumerate(repeated) if dims}
         self._outputs = [
-            (self._getter(slot.source), slot.chain, slot.same_as, slot.no_grad, slot.multi_output)
-            for slot in fp.outputs
+            (self._getter(slot.source), slot.chain, slot.same_as, slot.grad, slot.multi_output) for slot in fp.outputs
         ]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
@@ -112,6 +111,15 @@ class CompiledProgram:
             return lambda tensors, bases, results: constant
         return lambda tensors, bases, results: results[key]
 
+    def _group_bases(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each alias group's base, a view of its members' memory. Made with grad on when a member requires
+        grad, whatever the call's mode (a piece of a split graph may start inside a no_grad region): a view
+        made under no_grad could not be written with grad on by the graph."""
+        if torch.is_grad_enabled() or not any(self.captured.requires_grad):
+            return [g.base_of(tensors) for g in self.captured.groups]
+        with torch.enable_grad():
+            return [g.base_of(tensors) for g in self.captured.groups]
+
     def _unflatten(self, outs: list[Any]) -> Any:
         it = iter(outs)
         leaves = [next(it) if t is TENSOR_SLOT else t for t in self.captured.out_template]
@@ -120,7 +128,7 @@ class CompiledProgram:
 
     def __call__(self, leaves: list[Any]) -> Any:
         tensors = leaves if self._all_tensors else [leaves[p] for p in self._positions]
-        bases = [g.base_of(tensors) for g in self.captured.groups] if self.captured.groups else []
+        bases = self._group_bases(tensors) if self.captured.groups else []
         if self._symbols:
             bases = [*(leaves[p] for p in self._symbols), *bases]
         grad = torch.is_grad_enabled()
@@ -135,21 +143,21 @@ class CompiledProgram:
             target, value = get(tensors, bases, results), results[k]
             for d in self._repeated.get(i, ()):
                 target, value = target.narrow(d, 0, 1), value.narrow(d, 0, 1)
-            if with_grad or not grad:
+            if with_grad == grad:
                 target.copy_(value)
-            else:
-                with torch.no_grad():
+            else:  # written with grad on (off) while the call runs with it off (on), as a split piece may
+                with torch.set_grad_enabled(with_grad):
                     target.copy_(value)
         outs = []
-        for get, chain, same_as, no_grad, multi in self._outputs:
+        for get, chain, same_as, made_with_grad, multi in self._outputs:
             if same_as is not None:
                 outs.append(outs[same_as])
                 continue
             t = get(tensors, bases, results)
             if chain and self._computed:
                 chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
-            if no_grad or multi:
-                with torch.set_grad_enabled(grad and not no_grad):
+            if chain and (multi or (made_with_grad is not None and made_with_grad != grad)):
+                with torch.set_grad_enabled(grad if made_with_grad is None else made_with_grad):
                     t = _replay_output(chain, t, multi)
             elif chain:
                 t = replay_chain(chain, t, _torch_call)

@@ -166,8 +166,8 @@ def _saved(
 
     rng = torch.get_rng_state()  # a random op probed must not move the program's generator
     try:
-        args, kwargs = pytree.tree_map_only(fx.Node, make, (node.args, node.kwargs))
-        with torch.enable_grad():
+        with torch.enable_grad():  # the probe records autograd whatever the caller's mode
+            args, kwargs = pytree.tree_map_only(fx.Node, make, (node.args, node.kwargs))
             out = node.target(*args, **kwargs)
     except Exception:  # noqa: BLE001 - nothing learned (a probe eager refuses, or one too large): no refusal
         return [], False
@@ -201,7 +201,8 @@ def _backward_raises(out: Any, leaves: list[torch.Tensor]) -> bool:
     if not outs or not leaves:
         return False
     try:
-        torch.autograd.grad([o.float().sum() for o in outs], leaves, allow_unused=True)
+        with torch.enable_grad():
+            torch.autograd.grad([o.float().sum() for o in outs], leaves, allow_unused=True)
     except RuntimeError as e:
         return "modified by an inplace operation" in str(e)
     return False

@@ -21,6 +21,7 @@ afterwards no longer makes backward raise; it runs here as `autograd_function_ap
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,14 @@ def runs_eagerly(node: fx.Node) -> bool:
 def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.GraphModule], Any]) -> fx.GraphModule:
     """A graph module calling, in order, the pieces of `gm` between its higher-order operators (each compiled
     by `compile_piece`) and the operators themselves (run eagerly)."""
+    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))  # dynamo's graph stays as it is, should this fail
     gm = _hooks_after_their_tensors(gm)
+    for node in list(gm.graph.nodes):  # an operator's results are taken apart in its own piece
+        if runs_eagerly(node):
+            anchor = node
+            for user in [u for u in node.users if _takes_apart(u)]:
+                anchor.append(user)
+                anchor = user
     part: dict[fx.Node, int] = {}
     current = 0
     for node in gm.graph.nodes:
@@ -47,7 +55,7 @@ def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.Gra
         if runs_eagerly(node):
             part[node] = current + 1
             current += 2
-        elif node.target is operator.getitem and node.args[0] in part and runs_eagerly(node.args[0]):
+        elif _takes_apart(node):
             part[node] = part[node.args[0]]  # the operator's piece returns its results one by one
         else:
             part[node] = current
@@ -102,6 +110,16 @@ def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any
     return Apply.apply(*args)
 
 
+def _takes_apart(node: fx.Node) -> bool:
+    """`result[i]` of an operator returning a tuple (`autograd_function_apply`), not an indexing of a tensor."""
+    return (
+        node.target is operator.getitem
+        and runs_eagerly(node.args[0])
+        and isinstance(node.args[1], int)
+        and isinstance(node.args[0].meta.get("example_value"), (tuple, list))
+    )
+
+
 class _Compiled(torch.nn.Module):
     """A compiled piece. A piece may end inside a `no_grad` region that the next piece leaves (split_module
     enters a region at the start of each piece it spans, and leaves it only where the graph did); a compiled
@@ -132,7 +150,9 @@ def _hooks_after_their_tensors(gm: fx.GraphModule) -> fx.GraphModule:
         tensor = hook.args[0]
         between = [n for n in gm.graph.nodes if order[tensor] < order[n] < order[hook]]
         writes = [n for n in between if may_write(n) and touches(n, tensor)]
-        anchor = writes[-1] if writes else tensor
+        # After its tensor's last write, and after whatever else the hook takes (tensors its body closes over).
+        inputs = [a for a in hook.all_input_nodes if a.op != "get_attr"]
+        anchor = max([*writes, *inputs], key=order.__getitem__)
         if anchor.op == "placeholder":
             anchor = max((n for n in gm.graph.nodes if n.op == "placeholder"), key=order.__getitem__)
         for node in [*(a for a in hook.all_input_nodes if a.op == "get_attr"), hook]:
@@ -161,11 +181,19 @@ def _storage(node: fx.Node) -> Any:
 
 def may_write(node: fx.Node) -> bool:
     """A dynamo graph node that may write a tensor in place: an in-place method or function (`add_`,
-    `operator.iadd`, `setitem`), an out= argument, or an operator of its own."""
+    `operator.iadd`, `setitem`, an aten op whose schema writes), an out= argument, `inplace=True`
+    (`F.relu(y, inplace=True)`), a module call, or an operator of its own."""
+    if node.op == "call_module":
+        return True
     if node.op not in ("call_function", "call_method"):
         return False
     if runs_eagerly(node) or "out" in node.kwargs or node.target in _INPLACE_OPERATORS:
         return True
+    if node.kwargs.get("inplace") is True or any(a is True for a in node.args):  # `F.relu(y, True)` too
+        return True
+    if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        op = node.target if isinstance(node.target, torch._ops.OpOverload) else node.target.default
+        return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")
 
