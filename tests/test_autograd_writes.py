@@ -359,3 +359,15 @@ def test_expanded_input_written_then_read_with_grad():
 
     assert_compiled_like_eager(fill_expanded_then_read, make)
     assert_compiled_like_eager(overwritten_by_zeros_like, _non_leaf(3))
+
+
+def write_reading_a_detached_alias(x):  # fuzz seed 400640
+    d = x.detach()
+    x.mul_(d)  # mul_ saves d, which shares x's version counter: eager's backward raises
+    return x
+
+
+def test_write_reading_a_detached_alias_of_itself():
+    # The probe asking eager what mul_ saves gave x and d separate memory, so mul_'s own write did not
+    # invalidate d there; the probe's arguments sharing memory are now views of one tensor.
+    assert_compiled_like_eager(write_reading_a_detached_alias, _non_leaf(2, 3), compiled=False)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from .alias import AliasInfo, Storage, Value
@@ -144,6 +145,12 @@ def _saved(
     (eager's backward of the probe raises)."""
     real: dict[fx.Node, torch.Tensor] = {}
     leaves: list[torch.Tensor] = []
+    bases: dict[Any, torch.Tensor] = {}  # fake storage -> one flat non-leaf tensor standing for it
+    # Storages two arguments of a writing op share (only there: an in-place op on a view hides its grad_fn).
+    args = dict.fromkeys(x for x in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(x, fx.Node))
+    metas = [x.meta.get("val") for x in args]
+    keys = [StorageWeakRef(m.untyped_storage()) for m in metas if isinstance(m, torch.Tensor)]
+    shared = {k for k in keys if keys.count(k) > 1} if writes else set()
 
     def make(x: fx.Node) -> Any:
         if x in real:  # the same tensor twice (`x.mul_(x)`)
@@ -157,8 +164,16 @@ def _saved(
             raise _NoProbe
         if meta.device.type != "cpu":
             raise _NoProbe
+        floating = meta.dtype.is_floating_point or meta.dtype.is_complex
+        if StorageWeakRef(meta.untyped_storage()) in shared and floating:
+            # Arguments sharing memory (`x.mul_(x.detach())`) are views of one tensor, as in eager: they share
+            # its version counter, so a write through one invalidates what was saved of another.
+            t = _view_of_shared(meta, bases, leaves)
+            if t is not None:
+                real[x] = t if rg.get(x) else t.detach()
+                return real[x]
         t = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype).zero_()
-        if rg.get(x) and (t.is_floating_point() or t.is_complex()):
+        if rg.get(x) and floating:
             leaves.append(t.requires_grad_())
             t = t.clone()  # a non-leaf, so in-place ops may write it
         real[x] = t
@@ -206,6 +221,21 @@ def _backward_raises(out: Any, leaves: list[torch.Tensor]) -> bool:
     except RuntimeError as e:
         return "modified by an inplace operation" in str(e)
     return False
+
+
+def _view_of_shared(meta: torch.Tensor, bases: dict[Any, torch.Tensor], leaves: list[torch.Tensor]) -> Any:
+    """`meta` as a view of the one flat tensor (requiring grad, a non-leaf) standing for its fake storage; None
+    when that storage already stands for another dtype."""
+    key = StorageWeakRef(meta.untyped_storage())
+    size = meta.untyped_storage().nbytes() // meta.element_size()
+    if key not in bases:
+        leaf = torch.zeros(size, dtype=meta.dtype).requires_grad_()
+        leaves.append(leaf)
+        bases[key] = leaf.clone()
+    base = bases[key]
+    if base.dtype != meta.dtype:
+        return None
+    return base.as_strided(meta.shape, meta.stride(), meta.storage_offset())
 
 
 class _NoProbe(Exception):
