@@ -371,3 +371,38 @@ def test_write_reading_a_detached_alias_of_itself():
     # The probe asking eager what mul_ saves gave x and d separate memory, so mul_'s own write did not
     # invalidate d there; the probe's arguments sharing memory are now views of one tensor.
     assert_compiled_like_eager(write_reading_a_detached_alias, _non_leaf(2, 3), compiled=False)
+
+
+def no_grad_view_of_a_copy_made_by_flatten(x):  # fuzz seed 401996
+    v = x.expand(2, *x.shape).flatten()  # a copy (an expanded tensor cannot be viewed flat), with grad
+    v.fill_(-2.0)
+    with torch.no_grad():
+        w = v.view(-1)
+    return w
+
+
+def test_no_grad_view_of_a_copy_keeps_requires_grad():
+    # The returned view was replayed under no_grad from the base, the copy included, so it lost requires_grad;
+    # only the steps eager made under no_grad are replayed so now.
+    assert_compiled_like_eager(no_grad_view_of_a_copy_made_by_flatten, _non_leaf(4, 6))
+
+
+def relu_on_the_caller(x):  # fuzz seed 400188, without the Function between
+    x.mul_(2)
+    x.relu_()  # relu_'s backward saves its result: eager's is the caller's tensor
+    return x * 3
+
+
+def test_in_place_op_saving_its_result_runs_on_the_caller_tensor():
+    # Its last write runs in place on the caller's tensor, so the saved result is that tensor: an in-place write
+    # after the call makes backward raise, as in eager. Before, the graph saved its own value.
+    jf = dealias.jit(relu_on_the_caller)
+    for f in (relu_on_the_caller, jf, jf):
+        x = torch.randn(2, 3, requires_grad=True) * 1
+        y = f(x)
+        x.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    assert_compiled_like_eager(relu_on_the_caller, _non_leaf(2, 3))
+    trace = "\n".join(str(t) for t in dealias.last_traces(jf))
+    assert "relu_" in trace.split("# execution trace")[1]

@@ -25,7 +25,7 @@ from .capture import Captured, node_location
 from .checks import NoProbe, aliasing_is_benign, probe
 from .emitter import Emitter
 from .errors import EagerSemanticsError, UnsupportedError, with_location
-from .gradops import grad_leaf, keep_history, overwritten, write_back_now
+from .gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
 from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
 from .viewops import (
@@ -92,6 +92,7 @@ class OutputSlot:
     # Grad mode the view was made in (None: the call's): the chain is replayed in it, as eager made it (a view
     # made under no_grad of a tensor that requires grad is a leaf that requires grad).
     grad: bool | None = None
+    grad_from: int = 0  # ...from this step on (the steps before it were made in the call's mode)
     # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
     # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
     multi_output: tuple[int, Any, tuple[Any, ...], int] | None = None
@@ -149,7 +150,8 @@ class _Functionalizer:
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
         self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
         # Caller storages written back where their last write is, under autograd (see _write_back_now).
-        self.last_write = _last_writes_read_later(captured.gm, info) if any(self.requires_grad) else {}
+        self.last_write = _last_writes(captured.gm, info) if any(self.requires_grad) else {}
+        self.last_input_write = _last_writes(captured.gm, info, read_later=False) if any(self.requires_grad) else {}
         self.written_back: set[Storage] = set()
 
     # -- reading -------------------------------------------------------------------------------------
@@ -213,14 +215,15 @@ class _Functionalizer:
         if new_meta.dtype != meta.dtype:
             new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
         # Eager writes through a dtype or detached view without touching the base's autograd history.
-        hidden = self.base[s].meta.get("rg") and any(_hides_grad(step, self.base[s]) for step in v.chain)
-        if hidden and new.meta.get("rg"):
+        detached = any(_hides_grad(step, self.base[s]) for step in v.chain)
+        hidden = detached and self.base[s].meta.get("rg")
+        if detached and new.meta.get("rg"):
             # ...but the view itself then has the history of the value written into it, which a view replayed
             # from the base cannot have.
             raise UnsupportedError(
                 with_location(
-                    f"{node.target} writes a value that requires grad through a non-differentiable view of a "
-                    "tensor that requires grad",
+                    f"{node.target} writes a value that requires grad through a non-differentiable view (detach, "
+                    "an integer dtype view)",
                     node_location(node),
                 )
             )
@@ -275,6 +278,49 @@ class _Functionalizer:
             self.grad_writes.add(s)
         if self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no":
             self._write_back_now(s)  # (an expanded caller tensor keeps its write-back of one of each repeat)
+
+    def _saves_its_caller_result(self, node: fx.Node, v: Value) -> bool:
+        """The last write of a caller's tensor that requires grad, by an in-place op whose backward saves its
+        result (`relu_`, `sigmoid_`): eager saves the caller's tensor itself, so a write after the call makes
+        backward raise. Asked of eager (saved.py)."""
+        s = v.storage
+        if self.last_input_write.get(s) is not node or not self.emit.grad or internal_overlap(s.root_meta) != "no":
+            return False
+        ph = next(p for p, ref in self.placeholder_ref.items() if ref == Ref("input", s.index))
+        if not ph.meta.get("rg"):
+            return False
+        from .saved import saves_its_result
+
+        return saves_its_result(node)
+
+    def _in_place_on_caller(self, node: fx.Node, v: Value, bound: dict[str, Any]) -> None:
+        """Run the last write as eager does, in place on the caller's tensor (holding its value before the
+        write), so its backward saves the caller's tensor; later reads read it."""
+        s = v.storage
+        ph = next(p for p, ref in self.placeholder_ref.items() if ref == Ref("input", s.index))
+        if self.version[s] == 0:
+            caller = self.emit.call(caller_tensor, ph)
+        else:
+            if s in self.history and s in self.grad_writes:
+                self._restore_history(s)
+            grad, self.emit.grad = self.emit.grad, s in self.grad_writes
+            caller = self.emit.call(write_back_now, ph, self.base[s])
+            self.emit.grad = grad
+        caller.meta["rg"] = True
+        self.history.pop(s, None)
+        view = replay_chain(self._steps(v.chain), caller, self.emit.call)
+        op = node.target
+        values = {n: (view if n == "self" else self.read(a)) for n, a in bound.items()}
+        args = [values[a.name] for a in op._schema.arguments if not a.kwarg_only and a.name in values]
+        kwargs = {a.name: values[a.name] for a in op._schema.arguments if a.kwarg_only and a.name in values}
+        written = self.emit.call(op, *args, **kwargs)
+        after = self.emit.call(caller_after, caller, written)
+        after.meta["rg"] = True
+        self.base[s] = after
+        self.version[s] += 1
+        self.writes[s] = self.writes.get(s, 0) + 1
+        self.grad_writes.add(s)
+        self.written_back.add(s)
 
     def _write_back_now(self, s: Storage) -> None:
         """The caller's tensor of input storage `s` receives its final value here, at its last write, and later
@@ -425,7 +471,7 @@ class _Functionalizer:
                 clone = self.graph.call_function(aten.clone.default, (ph,))
             clone.meta.update(val=ph.meta["val"], rg=True, grad=True)
             for user in list(ph.users):
-                if user is not clone and user.target is not write_back_now:
+                if user is not clone and user.target not in (write_back_now, caller_tensor):
                     user.replace_input_with(ph, clone)
             for member, step in self.member_steps.get(target, []):  # members of the alias group
                 with self.graph.inserting_after(clone):
@@ -578,6 +624,9 @@ class _Functionalizer:
             if isinstance(a, fx.Node) and isinstance(self.info.values.get(a), Value)
         ]
         self.check_writable(node, targets, others)
+        if f.kind is OpKind.INPLACE and len(targets) == 1 and self._saves_its_caller_result(node, targets[0]):
+            self._in_place_on_caller(node, targets[0], bound)
+            return
         # out= arguments are dropped; the functional schema lists the rest in the same order.
         kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
         defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
@@ -688,7 +737,14 @@ class _Functionalizer:
             )
         if slot.same_as is not None:
             return slot
-        return replace(slot, grad=False if f.nograd else slot.grad, multi_output=self._multi_output_step(f, slot))
+        multi = self._multi_output_step(f, slot)
+        if not f.nograd:
+            return replace(slot, multi_output=multi)
+        # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
+        # tensor, was made with grad on and requires grad).
+        step = self.info.value(f.root).chain[-1]
+        start = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), 0)
+        return replace(slot, grad=False, grad_from=start, multi_output=multi)
 
     def _multi_output_step(self, f: _Fragile, slot: OutputSlot) -> tuple[int, Any, tuple[Any, ...], int] | None:
         """Where the output's chain has the split step of its fragile root, and how eager made it."""
@@ -806,9 +862,9 @@ class _Functionalizer:
         return OutputSlot(caller_ref(v.storage), v.chain)
 
 
-def _last_writes_read_later(gm: fx.GraphModule, info: AliasInfo) -> dict[Storage, fx.Node]:
-    """For each input storage (a caller's tensor of its own) read with grad on after its last write: that
-    write."""
+def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -> dict[Storage, fx.Node]:
+    """For each input storage (a caller's tensor of its own) written (and, with `read_later`, read with grad
+    on after its last write): its last write."""
     from .saved import tensor_values, written_storages
 
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
@@ -818,13 +874,13 @@ def _last_writes_read_later(gm: fx.GraphModule, info: AliasInfo) -> dict[Storage
             if s.kind == "input":
                 last[s] = n
     order = {n: i for i, n in enumerate(nodes)}
-    read_later = set()
+    later_reads = set()
     for n in nodes:
         if n.meta.get("grad"):
-            read_later |= {
+            later_reads |= {
                 v.storage for v in tensor_values(n, info) if v.storage in last and order[n] > order[last[v.storage]]
             }
-    return {s: w for s, w in last.items() if s in read_later}
+    return {s: w for s, w in last.items() if s in later_reads or not read_later}
 
 
 @dataclass(frozen=True)

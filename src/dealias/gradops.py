@@ -66,10 +66,30 @@ def write_back_now(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
 write_back_now._dealias_effect = True  # type: ignore[attr-defined]  # a write: never dropped or merged
 
 
+def caller_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The caller's tensor itself, not the clone later reads of a written input go through (see
+    Functionalizer._in_place_on_caller): the graph runs a write on it in place."""
+    return t
+
+
+def caller_after(t: torch.Tensor, written: torch.Tensor) -> torch.Tensor:
+    """`t` after the in-place op whose result is `written` (so reads come after the op)."""
+    return t
+
+
 def grad_leaf(view: torch.Tensor) -> torch.Tensor:
     return view.detach().requires_grad_(view.requires_grad)
 
 
+_AUTOGRAD_OPS = (keep_history, overwritten, grad_leaf, write_back_now, caller_tensor, caller_after)
+
+
 def uses_autograd_ops(gm: torch.fx.GraphModule) -> bool:
     """Whether a graph calls these ops (a fusing executor cannot: it compiles aten ops)."""
-    return any(n.target in (keep_history, overwritten, grad_leaf, write_back_now) for n in gm.graph.nodes)
+    return any(n.target in _AUTOGRAD_OPS or _writes(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
+def _writes(target: object) -> bool:
+    from .opfacts import facts
+
+    return isinstance(target, torch._ops.OpOverload) and bool(facts(target).mutated)

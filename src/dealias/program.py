@@ -37,12 +37,17 @@ def _torch_call(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return op(*args, **kwargs)
 
 
-def _replay_output(chain: tuple[Any, ...], t: torch.Tensor, multi: tuple[int, Any, tuple[Any, ...], int] | None) -> Any:
-    if multi is None:
-        return replay_chain(chain, t, _torch_call)
-    k, op, args, index = multi  # step k as the multi-output view eager made (see OutputSlot.multi_output)
-    t = op(replay_chain(chain[:k], t, _torch_call), *args)[index]
-    return replay_chain(chain[k + 1 :], t, _torch_call)
+def _replay_output(
+    chain: tuple[Any, ...], t: torch.Tensor, multi: tuple[int, Any, tuple[Any, ...], int] | None, start: int = 0
+) -> Any:
+    """`chain[start:]` replayed on `t`, its step k as the multi-output view eager made (OutputSlot.multi_output)."""
+    for i in range(start, len(chain)):
+        if multi is not None and i == multi[0]:
+            _, op, args, index = multi
+            t = op(t, *args)[index]
+        else:
+            t = replay_chain(chain[i : i + 1], t, _torch_call)
+    return t
 
 
 @dataclass
@@ -72,7 +77,8 @@ class CompiledProgram:
         ]
         self._repeated = {k: dims for k, dims in enumerate(repeated) if dims}
         self._outputs = [
-            (self._getter(slot.source), slot.chain, slot.same_as, slot.grad, slot.multi_output) for slot in fp.outputs
+            (self._getter(slot.source), slot.chain, slot.same_as, slot.grad, slot.grad_from, slot.multi_output)
+            for slot in fp.outputs
         ]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
@@ -149,7 +155,7 @@ class CompiledProgram:
                 with torch.set_grad_enabled(with_grad):
                     target.copy_(value)
         outs = []
-        for get, chain, same_as, made_with_grad, multi in self._outputs:
+        for get, chain, same_as, made_with_grad, grad_from, multi in self._outputs:
             if same_as is not None:
                 outs.append(outs[same_as])
                 continue
@@ -157,8 +163,10 @@ class CompiledProgram:
             if chain and self._computed:
                 chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
             if chain and (multi or (made_with_grad is not None and made_with_grad != grad)):
+                head = chain[:grad_from]
+                t = _replay_output(head, t, multi) if head else t
                 with torch.set_grad_enabled(grad if made_with_grad is None else made_with_grad):
-                    t = _replay_output(chain, t, multi)
+                    t = _replay_output(chain, t, multi, grad_from)
             elif chain:
                 t = replay_chain(chain, t, _torch_call)
             outs.append(t)

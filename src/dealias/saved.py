@@ -82,6 +82,13 @@ def _saves_what_it_writes(n: fx.Node, written: set[Storage], args: list[fx.Node]
     return any(seen.count(s) > 1 for s in written)
 
 
+def saves_its_result(node: fx.Node) -> bool:
+    """Whether eager's backward of in-place op `node`, run on tensors that require grad, saves its result."""
+    args = [x for x in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(x, fx.Node)]
+    found, _ = _saved(node, dict.fromkeys(args, True), [node], False)
+    return node in found
+
+
 def _switches_grad_on(gm: fx.GraphModule) -> bool:
     return any(n.meta.get("grad") for n in gm.graph.nodes if n.op == "call_function")
 
