@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 
 from .capture import Symbolic, node_location
 from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
-from .guards import explain_miss, guard_key, lookup_key, tensor_check
+from .guards import explain_miss, guard_key, lookup_key, restricted_view, tensor_check
 from .pipeline import compile_program
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
 from .sharing import find_groups_or_none, overlapping_pairs
@@ -198,6 +198,18 @@ class GraphProgram:
             what = f"{getattr(hop.target, '__name__', None) or hop.target.name()} is not compiled by dealias yet"
             return self._fall_back(UnsupportedError(with_location(what, node_location(hop))))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        restricted = [i for i, t in enumerate(tensors) if restricted_view(t)]
+        if restricted:
+            # A view eager made under no_grad (or a split element) arrives as an input: its views and its
+            # grad_fn after a write of its memory follow rules the compiled program does not track across
+            # graphs (eager raises reading them). Left to eager.
+            names = [n for n, x in zip(self.names, leaves) if isinstance(x, torch.Tensor)]
+            return self._fall_back(
+                UnsupportedError(
+                    f"input {names[restricted[0]]} is a view made under no_grad or by split/unbind, and requires "
+                    "grad: not compiled yet"
+                )
+            )
         for group in find_groups_or_none(tensors):
             grads = [tensors[i] for i in group.members if tensors[i].requires_grad]
             roots = {id(t._base if t._base is not None else t) for t in grads}

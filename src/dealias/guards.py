@@ -52,6 +52,26 @@ def _is_leaf(x: torch.Tensor) -> Any:
         return "stale"
 
 
+_DEFAULT_VIEW = torch._C._autograd.CreationMeta.DEFAULT
+
+
+def _grad_kind(x: torch.Tensor) -> Any:
+    """What autograd makes of an input: no grad (False), a leaf (True), a non-leaf ("stale" if reading its
+    grad_fn raises), or a view eager restricts (made under no_grad, a split element: its creation meta)."""
+    if not x.requires_grad:
+        return False
+    if x._base is not None:
+        meta = torch._C._autograd._get_creation_meta(x)
+        if meta != _DEFAULT_VIEW:
+            return str(meta)
+    return _is_leaf(x)
+
+
+def restricted_view(x: torch.Tensor) -> bool:
+    """An input eager restricts (a view made under no_grad, a split element) that requires grad."""
+    return isinstance(_grad_kind(x), str) and _grad_kind(x) != "stale"
+
+
 def sharing_pattern(leaves: list[Any]) -> tuple[int, ...]:
     """For each tensor leaf, the position of the first tensor leaf sharing its storage. One dict insert
     per tensor: linear in the number of arguments."""
@@ -90,7 +110,7 @@ def lookup_key(
         if isinstance(x, torch.Tensor):
             sharer = first.setdefault(x.untyped_storage()._cdata, len(tensors))
             shared = shared or sharer != len(tensors)
-            layout.append((sharer, x.storage_offset() if offsets else None, x.requires_grad and _is_leaf(x)))
+            layout.append((sharer, x.storage_offset() if offsets else None, _grad_kind(x)))
             tensors.append(x)
         elif i not in symbolic:
             values.append(_leaf_key(x))
