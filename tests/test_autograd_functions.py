@@ -357,3 +357,20 @@ def test_hooks_found_by_review(fn):
         for _ in range(2):
             assert compare_call(fn, jf, make()) is None
             assert _compare_grads(fn, jf, make) is None
+
+
+def hook_on_one_of_two_equal_tensors(x):  # fuzz seed 601996
+    a = torch.where(x > 0, x, x)
+    b = torch.where(x > 0, x, x)  # equal to a, another tensor: its hook must not see a's gradient
+    b.register_hook(lambda g: g + 1)
+    return a.unsqueeze(0).clone()
+
+
+def test_hook_on_one_of_two_equal_tensors():
+    # The piece before the hook returned a and b; CSE merged them and made one a clone of the other, so the hook
+    # on b also changed a's gradient. Returned tensors are no longer merged.
+    fn = hook_on_one_of_two_equal_tensors
+    jf = dealias.jit(fn)
+    for _ in range(2):
+        assert compare_call(fn, jf, _args((5, 5))()) is None
+        assert _compare_grads(fn, jf, _args((5, 5))) is None

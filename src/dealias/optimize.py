@@ -36,6 +36,10 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or _keep(node):
             continue
+        if any(u.op == "output" for u in node.users):
+            # A returned tensor is computed on its own: merged with an equal one, one of the two would be a clone
+            # of the other, and a hook registered on it after the graph (segments.py) would see both gradients.
+            continue
         try:
             key = (node.target, _freeze(node.args), _freeze(node.kwargs), node.meta.get("grad"))
             hash(key)
