@@ -430,3 +430,19 @@ def test_no_grad_view_arriving_as_an_input():
         warnings.simplefilter("ignore", dealias.FallbackWarning)
         for _ in range(2):
             assert compare_call(fn, jf, make()) is None
+
+
+def self_copy_then_split_element_returned(x):  # fuzz seed 700321
+    v = x.unbind(0)[1]
+    with torch.no_grad():
+        v.copy_(v)  # no value changes, but the version counter moves: eager's v raises reading its grad_fn
+    return v
+
+
+def test_self_copy_moves_the_version_counter():
+    fn = self_copy_then_split_element_returned
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dealias.FallbackWarning)
+        for _ in range(2):
+            assert compare_call(fn, jf, _non_leaf(3, 2)()) is None

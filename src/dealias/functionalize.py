@@ -586,7 +586,10 @@ class _Functionalizer:
             )
         bound = _bind_args(op._schema, node.args, node.kwargs)
         if op is aten.copy_.default and bound["self"] is bound["src"]:
-            return  # `x.copy_(x)`: eager returns at once, touching nothing (autograd included)
+            # `x.copy_(x)`: eager returns at once, touching no value and no history; its version counter moves.
+            s = self.info.value(bound["self"]).storage
+            self.writes[s] = self.writes.get(s, 0) + 1
+            return
         lists = [n for n, a in bound.items() if isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node)]
         foreach = op._schema.name.startswith("aten::_foreach_")  # the i-th result depends on the i-th inputs only
         if foreach and lists and self._crosses_indices(bound, lists, f.mutated):
