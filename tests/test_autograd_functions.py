@@ -136,6 +136,17 @@ def checkpointed(x, w):
     return y, h
 
 
+def assert_matches_eager(fn, make_args, fallback="ignore"):
+    """Values, inputs after the call and gradients of every leaf as eager's, first and cached call; `fallback`
+    is what FallbackWarning does ("error": the program must compile)."""
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter(fallback, dealias.FallbackWarning)
+        for _ in range(2):
+            assert compare_call(fn, jf, make_args()) is None
+            assert _compare_grads(fn, jf, make_args) is None
+
+
 def _args(*shapes):
     def make():
         g = torch.Generator().manual_seed(0)
@@ -199,12 +210,7 @@ def hook_after_a_write(x):
 
 
 def test_hook_after_a_write_hooks_the_written_tensor():
-    jf = dealias.jit(hook_after_a_write)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", dealias.FallbackWarning)
-        for _ in range(2):
-            assert compare_call(hook_after_a_write, jf, _args((3,))()) is None
-            assert _compare_grads(hook_after_a_write, jf, _args((3,))) is None
+    assert_matches_eager(hook_after_a_write, _args((3,)), fallback="error")
 
 
 def hook_after_a_write_through_a_view(x):
@@ -217,12 +223,7 @@ def hook_after_a_write_through_a_view(x):
 
 
 def test_hook_after_a_write_through_a_view_hooks_the_written_tensor():
-    jf = dealias.jit(hook_after_a_write_through_a_view)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", dealias.FallbackWarning)
-        for _ in range(2):
-            assert compare_call(hook_after_a_write_through_a_view, jf, _args((3,))()) is None
-            assert _compare_grads(hook_after_a_write_through_a_view, jf, _args((3,))) is None
+    assert_matches_eager(hook_after_a_write_through_a_view, _args((3,)), fallback="error")
 
 
 def hook_on_an_input_then_written(x):
@@ -350,13 +351,7 @@ REVIEW_CASES = [
 
 @pytest.mark.parametrize("fn", REVIEW_CASES, ids=[f.__name__ for f in REVIEW_CASES])
 def test_hooks_found_by_review(fn):
-    jf = dealias.jit(fn)
-    make = lambda: (torch.tensor([1.0, -2.0, 3.0], requires_grad=True) * 1,)  # noqa: E731
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dealias.FallbackWarning)
-        for _ in range(2):
-            assert compare_call(fn, jf, make()) is None
-            assert _compare_grads(fn, jf, make) is None
+    assert_matches_eager(fn, lambda: (torch.tensor([1.0, -2.0, 3.0], requires_grad=True) * 1,))
 
 
 def hook_on_one_of_two_equal_tensors(x):  # fuzz seed 601996

@@ -45,6 +45,16 @@ def assert_compiled_like_eager(fn, make_args, compiled=True):
     return jf
 
 
+def assert_write_after_the_call_breaks_backward(fn, jf):
+    """Eager, then the first and a cached call: writing the argument after the call makes backward raise."""
+    for f in (fn, jf, jf):
+        x = torch.randn(2, 3, requires_grad=True) * 1
+        y = f(x)
+        x.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
 def no_grad_write_then_read(x):
     y = x + 2
     with torch.no_grad():
@@ -280,12 +290,7 @@ def test_saved_caller_tensor_written_after_the_call_makes_backward_raise():
     # reads (and saves) the caller's tensor itself: an in-place write after the call, in eager code or another
     # graph, makes backward raise as in eager. Before, the graph saved its own copy and backward went through.
     jf = dealias.jit(relu_then_linear)
-    for f in (relu_then_linear, jf, jf):
-        x = torch.randn(2, 3, requires_grad=True) * 1
-        y = f(x)
-        x.add_(1)
-        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-            y.sum().backward()
+    assert_write_after_the_call_breaks_backward(relu_then_linear, jf)
     x = torch.randn(2, 3, requires_grad=True)
     y = jf(x * 1)  # not written afterwards: backward works, as in eager
     y.sum().backward()
@@ -397,12 +402,7 @@ def test_in_place_op_saving_its_result_runs_on_the_caller_tensor():
     # Its last write runs in place on the caller's tensor, so the saved result is that tensor: an in-place write
     # after the call makes backward raise, as in eager. Before, the graph saved its own value.
     jf = dealias.jit(relu_on_the_caller)
-    for f in (relu_on_the_caller, jf, jf):
-        x = torch.randn(2, 3, requires_grad=True) * 1
-        y = f(x)
-        x.add_(1)
-        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-            y.sum().backward()
+    assert_write_after_the_call_breaks_backward(relu_on_the_caller, jf)
     assert_compiled_like_eager(relu_on_the_caller, _non_leaf(2, 3))
     trace = "\n".join(str(t) for t in dealias.last_traces(jf))
     assert "relu_" in trace.split("# execution trace")[1]

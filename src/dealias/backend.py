@@ -475,9 +475,14 @@ def refuse_stale_metadata(gm: fx.GraphModule, options: Options, name: str) -> No
         " this frame runs eagerly",
         node_location(node),
     )
+    _run_frame_eagerly(message, options)
+
+
+def _run_frame_eagerly(message: str, options: Options) -> None:
+    """Ask dynamo to run the frame eagerly (SkipFrame, cached by dynamo), with a warning; strict raises."""
     if options.strict:
         raise UnsupportedError(message)
-    warnings.warn(f"dealias: {message}", FallbackWarning, stacklevel=2)
+    warnings.warn(f"dealias: {message}", FallbackWarning, stacklevel=3)
     raise SkipFrame(message)
 
 
@@ -503,7 +508,4 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Options, name: str) -> None:
             "registered after the graph by dynamo, on the written tensor; this frame runs eagerly",
             node_location(writer),
         )
-        if options.strict:
-            raise UnsupportedError(message)
-        warnings.warn(f"dealias: {message}", FallbackWarning, stacklevel=2)
-        raise SkipFrame(message)
+        _run_frame_eagerly(message, options)

@@ -286,7 +286,7 @@ class _Functionalizer:
         s = v.storage
         if self.last_input_write.get(s) is not node or not self.emit.grad or internal_overlap(s.root_meta) != "no":
             return False
-        ph = next(p for p, ref in self.placeholder_ref.items() if ref == Ref("input", s.index))
+        ph = self._caller_placeholder(s)
         if not ph.meta.get("rg"):
             return False
         from .saved import saves_its_result
@@ -297,17 +297,12 @@ class _Functionalizer:
         """Run the last write as eager does, in place on the caller's tensor (holding its value before the
         write), so its backward saves the caller's tensor; later reads read it."""
         s = v.storage
-        ph = next(p for p, ref in self.placeholder_ref.items() if ref == Ref("input", s.index))
         if self.version[s] == 0:
-            caller = self.emit.call(caller_tensor, ph)
-        else:
-            if s in self.history and s in self.grad_writes:
-                self._restore_history(s)
-            grad, self.emit.grad = self.emit.grad, s in self.grad_writes
-            caller = self.emit.call(write_back_now, ph, self.base[s])
-            self.emit.grad = grad
-        caller.meta["rg"] = True
-        self.history.pop(s, None)
+            caller = self.emit.call(caller_tensor, self._caller_placeholder(s))
+            caller.meta["rg"] = True
+        else:  # it first receives its value before this write
+            self._write_back_now(s)
+            caller = self.base[s]
         view = replay_chain(self._steps(v.chain), caller, self.emit.call)
         op = node.target
         values = {n: (view if n == "self" else self.read(a)) for n, a in bound.items()}
@@ -322,12 +317,16 @@ class _Functionalizer:
         self.grad_writes.add(s)
         self.written_back.add(s)
 
+    def _caller_placeholder(self, s: Storage) -> fx.Node:
+        """The placeholder of input storage `s`: the caller's tensor itself."""
+        return next(p for p, ref in self.placeholder_ref.items() if ref == Ref("input", s.index))
+
     def _write_back_now(self, s: Storage) -> None:
         """The caller's tensor of input storage `s` receives its final value here, at its last write, and later
         reads read it: ops that save it for backward save the caller's tensor itself, as eager's do, so an
         in-place write after the call (in a later graph, or in eager code) makes backward raise as in eager.
         Reads before read it through a clone (_protect_written_inputs)."""
-        ph = next(p for p, ref in self.placeholder_ref.items() if ref == Ref("input", s.index))
+        ph = self._caller_placeholder(s)
         if s in self.history and s in self.grad_writes:
             self._restore_history(s)
         self.history.pop(s, None)  # the caller's tensor has eager's history from here on

@@ -69,7 +69,8 @@ def _grad_kind(x: torch.Tensor) -> Any:
 
 def restricted_view(x: torch.Tensor) -> bool:
     """An input eager restricts (a view made under no_grad, a split element) that requires grad."""
-    return isinstance(_grad_kind(x), str) and _grad_kind(x) != "stale"
+    kind = _grad_kind(x)
+    return isinstance(kind, str) and kind != "stale"
 
 
 def sharing_pattern(leaves: list[Any]) -> tuple[int, ...]:
