@@ -446,3 +446,51 @@ def test_self_copy_moves_the_version_counter():
         warnings.simplefilter("ignore", dealias.FallbackWarning)
         for _ in range(2):
             assert compare_call(fn, jf, _non_leaf(3, 2)()) is None
+
+
+def relu_then_self_copy_of_the_caller(x):
+    x.relu_()  # saves x itself
+    return x * 2
+
+
+def self_copy_of_a_row(x):
+    v = x.narrow(0, 1, 1)
+    v.copy_(v)
+
+
+def test_self_copy_of_a_caller_tensor_moves_its_version_counter():
+    # `x.copy_(x)` in a later graph writes no value, but eager's backward then raises: relu_ saved x. Before,
+    # dealias dropped the copy and backward ran (fuzz seed 600285).
+    jf = dealias.jit(relu_then_self_copy_of_the_caller)
+    copy = dealias.jit(self_copy_of_a_row)
+    for f, c in ((relu_then_self_copy_of_the_caller, lambda x: x.copy_(x)), (jf, copy), (jf, copy)):
+        x = torch.randn(2, 3, requires_grad=True) * 1
+        y = f(x)
+        c(x)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    trace = "\n".join(str(t) for t in dealias.last_traces(copy))
+    assert "bump_version" in trace.split("# execution trace")[1]
+
+
+def relu_on_an_alias_group_member(x, xt):
+    xt[0] = 0.5
+    x.relu_()  # the group's last write: eager saves x itself
+    return x * 2
+
+
+def test_in_place_op_saving_its_result_on_an_alias_group_member():
+    # x and xt share memory (an alias group): the last write runs in place on the group's base, a view of the
+    # caller's memory, so a write after the call makes backward raise as in eager (fuzz seed 601148).
+    def make():
+        x = torch.randn(3, 3, requires_grad=True) * 1
+        return x, x.t()
+
+    fn = relu_on_an_alias_group_member
+    jf = assert_compiled_like_eager(fn, make)
+    for f in (fn, jf, jf):
+        x, xt = make()
+        y = f(x, xt)
+        x.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()

@@ -25,7 +25,15 @@ from .capture import Captured, node_location
 from .checks import NoProbe, aliasing_is_benign, probe
 from .emitter import Emitter
 from .errors import EagerSemanticsError, UnsupportedError, with_location
-from .gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
+from .gradops import (
+    bump_version,
+    caller_after,
+    caller_tensor,
+    grad_leaf,
+    keep_history,
+    overwritten,
+    write_back_now,
+)
 from .opfacts import OpKind, facts, is_view_node, writes_nothing
 from .sharing import overlaps
 from .viewops import (
@@ -126,6 +134,7 @@ class _Functionalizer:
         self.graph = fx.Graph()
         self.emit = Emitter(self.graph, captured.fake_mode)
         self.base: dict[Storage, fx.Node] = {}  # current base value of each storage
+        self.roots: dict[Storage, fx.Node] = {}  # each storage's first value: the caller's tensor for theirs
         self.version: dict[Storage, int] = {}
         self.cache: dict[Value, tuple[fx.Node, int]] = {}  # value -> (materialized node, storage version)
         self.emitted: dict[fx.Node, fx.Node] = {}  # captured multi-output node -> its functional node
@@ -318,8 +327,9 @@ class _Functionalizer:
         self.written_back.add(s)
 
     def _caller_placeholder(self, s: Storage) -> fx.Node:
-        """The placeholder of input storage `s`: the caller's tensor itself."""
-        return next(p for p, ref in self.placeholder_ref.items() if ref == Ref("input", s.index))
+        """The placeholder of caller storage `s`: the caller's tensor itself, or its alias group's base (a view of
+        the members' memory, sharing their version counter)."""
+        return next(p for p, ref in self.placeholder_ref.items() if ref == caller_ref(s))
 
     def _write_back_now(self, s: Storage) -> None:
         """The caller's tensor of input storage `s` receives its final value here, at its last write, and later
@@ -482,6 +492,7 @@ class _Functionalizer:
     def _new_storage(self, s: Storage, node: fx.Node) -> None:
         if s not in self.base:
             self.base[s] = node
+            self.roots[s] = node
             self.version[s] = 0
 
     def _caller_root(self, v: Value, node: fx.Node, ref: Ref) -> None:
@@ -588,6 +599,8 @@ class _Functionalizer:
             # `x.copy_(x)`: eager returns at once, touching no value and no history; its version counter moves.
             s = self.info.value(bound["self"]).storage
             self.writes[s] = self.writes.get(s, 0) + 1
+            if s.kind != "intermediate":  # the caller's tensor: what autograd saved of it is stale from here on
+                self.emit.call(bump_version, self.roots[s])
             return
         lists = [n for n, a in bound.items() if isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node)]
         foreach = op._schema.name.startswith("aten::_foreach_")  # the i-th result depends on the i-th inputs only
@@ -865,15 +878,15 @@ class _Functionalizer:
 
 
 def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -> dict[Storage, fx.Node]:
-    """For each input storage (a caller's tensor of its own) written (and, with `read_later`, read with grad
-    on after its last write): its last write."""
+    """For each storage of the caller's tensors (one tensor, or an alias group) written (and, with `read_later`,
+    read with grad on after its last write): its last write."""
     from .saved import tensor_values, written_storages
 
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
     last: dict[Storage, fx.Node] = {}
     for n in nodes:
         for s in written_storages(n, info):
-            if s.kind == "input":
+            if s.kind in ("input", "group"):
                 last[s] = n
     order = {n: i for i, n in enumerate(nodes)}
     later_reads = set()

@@ -10,6 +10,7 @@ tensors carry a history their values do not:
 - `write_back_now(target, value)`: a caller's tensor written in the graph and then read by ops that save it for
   backward: eager saves the caller's tensor itself, so a later in-place write (in a later graph, or in eager
   code) makes backward raise. The graph writes it back where its last write was and reads it afterwards.
+- `bump_version(t)`: eager's `x.copy_(x)` writes no value but moves the caller's version counter.
 - `grad_leaf(view)`: a view made under `no_grad` of a tensor that requires grad is, in eager, a leaf that
   requires grad: ops on it with grad on are differentiable, and their gradient stops there. A functional replay
   of the view from its base would send it on to the base.
@@ -77,11 +78,20 @@ def caller_after(t: torch.Tensor, written: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def bump_version(t: torch.Tensor) -> None:
+    """Eager's `x.copy_(x)` changes no value, but moves the version counter of the caller's tensor: what autograd
+    saved of it before is stale, and backward raises."""
+    torch.autograd.graph.increment_version(t)
+
+
+bump_version._dealias_effect = True  # type: ignore[attr-defined]  # a write: never dropped or merged
+
+
 def grad_leaf(view: torch.Tensor) -> torch.Tensor:
     return view.detach().requires_grad_(view.requires_grad)
 
 
-_AUTOGRAD_OPS = (keep_history, overwritten, grad_leaf, write_back_now, caller_tensor, caller_after)
+_AUTOGRAD_OPS = (keep_history, overwritten, grad_leaf, write_back_now, caller_tensor, caller_after, bump_version)
 
 
 def uses_autograd_ops(gm: torch.fx.GraphModule) -> bool:
