@@ -480,7 +480,7 @@ class _Functionalizer:
                 clone = self.graph.call_function(aten.clone.default, (ph,))
             clone.meta.update(val=ph.meta["val"], rg=True, grad=True)
             for user in list(ph.users):
-                if user is not clone and user.target not in (write_back_now, caller_tensor):
+                if user is not clone and user.target not in (write_back_now, caller_tensor, bump_version):
                     user.replace_input_with(ph, clone)
             for member, step in self.member_steps.get(target, []):  # members of the alias group
                 with self.graph.inserting_after(clone):
