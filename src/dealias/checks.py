@@ -195,6 +195,15 @@ def bounds_check(policy: IndexPolicy, where: str) -> Any:
     return check_index_bounds
 
 
+_INDEXED = ("aten::index_put_", "aten::_index_put_impl_", "aten::index_copy_", "aten::index_add_", "aten::index_fill_")
+
+
+def indexed_write(op: Any) -> bool:
+    """An in-place op writing at positions an index tensor gives (bounds-checked by `guard_index_writes`)."""
+    name = op._schema.name if isinstance(op, torch._ops.OpOverload) else ""
+    return name in (*_INDEXED, "aten::index_reduce_") or name.startswith("aten::scatter")
+
+
 def _index_args(node: fx.Node) -> list[tuple[fx.Node, int, bool]]:
     """(index tensor, dimension, negative allowed) of an indexed in-place write."""
     name = node.target._schema.name if isinstance(node.target, torch._ops.OpOverload) else ""

@@ -19,7 +19,6 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .capture import quiet_fake_tensor_log
-from .errors import InternalError
 from .opfacts import OpKind, facts, has_effect, is_view_node
 
 aten = torch.ops.aten
@@ -203,23 +202,3 @@ def torch_executor(gm: fx.GraphModule, grad: bool) -> Callable[..., Any]:
                 node.target = binding[1]
     gm.recompile()
     return gm.forward
-
-
-def uniform_grad_mode(gm: fx.GraphModule, grad: bool) -> bool:
-    """Every op runs in the caller's grad mode (no `torch.no_grad()` region inside the program)."""
-    return all(n.meta.get("grad", grad) == grad for n in gm.graph.nodes if n.op == "call_function")
-
-
-def verify_functional(gm: fx.GraphModule) -> None:
-    """The invariant a fusing executor relies on: no op of the graph writes memory, so no fused kernel can
-    read a buffer after something overwrote it."""
-    for n in gm.graph.nodes:
-        random = isinstance(n.target, torch._ops.OpOverload) and facts(n.target).nondeterministic
-        if n.op == "call_function" and has_effect(n.target) and not random:
-            raise InternalError(f"the graph handed to a fusing executor writes memory: {n.target}")
-
-
-def inductor_executor(gm: fx.GraphModule) -> Callable[..., Any]:
-    """Compile the functional graph with inductor (compiled on the first call, per input signature)."""
-    compiled = torch.compile(gm, backend="inductor", fullgraph=True, dynamic=False)
-    return compiled

@@ -16,9 +16,9 @@ from torch.utils import _pytree as pytree
 from .alias import analyze
 from .capture import Symbolic, capture
 from .errors import UnsupportedError
-from .executor import inductor_executor, torch_executor, uniform_grad_mode, verify_functional
+from .executor import torch_executor
 from .functionalize import FunctionalProgram, Ref, functionalize
-from .gradops import uses_autograd_ops
+from .fused import Unfusable, fused_executor, unfusable
 from .optimize import optimize
 from .program import CompiledProgram
 from .saved import refuse_saved_then_written
@@ -60,8 +60,8 @@ def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], head
 
 def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {}, return_output_node=True)
-    graph.output(out[1].args[0] if isinstance(out, tuple) else out)
+    out = graph.graph_copy(gm.graph, {})  # the copy's own nodes for the output values
+    graph.output(out)
     return fx.GraphModule(gm, graph)
 
 
@@ -98,15 +98,24 @@ def compile_program(
     fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
     functional_gm = _copy_graph_module(fp.gm)
     functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
-    if executor == "inductor" and uniform_grad_mode(fp.gm, grad) and not uses_autograd_ops(fp.gm):
-        # The fusing executor gets the pure functional graph: its only writes are the write-backs after it,
-        # so a fused kernel can never read a buffer the program already overwrote (checked, not assumed).
-        verify_functional(fp.gm)
-        run, reports = inductor_executor(fp.gm), [_whole_report(fp, wb) for wb in fp.writebacks]
-        name = "execution trace (inductor: the functional graph, compiled; write-backs after it)"
-    else:
+    run = None
+    if executor == "inductor":
+        try:
+            why = unfusable(fp.gm)
+            if why is not None:
+                raise Unfusable(why)
+            trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
+            trial, reports = lower(trial, _alias_placeholders(trial.gm, captured), fused=True)
+            run = fused_executor(trial.gm, [leaves[p] for p in captured.tensor_positions])
+            fp, shown = trial, dataclasses.replace(trial, gm=run.graph)
+            name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
+        except Unfusable as e:
+            name = f"execution trace (torch executor: not fused, {e})"
+    if run is None:
+        name = name if executor == "inductor" else "execution trace (torch executor)"
         fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
-        run, name = torch_executor(fp.gm, grad), "execution trace (torch executor)"
+        run = torch_executor(fp.gm, grad)
+        shown = fp
     _no_loose_symbols(fp.gm)
     # Name each caller tensor as the captured graph does (after the user's argument or attribute).
     inputs = [n.name for n in captured.gm.graph.nodes if n.op == "placeholder"]
@@ -118,7 +127,7 @@ def compile_program(
         Trace("dynamo", f"# dynamo graph (torch level)\n{gm.code.strip()}"),
         Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
         functional,
-        _execution_trace(fp, reports, name),
+        _execution_trace(shown, reports, name),
     ]
     return CompiledProgram(
         captured, fp, run, traces, functional_gm, reports, _shape_guard(captured), tensor_layouts(captured)

@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .checks import guard_index_writes
+from .checks import guard_index_writes, indexed_write
 from .emitter import Emitter
 from .functionalize import FunctionalProgram, OutputSlot, Ref, ResultArg
 from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
@@ -233,12 +233,15 @@ def _construction(version: fx.Node, previous: fx.Node) -> set[fx.Node]:
 
 
 def lower(
-    fp: FunctionalProgram, aliases: dict[fx.Node, list[fx.Node]]
+    fp: FunctionalProgram, aliases: dict[fx.Node, list[fx.Node]], fused: bool = False
 ) -> tuple[FunctionalProgram, list[WriteBackReport]]:
     """Lower write-backs (and in-place updates of intermediates) to in-place region writes where exact.
 
     `aliases` maps a caller base placeholder to the other placeholders that alias its memory (members of
-    an alias group), whose reads must also come before the first in-place write."""
+    an alias group), whose reads must also come before the first in-place write. For the fused executor
+    (`fused`), a region write stays `region.copy_(value)`, which inductor fuses into one store, except indexed
+    writes (bounds-checked before any write), and intermediates stay functional (inductor plans their
+    buffers)."""
     gm = fp.gm
     graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}
@@ -260,13 +263,13 @@ def lower(
         if plan is None or returned & {v for v, _ in plan} or not _safe(plan, root, order, aliases.get(root, [])):
             reports.append(whole_report(wb.target, final))
             continue
-        reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root)))
+        reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root, fused)))
         dropped.add(wb.output)
         order = {n: i for i, n in enumerate(graph.nodes)}
     # Intermediates: a base updated by writes whose old versions are dead is updated in place. The walk may
     # reach back past the storage's first version; the longest safe suffix is kept.
     seen: set[fx.Node] = {n for n in graph.nodes if n.op != "call_function"}
-    for tip in reversed(list(graph.nodes)):
+    for tip in reversed(list(graph.nodes) if not fused else []):
         if tip in seen or tip.op != "call_function" or not isinstance(tip.meta.get("val"), torch.Tensor):
             continue
         plan = versions(tip, None, seen)
@@ -345,9 +348,12 @@ def repeated_dims(t: torch.Tensor) -> list[int]:
     return [d for d, (n, st) in enumerate(zip(t.shape, t.stride())) if st == 0 and n > 1]
 
 
-def _apply(graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.Node) -> tuple[list[str], int]:
-    """Write each version into `root` in place, right where it was computed; later reads read `root`.
-    Returns the regions written and their bytes."""
+def _apply(
+    graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.Node, indexed_only: bool = False
+) -> tuple[list[str], int]:
+    """Write each version into `root` in place, right where it was computed; later reads read `root`
+    (`indexed_only`: only indexed writes run as their in-place op). Returns the regions written and their
+    bytes."""
     regions: list[str] = []
     nbytes = 0
     previous = root
@@ -375,7 +381,7 @@ def _apply(graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.No
         reads.add(copy)
         version.replace_all_uses_with(root, delete_user_cb=lambda user, reads=reads: user not in reads)
         _erase_dead(graph, built - {write.value})
-        op = _reinplace_value(emit, copy, write, root)
+        op = _reinplace_value(emit, copy, write, root, indexed_only)
         region = chain_text("x", write.chain)
         if op is None:
             regions.append(f"{region}.copy_(..)")
@@ -420,7 +426,9 @@ def _is_replay(node: Any, root: fx.Node, chain: tuple[ViewStep, ...]) -> bool:
     return node is root
 
 
-def _reinplace_value(emit: Emitter, copy: fx.Node, write: RegionWrite, root: fx.Node) -> fx.Node | None:
+def _reinplace_value(
+    emit: Emitter, copy: fx.Node, write: RegionWrite, root: fx.Node, indexed_only: bool = False
+) -> fx.Node | None:
     """`target.copy_(op(old_region, ...))` -> `op_(target, ...)` when the value is used only here and its
     first argument is the region's old contents: the update then runs in place, as eager's did (and
     `copy(old, src)`, functional setitem, becomes `target.copy_(src)`)."""
@@ -430,7 +438,7 @@ def _reinplace_value(emit: Emitter, copy: fx.Node, write: RegionWrite, root: fx.
     if set(value.users) != {copy} or not value.args or not _is_replay(value.args[0], root, write.chain):
         return None
     op_ = inplace_variant(value.target)
-    if op_ is None:
+    if op_ is None or (indexed_only and not indexed_write(op_)):
         return None
     graph = emit.graph
     with graph.inserting_before(copy):

@@ -1,0 +1,264 @@
+"""The fused executor: the lowered graph, its writes into the caller's memory included, compiled by inductor.
+
+Inductor fuses a write's value into its store, so `buf[123] = row` becomes one kernel over the row's bytes and
+`p.copy_(p - lr * g)` one kernel updating `p` in place. It is given the graph directly (no functionalization of
+its own, which would turn the row write into a copy of the whole buffer).
+
+Inductor alone is not safe on a graph that writes: it may compute a value where it is used rather than where
+the program computed it. A value read from memory before a write to that memory and used after the write would
+then read the new contents (`t = buf[0].clone(); buf[0] = buf[1]; buf[1] = t` gives two equal rows). The hazard
+rule: such a value is materialized by `dealias::snapshot`, an op inductor cannot see into and runs as a kernel of
+its own, in program order. `check_hazards` verifies the rule on every graph handed to inductor.
+
+Index bounds are checked in a prologue, before any write: eager's error, the caller's tensors untouched.
+What this path cannot run exactly (autograd, grad-mode switches, alias groups, random draws, symbolic sizes)
+stays on the torch executor (`unfusable` says why).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .checks import indexed_write
+from .errors import InternalError
+from .opfacts import OpKind, facts, has_effect, is_view_node, may_raise
+
+aten = torch.ops.aten
+
+
+@torch.library.custom_op("dealias::snapshot", mutates_args=())
+def snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` made where the program made `t`: inductor cannot move it past a later write."""
+    return t.clone()
+
+
+@snapshot.register_fake
+def _(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+_SNAPSHOT = torch.ops.dealias.snapshot.default
+
+
+def unfusable(gm: fx.GraphModule) -> str | None:
+    """Why the fused executor cannot run `gm` exactly, or None."""
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            if n.name.startswith("alias_group"):
+                return "inputs share memory (an alias group)"
+            if not isinstance(n.meta.get("val"), torch.Tensor):
+                return "a symbolic scalar input"
+            t = n.meta["val"]
+            if any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset())):
+                return "symbolic sizes"
+        if n.op != "call_function":
+            continue
+        if n.meta.get("rg"):  # (without it, grad mode switches inside the program change nothing)
+            return "autograd records the graph"
+        op = n.target
+        if isinstance(op, torch._ops.OpOverload) and facts(op).nondeterministic and not _no_dropout(n):
+            return f"{op} draws random numbers (inductor's generator is not eager's)"
+        if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _is_bounds_check(n):
+            return f"{getattr(op, '__name__', op)} runs in Python"
+    return None
+
+
+def _no_dropout(n: fx.Node) -> bool:
+    """An op tagged random only for its dropout, called without it (attention with `dropout_p=0.0`)."""
+    p = _const_arg(n, "dropout_p")
+    return p is not None and p == 0
+
+
+def _const_arg(n: fx.Node, name: str) -> Any:
+    for i, a in enumerate(n.target._schema.arguments):
+        if a.name == name:
+            if i < len(n.args):
+                return n.args[i]
+            return n.kwargs.get(name, a.default_value if a.has_default_value() else None)
+    return None
+
+
+def _is_bounds_check(n: fx.Node) -> bool:
+    return getattr(n.target, "__name__", "") == "check_index_bounds"
+
+
+class Unfusable(Exception):
+    """The lowered graph holds what the fused executor cannot run exactly; the torch executor runs it."""
+
+
+def _prologue(gm: fx.GraphModule) -> Callable[[list[Any]], None]:
+    """The graph's index bounds checks, taken out of it, as one function of the call's inputs."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    checks = []
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and may_raise(n.target) and not indexed_write(n.target):
+            # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory.
+            raise Unfusable(f"{n.target} may raise on its values (eager's error before any write is not kept yet)")
+        if n.op != "call_function" or not _is_bounds_check(n):
+            continue
+        index, size, dim = n.args
+        if index not in placeholders or isinstance(size, fx.Node):
+            raise Unfusable("an index checked before any write is computed inside the graph")
+        checks.append((n.target, placeholders.index(index), size, dim))
+        gm.graph.erase_node(n)
+
+    def check(args: list[Any]) -> None:
+        for fn, i, size, dim in checks:
+            fn(args[i], size, dim)
+
+    return check
+
+
+def _reads(gm: fx.GraphModule) -> dict[fx.Node, frozenset[fx.Node]]:
+    """For each node, the placeholders whose memory its value may be computed from when inductor recomputes
+    it at a use: through views and through values it may inline (anything but a snapshot)."""
+    reads: dict[fx.Node, frozenset[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            reads[n] = frozenset([n])
+        elif n.op == "call_function" and n.target is not _SNAPSHOT:
+            reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
+        else:
+            reads[n] = frozenset()
+    return reads
+
+
+def _writes(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
+    """(write, placeholder written) for each op writing a caller's memory, in program order."""
+    root: dict[fx.Node, fx.Node] = {}
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            root[n] = n
+        elif is_view_node(n) and n.args[0] in root:
+            root[n] = root[n.args[0]]
+        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            for name in facts(n.target).mutated:
+                arg = _arg(n, name)
+                if arg is None:
+                    continue
+                if arg not in root:  # a tensor attribute (inductor takes those for constants)
+                    raise Unfusable(f"{n.target} writes {arg.name}, not an input of the graph")
+                out.append((n, root[arg]))
+                if _returns_written(n):
+                    root[n] = root[arg]
+    return out
+
+
+def _returns_written(n: fx.Node) -> bool:
+    """An in-place op returning the tensor it wrote (`copy_`, `index_put_`): its result is that memory."""
+    return isinstance(n.target, torch._ops.OpOverload) and facts(n.target).kind is OpKind.INPLACE
+
+
+def _alias(n: fx.Node) -> bool:
+    return is_view_node(n) or _returns_written(n)
+
+
+def _arg(n: fx.Node, name: str) -> fx.Node | None:
+    for i, a in enumerate(n.target._schema.arguments):
+        if a.name == name:
+            v = n.args[i] if i < len(n.args) else n.kwargs.get(name)
+            return v if isinstance(v, fx.Node) else None
+    return None
+
+
+def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
+    """(value, write): a value computed, not viewed, from a caller's memory before a write to that memory and
+    used after it, other than as the write's own source."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    reads = _reads(gm)
+    found = []
+    for w, m in _writes(gm):
+        for n in gm.graph.nodes:
+            if order[n] >= order[w]:
+                break
+            if n.op != "call_function" or _alias(n) or n.target is _SNAPSHOT or m not in reads[n]:
+                continue
+            if any(order[u] > order[w] for u in n.users):
+                found.append((n, w))
+    return found
+
+
+def insert_snapshots(gm: fx.GraphModule) -> int:
+    """Remove each hazard: a value stored whole by the write it precedes (`m.copy_(m * b + g)`, then `m * b +
+    g` read again) is read back from where it was stored, when nothing writes there later; any other is
+    materialized where the program computed it. Returns how many snapshots were inserted."""
+    count = 0
+    while found := hazards(gm):
+        value, write = found[0]
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        later = [u for u in value.users if order[u] > order[write]]
+        if _stored_whole(gm, value, write) and all(u.op != "output" for u in later):
+            for u in later:
+                u.replace_input_with(value, write.args[0])
+            continue
+        with gm.graph.inserting_after(value):
+            snap = gm.graph.call_function(_SNAPSHOT, (value,))
+        snap.meta["val"] = value.meta.get("val")
+        value.replace_all_uses_with(snap, delete_user_cb=lambda u, s=snap: u is not s)
+        count += 1
+    return count
+
+
+def _stored_whole(gm: fx.GraphModule, value: fx.Node, write: fx.Node) -> bool:
+    """`write` copies all of `value`, unconverted, into memory no later op writes."""
+    if write.target is not aten.copy_.default or write.args[1] is not value:
+        return False
+    dst, src = write.args[0].meta["val"], value.meta["val"]
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        return False
+    writes = _writes(gm)
+    root = next(m for w, m in writes if w is write)
+    after = False
+    for w, m in writes:
+        if after and m is root:
+            return False
+        after = after or w is write
+    return True
+
+
+def check_hazards(gm: fx.GraphModule) -> None:
+    """The invariant the fused executor relies on (see the module's docstring)."""
+    found = hazards(gm)
+    if found:
+        value, write = found[0]
+        raise InternalError(f"fused graph reads {value.name} after {write.name} overwrote the memory it came from")
+
+
+def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
+    """Compile the lowered graph `gm` (called with tensors like `example`) with inductor. Raises Unfusable."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+
+    check = _prologue(gm)
+    gm.recompile()
+    # Inductor's own decompositions (index_copy_ -> index_put_, ...), dealias's helpers traced to aten ops; each
+    # node keeps the user's source line.
+    with fx.traceback.preserve_node_meta():
+        interpret = lambda *args: fx.Interpreter(gm).run(*args)  # noqa: E731
+        traced = make_fx(interpret, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    for ph, name in zip((n for n in traced.graph.nodes if n.op == "placeholder"), names):
+        ph.name = ph.target = name
+    _writes(traced)  # only the graph's inputs are written
+    insert_snapshots(traced)
+    check_hazards(traced)
+    traced.recompile()
+    handed = copy.deepcopy(traced)  # inductor's passes rewrite the graph they are given (no-op clones go)
+    try:
+        compiled = compile_fx_inner(traced, list(example))
+    except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
+        raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+
+    def run(*args: Any) -> Any:
+        check(list(args))
+        return tuple(compiled(list(args)))
+
+    run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
+    return run
