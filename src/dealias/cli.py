@@ -22,13 +22,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only programs on inputs that require grad (no_grad regions, autograd.Function, hooks, detach writes)",
     )
+    fz.add_argument("--executor", default="torch", choices=["torch", "inductor"])
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo.run()
     if args.command == "fuzz":
         from .fuzz import fuzz
 
-        s = fuzz(args.seed, args.count, args.time, autograd=True if args.autograd else None)
+        s = fuzz(args.seed, args.count, args.time, autograd=True if args.autograd else None, executor=args.executor)
         print(
             f"{s['programs']} programs in {s['seconds']} s: {s['ok']} matched eager, {s['error-matched']} raised "
             f"as eager did, {s['fallback']} ran eagerly (fallback), {s['mismatch']} MISMATCHED"

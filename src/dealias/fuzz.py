@@ -514,14 +514,14 @@ class Outcome:
 _DYNAMO_TRACING_ERRORS = ("dealias raised TorchRuntimeError", "dealias raised InternalTorchDynamoError")
 
 
-def run_program(prog: Program) -> Outcome:
+def run_program(prog: Program, executor: str = "torch") -> Outcome:
     import dealias
 
     try:
         program, make_args = prog.load()
     except Exception as e:  # noqa: BLE001
         return Outcome("ok", f"does not load: {e}")
-    jitted = dealias.jit(program)
+    jitted = dealias.jit(program, executor=executor)
     # Calls 1 and 2 compile and hit the cache; call 3 moves the arguments elsewhere in memory (same sharing, new
     # storage offsets), which a program must not depend on.
     for call in range(2 if prog.autograd else 3):
@@ -654,9 +654,11 @@ def fuzz(
     out: Any = sys.stdout,
     progress: bool = True,
     autograd: bool | None = None,
+    executor: str = "torch",
 ) -> dict[str, Any]:
     """Run `count` programs from `seed` (or until `seconds` pass); `autograd` True makes every program an
-    autograd one (None: one in five). Returns a summary; mismatches are shrunk and printed."""
+    autograd one (None: one in five). Returns a summary; mismatches are shrunk and printed. With the fused
+    executor (`executor="inductor"`), float values compare with a tolerance (verify's)."""
     start = time.monotonic()
     summary: dict[str, Any] = {
         "ok": 0,
@@ -671,12 +673,12 @@ def fuzz(
         if seconds is not None and time.monotonic() - start > seconds:
             break
         prog = generate(seed + i, autograd=autograd)
-        outcome = run_program(prog)
+        outcome = run_program(prog, executor)
         summary[outcome.status] += 1
         summary["programs"] += 1
         if outcome.status == "mismatch":
-            small = shrink(prog, lambda p: run_program(p).status == "mismatch")
-            detail = run_program(small).detail
+            small = shrink(prog, lambda p: run_program(p, executor).status == "mismatch")
+            detail = run_program(small, executor).detail
             summary["failures"].append((small, detail))
             print(f"\nMISMATCH (seed {prog.seed}): {detail}\n{small.source()}", file=out)
         if progress:
