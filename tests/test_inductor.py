@@ -45,10 +45,19 @@ def read_then_write_region(x):
     return a + x[0]
 
 
-@pytest.mark.parametrize("fn", [swap_rows, scatter_then_zero, read_then_write_region])
+def shift_rows(x):
+    x[1:] = x[:-1].clone()  # one kernel reading x[i - 1] while it writes x[i] would read what it wrote
+
+
+def flip_in_place(x):
+    x.copy_(x.flip(0))
+
+
+@pytest.mark.parametrize("fn", [swap_rows, scatter_then_zero, read_then_write_region, shift_rows, flip_in_place])
 def test_read_before_a_write_is_snapshotted(fn):
-    # Inductor alone recomputes these values after the write (both rows equal, y all zeros): a snapshot keeps
-    # them where the program computed them, and the verifier rejects the graph without it.
+    # Inductor alone recomputes these values after (or during) the write (both rows equal, y all zeros, every
+    # shifted row equal to the first): a snapshot keeps them where the program computed them, and the verifier
+    # rejects the graph without it.
     args = (torch.randn(4, 3),) + ((torch.randn(1, 3),) if fn is scatter_then_zero else ())
     jf = check(fn, *args, executor="inductor")
     gm = fused_graph(jf)

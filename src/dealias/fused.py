@@ -27,6 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .checks import indexed_write
 from .errors import InternalError
+from .gradops import bump_version
 from .opfacts import OpKind, facts, has_effect, is_view_node, may_raise
 
 aten = torch.ops.aten
@@ -50,8 +51,6 @@ def unfusable(gm: fx.GraphModule) -> str | None:
     """Why the fused executor cannot run `gm` exactly, or None."""
     for n in gm.graph.nodes:
         if n.op == "placeholder":
-            if n.name.startswith("alias_group"):
-                return "inputs share memory (an alias group)"
             if not isinstance(n.meta.get("val"), torch.Tensor):
                 return "a symbolic scalar input"
             t = n.meta["val"]
@@ -64,7 +63,7 @@ def unfusable(gm: fx.GraphModule) -> str | None:
         op = n.target
         if isinstance(op, torch._ops.OpOverload) and facts(op).nondeterministic and not _no_dropout(n):
             return f"{op} draws random numbers (inductor's generator is not eager's)"
-        if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _is_bounds_check(n):
+        if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _in_prologue(n):
             return f"{getattr(op, '__name__', op)} runs in Python"
     return None
 
@@ -84,8 +83,35 @@ def _const_arg(n: fx.Node, name: str) -> Any:
     return None
 
 
+def _in_prologue(n: fx.Node) -> bool:
+    """Python steps of a graph that run before its compiled call: index bounds checks, and version bumps
+    (`x.copy_(x)`: with no autograd recording in the graph, when the bump happens inside the call is not
+    observable)."""
+    return _is_bounds_check(n) or n.target is bump_version
+
+
 def _is_bounds_check(n: fx.Node) -> bool:
     return getattr(n.target, "__name__", "") == "check_index_bounds"
+
+
+def members_as_views(gm: fx.GraphModule, groups: list[Any], tensors: list[torch.Tensor]) -> None:
+    """Inputs that overlap in memory (an alias group) read as views of the group's base placeholder, so the
+    graph reads and writes that memory through one input: inductor assumes its inputs do not overlap.
+    Exact because functionalization reads a member's own placeholder only before the group's first write;
+    the offsets are the call's, relative to the base (the guard key holds them)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for g, group in enumerate(groups):
+        base = next(p for p in placeholders if p.name == f"alias_group{g}")
+        start = tensors[group.members[0]].storage_offset() - group.lead
+        for m in group.members:
+            t, member = tensors[m], placeholders[m]
+            with gm.graph.inserting_after(base):
+                view = gm.graph.call_function(
+                    aten.as_strided.default, (base, list(t.shape), list(t.stride()), t.storage_offset() - start)
+                )
+            view.meta.update(member.meta)
+            member.replace_all_uses_with(view)
+    gm.recompile()
 
 
 class Unfusable(Exception):
@@ -93,24 +119,29 @@ class Unfusable(Exception):
 
 
 def _prologue(gm: fx.GraphModule) -> Callable[[list[Any]], None]:
-    """The graph's index bounds checks, taken out of it, as one function of the call's inputs."""
+    """The graph's Python steps (`_in_prologue`), taken out of it, as one function of the call's inputs."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     checks = []
     for n in list(gm.graph.nodes):
         if n.op == "call_function" and may_raise(n.target) and not indexed_write(n.target):
             # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory.
             raise Unfusable(f"{n.target} may raise on its values (eager's error before any write is not kept yet)")
-        if n.op != "call_function" or not _is_bounds_check(n):
+        if n.op != "call_function" or not _in_prologue(n):
             continue
-        index, size, dim = n.args
-        if index not in placeholders or isinstance(size, fx.Node):
-            raise Unfusable("an index checked before any write is computed inside the graph")
-        checks.append((n.target, placeholders.index(index), size, dim))
+        if n.target is bump_version:
+            if n.args[0] not in placeholders:
+                raise Unfusable("a version bump of a tensor made inside the graph")
+            checks.append((n.target, placeholders.index(n.args[0]), ()))
+        else:
+            index, size, dim = n.args
+            if index not in placeholders or isinstance(size, fx.Node):
+                raise Unfusable("an index checked before any write is computed inside the graph")
+            checks.append((n.target, placeholders.index(index), (size, dim)))
         gm.graph.erase_node(n)
 
     def check(args: list[Any]) -> None:
-        for fn, i, size, dim in checks:
-            fn(args[i], size, dim)
+        for fn, i, rest in checks:
+            fn(args[i], *rest)
 
     return check
 
@@ -131,6 +162,11 @@ def _reads(gm: fx.GraphModule) -> dict[fx.Node, frozenset[fx.Node]]:
 
 def _writes(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
     """(write, placeholder written) for each op writing a caller's memory, in program order."""
+    return _memory(gm)[0]
+
+
+def _memory(gm: fx.GraphModule) -> tuple[list[tuple[fx.Node, fx.Node]], dict[fx.Node, fx.Node]]:
+    """The writes (see `_writes`), and the placeholder whose memory each alias (view, in-place result) is."""
     root: dict[fx.Node, fx.Node] = {}
     out = []
     for n in gm.graph.nodes:
@@ -148,7 +184,7 @@ def _writes(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
                 out.append((n, root[arg]))
                 if _returns_written(n):
                     root[n] = root[arg]
-    return out
+    return out, root
 
 
 def _returns_written(n: fx.Node) -> bool:
@@ -168,21 +204,58 @@ def _arg(n: fx.Node, name: str) -> fx.Node | None:
     return None
 
 
-def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
-    """(value, write): a value computed, not viewed, from a caller's memory before a write to that memory and
-    used after it, other than as the write's own source."""
+def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node, bool]]:
+    """(value, write, at_write): a value computed, not viewed, from a caller's memory before a write to that memory and
+    used after it; or the write's own source, when it reads that memory anywhere but at the elements each
+    element of the write receives (`x[1:] = x[:-1]`: one kernel would read what it already wrote; `at_write`)."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     reads = _reads(gm)
+    writes, root = _memory(gm)
     found = []
-    for w, m in _writes(gm):
+    for w, m in writes:
         for n in gm.graph.nodes:
             if order[n] >= order[w]:
                 break
             if n.op != "call_function" or _alias(n) or n.target is _SNAPSHOT or m not in reads[n]:
                 continue
             if any(order[u] > order[w] for u in n.users):
-                found.append((n, w))
+                found.append((n, w, False))
+        written = _arg(w, facts(w.target).mutated[0])
+        for a in w.all_input_nodes:
+            if a is written or m not in reads[a]:
+                continue
+            if w.target is not aten.copy_.default or not _aligned(a, _layout(written), m, reads, root):
+                found.append((a, w, True))
     return found
+
+
+def _layout(n: fx.Node) -> tuple[Any, ...]:
+    t = n.meta["val"]
+    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+
+
+def _aligned(
+    n: fx.Node, layout: tuple[Any, ...], m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict
+) -> bool:
+    """Whether each element of `n` reads memory `m` only at the element of `layout` it is stored to: `n` is a
+    view of `m` laid out as the written region, or an elementwise op (no broadcast of such a read) of such."""
+    if root.get(n) is m:
+        return _layout(n) == layout
+    if m not in reads[n]:
+        return True
+    op = n.target
+    if op is aten.copy.default:  # functional setitem: the values of its source, in its first argument's layout
+        inputs = [n.args[1]]
+    elif op is aten._to_copy.default or (isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags):
+        inputs = n.all_input_nodes
+    else:
+        return False
+    shape = tuple(n.meta["val"].shape)
+    return all(
+        m not in reads[a] or (tuple(a.meta["val"].shape) == shape and _aligned(a, layout, m, reads, root))
+        for a in inputs
+        if isinstance(a, fx.Node)
+    )
 
 
 def insert_snapshots(gm: fx.GraphModule) -> int:
@@ -191,10 +264,10 @@ def insert_snapshots(gm: fx.GraphModule) -> int:
     materialized where the program computed it. Returns how many snapshots were inserted."""
     count = 0
     while found := hazards(gm):
-        value, write = found[0]
+        value, write, at_write = found[0]
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         later = [u for u in value.users if order[u] > order[write]]
-        if _stored_whole(gm, value, write) and all(u.op != "output" for u in later):
+        if not at_write and _stored_whole(gm, value, write) and all(u.op != "output" for u in later):
             for u in later:
                 u.replace_input_with(value, write.args[0])
             continue
@@ -227,7 +300,7 @@ def check_hazards(gm: fx.GraphModule) -> None:
     """The invariant the fused executor relies on (see the module's docstring)."""
     found = hazards(gm)
     if found:
-        value, write = found[0]
+        value, write, _ = found[0]
         raise InternalError(f"fused graph reads {value.name} after {write.name} overwrote the memory it came from")
 
 
