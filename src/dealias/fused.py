@@ -83,6 +83,13 @@ def _const_arg(n: fx.Node, name: str) -> Any:
     return None
 
 
+def _scatter(op: Any) -> bool:
+    """A functional op computing its first argument with some elements replaced (`slice_scatter`, `index_put`,
+    dealias's `as_strided_scatter_rel`), which inductor may run in place."""
+    name = op._schema.name.split("::")[1] if isinstance(op, torch._ops.OpOverload) else getattr(op, "__name__", "")
+    return name.endswith("scatter") or name.endswith("scatter_rel") or name in ("index_put", "index_copy")
+
+
 def _in_prologue(n: fx.Node) -> bool:
     """Python steps of a graph that run before its compiled call: index bounds checks, and version bumps
     (`x.copy_(x)`: with no autograd recording in the graph, when the bump happens inside the call is not
@@ -123,6 +130,11 @@ def _prologue(gm: fx.GraphModule) -> Callable[[list[Any]], None]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     checks = []
     for n in list(gm.graph.nodes):
+        if n.op == "call_function" and _scatter(n.target):
+            # Inductor re-inplaces a functional scatter into its base and may read the base elsewhere in the
+            # same kernel (`v.addcmul_(v.flip(0), ..)` over a scattered base read the flipped elements already
+            # written). Only writes dealias lowered in place (checked by the hazard rule) are handed over.
+            raise Unfusable(f"{n.target} writes a region functionally (a write not lowered in place)")
         if n.op == "call_function" and may_raise(n.target) and not indexed_write(n.target):
             # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory.
             raise Unfusable(f"{n.target} may raise on its values (eager's error before any write is not kept yet)")
@@ -226,6 +238,10 @@ def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node, bool]]:
                 continue
             if w.target is not aten.copy_.default or not _aligned(a, _layout(written), m, reads, root):
                 found.append((a, w, True))
+    for n in gm.graph.nodes:  # a functional scatter of a caller's memory from a decomposition: inductor may
+        if n.op == "call_function" and _scatter(n.target) and n.args and n.args[0] in root:  # run it in place
+            m = root[n.args[0]]
+            found += [(a, n, True) for a in n.all_input_nodes if a is not n.args[0] and m in reads[a]]
     return found
 
 
@@ -319,6 +335,9 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     for ph, name in zip((n for n in traced.graph.nodes if n.op == "placeholder"), names):
         ph.name = ph.target = name
+    if any(n.target is aten.view.dtype for n in traced.graph.nodes):
+        # Inductor writes through an integer view of float memory as a float store of the converted integer.
+        raise Unfusable("a dtype view (x.view(torch.int32))")
     _writes(traced)  # only the graph's inputs are written
     insert_snapshots(traced)
     check_hazards(traced)

@@ -521,7 +521,19 @@ def run_program(prog: Program, executor: str = "torch") -> Outcome:
         program, make_args = prog.load()
     except Exception as e:  # noqa: BLE001
         return Outcome("ok", f"does not load: {e}")
+    from .verify import ULP_TOLERANT
+
     jitted = dealias.jit(program, executor=executor)
+    tolerant = ULP_TOLERANT.set(executor != "torch")
+    try:
+        return _run_calls(prog, program, make_args, jitted)
+    finally:
+        ULP_TOLERANT.reset(tolerant)
+
+
+def _run_calls(prog: Program, program: Callable[..., Any], make_args: Callable[[], Any], jitted: Any) -> Outcome:
+    import dealias
+
     # Calls 1 and 2 compile and hit the cache; call 3 moves the arguments elsewhere in memory (same sharing, new
     # storage offsets), which a program must not depend on.
     for call in range(2 if prog.autograd else 3):
