@@ -51,6 +51,8 @@ def unfusable(gm: fx.GraphModule) -> str | None:
     """Why the fused executor cannot run `gm` exactly, or None."""
     for n in gm.graph.nodes:
         if n.op == "placeholder":
+            if n.name.startswith("alias_group"):
+                return "inputs share memory (an alias group)"
             if not isinstance(n.meta.get("val"), torch.Tensor):
                 return "a symbolic scalar input"
             t = n.meta["val"]
@@ -99,26 +101,6 @@ def _in_prologue(n: fx.Node) -> bool:
 
 def _is_bounds_check(n: fx.Node) -> bool:
     return getattr(n.target, "__name__", "") == "check_index_bounds"
-
-
-def members_as_views(gm: fx.GraphModule, groups: list[Any], tensors: list[torch.Tensor]) -> None:
-    """Inputs that overlap in memory (an alias group) read as views of the group's base placeholder, so the
-    graph reads and writes that memory through one input: inductor assumes its inputs do not overlap.
-    Exact because functionalization reads a member's own placeholder only before the group's first write;
-    the offsets are the call's, relative to the base (the guard key holds them)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for g, group in enumerate(groups):
-        base = next(p for p in placeholders if p.name == f"alias_group{g}")
-        start = tensors[group.members[0]].storage_offset() - group.lead
-        for m in group.members:
-            t, member = tensors[m], placeholders[m]
-            with gm.graph.inserting_after(base):
-                view = gm.graph.call_function(
-                    aten.as_strided.default, (base, list(t.shape), list(t.stride()), t.storage_offset() - start)
-                )
-            view.meta.update(member.meta)
-            member.replace_all_uses_with(view)
-    gm.recompile()
 
 
 class Unfusable(Exception):
@@ -338,6 +320,10 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     if any(n.target is aten.view.dtype for n in traced.graph.nodes):
         # Inductor writes through an integer view of float memory as a float store of the converted integer.
         raise Unfusable("a dtype view (x.view(torch.int32))")
+    if any(n.target is aten.as_strided.default for n in traced.graph.nodes):
+        # Its storage offset is absolute: traced from one call's placement, it would be baked into the kernels,
+        # while a program serves every placement of its inputs.
+        raise Unfusable("an as_strided view (its storage offset is absolute)")
     _writes(traced)  # only the graph's inputs are written
     insert_snapshots(traced)
     check_hazards(traced)

@@ -18,7 +18,7 @@ from .capture import Symbolic, capture
 from .errors import UnsupportedError
 from .executor import torch_executor
 from .functionalize import FunctionalProgram, Ref, functionalize
-from .fused import Unfusable, fused_executor, members_as_views, unfusable
+from .fused import Unfusable, fused_executor, unfusable
 from .optimize import optimize
 from .program import CompiledProgram
 from .saved import refuse_saved_then_written
@@ -105,10 +105,8 @@ def compile_program(
             if why is not None:
                 raise Unfusable(why)
             trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
-            tensors = [leaves[p] for p in captured.tensor_positions]
-            members_as_views(trial.gm, captured.groups, tensors)
-            trial, reports = lower(trial, {}, fused=True)
-            run = fused_executor(trial.gm, [*tensors, *(g.base_of(tensors) for g in captured.groups)])
+            trial, reports = lower(trial, _alias_placeholders(trial.gm, captured), fused=True)
+            run = fused_executor(trial.gm, [leaves[p] for p in captured.tensor_positions])
             fp, shown = trial, dataclasses.replace(trial, gm=run.graph)
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
         except Unfusable as e:
