@@ -177,3 +177,15 @@ def test_what_cannot_be_fused_runs_on_the_torch_executor():
 def test_unknown_executor_is_refused():
     with pytest.raises(ValueError, match="executor"):
         dealias.jit(seed_program, executor="xla")
+
+
+def second_moment(v, g):
+    v.mul_(0.999).addcmul_(g, g, value=0.001)
+    return v.sqrt()
+
+
+def test_a_tensor_written_whole_twice_is_stored_once():
+    jf = check(second_moment, torch.rand(64), torch.randn(64), executor="inductor")
+    gm = fused_graph(jf)
+    assert targets(gm).count(torch.ops.aten.copy_.default) == 1
+    assert _SNAPSHOT not in targets(gm)

@@ -174,7 +174,9 @@ def _check(index: torch.Tensor, size: int, dim: int, policy: IndexPolicy, where:
     if n == 0:
         return
     lo = -size if policy.allow_negative else 0
-    if n <= 64:  # the usual KV-cache position: a host list is cheaper than two reductions
+    if n == 1:  # one position (a decode step): `.item()` is the cheapest read
+        small = large = index.item()
+    elif n <= 64:  # a few positions: a host list is cheaper than two reductions
         values = index.reshape(-1).tolist()
         small, large = min(values), max(values)
     else:

@@ -256,6 +256,46 @@ def _aligned(
     )
 
 
+def merge_full_writes(gm: fx.GraphModule) -> int:
+    """A caller's tensor written whole twice (`v.mul_(b2).addcmul_(g, g)`) gets one store of its final value:
+    reads of the memory between the two writes read the first value instead, and the first store goes.
+    Only when every such read is of the whole tensor by an op that computes (not a view, not a write).
+    Returns how many stores were removed."""
+    removed = 0
+    changed = True
+    while changed:
+        changed = False
+        writes, root = _memory(gm)
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        for (w1, m1), (w2, m2) in zip(writes, writes[1:]):
+            if m1 is not m2 or not (_stores_whole(w1, m1) and _stores_whole(w2, m1)):
+                continue
+            between = [n for n in gm.graph.nodes if order[w1] < order[n] < order[w2]]
+            readers = [n for n in between if any(root.get(a) is m1 for a in n.all_input_nodes)]
+            if any(_alias(n) or n.op != "call_function" for n in readers):
+                continue
+            if any(_layout(a) != _layout(m1) for n in readers for a in n.all_input_nodes if root.get(a) is m1):
+                continue
+            value = w1.args[1]
+            for n in readers:
+                for a in [a for a in n.all_input_nodes if root.get(a) is m1]:
+                    n.replace_input_with(a, value)
+            w1.replace_all_uses_with(w1.args[0])
+            gm.graph.erase_node(w1)
+            removed += 1
+            changed = True
+            break
+    return removed
+
+
+def _stores_whole(w: fx.Node, m: fx.Node) -> bool:
+    """`w` copies a value of `m`'s dtype and shape over all of `m`."""
+    if w.target is not aten.copy_.default:
+        return False
+    dst, src = w.args[0].meta["val"], w.args[1].meta["val"]
+    return _layout(w.args[0]) == _layout(m) and src.dtype == dst.dtype and src.shape == dst.shape
+
+
 def insert_snapshots(gm: fx.GraphModule) -> int:
     """Remove each hazard: a value stored whole by the write it precedes (`m.copy_(m * b + g)`, then `m * b +
     g` read again) is read back from where it was stored, when nothing writes there later; any other is
@@ -325,6 +365,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         # while a program serves every placement of its inputs.
         raise Unfusable("an as_strided view (its storage offset is absolute)")
     _writes(traced)  # only the graph's inputs are written
+    merge_full_writes(traced)
     insert_snapshots(traced)
     check_hazards(traced)
     traced.recompile()
