@@ -52,6 +52,17 @@ def adam(params, grads, ms, vs, lr: float, step: int):
             p.addcdiv_(m, denom, value=-lr / (1 - b1**step))
 
 
+def adamw_step(opt):
+    opt.step()
+
+
+def _adamw_args():
+    params = [torch.nn.Parameter(torch.randn(65536)) for _ in range(40)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    return (torch.optim.AdamW(params, lr=1e-3, foreach=False),)
+
+
 def tiny(x):
     x.add_(1)
     return x * 2 + 1
@@ -104,6 +115,7 @@ WORKLOADS = [
     Workload("slice_write", slice_write, lambda: (torch.randn(4096, 4096), torch.randn(4096)), 1.5),
     Workload("kv_decode", kv_decode, _decode_args, 1.05),
     Workload("adam", adam, _adam_args, 1.05),
+    Workload("adamw_optim", adamw_step, _adamw_args, 1.05, memory=False),
     Workload("seed_2048", seed, lambda: (torch.randn(2048, 2048), torch.randn(2048, 2048)), 1.05),
     Workload("tiny_call", tiny, lambda: (torch.randn(8),), 1.5, memory=False),
 ]

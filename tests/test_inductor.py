@@ -189,3 +189,25 @@ def test_a_tensor_written_whole_twice_is_stored_once():
     gm = fused_graph(jf)
     assert targets(gm).count(torch.ops.aten.copy_.default) == 1
     assert _SNAPSHOT not in targets(gm)
+
+
+def cumsum_of_detached(x):
+    return x.detach().cumsum(1)
+
+
+def test_fused_kernels_record_no_autograd():
+    # inductor's decompositions turn detach() into alias, and its aten fallback (cumsum) recorded autograd on
+    # the input: the output required grad where eager's does not (fuzz seed 940102).
+    check(cumsum_of_detached, torch.randn(3, 4, requires_grad=True), executor="inductor")
+
+
+def sgd_step(p, g):
+    with torch.no_grad():
+        p.add_(g, alpha=-0.1)
+
+
+def test_optimizer_step_on_parameters_is_fused():
+    # Parameters require grad, but the step reads and writes them under no_grad: nothing saves them, so the
+    # graph takes no protective clone of them and nothing in it records autograd.
+    jf = check(sgd_step, torch.randn(16, requires_grad=True), torch.randn(16), executor="inductor")
+    assert "fused" in str(dealias.last_traces(jf)[3])

@@ -476,6 +476,8 @@ class _Functionalizer:
             # it (batch norm saves its running stats): protect it whenever a reader of it is differentiable.
             if ph is None or not (ph.meta.get("rg") or any(u.meta.get("rg") for u in ph.users)):
                 continue
+            if not _read_with_grad(ph):  # only ops run with grad on save (an optimizer step saves nothing)
+                continue
             with self.graph.inserting_after(placeholders[-1]):
                 clone = self.graph.call_function(aten.clone.default, (ph,))
             clone.meta.update(val=ph.meta["val"], rg=True, grad=True)
@@ -875,6 +877,21 @@ class _Functionalizer:
             if root.storage is v.storage and v.chain[:n] == root.chain:
                 return OutputSlot(ref, v.chain[n:])
         return OutputSlot(caller_ref(v.storage), v.chain)
+
+
+def _read_with_grad(node: fx.Node) -> bool:
+    """Whether an op running with grad on reads `node`'s memory (through views)."""
+    todo, seen = [node], set()
+    while todo:
+        for u in todo.pop().users:
+            if u in seen:
+                continue
+            seen.add(u)
+            if is_view_node(u):
+                todo.append(u)
+            elif u.op == "call_function" and u.meta.get("grad", True):
+                return True
+    return False
 
 
 def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -> dict[Storage, fx.Node]:

@@ -351,7 +351,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     gm.recompile()
     # Inductor's own decompositions (index_copy_ -> index_put_, ...), dealias's helpers traced to aten ops; each
     # node keeps the user's source line.
-    with fx.traceback.preserve_node_meta():
+    with fx.traceback.preserve_node_meta(), torch.no_grad():  # nothing records autograd (`unfusable`)
         interpret = lambda *args: fx.Interpreter(gm).run(*args)  # noqa: E731
         traced = make_fx(interpret, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example)
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
@@ -377,7 +377,14 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
 
     def run(*args: Any) -> Any:
         check(list(args))
-        return tuple(compiled(list(args)))
+        # Autograd records nothing here (`unfusable`), but the aten kernels inductor falls back to would record
+        # on inputs that require grad, through the detach() its decompositions dropped.
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            return tuple(compiled(list(args)))
+        finally:
+            torch._C._set_grad_enabled(grad)
 
     run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
     return run
