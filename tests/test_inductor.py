@@ -211,3 +211,12 @@ def test_optimizer_step_on_parameters_is_fused():
     # graph takes no protective clone of them and nothing in it records autograd.
     jf = check(sgd_step, torch.randn(16, requires_grad=True), torch.randn(16), executor="inductor")
     assert "fused" in str(dealias.last_traces(jf)[3])
+
+
+def cumsum_of_ones(x):
+    return x.new_ones((3, 4, 2)).cumsum(1)
+
+
+def test_results_have_eagers_strides():
+    # inductor returned this constant as an expanded tensor, strides (0, 1, 0) (fuzz seed 950052)
+    check(cumsum_of_ones, torch.randn(3, 4, 2), executor="inductor")

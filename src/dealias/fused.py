@@ -375,6 +375,23 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
 
+    # Eager's layout of each result, from the lowered graph (inductor's decompositions may change it: a constant
+    # came back as an expanded tensor, strides (0, 1, 0)).
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    layouts = [
+        (i, tuple(v.shape), tuple(v.stride()))
+        for i, a in enumerate(out_node.args[0])
+        if isinstance(a, fx.Node) and isinstance(v := a.meta.get("val"), torch.Tensor)
+    ]
+
+    def restrided(outs: tuple[Any, ...]) -> tuple[Any, ...]:
+        fixed = list(outs)
+        for i, shape, stride in layouts:
+            t = fixed[i]
+            if any(n > 1 and a != b for n, a, b in zip(shape, t.stride(), stride)):
+                fixed[i] = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+        return tuple(fixed)
+
     def run(*args: Any) -> Any:
         check(list(args))
         # Autograd records nothing here (`unfusable`), but the aten kernels inductor falls back to would record
@@ -382,7 +399,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            return tuple(compiled(list(args)))
+            return restrided(tuple(compiled(list(args))))
         finally:
             torch._C._set_grad_enabled(grad)
 
