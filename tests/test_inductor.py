@@ -163,12 +163,13 @@ def test_seed_program_and_kv_cache_write_match_eager():
     assert [r.mode for r in dealias.explain(jk)] == ["in place", "in place"]
 
 
-def test_what_cannot_be_fused_runs_on_the_torch_executor():
-    def grad_program(x):
-        x.mul_(2)
-        return x.sin()
+def double_then_sin(x):
+    x.mul_(2)
+    return x.sin()
 
-    jf = dealias.jit(grad_program, executor="inductor")
+
+def test_what_cannot_be_fused_runs_on_the_torch_executor():
+    jf = dealias.jit(double_then_sin, executor="inductor")
     x = torch.randn(3, requires_grad=True) * 1
     jf(x).sum().backward()
     assert "not fused, autograd records the graph" in str(dealias.last_traces(jf)[3])
@@ -220,3 +221,38 @@ def cumsum_of_ones(x):
 def test_results_have_eagers_strides():
     # inductor returned this constant as an expanded tensor, strides (0, 1, 0) (fuzz seed 950052)
     check(cumsum_of_ones, torch.randn(3, 4, 2), executor="inductor")
+
+
+def test_tiered_executor_fuses_a_program_once_it_has_run_often(monkeypatch):
+    from dealias import backend
+
+    monkeypatch.setattr(backend, "PROMOTE_AFTER", 3)
+    jf = dealias.jit(slice_write, executor="tiered")
+    tiers = []
+    for _ in range(4):
+        buf, row = torch.randn(256, 64), torch.randn(64)
+        expected = buf.clone()
+        slice_write(expected, row)
+        jf(buf, row)
+        torch.testing.assert_close(buf, expected)
+        tiers.append(dealias.cache_info(jf).tiers)
+    assert tiers == [("torch",), ("torch",), ("fused",), ("fused",)]
+    info = dealias.cache_info(jf)
+    assert (info.misses, info.hits) == (1, 3)
+    assert "fused" in str(dealias.last_traces(jf)[3])
+
+
+def test_tiered_executor_keeps_what_cannot_fuse_on_the_torch_executor(monkeypatch):
+    from dealias import backend
+
+    monkeypatch.setattr(backend, "PROMOTE_AFTER", 2)
+    jf = dealias.jit(kv_write, executor="tiered")
+    for p in (1, 2, 3):
+        args = torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+        jf(*args, torch.tensor([p]))
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    jg = dealias.jit(double_then_sin, executor="tiered")
+    for _ in range(3):
+        x = torch.randn(3, requires_grad=True) * 1
+        jg(x).sum().backward()
+    assert dealias.cache_info(jg).tiers == ("torch (not fusable)",)

@@ -31,6 +31,7 @@ class CacheInfo:
     eager_entries: int  # input layouts of a graph that run it eagerly, plus 1 if the whole function runs eagerly
     last_miss_reason: str = ""  # why the latest compile happened ("first call" or what changed)
     dynamic: tuple[str, ...] = ()  # what compiled programs hold symbolic: `pos`, `x.size(1)`
+    tiers: tuple[str, ...] = ()  # per compiled program, the executor running it: "torch" or "fused"
 
 
 class JitFunction:
@@ -156,7 +157,16 @@ class JitFunction:
         eager += self.eager
         programs = [e for g in graphs for bucket in list(g.cache.values()) for *_, e, _ in bucket if e is not _EAGER]
         dynamic = dict.fromkeys(name for p in programs for name in p.symbolic_inputs())
-        return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason, tuple(dynamic))
+        tiers = tuple(_tier(p) for p in programs)
+        return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason, tuple(dynamic), tiers)
+
+
+def _tier(program: Any) -> str:
+    """The executor running a compiled program (a tiered one says where it is)."""
+    tier = getattr(program, "tier", None)
+    if isinstance(tier, str):
+        return tier
+    return "fused" if "(fused" in str(program.traces[-1]).splitlines()[0] else "torch"
 
 
 def _frames_compiled() -> int:
@@ -234,9 +244,11 @@ def jit(
     The result behaves like `fn` in eager PyTorch (values, mutations of its arguments and of module state,
     outputs that alias arguments or each other). Programs dealias cannot compile exactly run eagerly with a
     FallbackWarning; with `strict=True` they raise instead. With `verify=True` every call also runs `fn`
-    eagerly on copies and raises VerificationError at the first difference. `executor="inductor"` compiles
-    the functional graph with inductor (fusion; write-backs copy whole tensors after it) instead of running
-    it op by op with in-place region writes."""
+    eagerly on copies and raises VerificationError at the first difference. `executor="inductor"` hands the
+    graph, its writes into the caller's memory included, to inductor (fused kernels, not bit-equal to eager's)
+    instead of running it op by op with eager's kernels; `executor="tiered"` runs each program op by op first
+    and fuses it once it has run 16 times (an inductor compile costs seconds). `cache_info(f).tiers` says
+    where each program runs."""
     if fn is None:
         return functools.partial(jit, strict=strict, verify=verify, executor=executor, cache_limit=cache_limit)
     return JitFunction(fn, strict=strict, verify=verify, executor=executor, cache_limit=cache_limit)

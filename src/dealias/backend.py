@@ -66,14 +66,16 @@ COMPILE_LOCK = compile_lock
 class Options:
     """What `torch.compile(..., backend="dealias", options={...})` and `dealias.jit(..., **options)` take."""
 
-    executor: str = "torch"  # "torch": eager's kernels, region writes in place; "inductor": fused functional graph
+    # "torch": eager's kernels, region writes in place; "inductor": the fused executor (fused.py); "tiered": the
+    # torch executor first, the fused one once a program has run `PROMOTE_AFTER` times (its compile costs seconds)
+    executor: str = "torch"
     verify: bool = False  # every call of a graph also runs it eagerly on copies; VerificationError on a difference
     strict: bool = False  # a graph dealias cannot compile raises instead of running eagerly
     cache_limit: int = 8  # compiled layouts per graph before it runs eagerly (with a warning)
 
     def __post_init__(self) -> None:
-        if self.executor not in ("torch", "inductor"):
-            raise ValueError(f"executor must be 'torch' or 'inductor', not {self.executor!r}")
+        if self.executor not in ("torch", "inductor", "tiered"):
+            raise ValueError(f"executor must be 'torch', 'inductor' or 'tiered', not {self.executor!r}")
 
 
 @dataclass
@@ -224,15 +226,18 @@ class GraphProgram:
                         f"inputs {members} share memory, and not all of them are differentiable views of one tensor"
                     )
                 )
+        executor = "torch" if self.options.executor == "tiered" else self.options.executor
         if self.symbolic:
             try:
-                return compile_program(self.gm, leaves, self.names, self.options.executor, self.symbolic)
+                program = compile_program(self.gm, leaves, self.names, executor, self.symbolic)
+                return _Tiered(self, program, self.symbolic) if self.options.executor == "tiered" else program
             except Exception as e:  # noqa: BLE001 - any failure: compile again with the values specialized
                 log.info(
                     "dealias: %s compiles with its symbolic values specialized: %s", self.stats.name, e, exc_info=True
                 )
         try:
-            return compile_program(self.gm, leaves, self.names, self.options.executor)
+            program = compile_program(self.gm, leaves, self.names, executor)
+            return _Tiered(self, program, None) if self.options.executor == "tiered" else program
         except EagerSemanticsError:
             raise
         except (DealiasError, *_FAKE_LIMITS) as e:
@@ -379,6 +384,43 @@ def _symbolic_inputs(placeholders: list[fx.Node]) -> Symbolic:
             else:
                 return Symbolic()  # an expression over sizes (`2 * s0`): specialize everything
     return Symbolic(dims, tuple(scalars), sizes)
+
+
+PROMOTE_AFTER = 16  # calls of a program on the torch executor before the tiered executor fuses it
+
+
+class _Tiered:
+    """A program of the tiered executor: compiled for the torch executor, recompiled for the fused one on its
+    `PROMOTE_AFTER`-th call, with that call's inputs (same layout: the cache entry's check held). A fused
+    compile that fails leaves it on the torch executor. Its results then differ from eager's in the last bits,
+    as fused kernels do."""
+
+    def __init__(self, backend: Backend, program: Any, symbolic: Symbolic | None) -> None:
+        self.backend, self.program, self.symbolic = backend, program, symbolic
+        self.calls = 0
+        self.tier = "torch"
+
+    def __getattr__(self, name: str) -> Any:  # traces, reports, layouts, shape_guard: the current program's
+        return getattr(self.program, name)
+
+    def __call__(self, leaves: list[Any]) -> Any:
+        self.calls += 1
+        if self.calls == PROMOTE_AFTER:
+            self._promote(leaves)
+        return self.program(leaves)
+
+    def _promote(self, leaves: list[Any]) -> None:
+        b = self.backend
+        grad = torch.is_grad_enabled()
+        try:
+            with COMPILE_LOCK:
+                self.program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
+            self.tier = "fused" if "(fused" in str(self.program.traces[-1]).splitlines()[0] else "torch (not fusable)"
+        except Exception as e:  # noqa: BLE001 - the torch executor's program stays: it is exact
+            log.info("dealias: %s stays on the torch executor: %s", b.stats.name, e, exc_info=True)
+            self.tier = "torch (fused compile failed)"
+        finally:
+            torch._C._set_grad_enabled(grad)
 
 
 def _leaf_value(x: Any) -> tuple[type, Any]:
