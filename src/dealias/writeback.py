@@ -113,7 +113,11 @@ def match_region_write(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx
             if found is not None:
                 return found
     # Pure-view inverses: node = inv(Y), where Y was written into the view b1 = view(B) that inv inverts:
-    # Y is a region write into b1, or Y was computed from b1 (`e = c.flatten(); e += d.flatten()`).
+    # Y is a region write into b1, or Y was computed from b1 (`e = c.flatten(); e += d.flatten()`). The inverse
+    # of a view is a view: any other node is not one, and is not taken apart (the recursion into Y would
+    # otherwise run down every earlier version: a RecursionError at ~1,000 in-place statements).
+    if not is_view_node(node):
+        return None
     y = node.args[0]
     inner = match_region_write(y)
     if inner is not None:
@@ -163,8 +167,19 @@ def _matches(rec: tuple[Any, tuple[Any, ...], dict], node: fx.Node, value: fx.No
     return op is node.target and _same_args(want, node.args) and _same_args(kwargs, dict(node.kwargs))
 
 
-def _match_inverse(node: fx.Node, base: fx.Node, b1: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
+def _inverse_of_view(base: fx.Node, b1: fx.Node) -> tuple[Any, tuple[Any, ...], dict] | None:
+    """`_recorded_inverse` of the view b1 = view(base), computed once per view node: a base read through many
+    views is matched against each of them for every version (quadratic in the program's length otherwise)."""
+    cached = b1.meta.get("_dealias_inverse")
+    if cached is not None and cached[0] is base:  # (a copied graph's node carries its original's meta)
+        return cached[1]
     rec = _recorded_inverse(_step_of(b1), base, b1)
+    b1.meta["_dealias_inverse"] = (base, rec)
+    return rec
+
+
+def _match_inverse(node: fx.Node, base: fx.Node, b1: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
+    rec = _inverse_of_view(base, b1)
     if rec is None or rec[0] is not node.target:
         return None
     hole_at = next((i for i, a in enumerate(rec[1]) if isinstance(a, _Hole)), None)
