@@ -11,8 +11,10 @@ rule: such a value is materialized by `dealias::snapshot`, an op inductor cannot
 its own, in program order. `check_hazards` verifies the rule on every graph handed to inductor.
 
 Index bounds are checked in a prologue, before any write: eager's error, the caller's tensors untouched.
-What this path cannot run exactly (autograd, grad-mode switches, alias groups, random draws, symbolic sizes)
-stays on the torch executor (`unfusable` says why).
+What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
+(`unfusable` before lowering, `Unfusable` after): autograd recording, alias groups, random draws, symbolic
+sizes, ops that may raise on their values, functional scatters and dtype views and `as_strided` (three things
+inductor gets wrong or ties to one placement of the inputs), writes to memory that is not an input.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def _memory(gm: fx.GraphModule) -> tuple[list[tuple[fx.Node, fx.Node]], dict[fx.
                 arg = _arg(n, name)
                 if arg is None:
                     continue
-                if arg not in root:  # a tensor attribute (inductor takes those for constants)
+                if arg not in root:  # an attribute (inductor takes those for constants), or a decomposition's buffer
                     raise Unfusable(f"{n.target} writes {arg.name}, not an input of the graph")
                 out.append((n, root[arg]))
                 if _returns_written(n):
