@@ -256,3 +256,15 @@ def test_tiered_executor_keeps_what_cannot_fuse_on_the_torch_executor(monkeypatc
         x = torch.randn(3, requires_grad=True) * 1
         jg(x).sum().backward()
     assert dealias.cache_info(jg).tiers == ("torch (not fusable)",)
+
+
+def exp_then_sin(x):
+    x.copy_(x.exp().sin())
+
+
+def test_verify_runs_with_the_fused_executor():
+    # verify=True compares a fused program with eager at the fused tolerance (1e-4; 1e-5 for the torch executor).
+    jf = dealias.jit(exp_then_sin, executor="inductor", verify=True)
+    for _ in range(2):
+        jf(torch.linspace(-2, 2, 64))
+    assert "fused" in str(dealias.last_traces(jf)[3])

@@ -38,7 +38,7 @@ from .guards import explain_miss, guard_key, lookup_key, restricted_view, tensor
 from .pipeline import compile_program
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
 from .sharing import find_groups_or_none, overlapping_pairs
-from .verify import VerificationError, clone_args, first_difference
+from .verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
 
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)
@@ -306,7 +306,11 @@ class GraphProgram:
         got = entry(leaves)
         if eager_error is not None:
             raise VerificationError(f"{self.stats.name}: eager raised {eager_error!r}, dealias returned")
-        diff = first_difference(expected, got, eager_leaves, leaves)
+        tolerant = ULP_TOLERANT.set(self.options.executor != "torch")  # fused kernels are not bit-equal
+        try:
+            diff = first_difference(expected, got, eager_leaves, leaves)
+        finally:
+            ULP_TOLERANT.reset(tolerant)
         if diff is not None:
             raise VerificationError(f"{self.stats.name}: {diff}")
         return got
