@@ -198,6 +198,7 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
     _check_static(traced)
     _return_inputs_as_themselves(traced, returned_inputs)
     grad_modes.annotate(traced)
+    _drop_unused(traced)  # (after the annotation: it counts the traced nodes)
     _rename_inputs(traced, [names[p] for p in positions + sym_positions])
     captured.gm = traced
     captured.fake_mode = mode
@@ -206,6 +207,23 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
     captured.fakes = fakes
     captured.names = list(names)
     return captured
+
+
+def _drop_unused(gm: fx.GraphModule) -> None:
+    """Remove what nothing uses and what has no effect of its own. Autograd's in-place bookkeeping on a view of
+    a tensor that requires grad leaves such nodes in the trace (a clone of the view, an `as_strided` replay of
+    it on a lifted tensor constant whose fake shares the input's memory), which alias analysis would otherwise
+    have to place."""
+    from .opfacts import is_view_node
+
+    # Only views, clones and attribute reads: some aten schemas do not declare all they write (batch norm's
+    # running statistics), so an unused op in general may still have an effect.
+    for node in reversed(list(gm.graph.nodes)):
+        if node.users or node.op not in ("call_function", "get_attr"):
+            continue
+        if node.op == "get_attr" or is_view_node(node) or node.target is torch.ops.aten.clone.default:
+            gm.graph.erase_node(node)
+    gm.recompile()
 
 
 def _fake(mode: FakeTensorMode, t: torch.Tensor, dims: frozenset[int] | None, name: str) -> torch.Tensor:
