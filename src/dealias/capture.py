@@ -210,7 +210,7 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
 
 
 def _drop_unused(gm: fx.GraphModule) -> None:
-    """Remove what nothing uses and what has no effect of its own. Autograd's in-place bookkeeping on a view of
+    """Remove unused views, clones and attribute reads. Autograd's in-place bookkeeping on a view of
     a tensor that requires grad leaves such nodes in the trace (a clone of the view, an `as_strided` replay of
     it on a lifted tensor constant whose fake shares the input's memory), which alias analysis would otherwise
     have to place."""

@@ -89,17 +89,3 @@ bump_version._dealias_effect = True  # type: ignore[attr-defined]  # a write: ne
 
 def grad_leaf(view: torch.Tensor) -> torch.Tensor:
     return view.detach().requires_grad_(view.requires_grad)
-
-
-_AUTOGRAD_OPS = (keep_history, overwritten, grad_leaf, write_back_now, caller_tensor, caller_after, bump_version)
-
-
-def uses_autograd_ops(gm: torch.fx.GraphModule) -> bool:
-    """Whether a graph calls these ops (a fusing executor cannot: it compiles aten ops)."""
-    return any(n.target in _AUTOGRAD_OPS or _writes(n.target) for n in gm.graph.nodes if n.op == "call_function")
-
-
-def _writes(target: object) -> bool:
-    from .opfacts import facts
-
-    return isinstance(target, torch._ops.OpOverload) and bool(facts(target).mutated)

@@ -24,7 +24,7 @@ from .program import CompiledProgram
 from .saved import refuse_saved_then_written
 from .traces import Trace, format_graph
 from .viewops import chain_text
-from .writeback import WriteBackReport, lower, whole_report
+from .writeback import WriteBackReport, lower
 
 
 def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> Trace:
@@ -181,8 +181,3 @@ def tensor_layouts(captured: Any) -> list[tuple[list[Any], list[Any]]]:
         return [None if isinstance(x, torch.SymInt) else x for x in xs]
 
     return [(static(f.shape), static(f.stride())) for f in captured.fakes]
-
-
-def _whole_report(fp: FunctionalProgram, wb: Any) -> WriteBackReport:
-    out = next(n for n in fp.gm.graph.nodes if n.op == "output").args[0][wb.output]
-    return whole_report(wb.target, out)
