@@ -157,16 +157,8 @@ class JitFunction:
         eager += self.eager
         programs = [e for g in graphs for bucket in list(g.cache.values()) for *_, e, _ in bucket if e is not _EAGER]
         dynamic = dict.fromkeys(name for p in programs for name in p.symbolic_inputs())
-        tiers = tuple(_tier(p) for p in programs)
+        tiers = tuple(p.tier for p in programs)  # (a tiered program says where it is now)
         return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason, tuple(dynamic), tiers)
-
-
-def _tier(program: Any) -> str:
-    """The executor running a compiled program (a tiered one says where it is)."""
-    tier = getattr(program, "tier", None)
-    if isinstance(tier, str):
-        return tier
-    return "fused" if "(fused" in str(program.traces[-1]).splitlines()[0] else "torch"
 
 
 def _frames_compiled() -> int:

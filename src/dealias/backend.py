@@ -419,7 +419,7 @@ class _Tiered:
         try:
             with COMPILE_LOCK:
                 self.program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
-            self.tier = "fused" if "(fused" in str(self.program.traces[-1]).splitlines()[0] else "torch (not fusable)"
+            self.tier = "fused" if self.program.tier == "fused" else "torch (not fusable)"
         except Exception as e:  # noqa: BLE001 - the torch executor's program stays: it is exact
             log.info("dealias: %s stays on the torch executor: %s", b.stats.name, e, exc_info=True)
             self.tier = "torch (fused compile failed)"

@@ -34,7 +34,7 @@ from .gradops import (
     overwritten,
     write_back_now,
 )
-from .opfacts import OpKind, facts, is_view_node, writes_nothing
+from .opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
 from .sharing import overlaps
 from .viewops import (
     ViewStep,
@@ -417,7 +417,7 @@ class _Functionalizer:
                 error = _eager_overlap_error(node)
                 if error is not None:
                     raise EagerSemanticsError(with_location(f"{node.target}: {error}", loc))
-                bound = _bind_args(node.target._schema, node.args, node.kwargs)
+                bound = bind_args(node.target._schema, node.args, node.kwargs)
                 targets = [a for name in facts(node.target).mutated for a in pytree.tree_leaves(bound.get(name))]
                 if aliasing_is_benign(node, [a for a in targets if isinstance(a, fx.Node)]):
                     continue  # (`slice_scatter(x, s, out=x.view(..))`: eager copies x first, as copies would)
@@ -596,7 +596,7 @@ class _Functionalizer:
             raise UnsupportedError(
                 with_location(f"{op} has no functional counterpart known to dealias", node_location(node))
             )
-        bound = _bind_args(op._schema, node.args, node.kwargs)
+        bound = bind_args(op._schema, node.args, node.kwargs)
         if op is aten.copy_.default and bound["self"] is bound["src"]:
             # `x.copy_(x)`: eager returns at once, touching no value and no history; its version counter moves.
             s = self.info.value(bound["self"]).storage
@@ -833,7 +833,7 @@ class _Functionalizer:
         op = node.target
         if not isinstance(op, torch._ops.OpOverload) or not facts(op).mutated:
             return []
-        bound = _bind_args(op._schema, node.args, node.kwargs)
+        bound = bind_args(op._schema, node.args, node.kwargs)
         args = [bound.get(name) for name in facts(op).mutated]
         return [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, fx.Node)]
 
@@ -952,16 +952,6 @@ def _eager_overlap_error(node: fx.Node) -> str | None:
         return None
     message = (str(error).strip().splitlines() or [""])[0] if isinstance(error, RuntimeError) else ""
     return message if "refer to a single memory location" in message else None
-
-
-def _bind_args(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    bound: dict[str, Any] = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(args):
-            bound[a.name] = args[i]
-        elif a.name in kwargs:
-            bound[a.name] = kwargs[a.name]
-    return bound
 
 
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:

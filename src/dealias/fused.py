@@ -30,7 +30,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .checks import indexed_write
 from .errors import InternalError
 from .gradops import bump_version
-from .opfacts import OpKind, facts, has_effect, is_view_node, may_raise
+from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise
 
 aten = torch.ops.aten
 
@@ -74,17 +74,8 @@ def unfusable(gm: fx.GraphModule) -> str | None:
 
 def _no_dropout(n: fx.Node) -> bool:
     """An op tagged random only for its dropout, called without it (attention with `dropout_p=0.0`)."""
-    p = _const_arg(n, "dropout_p")
+    p = bind_args(n.target._schema, n.args, n.kwargs, defaults=True).get("dropout_p")
     return p is not None and p == 0
-
-
-def _const_arg(n: fx.Node, name: str) -> Any:
-    for i, a in enumerate(n.target._schema.arguments):
-        if a.name == name:
-            if i < len(n.args):
-                return n.args[i]
-            return n.kwargs.get(name, a.default_value if a.has_default_value() else None)
-    return None
 
 
 def _scatter(op: Any) -> bool:
@@ -193,11 +184,8 @@ def _alias(n: fx.Node) -> bool:
 
 
 def _arg(n: fx.Node, name: str) -> fx.Node | None:
-    for i, a in enumerate(n.target._schema.arguments):
-        if a.name == name:
-            v = n.args[i] if i < len(n.args) else n.kwargs.get(name)
-            return v if isinstance(v, fx.Node) else None
-    return None
+    v = bind_args(n.target._schema, n.args, n.kwargs).get(name)
+    return v if isinstance(v, fx.Node) else None
 
 
 def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node, bool]]:

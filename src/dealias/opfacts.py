@@ -152,15 +152,29 @@ def facts(op: OpOverload) -> OpFacts:
     return OpFacts(op, kind, names, _find_functional(op, kind), nondeterministic=nondet)
 
 
+def bind_args(
+    schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any], defaults: bool = False
+) -> dict[str, Any]:
+    """A call's arguments by schema name: those given (and, with `defaults`, the defaults of those not given)."""
+    bound: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(args):
+            bound[a.name] = args[i]
+        elif a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+        elif defaults and a.has_default_value():
+            bound[a.name] = a.default_value
+    return bound
+
+
 def writes_nothing(op: OpOverload, args: tuple, kwargs: dict, mutated: tuple[str, ...]) -> bool:
     """A mutating op called so that it writes nothing: every written argument is an omitted optional
     (BatchNorm without running stats), or BatchNorm outside training mode."""
-    given = {a.name: args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(op._schema.arguments)}
+    given = bind_args(op._schema, args, kwargs)
     if all(given.get(name) is None for name in mutated):
         return True
     if op._schema.name in ("aten::native_batch_norm", "aten::_native_batch_norm_legit"):
-        training = args[5] if len(args) > 5 else kwargs.get("training")
-        return not training
+        return not given.get("training")
     return False
 
 

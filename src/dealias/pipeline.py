@@ -98,7 +98,7 @@ def compile_program(
     fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
     functional_gm = _copy_graph_module(fp.gm)
     functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
-    run = None
+    run, tier = None, "torch"
     if executor == "inductor":
         try:
             why = unfusable(fp.gm)
@@ -107,7 +107,7 @@ def compile_program(
             trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
             trial, reports = lower(trial, _alias_placeholders(trial.gm, captured), fused=True)
             run = fused_executor(trial.gm, [leaves[p] for p in captured.tensor_positions])
-            fp, shown = trial, dataclasses.replace(trial, gm=run.graph)
+            fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), "fused"
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
         except Unfusable as e:
             name = f"execution trace (torch executor: not fused, {e})"
@@ -130,7 +130,7 @@ def compile_program(
         _execution_trace(shown, reports, name),
     ]
     return CompiledProgram(
-        captured, fp, run, traces, functional_gm, reports, _shape_guard(captured), tensor_layouts(captured)
+        captured, fp, run, traces, functional_gm, reports, _shape_guard(captured), tensor_layouts(captured), tier
     )
 
 

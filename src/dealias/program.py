@@ -60,6 +60,7 @@ class CompiledProgram:
     reports: list[Any]  # WriteBackReport per caller tensor written
     shape_guard: Callable[[list[Any]], bool] | None = None  # the calls its symbolic sizes and scalars hold for
     layouts: list[tuple[list[Any], list[Any]]] | None = None  # per tensor input: static sizes, strides (or None)
+    tier: str = "torch"  # the executor running it: "torch" or "fused"
 
     def __post_init__(self) -> None:
         # Everything a call does beyond running the graph is resolved here once: a cache hit only indexes.
