@@ -257,3 +257,84 @@ def test_no_grad_regions_match_eager(fn):
         results.append((out.detach(), leaf.grad, out.requires_grad))
     (eo, eg, er), (do, dg, dr) = results
     assert torch.equal(eo, do) and torch.equal(eg, dg) and er == dr, results
+
+
+def test_cache_hit_of_the_first_layout_takes_the_lean_lookup(monkeypatch):
+    jf = dealias.jit(write_first_read_second)
+    assert compare_call(write_first_read_second, jf, (torch.randn(4), torch.randn(4))) is None
+    graph = jf.stats.graphs[0]
+    assert graph.lean is not None
+
+    def no_general_lookup(*args, **kwargs):
+        raise AssertionError("the general lookup ran on a hit of the first layout")
+
+    monkeypatch.setattr("dealias.backend.lookup_key", no_general_lookup)
+    assert compare_call(write_first_read_second, jf, (torch.randn(4), torch.randn(4))) is None
+    assert dealias.cache_info(jf).misses == 1
+
+
+@pytest.mark.parametrize("shared", ["same", "overlap", "disjoint"])
+def test_lean_lookup_refuses_inputs_that_now_share_memory(shared):
+    # Dynamo guards neither case: the lean lookup of the first layout (separate storages) must not take it.
+    jf = dealias.jit(write_first_read_second)
+    b = torch.arange(8.0)
+    views = {"same": (b[:4], b[:4]), "overlap": (b[:4], b[2:6]), "disjoint": (b[:4], b[4:])}[shared]
+    for args in [(torch.randn(4), torch.randn(4)), views, (torch.randn(4), torch.randn(4)), views]:
+        assert compare_call(write_first_read_second, jf, args) is None, shared
+    assert dealias.cache_info(jf).misses == 2
+
+
+def test_lean_check_agrees_with_the_lookup_key():
+    # The lean check is the lookup key's equality written out for one layout: on every variation dynamo does not
+    # guard (storage sharing, grad mode, inference mode, autograd kind of an input, a scalar's value), both agree.
+    # (Every variant has the same types, shapes and requires_grad: those dynamo guards.)
+    from dealias.guards import lean_check, lookup_key
+
+    def args(kind):
+        r = torch.randn(8, requires_grad=True)
+        with torch.no_grad():
+            no_grad_view = r[:4]
+        b = r * 1
+        variants = {
+            "separate": (torch.randn(4), torch.randn(4, requires_grad=True) * 1, 3),
+            "leaf": (torch.randn(4), torch.randn(4, requires_grad=True), 3),
+            "split": (torch.randn(4), (r * 1).split(4)[0], 3),
+            "no_grad view": (torch.randn(4), no_grad_view, 3),
+            "shared": (b.detach()[:4], b[4:], 3),
+            "value": (torch.randn(4), torch.randn(4, requires_grad=True) * 1, 4),
+        }
+        return list(variants[kind])
+
+    kinds = ["separate", "leaf", "split", "no_grad view", "shared", "value"]
+    for first in kinds:
+        leaves = args(first)
+        key = lookup_key(leaves, 3)[0]
+        check = lean_check(leaves, frozenset(), None)
+        if first == "shared":
+            assert check is None  # only layouts of separate storages get one
+            continue
+        for kind in kinds:
+            for grad, inference in [(True, False), (False, False), (False, True), (True, True)]:
+                with (
+                    torch.inference_mode(inference),
+                    torch.set_grad_enabled(grad),
+                ):  # this order: inference_mode(False) turns grad on
+                    call = (
+                        args(kind) if not inference else [x.detach() if torch.is_tensor(x) else x for x in args(kind)]
+                    )
+                    assert check(tuple(call)) == (lookup_key(call, 3)[0] == key), (first, kind, grad, inference)
+
+
+def scale_(x, w):
+    w.mul_(2)  # eager raises on a leaf that requires grad (with grad on), not on a non-leaf
+    return (x * w).sum()
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_lean_lookup_refuses_a_change_of_grad_mode_or_leafness(grad):
+    jf = dealias.jit(scale_)
+    non_leaf = lambda: (torch.randn(4), torch.randn(4, requires_grad=True) * 1)  # noqa: E731
+    leaf = lambda: (torch.randn(4), torch.randn(4, requires_grad=True))  # noqa: E731
+    for mode, make in [(grad, non_leaf), (grad, non_leaf), (not grad, non_leaf), (grad, leaf), (grad, non_leaf)]:
+        with torch.set_grad_enabled(mode):
+            assert compare_call(scale_, jf, make()) is None, (mode, make)

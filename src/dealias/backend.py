@@ -34,8 +34,9 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 
 from .capture import Symbolic, node_location
 from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
-from .guards import explain_miss, guard_key, lookup_key, restricted_view, tensor_check
+from .guards import explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
 from .pipeline import compile_program
+from .program import CompiledProgram
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
 from .sharing import find_groups_or_none, overlapping_pairs
 from .verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
@@ -135,10 +136,16 @@ class GraphProgram:
         self.entries = 0
         self.last_described: tuple[Any, ...] | None = None
         self.lock = threading.Lock()
+        # (holds(args), program): the first compiled layout's lookup as one generated expression (guards.lean_check)
+        self.lean: tuple[Callable[[tuple[Any, ...]], bool], Any, Callable[[list[Any]], Any]] | None = None
         with stats.lock:
             stats.graphs.append(self)
 
     def __call__(self, *args: Any) -> Any:
+        lean = self.lean
+        if lean is not None and lean[0](args):
+            self.stats.last = lean[1]
+            return lean[2](list(args))
         leaves = [*args, *self.attributes] if self.attributes else list(args)
         key, tensors = lookup_key(leaves, len(leaves), self.offsets, self.unkeyed)
         entry = self._find(key, leaves, tensors)
@@ -188,6 +195,11 @@ class GraphProgram:
                 shape_guard = self._same_values(leaves)  # compiled with the values specialized
             layouts = entry.layouts if entry is not _EAGER else None
             self.cache.setdefault(key, []).append((tensor_check(tensors, layouts), shape_guard, entry, described))
+            if self.lean is None and self.dynamo_guarded and not self.offsets and entry is not _EAGER:
+                if not self.options.verify:
+                    check = lean_check(leaves, self.unkeyed, shape_guard)
+                    run = entry.lean_call if isinstance(entry, CompiledProgram) else entry
+                    self.lean = None if check is None else (check, entry, run)
             self.entries += 1
             self.stats.compiles += 1
             return entry

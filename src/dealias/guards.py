@@ -9,10 +9,13 @@ A lookup is split in two so that a cache hit stays cheap for many tensors: a has
 reads fast (structure, modes, values, storage sharing, offsets, leaf-ness), then, among that key's entries,
 torch's own C++ tensor guard (the one Dynamo uses) for shapes, strides, dtypes, devices, requires_grad,
 dispatch keys and Python types. Where that guard is missing, a Python comparison does the same job.
+For a graph dynamo guards fully, the first layout's key is also written out as one generated expression
+(`lean_check`): a hit of the common call costs a few attribute reads, not a key built and hashed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -119,6 +122,50 @@ def lookup_key(
     if shared and not offsets:
         key += (overlap_structure(tensors),)
     return key, tensors
+
+
+def lean_check(
+    leaves: list[Any], symbolic: frozenset[int], shape_guard: Any
+) -> Callable[[tuple[Any, ...]], bool] | None:
+    """A generated `holds(args)`: whether `lookup_key(args)` equals the key of `leaves` and the shape guard, if
+    any, holds. The cache lookup of the common call as one expression. Only for graphs dynamo fully guards
+    (types, shapes, strides, dtypes, devices, requires_grad of every input; the values of specialized
+    scalars), so the tensor check is dynamo's; and only for a layout whose tensors all have storages of their
+    own and whose program ignores offsets, so that the sharing part of the key is "all storages distinct".
+    None for other layouts (the general lookup serves them)."""
+    tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    if len({leaves[i].untyped_storage()._cdata for i in tensors}) != len(tensors):
+        return None
+    env: dict[str, Any] = {
+        "grad": torch.is_grad_enabled,
+        "inference": torch.is_inference_mode_enabled,
+        "kind": _grad_kind,
+        "leaf": _leaf_key,
+        "guard": shape_guard,
+    }
+    conds = [f"grad() is {torch.is_grad_enabled()}"]
+    conds.append(f"inference() is {torch.is_inference_mode_enabled()}")
+    if len(tensors) > 1:
+        storages = ", ".join(f"a{i}.untyped_storage()._cdata" for i in tensors)
+        conds.append(f"len({{{storages}}}) == {len(tensors)}")
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad:  # without it, dynamo's requires_grad guard says the kind is False
+                env[f"k{i}"] = _grad_kind(x)
+                conds.append(f"kind(a{i}) == k{i}")
+        elif i not in symbolic:
+            env[f"v{i}"] = _leaf_key(x)
+            conds.append(f"leaf(a{i}) == v{i}")
+    if shape_guard is not None:
+        conds.append("guard(list(args))")
+    unpack = f"    {''.join(f'a{i}, ' for i in range(len(leaves)))}= args\n" if leaves else ""
+    src = (
+        f"def holds(args):\n    if len(args) != {len(leaves)}:\n        return False\n"
+        + unpack
+        + f"    return {' and '.join(conds)}\n"
+    )
+    exec(compile(src, "<dealias lean check>", "exec"), env)  # noqa: S102 - generated from the names above only
+    return env["holds"]
 
 
 def overlap_structure(tensors: list[torch.Tensor]) -> tuple[Any, ...]:

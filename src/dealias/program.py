@@ -96,6 +96,35 @@ class CompiledProgram:
         else:
             self._pack = self._unflatten
         self._has_size = "TreeSpec(Size" in repr(cap.out_spec)
+        self.lean_call: Callable[[list[Any]], Any] = self._lean() or self.__call__
+
+    def _lean(self) -> Callable[[list[Any]], Any] | None:
+        """`__call__` as one generated function, for a program whose epilogue only picks its outputs (every write
+        done in the graph, no alias group, no grad-mode switch, outputs without view chains): a cache hit then
+        costs the graph's run and a few indexings. None for other programs."""
+        fp = self.functional
+        if self.captured.groups or self._switches_grad or fp.writebacks or fp.metadata_writebacks:
+            return None
+        if any(slot.chain for slot in fp.outputs):
+            return None
+        env: dict[str, Any] = {"run": self.run_graph, "pack": self._pack, "constants": fp.constants}
+        inputs = [f"leaves[{p}]" for p in (*self._positions, *self._symbols)]
+        outs: list[str] = []
+        for slot in fp.outputs:
+            kind, key = slot.source.kind, slot.source.key
+            if slot.same_as is not None:
+                outs.append(outs[slot.same_as])
+            elif kind == "result":
+                outs.append(f"r[{key}]")
+            elif kind == "input":
+                outs.append(f"leaves[{self._positions[key]}]")
+            else:
+                outs.append(f"constants[{key!r}]")
+        listed = ", ".join(outs)
+        packed = f"({listed}{',' * (len(outs) == 1)})" if self._pack is tuple else f"pack([{listed}])"
+        src = f"def call(leaves):\n    r = run({', '.join(inputs)})\n    return {packed}\n"
+        exec(compile(src, "<dealias lean program call>", "exec"), env)  # noqa: S102 - generated from the plan only
+        return env["call"]
 
     def symbolic_inputs(self) -> list[str]:
         """What this program holds symbolic, in the user's names: `pos`, `x.size(1)`."""
