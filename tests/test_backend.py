@@ -338,3 +338,21 @@ def test_lean_lookup_refuses_a_change_of_grad_mode_or_leafness(grad):
     for mode, make in [(grad, non_leaf), (grad, non_leaf), (not grad, non_leaf), (grad, leaf), (grad, non_leaf)]:
         with torch.set_grad_enabled(mode):
             assert compare_call(scale_, jf, make()) is None, (mode, make)
+
+
+def returns_mixed(x, y):
+    x.add_(1)
+    z = y * 2
+    return x, z, z, None, 3
+
+
+@pytest.mark.parametrize("fn", [returns_mixed, write_first_read_second])
+def test_program_whose_epilogue_only_picks_outputs_runs_as_one_generated_call(fn):
+    jf = dealias.jit(fn)
+    for _ in range(3):
+        assert compare_call(fn, jf, (torch.randn(4), torch.randn(4))) is None
+    program = jf.last
+    assert program.lean_call != program.__call__  # generated (an input returned itself, a repeated output)
+    out = jf(*(torch.randn(4), torch.randn(4)))
+    if fn is returns_mixed:
+        assert out[1] is out[2] and out[3:] == (None, 3)
