@@ -68,6 +68,72 @@ def tiny(x):
     return x * 2 + 1
 
 
+def bn_train(bn, x):
+    return bn(x)  # training mode: batch statistics, running stats updated in place
+
+
+def _bn_args():
+    return (torch.nn.BatchNorm2d(64), torch.randn(16, 64, 32, 32))
+
+
+class KVCache:
+    """Per layer, preallocated k/v buffers written with index_copy_ at the decode position."""
+
+    def __init__(self, layers: int, heads: int, length: int, head_dim: int) -> None:
+        self.k = [torch.zeros(1, heads, length, head_dim) for _ in range(layers)]
+        self.v = [torch.zeros(1, heads, length, head_dim) for _ in range(layers)]
+
+    def update(self, layer: int, pos, k, v):
+        self.k[layer].index_copy_(2, pos, k)
+        self.v[layer].index_copy_(2, pos, v)
+        return self.k[layer], self.v[layer]
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+
+    def forward(self, x, layer, pos, mask, cache):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        keys, values = cache.update(layer, pos, k, v)
+        att = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class Decoder(torch.nn.Module):
+    """A small GPT-style decoder (4 layers, width 256, 512 positions) over a KV cache object."""
+
+    def __init__(self, vocab: int = 1000, dim: int = 256, heads: int = 4, layers: int = 4) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.blocks = torch.nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm, self.head = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, vocab)
+
+    def forward(self, token, pos, cache):
+        x = self.embed(token)
+        mask = torch.arange(cache.k[0].shape[2]) <= pos  # the positions written so far
+        for i, block in enumerate(self.blocks):
+            x = block(x, i, pos, mask, cache)
+        return self.head(self.norm(x))
+
+
+def decode_step(model, cache, token, pos):
+    with torch.no_grad():
+        logits = model(token, pos, cache)
+    return logits.argmax(-1)
+
+
+def _decoder_args():
+    model = Decoder().eval()
+    return (model, KVCache(4, 4, 512, 64), torch.tensor([[7]]), torch.tensor([300]))
+
+
 def _kv_args():
     pos = torch.tensor([1234])
     return (
@@ -118,6 +184,8 @@ WORKLOADS = [
     Workload("adamw_optim", adamw_step, _adamw_args, 1.05, memory=False),
     Workload("seed_2048", seed, lambda: (torch.randn(2048, 2048), torch.randn(2048, 2048)), 1.05),
     Workload("tiny_call", tiny, lambda: (torch.randn(8),), 1.5, memory=False),
+    Workload("bn_train", bn_train, _bn_args, 1.05, memory=False),
+    Workload("decoder_step", decode_step, _decoder_args, 1.05, memory=False),
 ]
 
 

@@ -100,8 +100,9 @@ class Unfusable(Exception):
     """The lowered graph holds what the fused executor cannot run exactly; the torch executor runs it."""
 
 
-def _prologue(gm: fx.GraphModule) -> Callable[[list[Any]], None]:
-    """The graph's Python steps (`_in_prologue`), taken out of it, as one function of the call's inputs."""
+def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
+    """The graph's Python steps (`_in_prologue`), taken out of it, as one function of the call's inputs (None if
+    it has none)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     checks = []
     for n in list(gm.graph.nodes):
@@ -126,7 +127,10 @@ def _prologue(gm: fx.GraphModule) -> Callable[[list[Any]], None]:
             checks.append((n.target, placeholders.index(index), (size, dim)))
         gm.graph.erase_node(n)
 
-    def check(args: list[Any]) -> None:
+    if not checks:
+        return None
+
+    def check(args: tuple[Any, ...]) -> None:
         for fn, i, rest in checks:
             fn(args[i], *rest)
 
@@ -361,37 +365,63 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     traced.recompile()
     handed = copy.deepcopy(traced)  # inductor's passes rewrite the graph they are given (no-op clones go)
     try:
-        compiled = compile_fx_inner(traced, list(example))
+        # No size/stride asserts in inductor's wrapper: every call's inputs have the traced sizes and strides (dynamo's
+        # guards or the cache entry's tensor check held before the program runs).
+        with torch._inductor.config.patch(size_asserts=False):
+            compiled = compile_fx_inner(traced, list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+    run = _runner(gm, compiled, check)
+    run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
+    return run
 
+
+def _runner(gm: fx.GraphModule, compiled: Any, check: Callable[[tuple[Any, ...]], None] | None) -> Callable[..., Any]:
+    """The call of a compiled graph: prologue, inductor's callable without autograd, results in eager's layout."""
     # Eager's layout of each result, from the lowered graph (inductor's decompositions may change it: a constant
-    # came back as an expanded tensor, strides (0, 1, 0)).
+    # came back as an expanded tensor, strides (0, 1, 0)). Sizes are static (`unfusable`), so inductor gives each
+    # result the same layout on every call: whether one must be restrided is learned on the first call.
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     layouts = [
         (i, tuple(v.shape), tuple(v.stride()))
         for i, a in enumerate(out_node.args[0])
         if isinstance(a, fx.Node) and isinstance(v := a.meta.get("val"), torch.Tensor)
     ]
+    state: dict[str, Any] = {"call": None, "restride": layouts}  # call: None until the first call returned
 
-    def restrided(outs: tuple[Any, ...]) -> tuple[Any, ...]:
+    def restrided(outs: list[Any]) -> Any:
         fixed = list(outs)
-        for i, shape, stride in layouts:
+        for i, shape, stride in state["restride"]:
             t = fixed[i]
             if any(n > 1 and a != b for n, a, b in zip(shape, t.stride(), stride)):
                 fixed[i] = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
         return tuple(fixed)
 
+    def first(outs: list[Any]) -> None:
+        state["restride"] = [
+            (i, shape, stride)
+            for i, shape, stride in layouts
+            if any(n > 1 and a != b for n, a, b in zip(shape, outs[i].stride(), stride))
+        ]
+        # After its first call (which ends inductor's autotune-cache bundling), the compiled graph's callable is
+        # called directly: its wrapper only adds profiler labels and run-time metrics. (A graph without kernels
+        # comes back as a plain function.)
+        state["call"] = getattr(compiled, "current_callable", None) or compiled
+
     def run(*args: Any) -> Any:
-        check(list(args))
+        if check is not None:
+            check(args)
         # Autograd records nothing here (`unfusable`), but the aten kernels inductor falls back to would record
         # on inputs that require grad, through the detach() its decompositions dropped.
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
+        call = state["call"]
         try:
-            return restrided(tuple(compiled(list(args))))
+            outs = (call or compiled)(list(args))
         finally:
             torch._C._set_grad_enabled(grad)
+        if call is None:
+            first(outs)
+        return restrided(outs) if state["restride"] else tuple(outs)
 
-    run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
     return run
