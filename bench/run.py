@@ -117,7 +117,7 @@ class Decoder(torch.nn.Module):
 
     def forward(self, token, pos, cache):
         x = self.embed(token)
-        mask = torch.arange(cache.k[0].shape[2]) <= pos  # the positions written so far
+        mask = (torch.arange(cache.k[0].shape[2]) <= pos).view(1, 1, 1, -1)  # the positions written so far
         for i, block in enumerate(self.blocks):
             x = block(x, i, pos, mask, cache)
         return self.head(self.norm(x))

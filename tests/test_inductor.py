@@ -149,6 +149,31 @@ def test_index_bounds_checked_before_any_write():
     assert not kc.any() and not vc.any()
 
 
+def embed_and_cache(w, tok, cache, pos, x, g):
+    cache.index_copy_(0, pos, w[tok] * 2)
+    return torch.embedding(w, tok) + x.index_select(0, tok) + x.gather(0, g)
+
+
+def test_indices_read_from_inputs_are_checked_before_any_write():
+    # Inductor checks them inside its kernels (after the cache write, with its own error): a read index that is a
+    # graph input is checked in the prologue instead, with eager's error, and the graph stays fused.
+    def args(tok, g):
+        return torch.randn(10, 3), tok, torch.zeros(5, 3), torch.tensor([1, 3]), torch.randn(10, 3), g
+
+    jf = check(embed_and_cache, *args(torch.tensor([1, 9]), torch.tensor([[0, 9, 2]])), executor="inductor")
+    assert jf.last.tier == "fused"
+    ok_tok, ok_g = torch.tensor([1, 2]), torch.tensor([[0, 1, 2]])
+    bad = [(torch.tensor([1, 10]), ok_g), (torch.tensor([-1, 2]), ok_g), (ok_tok, torch.tensor([[0, 10, 2]]))]
+    for tok, g in bad:
+        a = args(tok, g)
+        with pytest.raises(Exception) as expected:
+            embed_and_cache(*(t.clone() for t in a))
+        with pytest.raises(type(expected.value), match=r"\(aten\.\w+\.\w+\)\n.*test_inductor.py:\d+"):
+            jf(*a)
+        assert not a[2].any()  # the cache is untouched
+    assert dealias.cache_info(jf).misses == 1
+
+
 def test_seed_program_and_kv_cache_write_match_eager():
     check(seed_program, torch.randn(8, 8), torch.randn(8, 8), executor="inductor")
     jk = check(
@@ -268,3 +293,15 @@ def test_verify_runs_with_the_fused_executor():
     for _ in range(2):
         jf(torch.linspace(-2, 2, 64))
     assert "fused" in str(dealias.last_traces(jf)[3])
+
+
+def gelu_then_scale(x, out):
+    out.copy_(torch.nn.functional.gelu(x) * 2)
+
+
+def test_ops_inductor_runs_slower_stay_atens_kernels_inside_fused_graphs():
+    # gelu is on the measured keep-ATen list: ATen's kernel runs it (bit-equal to eager, which inductor's own code
+    # is not), and the scale and the store around it are still fused.
+    jf = check(gelu_then_scale, torch.randn(4096) * 3, torch.zeros(4096), executor="inductor")
+    assert jf.last.tier == "fused"
+    assert torch.ops.dealias.aten_gelu.default in targets(fused_graph(jf))

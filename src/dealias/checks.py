@@ -206,24 +206,30 @@ def indexed_write(op: Any) -> bool:
     return name in (*_INDEXED, "aten::index_reduce_") or name.startswith("aten::scatter")
 
 
-def _index_args(node: fx.Node) -> list[tuple[fx.Node, int, bool]]:
-    """(index tensor, dimension, negative allowed) of an indexed in-place write."""
+def index_args(node: fx.Node) -> list[tuple[fx.Node, int, bool]]:
+    """(index tensor, dimension of the first argument it addresses, negative allowed) of an op that takes
+    positions from an index tensor: the indexed writes, and the reads `embedding`, `index_select`, `gather` and
+    `x[idx]` (aten.index). Empty for other ops, and for boolean masks (their shape was checked when tracing)."""
     name = node.target._schema.name if isinstance(node.target, torch._ops.OpOverload) else ""
     args = node.args
-    if name in ("aten::index_put_", "aten::_index_put_impl_"):
+    if name in ("aten::index_put_", "aten::_index_put_impl_", "aten::index"):
         indices = args[1]
         if any(isinstance(i, fx.Node) and i.meta["val"].dtype in (torch.bool, torch.uint8) for i in indices):
-            return []  # masks: their shape was checked when tracing
+            return []
         return [(i, d, True) for d, i in enumerate(indices) if isinstance(i, fx.Node)]
     if name in ("aten::index_copy_", "aten::index_add_", "aten::index_fill_", "aten::index_reduce_"):
         return [(args[2], args[1], False)]
     if name.startswith(("aten::scatter", "aten::scatter_add_", "aten::scatter_reduce_")):
         return [(args[2], args[1], False)]
+    if name in ("aten::index_select", "aten::gather") and isinstance(args[2], fx.Node):
+        return [(args[2], args[1], False)]
+    if name == "aten::embedding":
+        return [(args[1], 0, False)]
     return []
 
 
 def _index_nodes(node: fx.Node) -> list[fx.Node]:
-    return [i for i, _, _ in _index_args(node)]
+    return [i for i, _, _ in index_args(node)]
 
 
 def _root(node: Any) -> Any:
@@ -243,7 +249,7 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
     first = writes[0]
     done: set[tuple[Any, ...]] = set()
     for w in writes:
-        for index, dim, neg in _index_args(w):
+        for index, dim, neg in index_args(w):
             written = w.args[0].meta["val"]
             size = written.shape[dim] if written.dim() > 0 else 1  # a 0-d tensor is indexed as one element
             if (index, str(size), dim, neg) in done:

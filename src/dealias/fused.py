@@ -27,8 +27,9 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .checks import indexed_write
-from .errors import InternalError
+from .capture import node_location
+from .checks import bounds_check, index_args, index_policy, indexed_write
+from .errors import InternalError, with_location
 from .gradops import bump_version
 from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise
 
@@ -47,6 +48,24 @@ def _(t: torch.Tensor) -> torch.Tensor:
 
 
 _SNAPSHOT = torch.ops.dealias.snapshot.default
+
+# Ops inductor generates slower code for than ATen's kernel on this machine: on 1M floats, 1 and 2 threads,
+# inductor/ATen = 1.36-1.38 for gelu and 1.16-1.18 for digamma (`python bench/keep_aten.py`; every other unary
+# op, softmax and layer_norm measured 1.06 or less, most of them far less). Each is handed to inductor as an
+# opaque twin that calls the ATen op, so inductor runs ATen's kernel for it and fuses the ops around it.
+KEEP_ATEN = (aten.gelu.default, aten.digamma.default)
+_LIB = torch.library.Library("dealias", "FRAGMENT")
+
+
+def _aten_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
+    """`dealias::aten_<name>`, with `op`'s schema and `op` as its kernel (for fake tensors too)."""
+    name = f"aten_{op._schema.name.split('::')[1]}"
+    _LIB.define(f"{name}{str(op._schema)[len(op._schema.name) :]}")
+    _LIB.impl(name, op, "CompositeExplicitAutograd")
+    return getattr(torch.ops.dealias, name).default
+
+
+_TWINS = {op: _aten_twin(op) for op in KEEP_ATEN}
 
 
 def unfusable(gm: fx.GraphModule) -> str | None:
@@ -112,8 +131,11 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
             # written). Only writes dealias lowered in place (checked by the hazard rule) are handed over.
             raise Unfusable(f"{n.target} writes a region functionally (a write not lowered in place)")
         if n.op == "call_function" and may_raise(n.target) and not indexed_write(n.target):
-            # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory.
-            raise Unfusable(f"{n.target} may raise on its values (eager's error before any write is not kept yet)")
+            # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory, and
+            # raises its own error. An index read from a graph input (`embedding(w, token)`, `x[idx]`) is checked
+            # here instead, with eager's error, before anything runs; other value checks keep the graph unfused.
+            checks += _read_checks(n, placeholders)
+            continue
         if n.op != "call_function" or not _in_prologue(n):
             continue
         if n.target is bump_version:
@@ -135,6 +157,24 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
             fn(args[i], *rest)
 
     return check
+
+
+def _read_checks(n: fx.Node, placeholders: list[fx.Node]) -> list[tuple[Any, int, tuple[Any, ...]]]:
+    """Bounds checks of the index arguments of a read that raises on an index out of range (`checks.index_args`),
+    each as (check, placeholder position, (size, dim)). Raises Unfusable where an index is computed inside the
+    graph, a size is symbolic, or the op may raise on other values."""
+    reads = index_args(n)
+    if not reads or any(index not in placeholders for index, _, _ in reads):
+        raise Unfusable(f"{n.target} may raise on values computed inside the graph (eager's error is not kept yet)")
+    out = []
+    for index, dim, negative in reads:
+        indexed = n.args[0].meta["val"]
+        size = indexed.shape[dim] if indexed.dim() > 0 else 1
+        if not isinstance(size, int):
+            raise Unfusable(f"{n.target} indexes a dimension of symbolic size")
+        where = with_location(f" ({n.target})", node_location(n))
+        out.append((bounds_check(index_policy(n, index, negative), where), placeholders.index(index), (size, dim)))
+    return out
 
 
 def _reads(gm: fx.GraphModule) -> dict[fx.Node, frozenset[fx.Node]]:
@@ -342,6 +382,9 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     from torch._inductor.decomposition import select_decomp_table
 
     check = _prologue(gm)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _TWINS:
+            n.target = _TWINS[n.target]
     gm.recompile()
     # Inductor's own decompositions (index_copy_ -> index_put_, ...), dealias's helpers traced to aten ops; each
     # node keeps the user's source line.
