@@ -107,8 +107,8 @@ def match_region_write(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx
         return None
     # Scatter inverses: node = scatter(B, Y, args) for the view b1 = view(B, args).
     base = node.args[0]
-    for b1 in base.users:
-        if b1 is not node and is_view_node(b1) and b1.args[0] is base:
+    for b1 in _views_inverted_by(base, node.target):
+        if b1 is not node:
             found = _match_inverse(node, base, b1)
             if found is not None:
                 return found
@@ -178,6 +178,25 @@ def _inverse_of_view(base: fx.Node, b1: fx.Node) -> tuple[Any, tuple[Any, ...], 
     return rec
 
 
+def _views_inverted_by(base: fx.Node, op: Any) -> list[fx.Node]:
+    """The views b1 = view(base) whose recorded inverse is a call of `op`, in `base.users` order. Indexed once
+    per base and kept while its users stay the same (users are appended at the end, so a change shows in their
+    number or in the last one): each version of a base read through many views would otherwise scan them all."""
+    users = base.users
+    stamp = (len(users), next(reversed(users), None))
+    cached = base.meta.get("_dealias_views")
+    if cached is None or cached[0] != stamp:
+        index: dict[Any, list[fx.Node]] = {}
+        for b1 in users:
+            if is_view_node(b1) and b1.args[0] is base:
+                rec = _inverse_of_view(base, b1)
+                if rec is not None:
+                    index.setdefault(rec[0], []).append(b1)
+        cached = (stamp, index)
+        base.meta["_dealias_views"] = cached
+    return cached[1].get(op, [])
+
+
 def _match_inverse(node: fx.Node, base: fx.Node, b1: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
     rec = _inverse_of_view(base, b1)
     if rec is None or rec[0] is not node.target:
@@ -234,13 +253,15 @@ def _readers(node: fx.Node) -> list[fx.Node]:
     return out
 
 
-def _construction(version: fx.Node, previous: fx.Node) -> set[fx.Node]:
+def _construction(version: fx.Node, previous: fx.Node, order: dict[fx.Node, int]) -> set[fx.Node]:
     """The nodes building `version` from `previous` (inverses, replayed bases, re-striding), which the
-    in-place write replaces."""
+    in-place write replaces. Nodes placed before `previous` (in `order`; nodes added since are walked) are not
+    built from it: the walk stops there, so its cost does not grow with the program's length."""
     out, todo = set(), [version]
+    start = order.get(previous, -1)
     while todo:
         n = todo.pop()
-        if n in out or n is previous or n.op != "call_function":
+        if n in out or n is previous or n.op != "call_function" or order.get(n, start) < start:
             continue
         out.add(n)
         todo.extend(a for a in n.all_input_nodes)
@@ -278,7 +299,7 @@ def lower(
         if plan is None or returned & {v for v, _ in plan} or not _safe(plan, root, order, aliases.get(root, [])):
             reports.append(whole_report(wb.target, final))
             continue
-        reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root, fused)))
+        reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root, order, fused)))
         dropped.add(wb.output)
         order = {n: i for i, n in enumerate(graph.nodes)}
     # Intermediates: a base updated by writes whose old versions are dead is updated in place. The walk may
@@ -292,7 +313,7 @@ def lower(
         for k in range(len(plan) - 1):
             root, writes = plan[k][0], plan[k + 1 :]
             if _fresh(root) and _safe(writes, root, order, []):
-                _apply(graph, writes, root)
+                _apply(graph, writes, root, order)
                 order = {n: i for i, n in enumerate(graph.nodes)}
                 break
     new_results = [r for i, r in enumerate(out_node.args[0]) if i not in dropped]
@@ -335,7 +356,7 @@ def _safe(
     previous = root
     for version, _ in plan:
         pos = order[version]
-        built = _construction(version, previous)
+        built = _construction(version, previous, order)
         for alias in [previous, *others] if previous is root else [previous]:
             if any(order[r] > pos for r in _readers(alias) if r not in built):
                 return False
@@ -364,7 +385,11 @@ def repeated_dims(t: torch.Tensor) -> list[int]:
 
 
 def _apply(
-    graph: fx.Graph, plan: list[tuple[fx.Node, RegionWrite]], root: fx.Node, indexed_only: bool = False
+    graph: fx.Graph,
+    plan: list[tuple[fx.Node, RegionWrite]],
+    root: fx.Node,
+    order: dict[fx.Node, int],
+    indexed_only: bool = False,
 ) -> tuple[list[str], int]:
     """Write each version into `root` in place, right where it was computed; later reads read `root`
     (`indexed_only`: only indexed writes run as their in-place op). Returns the regions written and their
@@ -374,7 +399,7 @@ def _apply(
     previous = root
     emit = Emitter(graph, root.meta["val"].fake_mode)
     for version, write in plan:
-        built = _construction(version, previous)
+        built = _construction(version, previous, order)
         emit.stack_trace, emit.grad = version.meta.get("stack_trace"), version.meta.get("grad")
         anchor = version
         target = root
