@@ -300,11 +300,18 @@ def merge_full_writes(gm: fx.GraphModule) -> int:
     while changed:
         changed = False
         writes, root = _memory(gm)
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        for (w1, m1), (w2, m2) in zip(writes, writes[1:]):
-            if m1 is not m2 or not (_stores_whole(w1, m1) and _stores_whole(w2, m1)):
+        nodes = list(gm.graph.nodes)
+        order = {n: i for i, n in enumerate(nodes)}
+        per_memory: dict[fx.Node, list[fx.Node]] = {}
+        for w, m in writes:
+            per_memory.setdefault(m, []).append(w)
+        # Successive writes of one memory (writes of other tensors may come between: an optimizer updates a
+        # parameter, then its moments, then the parameter again).
+        pairs = [(w1, w2, m) for m, ws in per_memory.items() for w1, w2 in zip(ws, ws[1:])]
+        for w1, w2, m1 in pairs:
+            if not (_stores_whole(w1, m1) and _stores_whole(w2, m1)):
                 continue
-            between = [n for n in gm.graph.nodes if order[w1] < order[n] < order[w2]]
+            between = nodes[order[w1] + 1 : order[w2]]
             readers = [n for n in between if any(root.get(a) is m1 for a in n.all_input_nodes)]
             if any(_alias(n) or n.op != "call_function" for n in readers):
                 continue
