@@ -9,7 +9,7 @@ from harness import check
 import dealias
 from dealias.demo import kv_cache_write, seed_program
 from dealias.errors import InternalError
-from dealias.fused import _SNAPSHOT, check_hazards
+from dealias.fused import _SNAPSHOT, KEEP_ATEN_MIN_NUMEL, check_hazards
 
 
 def fused_graph(jf) -> torch.fx.GraphModule:
@@ -299,9 +299,19 @@ def gelu_then_scale(x, out):
     out.copy_(torch.nn.functional.gelu(x) * 2)
 
 
+def gelu_then_scale_small(x, out):  # a code object of its own: dynamo would make gelu_then_scale's sizes symbolic
+    out.copy_(torch.nn.functional.gelu(x) * 2)
+
+
 def test_ops_inductor_runs_slower_stay_atens_kernels_inside_fused_graphs():
-    # gelu is on the measured keep-ATen list: ATen's kernel runs it (bit-equal to eager, which inductor's own code
-    # is not), and the scale and the store around it are still fused.
-    jf = check(gelu_then_scale, torch.randn(4096) * 3, torch.zeros(4096), executor="inductor")
+    # gelu is on the measured keep-ATen list: on a large tensor ATen's kernel runs it (bit-equal to eager, which
+    # inductor's own code is not), and the scale and the store around it are still fused; on a small one
+    # inductor's code runs (a kernel of its own would cost more there).
+    n = KEEP_ATEN_MIN_NUMEL
+    jf = check(gelu_then_scale, torch.randn(n) * 3, torch.zeros(n), executor="inductor")
     assert jf.last.tier == "fused"
     assert torch.ops.dealias.aten_gelu.default in targets(fused_graph(jf))
+    small = dealias.jit(gelu_then_scale_small, executor="inductor")
+    small(torch.randn(n // 2), torch.zeros(n // 2))
+    assert small.last.tier == "fused"
+    assert torch.ops.dealias.aten_gelu.default not in targets(fused_graph(small))

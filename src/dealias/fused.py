@@ -52,8 +52,11 @@ _SNAPSHOT = torch.ops.dealias.snapshot.default
 # Ops inductor generates slower code for than ATen's kernel on this machine: on 1M floats, 1 and 2 threads,
 # inductor/ATen = 1.36-1.38 for gelu and 1.16-1.18 for digamma (`python bench/keep_aten.py`; every other unary
 # op, softmax and layer_norm measured 1.06 or less, most of them far less). Each is handed to inductor as an
-# opaque twin that calls the ATen op, so inductor runs ATen's kernel for it and fuses the ops around it.
+# opaque twin that calls the ATen op, so inductor runs ATen's kernel for it and fuses the ops around it; only
+# on tensors of KEEP_ATEN_MIN_NUMEL elements or more: on small ones a kernel of its own costs more than it
+# saves (the decoder_step workload, MLP width 1024: 0.99x eager with ATen's gelu, 0.71x with inductor's).
 KEEP_ATEN = (aten.gelu.default, aten.digamma.default)
+KEEP_ATEN_MIN_NUMEL = 1 << 16
 _LIB = torch.library.Library("dealias", "FRAGMENT")
 
 
@@ -390,7 +393,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
 
     check = _prologue(gm)
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _TWINS:
+        if n.op == "call_function" and n.target in _TWINS and n.meta["val"].numel() >= KEEP_ATEN_MIN_NUMEL:
             n.target = _TWINS[n.target]
     gm.recompile()
     # Inductor's own decompositions (index_copy_ -> index_put_, ...), dealias's helpers traced to aten ops; each
