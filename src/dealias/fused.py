@@ -11,13 +11,10 @@ rule: such a value is materialized by `dealias::snapshot`, an op inductor cannot
 its own, in program order. `check_hazards` verifies the rule on every graph handed to inductor.
 
 Index bounds are checked in a prologue, before any write: eager's error, the caller's tensors untouched.
-A graph autograd records is not lowered (write-backs stay copies after the call); `fused_with_autograd` hands
-its functional graph to AOTAutograd and inductor, which compile the forward and the backward.
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
-(`unfusable` before lowering, `Unfusable` after): alias groups, random draws, symbolic sizes, ops that may
-raise on values computed in the graph, functional scatters and dtype views and `as_strided` (three things
-inductor gets wrong or ties to one placement of the inputs), writes to memory that is not an input; under
-autograd, any Python step, write or value check.
+(`unfusable` before lowering, `Unfusable` after): autograd recording, alias groups, random draws, symbolic
+sizes, ops that may raise on their values, functional scatters and dtype views and `as_strided` (three things
+inductor gets wrong or ties to one placement of the inputs), writes to memory that is not an input.
 """
 
 from __future__ import annotations
