@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from harness import check
@@ -190,19 +188,16 @@ def test_seed_program_and_kv_cache_write_match_eager():
     assert [r.mode for r in dealias.explain(jk)] == ["in place", "in place"]
 
 
-def rows_then_sin(x, idx):
-    return x[idx].sin()
+def double_then_sin(x):
+    x.mul_(2)
+    return x.sin()
 
 
 def test_what_cannot_be_fused_runs_on_the_torch_executor():
-    # Under autograd there is no prologue: an op that may raise on its values keeps the graph on the torch executor.
-    jf = dealias.jit(rows_then_sin, executor="inductor")
-    x = torch.randn(3, 2, requires_grad=True)
-    jf(x, torch.tensor([2, 0])).sum().backward()
-    assert "not fused, aten.index.Tensor writes or may raise on its values, under autograd" in str(
-        dealias.last_traces(jf)[3]
-    )
-    assert jf.last.tier == "torch"
+    jf = dealias.jit(double_then_sin, executor="inductor")
+    x = torch.randn(3, requires_grad=True) * 1
+    jf(x).sum().backward()
+    assert "not fused, autograd records the graph" in str(dealias.last_traces(jf)[3])
 
 
 def test_unknown_executor_is_refused():
@@ -281,10 +276,10 @@ def test_tiered_executor_keeps_what_cannot_fuse_on_the_torch_executor(monkeypatc
         args = torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
         jf(*args, torch.tensor([p]))
     assert dealias.cache_info(jf).tiers == ("fused",)
-    jg = dealias.jit(rows_then_sin, executor="tiered")
+    jg = dealias.jit(double_then_sin, executor="tiered")
     for _ in range(3):
-        x = torch.randn(3, 2, requires_grad=True)
-        jg(x, torch.tensor([2, 0])).sum().backward()
+        x = torch.randn(3, requires_grad=True) * 1
+        jg(x).sum().backward()
     assert dealias.cache_info(jg).tiers == ("torch (not fusable)",)
 
 
@@ -320,62 +315,3 @@ def test_ops_inductor_runs_slower_stay_atens_kernels_inside_fused_graphs():
     small(torch.randn(n // 2), torch.zeros(n // 2))
     assert small.last.tier == "fused"
     assert torch.ops.dealias.aten_gelu.default not in targets(fused_graph(small))
-
-
-def conv_bn_relu_loss(net, x):
-    return net(x).square().mean()
-
-
-def test_graph_autograd_records_is_fused_with_its_backward():
-    # Conv + BatchNorm (training: running stats written back) + ReLU(inplace): AOTAutograd and inductor compile the
-    # forward and the backward; values, gradients and running stats match eager within the fused tolerance.
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(inplace=True))
-    ref = copy.deepcopy(net)
-    jf = dealias.jit(conv_bn_relu_loss, executor="inductor")
-    for _ in range(3):
-        x = torch.randn(4, 3, 16, 16)
-        loss, expected = jf(net, x), conv_bn_relu_loss(ref, x)
-        loss.backward()
-        expected.backward()
-        torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
-        for (name, a), b in zip(net.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
-        for (name, a), b in zip(net.named_buffers(), ref.buffers()):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-    assert jf.last.tier == "fused" and "fused with autograd" in str(dealias.last_traces(jf)[3])
-    assert dealias.cache_info(jf).misses == 1
-
-
-def read_then_bump(buf, w):
-    y = (buf * 2).sin() * w
-    buf.add_(1)  # written back after the call: the compiled forward must not have saved `buf` itself
-    return y.sum()
-
-
-def test_written_input_reaches_the_autograd_graph_as_a_copy():
-    # AOTAutograd saves `buf` and recomputes `buf * 2` in the backward; without the copy, the write-back after
-    # the call bumps buf's version and backward raises "modified by an inplace operation" (eager does not).
-    jf = dealias.jit(read_then_bump, executor="inductor")
-    for _ in range(2):
-        buf, w = torch.randn(64), torch.randn(64, requires_grad=True)
-        eager_buf, eager_w = buf.clone(), w.detach().clone().requires_grad_()
-        jf(buf, w).backward()
-        read_then_bump(eager_buf, eager_w).backward()
-        assert torch.equal(buf, eager_buf)
-        torch.testing.assert_close(w.grad, eager_w.grad, rtol=1e-5, atol=1e-6)
-    assert jf.last.tier == "fused"
-
-
-def sin_product(x, w):
-    return ((x * 2).sin() * w).sum()
-
-
-def test_double_backward_through_a_fused_graph_raises_clearly():
-    # A limit of AOTAutograd's compiled backward (torch.compile has it too): a gradient of a gradient raises.
-    jf = dealias.jit(sin_product, executor="inductor")
-    w = torch.randn(8, requires_grad=True)
-    (g,) = torch.autograd.grad(jf(torch.randn(8), w), w, create_graph=True)
-    assert jf.last.tier == "fused"
-    with pytest.raises(RuntimeError, match="double backward"):
-        g.sum().backward()

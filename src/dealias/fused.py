@@ -20,7 +20,6 @@ inductor gets wrong or ties to one placement of the inputs), writes to memory th
 from __future__ import annotations
 
 import copy
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -72,12 +71,8 @@ def _aten_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
 _TWINS = {op: _aten_twin(op) for op in KEEP_ATEN}
 
 
-RECORDS_AUTOGRAD = "autograd records the graph"
-
-
-def unfusable(gm: fx.GraphModule, with_autograd: bool = False) -> str | None:
-    """Why the fused executor cannot run `gm` exactly, or None. `with_autograd`: for `fused_with_autograd`,
-    which takes graphs autograd records if they hold aten ops only, none of which writes or raises on values."""
+def unfusable(gm: fx.GraphModule) -> str | None:
+    """Why the fused executor cannot run `gm` exactly, or None."""
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             if n.name.startswith("alias_group"):
@@ -89,15 +84,11 @@ def unfusable(gm: fx.GraphModule, with_autograd: bool = False) -> str | None:
                 return "symbolic sizes"
         if n.op != "call_function":
             continue
-        if n.meta.get("rg") and not with_autograd:  # (without it, grad mode switches inside change nothing)
-            return RECORDS_AUTOGRAD
+        if n.meta.get("rg"):  # (without it, grad mode switches inside the program change nothing)
+            return "autograd records the graph"
         op = n.target
         if isinstance(op, torch._ops.OpOverload) and facts(op).nondeterministic and not _no_dropout(n):
             return f"{op} draws random numbers (inductor's generator is not eager's)"
-        if with_autograd and op is not operator.getitem and not isinstance(op, torch._ops.OpOverload):
-            return f"{getattr(op, '__name__', op)} runs in Python, under autograd"
-        if with_autograd and isinstance(op, torch._ops.OpOverload) and (has_effect(op) or may_raise(op)):
-            return f"{op} writes or may raise on its values, under autograd"
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _in_prologue(n):
             return f"{getattr(op, '__name__', op)} runs in Python"
     return None
@@ -486,27 +477,4 @@ def _runner(gm: fx.GraphModule, compiled: Any, check: Callable[[tuple[Any, ...]]
             first(outs)
         return restrided(outs) if state["restride"] else tuple(outs)
 
-    return run
-
-
-def fused_with_autograd(gm: fx.GraphModule, example: list[Any], written: list[int]) -> Callable[..., Any]:
-    """Compile the functional graph `gm` of a program autograd records (`unfusable(gm, with_autograd=True)` is
-    None) with AOTAutograd and inductor: a fused forward, and a fused backward autograd runs. Write-backs stay
-    whole copies after the call (lowering is off under autograd). The inputs at `written` are handed over as
-    copies: the compiled forward may save an input for backward rather than its clone, and the write-back after
-    the call would then make backward raise where eager does not. Raises Unfusable."""
-    from torch._inductor.compile_fx import compile_fx
-
-    try:
-        compiled = compile_fx(copy.deepcopy(gm), list(example))
-    except Exception as e:  # noqa: BLE001 - what inductor cannot compile runs on the torch executor
-        raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    copied = frozenset(written)
-
-    def run(*args: Any) -> Any:
-        if copied:
-            args = tuple(a.clone() if i in copied else a for i, a in enumerate(args))
-        return compiled(*args)
-
-    run.graph = gm  # type: ignore[attr-defined]
     return run

@@ -18,7 +18,7 @@ from .capture import Symbolic, capture
 from .errors import UnsupportedError
 from .executor import torch_executor
 from .functionalize import FunctionalProgram, Ref, functionalize
-from .fused import RECORDS_AUTOGRAD, Unfusable, fused_executor, fused_with_autograd, unfusable
+from .fused import Unfusable, fused_executor, unfusable
 from .optimize import optimize
 from .program import CompiledProgram
 from .saved import refuse_saved_then_written
@@ -102,24 +102,13 @@ def compile_program(
     if executor == "inductor":
         try:
             why = unfusable(fp.gm)
-            example = [leaves[p] for p in captured.tensor_positions]
-            if why == RECORDS_AUTOGRAD:
-                why = unfusable(fp.gm, with_autograd=True)
-                if why is not None:
-                    raise Unfusable(why)
-                written = [wb.target.key for wb in fp.writebacks if wb.target.kind == "input"]
-                run = fused_with_autograd(fp.gm, example, written)
-                fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))  # under autograd: whole copies
-                shown, tier = fp, "fused"
-                name = "execution trace (fused with autograd: AOTAutograd and inductor compile this graph)"
-            else:
-                if why is not None:
-                    raise Unfusable(why)
-                trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
-                trial, reports = lower(trial, _alias_placeholders(trial.gm, captured), fused=True)
-                run = fused_executor(trial.gm, example)
-                fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), "fused"
-                name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
+            if why is not None:
+                raise Unfusable(why)
+            trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
+            trial, reports = lower(trial, _alias_placeholders(trial.gm, captured), fused=True)
+            run = fused_executor(trial.gm, [leaves[p] for p in captured.tensor_positions])
+            fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), "fused"
+            name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
         except Unfusable as e:
             name = f"execution trace (torch executor: not fused, {e})"
     if run is None:
