@@ -292,3 +292,34 @@ def test_eagers_error_when_tracing_fails_too():
     x = torch.randn(6)
     with pytest.raises(RuntimeError, match="refer to a single memory location"):
         dealias.jit(copy_from_an_overlapping_select)(x)
+
+
+def write_through_unsafe_chunk(x):
+    a, b = x.unsafe_chunk(2)
+    a.mul_(2)  # the input's memory: eager's unsafe_chunk elements share it, without being autograd views
+    return x + 1, b * 3
+
+
+def return_unsafe_elements(x):
+    y = x * 1
+    a, b = y.unsafe_split_with_sizes([1, 3])
+    b.add_(1)
+    c, d = x.unsafe_split(2)
+    return y, a, b, d.t()
+
+
+@pytest.mark.parametrize("fn", [write_through_unsafe_chunk, return_unsafe_elements])
+def test_unsafe_split_elements_share_their_inputs_memory(fn):
+    jf = check(fn, torch.randn(4, 3))  # (alias analysis refused these before: the schema declares no alias)
+    if fn is return_unsafe_elements:
+        y, a, b, dt = jf(torch.randn(4, 3))
+        assert not a._is_view() and not b._is_view() and dt._base is not None  # eager's elements are not views
+        assert a.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+
+
+def test_unsafe_split_of_a_tensor_that_requires_grad_runs_eagerly():
+    # Eager's autograd does not see a write through an element as a write of the input: not compiled yet.
+    jf = dealias.jit(write_through_unsafe_chunk)
+    x = torch.randn(4, 3, requires_grad=True) * 1
+    with pytest.warns(dealias.FallbackWarning, match="unsafe_split.Tensor of a tensor that requires grad"):
+        assert compare_call(write_through_unsafe_chunk, jf, (x,)) is None

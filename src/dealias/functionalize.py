@@ -149,6 +149,9 @@ class _Functionalizer:
         self.history: dict[Storage, fx.Node] = {}
         # Views of a tensor that requires grad whose grad_fn eager cannot rebuild after a write (see _Fragile).
         self.fragile: dict[int, _Fragile] = {}  # by tensor object
+        # Elements of `unsafe_split` (and views of them), by tensor object -> the element's getitem node: eager's
+        # are not autograd views, so a returned one is rebuilt by `unsafe_split` itself (OutputSlot.multi_output).
+        self.unsafe: dict[int, fx.Node] = {}
         self.writes: dict[Storage, int] = {}  # writes of each storage, as eager's version counter counts them
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.detached: set[int] = set()  # tensor objects that ran detach_()
@@ -722,6 +725,12 @@ class _Functionalizer:
                 self.program.outputs[position] = replace(self.program.outputs[position], grad=made)
             if self._fragile_of(arg) is not None:
                 self.program.outputs[position] = self._fragile_output(arg, self.program.outputs[position])
+            elif self._unsafe_of(arg) is not None and self.program.outputs[position].same_as is None:
+                slot = self.program.outputs[position]
+                multi = self._multi_output_step(self._unsafe_of(arg), slot)
+                if multi is None:
+                    raise UnsupportedError("an element of unsafe_split is returned in a way not rebuilt exactly yet")
+                self.program.outputs[position] = replace(slot, multi_output=multi)
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
@@ -754,7 +763,7 @@ class _Functionalizer:
             )
         if slot.same_as is not None:
             return slot
-        multi = self._multi_output_step(f, slot)
+        multi = self._multi_output_step(f.root, slot)
         if not f.nograd:
             return replace(slot, multi_output=multi)
         # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
@@ -763,9 +772,8 @@ class _Functionalizer:
         start = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), 0)
         return replace(slot, grad=False, grad_from=start, multi_output=multi)
 
-    def _multi_output_step(self, f: _Fragile, slot: OutputSlot) -> tuple[int, Any, tuple[Any, ...], int] | None:
-        """Where the output's chain has the split step of its fragile root, and how eager made it."""
-        root = f.root
+    def _multi_output_step(self, root: fx.Node, slot: OutputSlot) -> tuple[int, Any, tuple[Any, ...], int] | None:
+        """Where the output's chain has the split step of `root` (a split's element), and how eager made it."""
         if root.target is not operator.getitem or not isinstance(root.args[0].target, torch._ops.OpOverload):
             return None
         source = root.args[0]
@@ -791,6 +799,7 @@ class _Functionalizer:
             if isinstance(value, Value) and self.emit.grad is not None:
                 self.made_with_grad[value.obj] = self.emit.grad
             self._track_fragile(node)
+            self._track_unsafe(node)
         elif self.emit.grad and self.fragile and any(self._fragile_of(a) for a in self._written(node)):
             f = next(self._fragile_of(a) for a in self._written(node) if self._fragile_of(a))
             raise UnsupportedError(
@@ -800,6 +809,30 @@ class _Functionalizer:
                     node_location(node),
                 )
             )
+
+    def _track_unsafe(self, view: fx.Node) -> None:
+        """Record an element of `unsafe_split` (or a view of one). Eager's autograd does not see a write through
+        such an element as a write of its input: with grad on, a split of a tensor that requires grad runs
+        eagerly."""
+        source = view.args[0] if view.target is operator.getitem else view
+        op = source.target
+        if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view:
+            if self.emit.grad and self._requires_grad(source.args[0]):
+                raise UnsupportedError(
+                    with_location(f"{op} of a tensor that requires grad is not compiled yet", node_location(view))
+                )
+            value = self.info.values.get(view)
+            if isinstance(value, Value):  # (the list itself is not a tensor)
+                self.unsafe[value.obj] = view
+            return
+        value = self.info.values.get(view)
+        parent = next((r for a in view.all_input_nodes if (r := self._unsafe_of(a)) is not None), None)
+        if parent is not None and isinstance(value, Value):
+            self.unsafe[value.obj] = parent
+
+    def _unsafe_of(self, a: fx.Node) -> fx.Node | None:
+        v = self.info.values.get(a)
+        return self.unsafe.get(v.obj) if isinstance(v, Value) else None
 
     def _track_fragile(self, view: fx.Node) -> None:
         value = self.info.values.get(view)
@@ -817,7 +850,7 @@ class _Functionalizer:
         if not self.emit.grad:
             self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False)
         elif view.target is operator.getitem and isinstance(source.target, torch._ops.OpOverload):
-            if facts(source.target).multi_output_view:
+            if facts(source.target).multi_output_view and facts(source.target).autograd_view:
                 self.fragile[value.obj] = _Fragile(view, epoch, False, f"returned by {source.target}", True)
 
     def _stale(self, a: fx.Node) -> bool:

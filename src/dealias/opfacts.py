@@ -3,7 +3,7 @@ mutation, and what is its functional counterpart.
 
 Everything here is computed from `OpOverload._schema` alias annotations and `torch.Tag`s; the only hand
 tables are the few exceptions the schemas do not express (see `_VIEW_WITHOUT_ANNOTATION`,
-`_FUNCTIONAL_BY_NAME`).
+`_MULTI_VIEW_WITHOUT_ANNOTATION`, `_FUNCTIONAL_BY_NAME`).
 """
 
 from __future__ import annotations
@@ -34,12 +34,18 @@ class OpFacts:
     mutated: tuple[str, ...]  # names of the written arguments, in schema order
     functional: OpOverload | None  # the out-of-place counterpart for the mutating kinds
     multi_output_view: bool = False  # split/unbind: `Tensor(a -> *) self` returning `Tensor(a)[]`
+    autograd_view: bool = True  # autograd tracks the returns as views of the input (not unsafe_split's)
     nondeterministic: bool = False  # random ops: never merged by CSE
 
 
 # `_unsafe_view` has no alias annotation, but it reinterprets its input's memory (it follows a clone in
 # `reshape`'s decomposition); functionalization must treat it as a view.
 _VIEW_WITHOUT_ANNOTATION = {"aten::_unsafe_view"}
+
+# `unsafe_split` returns tensors sharing its input's memory without an alias annotation: autograd does not
+# track them as views (eager lets them be written in place freely), but a write through one is a write of the
+# input's memory.
+_MULTI_VIEW_WITHOUT_ANNOTATION = {"aten::unsafe_split", "aten::unsafe_split_with_sizes"}
 
 # Ops that write arguments their schema does not annotate. `native_batch_norm` updates its running
 # statistics in training mode, yet its schema declares no alias; make_fx records it for nn.BatchNorm.
@@ -134,6 +140,8 @@ def facts(op: OpOverload) -> OpFacts:
         names = _MUTATES_WITHOUT_ANNOTATION[schema.name]
         return OpFacts(op, OpKind.MUTABLE, names, _find_functional(op, OpKind.MUTABLE))
     nondet = torch.Tag.nondeterministic_seeded in tags
+    if schema.name in _MULTI_VIEW_WITHOUT_ANNOTATION:
+        return OpFacts(op, OpKind.VIEW, (), None, multi_output_view=True, autograd_view=False)
     if not written:
         aliased = [a for a in schema.arguments if a.alias_info is not None]
         if aliased or schema.name in _VIEW_WITHOUT_ANNOTATION:

@@ -48,11 +48,11 @@ def normalize_multi_output(op: OpOverload, args: tuple[Any, ...], index: int, pa
     if name == "aten::unbind":
         dim = args[0] if args else 0
         return ViewStep(aten.select.int, (dim, index))
-    if name in ("aten::split", "aten::split_with_sizes"):
+    if name in ("aten::split", "aten::split_with_sizes", "aten::unsafe_split", "aten::unsafe_split_with_sizes"):
         dim = args[1] if len(args) > 1 else 0
         dim = dim % parent.dim()
         size = parent.shape[dim]
-        if name == "aten::split":
+        if name in ("aten::split", "aten::unsafe_split"):
             chunk = args[0]
             sizes = [min(chunk, size - s) for s in range(0, size, chunk)] if chunk > 0 else [size]
         else:
