@@ -267,6 +267,22 @@ def test_tiered_executor_fuses_a_program_once_it_has_run_often(monkeypatch):
     assert "fused" in str(dealias.last_traces(jf)[3])
 
 
+def test_tiered_executor_fuses_a_program_whose_calls_take_long_sooner(monkeypatch):
+    from dealias import backend
+
+    monkeypatch.setattr(backend, "PROMOTE_AFTER_SECONDS", 1e-9)  # any call on the torch executor takes longer
+    jf = dealias.jit(slice_write, executor="tiered")
+    tiers = []
+    for _ in range(3):
+        buf, row = torch.randn(256, 64), torch.randn(64)
+        expected = buf.clone()
+        slice_write(expected, row)
+        jf(buf, row)
+        torch.testing.assert_close(buf, expected)
+        tiers.append(dealias.cache_info(jf).tiers)
+    assert tiers == [("torch",), ("fused",), ("fused",)]
+
+
 def test_tiered_executor_keeps_what_cannot_fuse_on_the_torch_executor(monkeypatch):
     from dealias import backend
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -403,27 +404,38 @@ def _symbolic_inputs(placeholders: list[fx.Node]) -> Symbolic:
 
 
 PROMOTE_AFTER = 16  # calls of a program on the torch executor before the tiered executor fuses it
+# ...or, sooner, seconds spent running it there: an inductor compile costs about this much, so a program whose
+# calls take long (large tensors) earns it within a few calls.
+PROMOTE_AFTER_SECONDS = 2.0
 
 
 class _Tiered:
     """A program of the tiered executor: compiled for the torch executor, recompiled for the fused one on its
-    `PROMOTE_AFTER`-th call, with that call's inputs (same layout: the cache entry's check held). A fused
-    compile that fails leaves it on the torch executor. Its results then differ from eager's in the last bits,
-    as fused kernels do."""
+    `PROMOTE_AFTER`-th call (sooner once its calls took `PROMOTE_AFTER_SECONDS` in all), with that call's
+    inputs (same layout: the cache entry's check held). A fused compile that fails leaves it on the torch
+    executor. Its results then differ from eager's in the last bits, as fused kernels do."""
 
     def __init__(self, backend: Backend, program: Any, symbolic: Symbolic | None) -> None:
         self.backend, self.program, self.symbolic = backend, program, symbolic
         self.calls = 0
+        self.spent = 0.0  # seconds the program ran on the torch executor
         self.tier = "torch"
 
     def __getattr__(self, name: str) -> Any:  # traces, reports, layouts, shape_guard: the current program's
         return getattr(self.program, name)
 
     def __call__(self, leaves: list[Any]) -> Any:
+        if self.tier != "torch":
+            return self.program(leaves)
         self.calls += 1
-        if self.calls == PROMOTE_AFTER:
+        if self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS:
             self._promote(leaves)
-        return self.program(leaves)
+            return self.program(leaves)
+        start = time.perf_counter()
+        try:
+            return self.program(leaves)
+        finally:
+            self.spent += time.perf_counter() - start
 
     def _promote(self, leaves: list[Any]) -> None:
         b = self.backend
