@@ -404,8 +404,9 @@ def _symbolic_inputs(placeholders: list[fx.Node]) -> Symbolic:
 
 
 PROMOTE_AFTER = 16  # calls of a program on the torch executor before the tiered executor fuses it
-# ...or, sooner, seconds spent running it there: an inductor compile costs about this much, so a program whose
-# calls take long (large tensors) earns it within a few calls.
+# ...or, sooner, seconds spent running it there: an inductor compile costs seconds (a few for a small graph,
+# 12 s for the 40-tensor Adam of bench/run.py), so a program whose calls take long (large tensors) earns one
+# within a few calls.
 PROMOTE_AFTER_SECONDS = 2.0
 
 
