@@ -208,6 +208,14 @@ def saved_then_written_under_no_grad(x):
     return z  # backward raises "modified by an inplace operation"
 
 
+def no_grad_view_of_a_plain_tensor_whose_base_comes_to_require_grad(x):
+    t = torch.full_like(x, 3.0)
+    with torch.no_grad():
+        v = t.reshape(-1)  # t does not require grad yet
+    t.copy_(x)  # now it does, written with grad on: eager raises reading v's grad_fn (fuzz seed 978112)
+    return v
+
+
 @pytest.mark.parametrize(
     "fn",
     [
@@ -215,6 +223,7 @@ def saved_then_written_under_no_grad(x):
         no_grad_view_read_after_its_base_was_written,
         no_grad_view_returned_after_its_base_was_written,
         saved_then_written_under_no_grad,
+        no_grad_view_of_a_plain_tensor_whose_base_comes_to_require_grad,
     ],
 )
 def test_eagers_autograd_errors_kept(fn):
@@ -224,6 +233,19 @@ def test_eagers_autograd_errors_kept(fn):
             warnings.simplefilter("ignore", dealias.FallbackWarning)
             assert compare_call(fn, jf, _non_leaf(2, 3)()) is None
             assert _compare_grads(fn, jf, _non_leaf(2, 3)) is None
+
+
+def no_grad_view_of_a_plain_tensor_used_with_grad(x):
+    t = torch.full_like(x, 3.0)
+    with torch.no_grad():
+        v = t.reshape(-1)
+    v.add_(1)  # with grad on, but nothing requires grad: eager accepts it
+    t.add_(1)
+    return v, v * x.reshape(-1)
+
+
+def test_no_grad_view_of_a_tensor_that_does_not_require_grad_is_compiled():
+    assert_compiled_like_eager(no_grad_view_of_a_plain_tensor_used_with_grad, _non_leaf(2, 3))
 
 
 def test_value_requiring_grad_written_through_detach_runs_eagerly():

@@ -800,8 +800,8 @@ class _Functionalizer:
                 self.made_with_grad[value.obj] = self.emit.grad
             self._track_fragile(node)
             self._track_unsafe(node)
-        elif self.emit.grad and self.fragile and any(self._fragile_of(a) for a in self._written(node)):
-            f = next(self._fragile_of(a) for a in self._written(node) if self._fragile_of(a))
+        elif self.emit.grad and self.fragile and any(self._raises_writing(node, a) for a in self._written(node)):
+            f = next(self._fragile_of(a) for a in self._written(node) if self._raises_writing(node, a))
             raise UnsupportedError(
                 with_location(
                     f"{node.target} with grad on writes through a view {f.why} (at "
@@ -811,13 +811,13 @@ class _Functionalizer:
             )
 
     def _track_unsafe(self, view: fx.Node) -> None:
-        """Record an element of `unsafe_split` (or a view of one). Eager's autograd does not see a write through
-        such an element as a write of its input: with grad on, a split of a tensor that requires grad runs
-        eagerly."""
+        """Record an element of `unsafe_split` (or a view of one). Autograd does not treat the elements as views:
+        eager's does not see a write through one as a write of its input, and one made under no_grad does not
+        require grad. A split of a tensor that requires grad runs eagerly (in either grad mode)."""
         source = view.args[0] if view.target is operator.getitem else view
         op = source.target
         if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view:
-            if self.emit.grad and self._requires_grad(source.args[0]):
+            if self._requires_grad(source.args[0]):
                 raise UnsupportedError(
                     with_location(f"{op} of a tensor that requires grad is not compiled yet", node_location(view))
                 )
@@ -829,6 +829,14 @@ class _Functionalizer:
         parent = next((r for a in view.all_input_nodes if (r := self._unsafe_of(a)) is not None), None)
         if parent is not None and isinstance(value, Value):
             self.unsafe[value.obj] = parent
+
+    def _raises_writing(self, node: fx.Node, a: fx.Node) -> bool:
+        """Whether eager raises when `node` writes the fragile view `a` with grad on: always, unless the view's
+        base did not require grad and nothing the write reads does (then no autograd is involved)."""
+        f = self._fragile_of(a)
+        if f is None:
+            return False
+        return f.base_rg or any(self._requires_grad(x) for x in node.all_input_nodes)
 
     def _unsafe_of(self, a: fx.Node) -> fx.Node | None:
         v = self.info.values.get(a)
@@ -844,9 +852,11 @@ class _Functionalizer:
             nograd = parent.nograd or not self.emit.grad
             self.fragile[value.obj] = replace(parent, nograd=nograd, made_with_grad=bool(self.emit.grad))
             return
-        if not any(self._requires_grad(a) for a in source.all_input_nodes):
-            return
         epoch = self.writes.get(value.storage, 0)
+        if not any(self._requires_grad(a) for a in source.all_input_nodes):
+            if not self.emit.grad and view.target is not operator.getitem:
+                self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, base_rg=False)
+            return
         if not self.emit.grad:
             self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False)
         elif view.target is operator.getitem and isinstance(source.target, torch._ops.OpOverload):
@@ -854,8 +864,11 @@ class _Functionalizer:
                 self.fragile[value.obj] = _Fragile(view, epoch, False, f"returned by {source.target}", True)
 
     def _stale(self, a: fx.Node) -> bool:
+        """Whether eager raises reading the fragile view `a`'s grad_fn: its storage was written since it was made
+        (or, for a view of a tensor that did not require grad, its base has come to require grad)."""
         v = self.info.value(a)
-        return self.writes.get(v.storage, 0) != self.fragile[v.obj].epoch
+        f = self.fragile[v.obj]
+        return self._requires_grad(a) if not f.base_rg else self.writes.get(v.storage, 0) != f.epoch
 
     def _fragile_of(self, a: fx.Node) -> _Fragile | None:
         v = self.info.values.get(a)
@@ -891,7 +904,7 @@ class _Functionalizer:
                 )
             )
         node = self.materialize(self.info.value(a))
-        return self.emit.call(grad_leaf, node) if f.nograd else node
+        return self.emit.call(grad_leaf, node) if f.nograd and f.base_rg else node
 
     def _requires_grad(self, a: fx.Node) -> bool:
         """Whether eager's tensor requires grad: its storage's base does, or did before a write invisible to
@@ -960,6 +973,9 @@ class _Fragile:
     nograd: bool
     why: str
     made_with_grad: bool  # this view itself (a view of a no_grad view made with grad on has a grad_fn)
+    # Whether its base required grad when it was made. A view made under no_grad of one that did not is an
+    # ordinary tensor until a write with grad on makes its base require grad; then eager raises reading its grad_fn.
+    base_rg: bool = True
 
 
 # Writes of one value everywhere: eager runs them on tensors whose elements share memory (an expanded

@@ -205,6 +205,7 @@ def _view(r: random.Random, t: str, x: torch.Tensor) -> str | None:
         lambda: f"{t}.unbind({d})[{r.randrange(size)}]" if size else None,
         lambda: f"{t}.split(2, {d})[0]",
         lambda: f"{t}.chunk(2, {d})[-1]",
+        lambda: f"{t}.unsafe_chunk(2, {d})[0]",  # shares memory without being an autograd view
         lambda: f"{t}.unsqueeze({r.randrange(x.dim() + 1)})",
         lambda: f"{t}.squeeze()",
         lambda: f"{t}.unfold({d}, 2, {r.choice([1, 2, 3])})" if size >= 2 else None,
