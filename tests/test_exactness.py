@@ -305,15 +305,18 @@ def return_unsafe_elements(x):
     a, b = y.unsafe_split_with_sizes([1, 3])
     b.add_(1)
     c, d = x.unsafe_split(2)
-    return y, a, b, d.t()
+    with torch.no_grad():
+        e = c.t()  # a view made under no_grad of an element: its base is the element, not x
+    return y, a, b, d.t(), e
 
 
 @pytest.mark.parametrize("fn", [write_through_unsafe_chunk, return_unsafe_elements])
 def test_unsafe_split_elements_share_their_inputs_memory(fn):
     jf = check(fn, torch.randn(4, 3))  # (alias analysis refused these before: the schema declares no alias)
     if fn is return_unsafe_elements:
-        y, a, b, dt = jf(torch.randn(4, 3))
+        y, a, b, dt, e = jf(torch.randn(4, 3))
         assert not a._is_view() and not b._is_view() and dt._base is not None  # eager's elements are not views
+        assert e._base is not None and not e._base._is_view()
         assert a.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
 
 

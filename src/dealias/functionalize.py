@@ -763,7 +763,8 @@ class _Functionalizer:
             )
         if slot.same_as is not None:
             return slot
-        multi = self._multi_output_step(f.root, slot)
+        unsafe = self._unsafe_of(arg)  # (a view made under no_grad of an unsafe_split element)
+        multi = self._multi_output_step(f.root, slot) or (unsafe and self._multi_output_step(unsafe, slot))
         if not f.nograd:
             return replace(slot, multi_output=multi)
         # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
