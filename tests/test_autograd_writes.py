@@ -551,3 +551,33 @@ def test_unused_autograd_bookkeeping_is_not_placed_by_alias_analysis():
         return x, x[:1]
 
     assert_compiled_like_eager(sin_of_a_member_then_sum, make)
+
+
+def hook_on_a_base_written_through_its_view(x):
+    v2 = x + 1
+    v4 = v2.unsqueeze(2)
+    v4.mul_(-2.0)  # v2's value is now computed as a view of the written one: returned, it must be a base
+    v2.register_hook(lambda g: g + 1)
+    with torch.no_grad():
+        v2.clamp_(-1, 1)  # bumps v4's version: its grad_fn is rebuilt through v2's, hook included (fuzz 979374)
+    return v4
+
+
+def test_hook_on_a_base_written_through_its_view():
+    assert_compiled_like_eager(hook_on_a_base_written_through_its_view, _non_leaf(4, 6))
+
+
+def base_written_through_its_view(x):
+    v2 = x + 1
+    v4 = v2.unsqueeze(2)
+    v4.mul_(-2.0)
+    return v2, v4
+
+
+def test_returned_base_written_through_its_view_is_not_a_view():
+    jf = dealias.jit(base_written_through_its_view)
+    for make in (_non_leaf(4, 6), lambda: (torch.randn(4, 6),)):
+        for _ in range(2):
+            assert compare_call(base_written_through_its_view, jf, make()) is None
+            v2, v4 = jf(*make())
+            assert not v2._is_view() and v4._base is v2  # as eager's

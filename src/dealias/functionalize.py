@@ -717,7 +717,7 @@ class _Functionalizer:
             else:
                 if s not in results:
                     results[s] = len(outs)
-                    outs.append(self.base[s])
+                    outs.append(self._owning(self.base[s]))
                 self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
         for position, arg in enumerate(node.args[0]):
             made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
@@ -734,6 +734,18 @@ class _Functionalizer:
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
+
+    def _owning(self, node: fx.Node) -> fx.Node:
+        """The base of an intermediate storage, returned, as a tensor of its own as eager's is. A base computed as
+        a view (the inverse of a pure view applied to a written value: `reshape(mul)` for `v2.unsqueeze(2).mul_(-2)`)
+        becomes `_unsafe_view` of it: the same memory, not an autograd view, so views of it made later are views of
+        it (their regenerated grad_fn runs through its own, hooks included), not of what it was computed from."""
+        t = node.meta.get("val")
+        if not is_view_node(node) or not isinstance(t, torch.Tensor) or not t.is_contiguous():
+            return node
+        if any(isinstance(n, torch.SymInt) for n in t.shape):
+            return node
+        return self.emit.call(aten._unsafe_view.default, node, list(t.shape))
 
     def _computed_chain(self, slot: OutputSlot, outs: list[fx.Node]) -> OutputSlot:
         """An output view whose chain has symbolic arguments (`cache[:, :pos + 1]`): each becomes a result of the
