@@ -248,20 +248,25 @@ def test_results_have_eagers_strides():
     check(cumsum_of_ones, torch.randn(3, 4, 2), executor="inductor")
 
 
-def test_tiered_executor_fuses_a_program_once_it_has_run_often(monkeypatch):
-    from dealias import backend
-
-    monkeypatch.setattr(backend, "PROMOTE_AFTER", 3)
-    jf = dealias.jit(slice_write, executor="tiered")
+def tiers_of_slice_write_calls(jf, calls: int) -> list:
+    """Call the tiered `jf` of slice_write `calls` times, each compared with eager; the tiers after each call."""
     tiers = []
-    for _ in range(4):
+    for _ in range(calls):
         buf, row = torch.randn(256, 64), torch.randn(64)
         expected = buf.clone()
         slice_write(expected, row)
         jf(buf, row)
         torch.testing.assert_close(buf, expected)
         tiers.append(dealias.cache_info(jf).tiers)
-    assert tiers == [("torch",), ("torch",), ("fused",), ("fused",)]
+    return tiers
+
+
+def test_tiered_executor_fuses_a_program_once_it_has_run_often(monkeypatch):
+    from dealias import backend
+
+    monkeypatch.setattr(backend, "PROMOTE_AFTER", 3)
+    jf = dealias.jit(slice_write, executor="tiered")
+    assert tiers_of_slice_write_calls(jf, 4) == [("torch",), ("torch",), ("fused",), ("fused",)]
     info = dealias.cache_info(jf)
     assert (info.misses, info.hits) == (1, 3)
     assert "fused" in str(dealias.last_traces(jf)[3])
@@ -272,15 +277,7 @@ def test_tiered_executor_fuses_a_program_whose_calls_take_long_sooner(monkeypatc
 
     monkeypatch.setattr(backend, "PROMOTE_AFTER_SECONDS", 1e-9)  # any call on the torch executor takes longer
     jf = dealias.jit(slice_write, executor="tiered")
-    tiers = []
-    for _ in range(3):
-        buf, row = torch.randn(256, 64), torch.randn(64)
-        expected = buf.clone()
-        slice_write(expected, row)
-        jf(buf, row)
-        torch.testing.assert_close(buf, expected)
-        tiers.append(dealias.cache_info(jf).tiers)
-    assert tiers == [("torch",), ("fused",), ("fused",)]
+    assert tiers_of_slice_write_calls(jf, 3) == [("torch",), ("fused",), ("fused",)]
 
 
 def test_tiered_executor_keeps_what_cannot_fuse_on_the_torch_executor(monkeypatch):

@@ -242,15 +242,13 @@ class GraphProgram:
         executor = "torch" if self.options.executor == "tiered" else self.options.executor
         if self.symbolic:
             try:
-                program = compile_program(self.gm, leaves, self.names, executor, self.symbolic)
-                return _Tiered(self, program, self.symbolic) if self.options.executor == "tiered" else program
+                return self._entry(compile_program(self.gm, leaves, self.names, executor, self.symbolic), self.symbolic)
             except Exception as e:  # noqa: BLE001 - any failure: compile again with the values specialized
                 log.info(
                     "dealias: %s compiles with its symbolic values specialized: %s", self.stats.name, e, exc_info=True
                 )
         try:
-            program = compile_program(self.gm, leaves, self.names, executor)
-            return _Tiered(self, program, None) if self.options.executor == "tiered" else program
+            return self._entry(compile_program(self.gm, leaves, self.names, executor), None)
         except EagerSemanticsError:
             raise
         except (DealiasError, *_FAKE_LIMITS) as e:
@@ -265,6 +263,10 @@ class GraphProgram:
                 log.info("dealias: a graph of %s raises in eager; this call runs it eagerly: %s", self.stats.name, e)
                 return _EAGER_ONCE
             return self._fall_back(InternalError(f"tracing failed where eager does not: {type(e).__name__}: {e}"))
+
+    def _entry(self, program: Any, symbolic: Symbolic | None) -> Any:
+        """The cache entry for a torch- or fused-executor program: wrapped to be promoted, for the tiered executor."""
+        return _Tiered(self, program, symbolic) if self.options.executor == "tiered" else program
 
     def _same_values(self, leaves: list[Any]) -> Callable[[list[Any]], bool]:
         """The shape guard of a program that specialized the symbolic scalars: exactly these values."""

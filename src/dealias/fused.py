@@ -444,10 +444,9 @@ def _runner(gm: fx.GraphModule, compiled: Any, check: Callable[[tuple[Any, ...]]
 
     def restrided(outs: list[Any]) -> Any:
         fixed = list(outs)
-        for i, shape, stride in state["restride"]:
+        for i, shape, stride in state["restride"]:  # (only results whose layout differs, since the first call)
             t = fixed[i]
-            if any(n > 1 and a != b for n, a, b in zip(shape, t.stride(), stride)):
-                fixed[i] = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+            fixed[i] = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
         return tuple(fixed)
 
     def first(outs: list[Any]) -> None:
