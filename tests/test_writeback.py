@@ -21,7 +21,9 @@ def _full_size_temporaries(jf, numel: int) -> list[str]:
         if n.op != "call_function" or not isinstance(v, torch.Tensor) or v.numel() < numel:
             continue
         name = str(n.target)
-        if any(k in name for k in ("scatter", "clone", "copy.default", "index_put.default", "index_copy.default")):
+        if any(
+            k in name for k in ("scatter", "clone", "copy.default", "index_put.default", "index_copy.default", "region")
+        ):
             out.append(name)
         elif not name.endswith("_") and "_." not in name and "view" not in name and "select" not in name:
             if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.name.endswith("_"):

@@ -37,8 +37,8 @@ class Emitter:
         name = op_name(op) if op is not operator.getitem else "getitem"
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
         fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (args, kwargs))
-        with self.fake_mode:
-            node.meta["val"] = op(*fargs, **fkwargs)
+        with self.fake_mode:  # (an op of dealias's own graphs may say how its value is computed on fake tensors)
+            node.meta["val"] = getattr(op, "dealias_meta", op)(*fargs, **fkwargs)
         if self.stack_trace:
             node.meta["stack_trace"] = self.stack_trace
         if self.grad is not None:

@@ -35,13 +35,14 @@ from .gradops import (
     write_back_now,
 )
 from .opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
+from .regions import emit_region_write, restride
 from .sharing import overlaps
 from .viewops import (
     ViewStep,
     as_strided_rel,
     chain_args,
+    check_inverse,
     internal_overlap,
-    inverse,
     map_chain_args,
     replay,
     replay_chain,
@@ -276,11 +277,13 @@ class _Functionalizer:
             step = ViewStep(as_strided_rel, (list(view.shape), list(view.stride()), rel))
             chain = (*chain[:i], step)
             bases = [*bases[: i + 1], self.emit.call(as_strided_rel, bases[i], *step.args)]
-        for i in range(len(chain) - 1, -1, -1):
-            new = inverse(chain[i], bases[i].meta["val"], bases[i + 1].meta["val"], bases[i], new, self.emit.call)
+        if chain:
+            _check_invertible(chain, bases, node)
+            new = emit_region_write(self.emit, bases[0], bases[1:], new)
+        else:
+            new = restride(self.emit, new, s.root_meta)
         if (hidden or not self.emit.grad) and self.base[s].meta.get("rg"):
             self.history.setdefault(s, self.base[s])
-        new = self._restride(new, s.root_meta)
         if self.emit.grad and not hidden and self.base[s].meta.get("rg") and not new.meta.get("rg"):
             new = self.emit.call(overwritten, self.base[s], new)
         self.base[s] = new
@@ -356,30 +359,6 @@ class _Functionalizer:
         out= write may resize it as eager does: to the result's shape, with the layout its kernel gives it (linalg
         kernels restride their outputs column-major, as their functional forms return them)."""
         return v.storage.kind == "intermediate" and not v.chain and v.meta.numel() == 0 and v.obj == v.storage.root_obj
-
-    def _restride(self, new: fx.Node, like: torch.Tensor) -> fx.Node:
-        """Keep every base in its traced layout, so replayed views get exactly eager's strides."""
-        val = new.meta["val"]
-        same = all(st == st0 for sz, st, st0 in zip(val.shape, val.stride(), like.stride()) if sz > 1)
-        if same:
-            return new
-        if new.meta.get("rg"):
-            return self._restride_differentiably(new, like)
-        empty = self.emit.call(
-            aten.empty_strided.default, list(like.shape), list(like.stride()), dtype=like.dtype, device=like.device
-        )
-        return self.emit.call(aten.copy.default, empty, new)
-
-    def _restride_differentiably(self, new: fx.Node, like: torch.Tensor) -> fx.Node:
-        # `copy` has no derivative; a dense layout is a permutation of a contiguous one, reached by
-        # permute -> contiguous copy -> permute back, all differentiable.
-        if not is_non_overlapping_and_dense(like):
-            raise UnsupportedError("a write that autograd must see into a tensor with a gapped layout")
-        perm = sorted(range(like.dim()), key=lambda d: (-like.stride()[d], -like.shape[d]))
-        inv = [perm.index(d) for d in range(like.dim())]
-        permuted = self.emit.call(aten.permute.default, new, perm)
-        dense = self.emit.call(aten.clone.default, permuted, memory_format=torch.contiguous_format)
-        return self.emit.call(aten.permute.default, dense, inv)
 
     def copy_value(self, dst: fx.Node, src: fx.Node) -> fx.Node:
         """The functional `copy(dst, src)`, differentiable when autograd needs it: src cast to dst's dtype and
@@ -717,7 +696,7 @@ class _Functionalizer:
             else:
                 if s not in results:
                     results[s] = len(outs)
-                    outs.append(self._owning(self.base[s]))
+                    outs.append(self.base[s])
                 self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
         for position, arg in enumerate(node.args[0]):
             made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
@@ -734,18 +713,6 @@ class _Functionalizer:
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
-
-    def _owning(self, node: fx.Node) -> fx.Node:
-        """The base of an intermediate storage, returned, as a tensor of its own as eager's is. A base computed as
-        a view (the inverse of a pure view applied to a written value: `reshape(mul)` for `v2.unsqueeze(2).mul_(-2)`)
-        becomes `_unsafe_view` of it: the same memory, not an autograd view, so views of it made later are views of
-        it (their regenerated grad_fn runs through its own, hooks included), not of what it was computed from."""
-        t = node.meta.get("val")
-        if not is_view_node(node) or not isinstance(t, torch.Tensor) or not t.is_contiguous():
-            return node
-        if any(isinstance(n, torch.SymInt) for n in t.shape):
-            return node
-        return self.emit.call(aten._unsafe_view.default, node, list(t.shape))
 
     def _computed_chain(self, slot: OutputSlot, outs: list[fx.Node]) -> OutputSlot:
         """An output view whose chain has symbolic arguments (`cache[:, :pos + 1]`): each becomes a result of the
@@ -995,6 +962,16 @@ class _Fragile:
 # tensor), and every alias of a location receives the same value, so the result is well defined.
 # (fill_.Tensor is left out: eager's `x[i] = 3.0` reaches it under tracing but runs copy_, which refuses.)
 _UNIFORM_WRITES = {aten.fill_.Scalar, aten.zero_.default}
+
+
+def _check_invertible(chain: tuple[ViewStep, ...], bases: list[fx.Node], node: fx.Node) -> None:
+    """Raise UnsupportedError, at the user's line, before recording a write of `node` through `chain` that the
+    view inverses cannot push back into its base (bases[i] is the value step i applies to)."""
+    try:
+        for i, step in enumerate(chain):
+            check_inverse(step, bases[i].meta["val"], bases[i + 1].meta["val"])
+    except UnsupportedError as e:
+        raise UnsupportedError(with_location(f"{node.target}: {e}", node_location(node))) from None
 
 
 def _hides_grad(step: ViewStep, base: fx.Node) -> bool:

@@ -196,11 +196,29 @@ def inverse(
     return _as_strided_inverse(step, base, view, base_node, value_node, call)
 
 
-def _as_strided_inverse(
-    step: ViewStep, base: torch.Tensor, view: torch.Tensor, base_node: Any, value_node: Any, call: Callable[..., Any]
-) -> Any:
-    # The write is visible through the base only where the view stays inside the base's elements: guaranteed
-    # here for a contiguous base. Offsets are relative to the base's first element (see as_strided_rel).
+_PURE_INVERSE = {"aten::t", "aten::transpose", "aten::permute", "aten::view_as_real", "aten::view_as_complex"}
+_PURE_INVERSE |= {"aten::_conj", "aten::_neg_view", *_RESHAPE_BACK}
+
+
+def inverse_reads_base(step: ViewStep) -> bool:
+    """Whether `inverse` of `step` reads the old base (a scatter), or only the written value (a view of it back:
+    the view covers every element of its base)."""
+    name = getattr(step.op, "_schema", None) and step.op._schema.name
+    return name not in _PURE_INVERSE
+
+
+_SCATTER_INVERSE = {"aten::select", "aten::slice", "aten::diagonal"}
+
+
+def check_inverse(step: ViewStep, base: torch.Tensor, view: torch.Tensor) -> None:
+    """Raise UnsupportedError if a write through `step(base)` (the fake tensors seen at trace time) cannot be
+    pushed back into `base` by `inverse`; functionalization asks before it records the write."""
+    name = getattr(step.op, "_schema", None) and step.op._schema.name
+    if name in _PURE_INVERSE or name in _SCATTER_INVERSE:
+        return
+    # The generic as_strided inverse. The write is visible through the base only where the view stays inside
+    # the base's elements: guaranteed here for a contiguous base. Offsets are relative to the base's first
+    # element (see as_strided_rel).
     if not base.is_contiguous():
         raise UnsupportedError(
             f"writing through {step.describe()} of a non-contiguous tensor is not supported; "
@@ -210,7 +228,13 @@ def _as_strided_inverse(
     last = first + sum((s - 1) * st for s, st in zip(view.shape, view.stride()) if s > 0)
     if view.numel() > 0 and (first < 0 or last >= base.numel()):
         raise UnsupportedError(f"writing through {step.describe()} that reaches outside its base is not supported")
-    args = (list(view.shape), list(view.stride()), first)
+
+
+def _as_strided_inverse(
+    step: ViewStep, base: torch.Tensor, view: torch.Tensor, base_node: Any, value_node: Any, call: Callable[..., Any]
+) -> Any:
+    check_inverse(step, base, view)
+    args = (list(view.shape), list(view.stride()), view.storage_offset() - base.storage_offset())
     grad = getattr(base_node, "meta", {}).get("rg") or getattr(value_node, "meta", {}).get("rg")
     if grad or internal_overlap(view) != "no":
         # as_strided_scatter's backward returns zero gradients when its source is computed from a view of

@@ -1,15 +1,15 @@
 """Write-back lowering: move only the bytes that were written.
 
-Functionalization turns `cache[:, pos] = k` into `select_scatter(cache, k, 1, pos)` (a copy of the whole
-cache) and a write-back copying the whole cache back. This pass recognizes, in the optimized functional
+Functionalization turns `cache[:, pos] = k` into `region_write(cache, cache.select(1, pos), k)` (a new
+cache, regions.py) and a write-back copying the whole cache back. This pass reads, in the optimized functional
 graph, each storage's sequence of versions
 
     P = V0 -> V1 -> ... -> Vn = the value written back,
 
-where each step is a *region write* ("V(i-1) with the region `chain` replaced by `value`", as built by
-functionalization's view inverses), and executes it in place instead: `P.select(1, pos).copy_(k)` at the
-point Vi was computed, with every later read of Vi reading P. A step that is not a region write (e.g.
-`x.add_(1)`) is a full write: `P.copy_(Vi)`.
+where each step is a region write node ("V(i-1) with the region `chain` replaced by `value`") or an op with
+an in-place form on V(i-1), and executes it in place instead: `P.select(1, pos).copy_(k)` at the point Vi was
+computed, with every later read of Vi reading P. A step that is not a region write (e.g. `x.add_(1)`) is a
+full write: `P.copy_(Vi)`. The region writes left (not exact in place) are decomposed into view inverses.
 
 It is applied to a storage only when it is exact: no read of an older version (through any view) comes
 after the write that supersedes it, the storage's bases are dense, and no tensor in the graph requires
@@ -35,7 +35,8 @@ from .checks import guard_index_writes, indexed_write
 from .emitter import Emitter
 from .functionalize import FunctionalProgram, OutputSlot, Ref, ResultArg
 from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
-from .viewops import ViewStep, chain_text, internal_overlap, inverse, map_chain_args, op_name
+from .regions import decompose, is_region_write, region_views, step_of
+from .viewops import ViewStep, chain_text, internal_overlap, map_chain_args, op_name
 
 aten = torch.ops.aten
 
@@ -57,82 +58,15 @@ class WriteBackReport:
     nbytes: int = 0
 
 
-def _step_of(view: fx.Node) -> ViewStep:
-    return ViewStep(view.target, tuple(view.args[1:]), tuple(sorted(view.kwargs.items())))
-
-
-class _Hole:
-    """Stands for the written value while an inverse is recorded symbolically."""
-
-
-def _recorded_inverse(step: ViewStep, base: fx.Node, view: fx.Node) -> tuple[Any, tuple[Any, ...], dict] | None:
-    hole = _Hole()
-    calls: list[tuple[Any, tuple[Any, ...], dict]] = []
-
-    def record(op: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append((op, args, kwargs))
-        return calls[-1]
-
-    try:
-        inverse(step, base.meta["val"], view.meta["val"], base, hole, record)
-    except Exception:  # noqa: BLE001 - an inverse that cannot be built is simply no match
+def region_parts(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
+    """If `node` is a region write that can run as an in-place copy, its (base, chain, value). A region whose
+    elements share memory (a uniform write through `expand`) cannot be the target of an in-place copy."""
+    if not is_region_write(node):
         return None
-    if len(calls) != 1:
+    views = region_views(node)
+    if any(internal_overlap(v.meta["val"]) != "no" for v in views):
         return None
-    op, args, kwargs = calls[0]
-    return op, tuple(hole if a is hole else a for a in args), kwargs
-
-
-def _same_args(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_args(x, y) for x, y in zip(a, b))
-    return a is b if isinstance(a, fx.Node) or isinstance(b, fx.Node) else a == b
-
-
-def _strip_restride(n: fx.Node) -> fx.Node:
-    """`copy(empty_strided(..), x)` only re-lays x out: as a value it is x."""
-    if (
-        n.target is aten.copy.default
-        and isinstance(n.args[0], fx.Node)
-        and n.args[0].target is aten.empty_strided.default
-    ):
-        return n.args[1]
-    return n
-
-
-def match_region_write(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
-    """If `node` is "B with region `chain` replaced by `value`", return (B, chain, value)."""
-    node = _strip_restride(node)
-    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
-        return None
-    # Scatter inverses: node = scatter(B, Y, args) for the view b1 = view(B, args).
-    base = node.args[0]
-    for b1 in _views_inverted_by(base, node.target):
-        if b1 is not node:
-            found = _match_inverse(node, base, b1)
-            if found is not None:
-                return found
-    # Pure-view inverses: node = inv(Y), where Y was written into the view b1 = view(B) that inv inverts:
-    # Y is a region write into b1, or Y was computed from b1 (`e = c.flatten(); e += d.flatten()`). The inverse
-    # of a view is a view: any other node is not one, and is not taken apart (the recursion into Y would
-    # otherwise run down every earlier version: a RecursionError at ~1,000 in-place statements).
-    if not is_view_node(node):
-        return None
-    y = node.args[0]
-    inner = match_region_write(y)
-    if inner is not None:
-        candidates = [inner[0]]
-    else:
-        first = [y.args[0]] if y.args and isinstance(y.args[0], fx.Node) else []
-        candidates = first + [a for a in y.all_input_nodes if a not in first]
-    for b1 in candidates:
-        if not is_view_node(b1) or not isinstance(b1.args[0], fx.Node):
-            continue
-        rec = _recorded_inverse(_step_of(b1), b1.args[0], b1)
-        if rec is not None and _matches(rec, node, y):
-            chain, value = (inner[1], inner[2]) if inner is not None else ((), y)
-            return b1.args[0], (_step_of(b1), *chain), value
-    return None
+    return node.args[0], tuple(step_of(v) for v in views), node.args[2]
 
 
 def _known(cond: Any) -> bool:
@@ -161,59 +95,6 @@ def _updated_in_place(node: fx.Node) -> fx.Node | None:
     return b if same_shape and bv.dtype == nv.dtype and same_layout else None
 
 
-def _matches(rec: tuple[Any, tuple[Any, ...], dict], node: fx.Node, value: fx.Node) -> bool:
-    op, args, kwargs = rec
-    want = tuple(value if isinstance(a, _Hole) else a for a in args)
-    return op is node.target and _same_args(want, node.args) and _same_args(kwargs, dict(node.kwargs))
-
-
-def _inverse_of_view(base: fx.Node, b1: fx.Node) -> tuple[Any, tuple[Any, ...], dict] | None:
-    """`_recorded_inverse` of the view b1 = view(base), computed once per view node: a base read through many
-    views is matched against each of them for every version (quadratic in the program's length otherwise)."""
-    cached = b1.meta.get("_dealias_inverse")
-    if cached is not None and cached[0] is base:  # (a copied graph's node carries its original's meta)
-        return cached[1]
-    rec = _recorded_inverse(_step_of(b1), base, b1)
-    b1.meta["_dealias_inverse"] = (base, rec)
-    return rec
-
-
-def _views_inverted_by(base: fx.Node, op: Any) -> list[fx.Node]:
-    """The views b1 = view(base) whose recorded inverse is a call of `op`, in `base.users` order. Indexed once
-    per base and kept while its users stay the same (users are appended at the end, so a change shows in their
-    number or in the last one): each version of a base read through many views would otherwise scan them all."""
-    users = base.users
-    stamp = (len(users), next(reversed(users), None))
-    cached = base.meta.get("_dealias_views")
-    if cached is None or cached[0] != stamp:
-        index: dict[Any, list[fx.Node]] = {}
-        for b1 in users:
-            if is_view_node(b1) and b1.args[0] is base:
-                rec = _inverse_of_view(base, b1)
-                if rec is not None:
-                    index.setdefault(rec[0], []).append(b1)
-        cached = (stamp, index)
-        base.meta["_dealias_views"] = cached
-    return cached[1].get(op, [])
-
-
-def _match_inverse(node: fx.Node, base: fx.Node, b1: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
-    rec = _inverse_of_view(base, b1)
-    if rec is None or rec[0] is not node.target:
-        return None
-    hole_at = next((i for i, a in enumerate(rec[1]) if isinstance(a, _Hole)), None)
-    if hole_at is None or hole_at >= len(node.args) or rec[1][0] is not base:
-        return None
-    value = node.args[hole_at]
-    if not _matches(rec, node, value) or internal_overlap(b1.meta["val"]) != "no":
-        return None  # a region whose elements share memory cannot be the target of an in-place copy
-    # A nested write: the value is itself a region write into b1 (`cache[0][:, idx] = v`).
-    inner = match_region_write(value) if isinstance(value, fx.Node) else None
-    if inner is not None and inner[0] is b1:
-        return base, (_step_of(b1), *inner[1]), inner[2]
-    return base, (_step_of(b1),), value
-
-
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -226,7 +107,7 @@ def versions(
     out: list[tuple[fx.Node, RegionWrite]] = []
     node = final
     while node is not root:
-        m = match_region_write(node)
+        m = region_parts(node)
         if m is not None:
             base, chain, value = m
         else:
@@ -284,6 +165,7 @@ def lower(
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = list(out_node.args[0])
     if _builds_autograd(gm):
+        decompose(gm)
         return fp, [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]
 
     reports: list[WriteBackReport] = []
@@ -325,8 +207,7 @@ def lower(
         if n.op == "call_function" and not n.users and removable_if_unused(n.target):
             graph.erase_node(n)
     guard_index_writes(graph, [_root_placeholder(gm, wb.target) for wb in writebacks_before])
-    graph.lint()
-    gm.recompile()
+    decompose(gm)  # the region writes left run as view inverses
     return fp, reports
 
 
@@ -460,7 +341,7 @@ def _erase_dead(graph: fx.Graph, nodes: set[fx.Node]) -> None:
 
 def _is_replay(node: Any, root: fx.Node, chain: tuple[ViewStep, ...]) -> bool:
     for step in reversed(chain):
-        if not isinstance(node, fx.Node) or not is_view_node(node) or _step_of(node) != step:
+        if not isinstance(node, fx.Node) or not is_view_node(node) or step_of(node) != step:
             return False
         node = node.args[0]
     return node is root
