@@ -23,6 +23,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from .capture import node_location
 from .errors import InternalError, UnsupportedError, with_location
 from .opfacts import OpKind, facts
+from .plan import StorageKind
 from .sharing import AliasGroup
 from .viewops import ViewStep, as_strided_rel, normalize_multi_output, relative_as_strided
 
@@ -32,9 +33,9 @@ aten = torch.ops.aten
 @dataclass(eq=False)
 class Storage:
     id: int
-    kind: str  # "input" | "group" | "constant" | "intermediate"
-    index: int | None = None  # input position (kind "input") or alias group number (kind "group")
-    constant: str | None = None  # attribute name of the tensor constant, for kind == "constant"
+    kind: StorageKind
+    index: int | None = None  # input position (INPUT) or alias group number (GROUP)
+    constant: str | None = None  # attribute name of the tensor constant (CONSTANT)
     root_meta: torch.Tensor | None = None  # fake tensor of the base as traced
     root_obj: int = -1  # the tensor object that is the base
 
@@ -86,14 +87,14 @@ def analyze(gm: fx.GraphModule, groups: list[AliasGroup] = ()) -> AliasInfo:
     group_storage: dict[int, Storage] = {}
     ids = itertools.count()
 
-    def root(node: fx.Node, kind: str, meta: torch.Tensor, **kw: Any) -> Value:
+    def root(node: fx.Node, kind: StorageKind, meta: torch.Tensor, **kw: Any) -> Value:
         s = Storage(len(info.storages), kind, root_meta=meta, root_obj=next(ids), **kw)
         info.storages.append(s)
         return Value(s, (), s.root_obj, meta, node)
 
     def fresh(node: fx.Node, meta: Any) -> Any:
         if isinstance(meta, torch.Tensor):
-            return root(node, "intermediate", meta)
+            return root(node, StorageKind.INTERMEDIATE, meta)
         if isinstance(meta, (list, tuple)):
             return tuple(fresh(node, m) for m in meta)
         return None
@@ -110,7 +111,7 @@ def analyze(gm: fx.GraphModule, groups: list[AliasGroup] = ()) -> AliasInfo:
                 g = group_of[inputs]
                 info.values[node] = _group_member(node, groups[g], g, group_storage, info, next(ids))
             else:
-                info.values[node] = root(node, "input", meta, index=inputs)
+                info.values[node] = root(node, StorageKind.INPUT, meta, index=inputs)
             inputs += 1
         elif node.op == "get_attr":
             real = getattr(gm, node.target)
@@ -118,7 +119,7 @@ def analyze(gm: fx.GraphModule, groups: list[AliasGroup] = ()) -> AliasInfo:
                 raise UnsupportedError(with_location(f"non-tensor attribute {node.target}", node_location(node)))
             # The same tensor constant may be fetched by several get_attr nodes: one object, one value.
             if id(real) not in constants:
-                constants[id(real)] = root(node, "constant", meta, constant=node.target)
+                constants[id(real)] = root(node, StorageKind.CONSTANT, meta, constant=node.target)
             info.values[node] = constants[id(real)]
         elif node.op == "call_function":
             info.values[node] = _call_value(node, info, fresh, ids)
@@ -133,7 +134,7 @@ def _group_member(
     if gid not in storages:
         with meta.fake_mode:
             base = meta.as_strided((group.extent,), (1,), group.start)
-        storages[gid] = Storage(len(info.storages), "group", index=gid, root_meta=base)
+        storages[gid] = Storage(len(info.storages), StorageKind.GROUP, index=gid, root_meta=base)
         info.storages.append(storages[gid])
     step = ViewStep(as_strided_rel, (list(meta.shape), list(meta.stride()), meta.storage_offset() - group.start))
     return Value(storages[gid], (step,), obj, meta, node)
@@ -239,7 +240,7 @@ class _MultiView:
 def _verify_storages(gm: fx.GraphModule, info: AliasInfo) -> None:
     """The schema-derived storages must partition the values exactly as the fake tensors' storages do.
     Only caller storages may share a fake storage (inputs that share memory without overlapping)."""
-    callers = {s.id for s in info.storages if s.kind in ("input", "group")}
+    callers = {s.id for s in info.storages if s.kind in (StorageKind.INPUT, StorageKind.GROUP)}
     mine_to_fake: dict[int, StorageWeakRef] = {}
     fake_to_mine: dict[StorageWeakRef, set[int]] = {}
     for node, v in info.values.items():

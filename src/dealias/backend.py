@@ -35,7 +35,7 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 
 from .capture import Symbolic, node_location
 from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
-from .guards import explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
+from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
 from .pipeline import compile_program
 from .program import CompiledProgram
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
@@ -289,10 +289,10 @@ class GraphProgram:
         warnings.warn(f"dealias: a graph of {self.stats.name} runs eagerly: {e}", FallbackWarning, stacklevel=2)
         return _EAGER
 
-    def _explain_miss(self, full: tuple[Any, ...], tensors: list[torch.Tensor], shape: str = "") -> tuple[Any, ...]:
+    def _explain_miss(self, full: GuardKey, tensors: list[torch.Tensor], shape: str = "") -> tuple[Any, ...]:
         """Say why this graph compiles again, against the layout of its previous compile."""
         overlapping = overlapping_pairs(tensors, find_groups_or_none(tensors))
-        tensor_names = [n for n, x in zip(self.names, full[4:]) if isinstance(x, tuple) and len(x) > 2]
+        tensor_names = [n for n, x in zip(self.names, full.leaves) if isinstance(x, tuple) and len(x) > 2]
         if self.last_described is not None:
             last, before = self.last_described
             reasons = explain_miss(last, full, lambda i: _n(self.names, i))
@@ -300,7 +300,7 @@ class GraphProgram:
             pair = lambda i, j: f"{_n(tensor_names, i)} and {_n(tensor_names, j)}"
             reasons += [f"{pair(i, j)} now overlap" for i, j in sorted(overlapping - before)]
             reasons += [f"{pair(i, j)} no longer overlap" for i, j in sorted(before - overlapping)]
-            if not reasons and full[3] != last[3]:
+            if not reasons and full.sharing != last.sharing:
                 reasons.append("which inputs share a storage changed")
             self.stats.last_miss_reason = "; ".join(reasons) or "a guard changed"
             log.info("dealias: recompiled a graph of %s: %s", self.stats.name, self.stats.last_miss_reason)

@@ -12,7 +12,7 @@ Intermediate storages need no copy at all: their final contents are just the las
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -35,6 +35,18 @@ from .gradops import (
     write_back_now,
 )
 from .opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
+from .plan import (
+    FunctionalProgram,
+    MetadataWriteBack,
+    OutputSlot,
+    Ref,
+    RefKind,
+    ResultArg,
+    StorageKind,
+    WriteBack,
+    group_placeholder,
+)
+from .plan import caller_ref as plan_caller_ref
 from .regions import emit_region_write, restride
 from .sharing import overlaps
 from .viewops import (
@@ -51,75 +63,8 @@ from .viewops import (
 aten = torch.ops.aten
 
 
-@dataclass(frozen=True)
-class Ref:
-    """A tensor the epilogue works on: the caller's tensor input `key` ("input"), the tensor constant named
-    `key` ("constant"), the synthetic base of alias group `key` ("group"), or graph result `key` ("result")."""
-
-    kind: str
-    key: int | str
-
-
-@dataclass(frozen=True)
-class WriteBack:
-    """At the end of a call, the caller's tensor `target` receives graph result `output`."""
-
-    target: Ref
-    output: int
-    grad: bool = False  # some write to it happened with grad mode on: autograd must see the write-back
-
-
-@dataclass(frozen=True)
-class MetadataWriteBack:
-    """`x.t_()` and friends on a caller's tensor: it ends with these sizes and strides, its storage offset
-    moved by `rel`."""
-
-    target: Ref
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    rel: int
-    detach: bool = False  # x.detach_(): the caller's tensor also leaves autograd
-
-
-@dataclass(frozen=True)
-class ResultArg:
-    """In an output's view chain: a symbolic argument (`pos + 1`), computed by the graph as result `index`."""
-
-    index: int
-
-    def __repr__(self) -> str:
-        return f"result[{self.index}]"
-
-
-@dataclass(frozen=True)
-class OutputSlot:
-    """One tensor output: `source` itself, or the view `chain` of it."""
-
-    source: Ref
-    chain: tuple[ViewStep, ...] = ()
-    same_as: int | None = None  # the same tensor object as an earlier output (`return v, v`)
-    # Grad mode the view was made in (None: the call's): the chain is replayed in it, as eager made it (a view
-    # made under no_grad of a tensor that requires grad is a leaf that requires grad).
-    grad: bool | None = None
-    grad_from: int = 0  # ...from this step on (the steps before it were made in the call's mode)
-    # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
-    # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
-    multi_output: tuple[int, Any, tuple[Any, ...], int] | None = None
-
-
-@dataclass
-class FunctionalProgram:
-    gm: fx.GraphModule  # placeholders: tensor inputs, then group bases; outputs: write-backs, then output bases
-    writebacks: list[WriteBack] = field(default_factory=list)
-    metadata_writebacks: list[MetadataWriteBack] = field(default_factory=list)
-    outputs: list[OutputSlot] = field(default_factory=list)
-    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # constant name -> the caller's tensor
-
-
 def caller_ref(s: Storage) -> Ref:
-    if s.kind == "constant":
-        return Ref("constant", s.constant)
-    return Ref(s.kind, s.index)
+    return plan_caller_ref(s.kind, s.index, s.constant)
 
 
 def functionalize(captured: Captured, info: AliasInfo) -> FunctionalProgram:
@@ -358,7 +303,8 @@ class _Functionalizer:
         """`v` is a whole tensor with no elements, made inside the program and not seen by the caller, so an
         out= write may resize it as eager does: to the result's shape, with the layout its kernel gives it (linalg
         kernels restride their outputs column-major, as their functional forms return them)."""
-        return v.storage.kind == "intermediate" and not v.chain and v.meta.numel() == 0 and v.obj == v.storage.root_obj
+        s = v.storage
+        return s.kind is StorageKind.INTERMEDIATE and not v.chain and v.meta.numel() == 0 and v.obj == s.root_obj
 
     def copy_value(self, dst: fx.Node, src: fx.Node) -> fx.Node:
         """The functional `copy(dst, src)`, differentiable when autograd needs it: src cast to dst's dtype and
@@ -500,23 +446,23 @@ class _Functionalizer:
         ph = self.graph.placeholder(node.name)
         ph.meta["val"] = node.meta["val"]
         ph.meta["rg"] = self.requires_grad[self.info.input_index[node]]
-        if v.storage.kind == "input":
+        if v.storage.kind is StorageKind.INPUT:
             self._new_storage(v.storage, ph)
-            self.placeholder_ref[ph] = Ref("input", v.storage.index)
+            self.placeholder_ref[ph] = Ref(RefKind.INPUT, v.storage.index)
         else:
-            self.member_steps.setdefault(Ref("group", v.storage.index), []).append((ph, v.chain[0]))
+            self.member_steps.setdefault(Ref(RefKind.GROUP, v.storage.index), []).append((ph, v.chain[0]))
         # A member of an alias group reads as its own placeholder until the group is first written.
-        self._caller_root(v, ph, Ref("input", self.info.input_index[node]))
+        self._caller_root(v, ph, Ref(RefKind.INPUT, self.info.input_index[node]))
         if self.info.input_index[node] in self.detached_inputs:
             self.detached.add(v.obj)
 
     def _group_placeholders(self) -> None:
         for s in self.info.storages:
-            if s.kind == "group":
-                ph = self.graph.placeholder(f"alias_group{s.index}")
+            if s.kind is StorageKind.GROUP:
+                ph = group_placeholder(self.graph, s.index)
                 ph.meta["val"] = s.root_meta
                 ph.meta["rg"] = any(self.requires_grad)
-                self.placeholder_ref[ph] = Ref("group", s.index)
+                self.placeholder_ref[ph] = Ref(RefKind.GROUP, s.index)
                 self._new_storage(s, ph)
 
     def _get_attr(self, node: fx.Node) -> None:
@@ -529,7 +475,7 @@ class _Functionalizer:
         attr.meta["val"] = node.meta["val"]
         attr.meta["rg"] = bool(getattr(self.program.constants[name], "requires_grad", False))
         self._new_storage(v.storage, attr)
-        self._caller_root(v, attr, Ref("constant", name))
+        self._caller_root(v, attr, Ref(RefKind.CONSTANT, name))
 
     def _call(self, node: fx.Node) -> None:
         op = node.target
@@ -583,7 +529,7 @@ class _Functionalizer:
             # `x.copy_(x)`: eager returns at once, touching no value and no history; its version counter moves.
             s = self.info.value(bound["self"]).storage
             self.writes[s] = self.writes.get(s, 0) + 1
-            if s.kind != "intermediate":  # the caller's tensor: what autograd saved of it is stale from here on
+            if s.kind is not StorageKind.INTERMEDIATE:  # the caller's tensor: what autograd saved of it is stale
                 self.emit.call(bump_version, self.roots[s])
             return
         lists = [n for n, a in bound.items() if isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node)]
@@ -661,10 +607,10 @@ class _Functionalizer:
         # returned with it: eager's history, if writes invisible to autograd came since.
         returned = [self.info.value(a).storage for a in node.args[0] if isinstance(self.info.values.get(a), Value)]
         for s in [*(s for s in self.base if s in self.grad_writes), *returned]:
-            if s in self.history and (s in self.grad_writes or s.kind == "intermediate"):
+            if s in self.history and (s in self.grad_writes or s.kind is StorageKind.INTERMEDIATE):
                 self._restore_history(s)
         for s in list(self.base):
-            if s.kind != "intermediate" and self.version[s] > 0 and s not in self.written_back:
+            if s.kind is not StorageKind.INTERMEDIATE and self.version[s] > 0 and s not in self.written_back:
                 self.program.writebacks.append(WriteBack(caller_ref(s), len(outs), s in self.grad_writes))
                 outs.append(self.base[s])
         for obj, ref in self.caller_objs.items():
@@ -680,24 +626,24 @@ class _Functionalizer:
         seen: dict[int, int] = {}  # tensor object -> its first output position
         for position, arg in enumerate(node.args[0]):
             if self.info.values.get(arg) is None and arg in self.scalars:  # a symbolic scalar: computed
-                self.program.outputs.append(OutputSlot(Ref("result", len(outs))))
+                self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, len(outs))))
                 outs.append(self.scalars[arg])
                 continue
             v = self.info.value(arg)
             s = v.storage
             if v.obj in seen:  # eager returns that very object again (`flatten()` of a 1-D tensor is itself)
-                self.program.outputs.append(OutputSlot(Ref("result", -1), same_as=seen[v.obj]))
+                self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, -1), same_as=seen[v.obj]))
                 continue
             seen[v.obj] = position
             if v.obj in self.caller_objs:  # the caller's tensor itself (even after `x.t_()`)
                 self.program.outputs.append(OutputSlot(self.caller_objs[v.obj]))
-            elif s.kind != "intermediate":
+            elif s.kind is not StorageKind.INTERMEDIATE:
                 self.program.outputs.append(self._caller_view(v))
             else:
                 if s not in results:
                     results[s] = len(outs)
                     outs.append(self.base[s])
-                self.program.outputs.append(OutputSlot(Ref("result", results[s]), v.chain))
+                self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, results[s]), v.chain))
         for position, arg in enumerate(node.args[0]):
             made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
             if made is not None and self.program.outputs[position].chain:
@@ -929,7 +875,7 @@ def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -
     last: dict[Storage, fx.Node] = {}
     for n in nodes:
         for s in written_storages(n, info):
-            if s.kind in ("input", "group"):
+            if s.kind in (StorageKind.INPUT, StorageKind.GROUP):
                 last[s] = n
     order = {n: i for i, n in enumerate(nodes)}
     later_reads = set()

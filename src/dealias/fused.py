@@ -32,6 +32,7 @@ from .checks import bounds_check, index_args, index_policy, indexed_write
 from .errors import InternalError, with_location
 from .gradops import bump_version
 from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise
+from .plan import alias_group_of
 
 aten = torch.ops.aten
 
@@ -75,7 +76,7 @@ def unfusable(gm: fx.GraphModule) -> str | None:
     """Why the fused executor cannot run `gm` exactly, or None."""
     for n in gm.graph.nodes:
         if n.op == "placeholder":
-            if n.name.startswith("alias_group"):
+            if alias_group_of(n) is not None:
                 return "inputs share memory (an alias group)"
             if not isinstance(n.meta.get("val"), torch.Tensor):
                 return "a symbolic scalar input"

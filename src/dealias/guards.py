@@ -16,7 +16,7 @@ For a graph dynamo guards fully, the first layout's key is also written out as o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -24,6 +24,7 @@ from .sharing import find_groups_or_none
 
 
 def _leaf_key(x: Any) -> Any:
+    """The guard of one argument leaf. A tensor's fields are in the order of _LEAF_FIELDS."""
     if isinstance(x, torch.Tensor):
         return (
             type(x),
@@ -199,8 +200,9 @@ def tensor_check(tensors: list[torch.Tensor], layouts: list[tuple[list[Any], lis
         return lambda *ts: all(ts[i] is ts[j] for i, j in repeats) and guard.check(*(ts[i] for i in unique))
 
     def layout_key(t: torch.Tensor, layout: tuple[list[Any], list[Any]]) -> tuple[Any, ...]:
-        k = _leaf_key(t)  # the storage offset (k[5]) is the lookup key's business
-        return (*k[:3], _masked(k[3], layout[0]), _masked(k[4], layout[1]), *k[6:])
+        k = _leaf_key(t)  # (the storage offset is the lookup key's business)
+        sizes, strides = _masked(k[_SIZES], layout[0]), _masked(k[_STRIDES], layout[1])
+        return (*k[:_SIZES], sizes, strides, *k[_OFFSET + 1 :])
 
     keys = [layout_key(t, layout) for t, layout in zip(tensors, layouts)]
     return lambda *ts: all(layout_key(t, layout) == k for t, layout, k in zip(ts, layouts, keys))
@@ -210,20 +212,31 @@ def _masked(values: Any, layout: list[Any]) -> tuple[Any, ...]:
     return tuple(None if want is None else v for v, want in zip(values, layout))
 
 
+class GuardKey(NamedTuple):
+    """Everything a compiled program was specialized to, for explaining a recompile (not the hot path)."""
+
+    structure: Any  # the arguments' pytree structure
+    grad: bool  # grad mode
+    inference: bool  # inference mode
+    sharing: Any  # which tensor leaves share a storage (sharing_pattern)
+    leaves: tuple[tuple[Any, ...], ...]  # per argument leaf: its _leaf_key (fields named by _LEAF_FIELDS)
+
+
 def guard_key(
     leaves: list[Any], structure: Any, offsets: bool = True, symbolic: frozenset[int] = frozenset()
-) -> tuple[Any, ...]:
-    """Everything in one tuple (offsets and symbolic scalars only where `lookup_key` keys them): used to
+) -> GuardKey:
+    """Everything in one key (offsets and symbolic scalars only where `lookup_key` keys them): used to
     explain a recompile, not on the hot path."""
     keys = []
     for i, x in enumerate(leaves):
         k = _leaf_key(x)
         if isinstance(x, torch.Tensor) and not offsets:
-            k = (*k[:5], None, *k[6:])
+            k = (*k[:_OFFSET], None, *k[_OFFSET + 1 :])
         elif i in symbolic:
             k = (type(x), "symbolic")
         keys.append(k)
-    return (structure, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), sharing_pattern(leaves), *keys)
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    return GuardKey(structure, grad, inference, sharing_pattern(leaves), tuple(keys))
 
 
 _LEAF_FIELDS = (
@@ -238,19 +251,20 @@ _LEAF_FIELDS = (
     "conj",
     "neg",
 )
+_SIZES, _STRIDES, _OFFSET = (_LEAF_FIELDS.index(f) for f in ("shape", "strides", "storage offset"))
 
 
-def explain_miss(old: tuple[Any, ...], new: tuple[Any, ...], named: Any = lambda i: f"input {i}") -> list[str]:
+def explain_miss(old: GuardKey, new: GuardKey, named: Any = lambda i: f"input {i}") -> list[str]:
     """What changed between two guard keys, in words (sharing changes are explained by the caller); `named`
     names the i-th argument leaf."""
-    if old[0] != new[0]:
+    if old.structure != new.structure:
         return ["the argument structure changed"]
     reasons = []
-    if old[1] != new[1]:
-        reasons.append(f"grad mode {'on' if old[1] else 'off'} -> {'on' if new[1] else 'off'}")
-    if old[2] != new[2]:
+    if old.grad != new.grad:
+        reasons.append(f"grad mode {'on' if old.grad else 'off'} -> {'on' if new.grad else 'off'}")
+    if old.inference != new.inference:
         reasons.append("inference mode changed")
-    for i, (a, b) in enumerate(zip(old[4:], new[4:])):
+    for i, (a, b) in enumerate(zip(old.leaves, new.leaves)):
         if a == b:
             continue
         if a[0] is not b[0] or len(a) != len(b) or len(a) != len(_LEAF_FIELDS):

@@ -17,9 +17,10 @@ from .alias import analyze
 from .capture import Symbolic, capture
 from .errors import UnsupportedError
 from .executor import torch_executor
-from .functionalize import FunctionalProgram, Ref, functionalize
+from .functionalize import functionalize
 from .fused import Unfusable, fused_executor, unfusable
 from .optimize import optimize
+from .plan import FunctionalProgram, Ref, RefKind, root_node
 from .program import CompiledProgram
 from .saved import refuse_saved_then_written
 from .traces import Trace, format_graph
@@ -28,17 +29,13 @@ from .writeback import WriteBackReport, lower
 
 
 def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> Trace:
-    params = [n.name for n in fp.gm.graph.nodes if n.op == "placeholder"]
     out_node = next(n for n in fp.gm.graph.nodes if n.op == "output")
     results = [a.name for a in out_node.args[0]]
-    groups = [p for p in params if p.startswith("alias_group")]
 
     def name(ref: Ref) -> str:
-        if ref.kind == "input":
-            return params[ref.key]
-        if ref.kind == "group":
-            return groups[ref.key]
-        return f"self.{ref.key}" if ref.kind == "constant" else results[ref.key]
+        if ref.kind is RefKind.CONSTANT:
+            return f"self.{ref.key}"
+        return results[ref.key] if ref.kind is RefKind.RESULT else root_node(fp.gm, ref).name
 
     for r in reports:
         header += f"\n# write-back to {r.target}: {r.mode}, {r.nbytes} bytes: {', '.join(r.regions)}"
@@ -67,12 +64,11 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
 
 def _alias_placeholders(gm: fx.GraphModule, captured: Any) -> dict[fx.Node, list[fx.Node]]:
     """Each alias group's base placeholder -> the member placeholders that alias its memory."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    out = {}
-    for g, group in enumerate(captured.groups):
-        base = next(p for p in placeholders if p.name == f"alias_group{g}")
-        out[base] = [placeholders[m] for m in group.members]
-    return out
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    return {
+        root_node(gm, Ref(RefKind.GROUP, g)): [placeholders[m] for m in group.members]
+        for g, group in enumerate(captured.groups)
+    }
 
 
 def compile_program(
@@ -95,7 +91,7 @@ def compile_program(
     info = analyze(captured.gm, captured.groups)
     refuse_saved_then_written(captured.gm, info, captured.requires_grad)
     fp = functionalize(captured, info)
-    fp.gm = optimize(fp.gm, first_output=len(fp.writebacks))
+    fp.gm = optimize(fp.gm, first_output=fp.first_output)
     functional_gm = _copy_graph_module(fp.gm)
     functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
     run, tier = None, "torch"
@@ -120,8 +116,7 @@ def compile_program(
     # Name each caller tensor as the captured graph does (after the user's argument or attribute).
     inputs = [n.name for n in captured.gm.graph.nodes if n.op == "placeholder"]
     reports = [
-        dataclasses.replace(r, target=inputs[int(r.target[6:])]) if r.target.startswith("input ") else r
-        for r in reports
+        dataclasses.replace(r, target=inputs[r.ref.key] if r.ref.kind is RefKind.INPUT else str(r.ref)) for r in reports
     ]
     traces = [
         Trace("dynamo", f"# dynamo graph (torch level)\n{gm.code.strip()}"),

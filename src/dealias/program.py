@@ -17,7 +17,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from .capture import TENSOR_SLOT, Captured
-from .functionalize import FunctionalProgram, Ref, ResultArg
+from .plan import FunctionalProgram, Ref, RefKind, ResultArg
 from .viewops import chain_args, map_chain_args, replay_chain
 from .writeback import repeated_dims
 
@@ -74,7 +74,7 @@ class CompiledProgram:
         self._writebacks = [(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
         # A caller tensor that repeats its memory (expanded): copy one of each repeat (see writeback._apply).
         repeated = [
-            repeated_dims(cap.fakes[wb.target.key]) if wb.target.kind == "input" else [] for wb in fp.writebacks
+            repeated_dims(cap.fakes[wb.target.key]) if wb.target.kind is RefKind.INPUT else [] for wb in fp.writebacks
         ]
         self._repeated = {k: dims for k, dims in enumerate(repeated) if dims}
         self._outputs = [
@@ -114,9 +114,9 @@ class CompiledProgram:
             kind, key = slot.source.kind, slot.source.key
             if slot.same_as is not None:
                 outs.append(outs[slot.same_as])
-            elif kind == "result":
+            elif kind is RefKind.RESULT:
                 outs.append(f"r[{key}]")
-            elif kind == "input":
+            elif kind is RefKind.INPUT:
                 outs.append(f"leaves[{self._positions[key]}]")
             else:
                 outs.append(f"constants[{key!r}]")
@@ -138,11 +138,11 @@ class CompiledProgram:
 
     def _getter(self, ref: Ref) -> Callable[[list[torch.Tensor], list[torch.Tensor], Any], torch.Tensor]:
         key = ref.key
-        if ref.kind == "input":
+        if ref.kind is RefKind.INPUT:
             return lambda tensors, bases, results: tensors[key]
-        if ref.kind == "group":
+        if ref.kind is RefKind.GROUP:
             return lambda tensors, bases, results: bases[key]
-        if ref.kind == "constant":
+        if ref.kind is RefKind.CONSTANT:
             constant = self.functional.constants[key]
             return lambda tensors, bases, results: constant
         return lambda tensors, bases, results: results[key]

@@ -33,8 +33,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .checks import guard_index_writes, indexed_write
 from .emitter import Emitter
-from .functionalize import FunctionalProgram, OutputSlot, Ref, ResultArg
 from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
+from .plan import FunctionalProgram, OutputSlot, Ref, RefKind, ResultArg, root_node
 from .regions import decompose, is_region_write, region_views, step_of
 from .viewops import ViewStep, chain_text, internal_overlap, map_chain_args, op_name
 
@@ -52,10 +52,11 @@ class RegionWrite:
 class WriteBackReport:
     """What one caller tensor receives per call, for `dealias.explain`."""
 
-    target: str
+    ref: Ref  # the caller's tensor
     mode: str  # "in place" (only the written regions move) or "whole copy"
     regions: list[str] = field(default_factory=list)
     nbytes: int = 0
+    target: str = ""  # its name in the user's program (given by the pipeline)
 
 
 def region_parts(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
@@ -173,7 +174,7 @@ def lower(
     writebacks_before = list(fp.writebacks)
     for wb in fp.writebacks:
         final = results[wb.output]
-        root = _root_placeholder(gm, wb.target)
+        root = root_node(gm, wb.target)
         plan = versions(final, root) if root is not None else None
         # A version that is also a user output (CSE merged `v = x + x` with `x.add_(x)`'s value) must stay
         # a tensor of its own: run in place, it would come back as the caller's tensor.
@@ -181,7 +182,7 @@ def lower(
         if plan is None or returned & {v for v, _ in plan} or not _safe(plan, root, order, aliases.get(root, [])):
             reports.append(whole_report(wb.target, final))
             continue
-        reports.append(WriteBackReport(_ref_name(wb.target), "in place", *_apply(graph, plan, root, order, fused)))
+        reports.append(WriteBackReport(wb.target, "in place", *_apply(graph, plan, root, order, fused)))
         dropped.add(wb.output)
         order = {n: i for i, n in enumerate(graph.nodes)}
     # Intermediates: a base updated by writes whose old versions are dead is updated in place. The walk may
@@ -206,7 +207,7 @@ def lower(
     for n in reversed(list(graph.nodes)):
         if n.op == "call_function" and not n.users and removable_if_unused(n.target):
             graph.erase_node(n)
-    guard_index_writes(graph, [_root_placeholder(gm, wb.target) for wb in writebacks_before])
+    guard_index_writes(graph, [root_node(gm, wb.target) for wb in writebacks_before])
     decompose(gm)  # the region writes left run as view inverses
     return fp, reports
 
@@ -215,18 +216,9 @@ def _remapped(slot: OutputSlot, remap: dict[int, int]) -> OutputSlot:
     """`slot` with the graph results it reads (its source, symbolic arguments of its chain) renumbered."""
     if slot.same_as is not None:
         return slot
-    if slot.source.kind == "result":
-        slot = replace(slot, source=Ref("result", remap[slot.source.key]))
+    if slot.source.kind is RefKind.RESULT:
+        slot = replace(slot, source=Ref(RefKind.RESULT, remap[slot.source.key]))
     return replace(slot, chain=map_chain_args(slot.chain, ResultArg, lambda r: ResultArg(remap[r.index])))
-
-
-def _root_placeholder(gm: fx.GraphModule, target: Ref) -> fx.Node | None:
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if target.kind == "input":
-        return placeholders[target.key]
-    if target.kind == "group":
-        return next((p for p in placeholders if p.name == f"alias_group{target.key}"), None)
-    return next((n for n in gm.graph.nodes if n.op == "get_attr" and n.target == target.key), None)
 
 
 def _safe(
@@ -371,9 +363,5 @@ def _reinplace_value(
     return new
 
 
-def _ref_name(ref: Ref) -> str:
-    return f"input {ref.key}" if ref.kind == "input" else f"{ref.kind} {ref.key}"
-
-
 def whole_report(target: Ref, final: fx.Node) -> WriteBackReport:
-    return WriteBackReport(_ref_name(target), "whole copy", ["x.copy_(..)"], _nbytes(final.meta["val"]))
+    return WriteBackReport(target, "whole copy", ["x.copy_(..)"], _nbytes(final.meta["val"]))

@@ -1,0 +1,151 @@
+"""The plan: the typed contract between the passes, from alias analysis to the per-call epilogue.
+
+Functionalization produces a `FunctionalProgram`: a graph with no mutation plus what a call must do around it.
+Its graph's results are positional, and this module is where that order is written down:
+
+    results = (write-back values..., output values...)
+               ^ WriteBack.output indexes these; `first_output` = len(writebacks)
+                                  ^ OutputSlot.source = Ref(RefKind.RESULT, i) and ResultArg(i) index these
+
+Write-back lowering removes the write-backs it runs inside the graph and renumbers the rest; the epilogue
+(program.py) reads the plan to write back, rebuild output views and apply metadata changes.
+
+Placeholders are the tensor inputs in order, then one synthetic base per alias group (inputs that overlap in
+memory), marked `meta["alias_group"] = g`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .viewops import ViewStep
+
+
+class StorageKind(enum.Enum):
+    """Who owns a block of memory (alias.Storage)."""
+
+    INPUT = "input"  # a caller's tensor passed as an argument
+    GROUP = "group"  # the memory of caller tensors that overlap (an alias group), one synthetic base
+    CONSTANT = "constant"  # a caller's tensor the graph reads as an attribute
+    INTERMEDIATE = "intermediate"  # made inside the program
+
+
+class RefKind(enum.Enum):
+    """What a `Ref` names: one of the caller's memories, or a result of the graph."""
+
+    INPUT = "input"
+    GROUP = "group"
+    CONSTANT = "constant"
+    RESULT = "result"
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor the epilogue works on: the caller's tensor input `key` (INPUT), the tensor constant named `key`
+    (CONSTANT), the synthetic base of alias group `key` (GROUP), or graph result `key` (RESULT)."""
+
+    kind: RefKind
+    key: int | str
+
+    def __str__(self) -> str:
+        return f"{self.kind.value} {self.key}"
+
+
+def caller_ref(kind: StorageKind, index: int | None, constant: str | None) -> Ref:
+    """The Ref of a caller's storage."""
+    if kind is StorageKind.CONSTANT:
+        return Ref(RefKind.CONSTANT, constant)
+    return Ref(RefKind(kind.value), index)
+
+
+@dataclass(frozen=True)
+class WriteBack:
+    """At the end of a call, the caller's tensor `target` receives graph result `output`."""
+
+    target: Ref
+    output: int
+    grad: bool = False  # some write to it happened with grad mode on: autograd must see the write-back
+
+
+@dataclass(frozen=True)
+class MetadataWriteBack:
+    """`x.t_()` and friends on a caller's tensor: it ends with these sizes and strides, its storage offset
+    moved by `rel`."""
+
+    target: Ref
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    rel: int
+    detach: bool = False  # x.detach_(): the caller's tensor also leaves autograd
+
+
+@dataclass(frozen=True)
+class ResultArg:
+    """In an output's view chain: a symbolic argument (`pos + 1`), computed by the graph as result `index`."""
+
+    index: int
+
+    def __repr__(self) -> str:
+        return f"result[{self.index}]"
+
+
+@dataclass(frozen=True)
+class OutputSlot:
+    """One tensor output: `source` itself, or the view `chain` of it."""
+
+    source: Ref
+    chain: tuple[ViewStep, ...] = ()
+    same_as: int | None = None  # the same tensor object as an earlier output (`return v, v`)
+    # Grad mode the view was made in (None: the call's): the chain is replayed in it, as eager made it (a view
+    # made under no_grad of a tensor that requires grad is a leaf that requires grad).
+    grad: bool | None = None
+    grad_from: int = 0  # ...from this step on (the steps before it were made in the call's mode)
+    # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
+    # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
+    multi_output: tuple[int, Any, tuple[Any, ...], int] | None = None
+
+
+@dataclass
+class FunctionalProgram:
+    """A graph with no mutation (placeholders: tensor inputs, then group bases; results: write-back values, then
+    output values, see the module's docstring), and what a call does around it."""
+
+    gm: fx.GraphModule
+    writebacks: list[WriteBack] = field(default_factory=list)
+    metadata_writebacks: list[MetadataWriteBack] = field(default_factory=list)
+    outputs: list[OutputSlot] = field(default_factory=list)
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # constant name -> the caller's tensor
+
+    @property
+    def first_output(self) -> int:
+        """The position of the first output value among the graph's results."""
+        return len(self.writebacks)
+
+
+def group_placeholder(graph: fx.Graph, g: int) -> fx.Node:
+    """The placeholder of alias group `g`'s synthetic base."""
+    node = graph.placeholder(f"alias_group{g}")
+    node.meta["alias_group"] = g
+    return node
+
+
+def alias_group_of(node: fx.Node) -> int | None:
+    """The alias group whose base placeholder `node` is, or None."""
+    return node.meta.get("alias_group") if node.op == "placeholder" else None
+
+
+def root_node(gm: fx.GraphModule, ref: Ref) -> fx.Node | None:
+    """The node of the graph holding the caller's memory `ref` on entry: its placeholder, or its attribute."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if ref.kind is RefKind.INPUT:
+        return placeholders[ref.key]
+    if ref.kind is RefKind.GROUP:
+        return next((p for p in placeholders if alias_group_of(p) == ref.key), None)
+    if ref.kind is RefKind.CONSTANT:
+        return next((n for n in gm.graph.find_nodes(op="get_attr") if n.target == ref.key), None)
+    return None
