@@ -55,11 +55,23 @@ def _target(t: Any) -> str:
 
 
 def _meta(node: fx.Node) -> str:
+    """`float32[2, 3]`, with the strides when they are not the contiguous ones (`float32[3, 2] strides [1, 3]`)."""
     v = node.meta.get("val")
-    if isinstance(v, torch.Tensor):
-        dt = str(v.dtype).removeprefix("torch.")
-        return f"{dt}{list(v.shape)}"
-    return ""
+    if not isinstance(v, torch.Tensor):
+        return ""
+    text = f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+    # (Only static layouts are compared: a comparison of symbolic sizes would add a guard to the program.)
+    if all(type(x) is int for x in (*v.shape, *v.stride())) and v.stride() != _contiguous(v.shape):
+        text += f" strides {list(v.stride())}"
+    return text
+
+
+def _contiguous(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 _INFIX = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//", operator.mod: "%"}

@@ -1,0 +1,393 @@
+# ruff: noqa: E501 - golden traces are kept as the tools print them
+"""Golden traces: what each stage makes of a dozen representative programs, compared as text.
+
+A change to a pass shows up here as a diff of the functional and execution traces, to be read and accepted on
+purpose: `EXPECTTEST_ACCEPT=1 pytest tests/test_golden.py` rewrites the expected strings in this file. Source
+notes are kept without their file and line number (which move when this file is edited); shapes, strides and
+the user's statement stay.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+
+import dealias
+
+
+def traces(fn, *args) -> str:
+    """The functional and execution traces of `fn`'s one graph, after checking it against eager."""
+    clones: dict[int, torch.Tensor] = {}  # (the same tensor passed twice stays one tensor)
+    expected_args = [clones.setdefault(id(a), a.clone()) if isinstance(a, torch.Tensor) else a for a in args]
+    expected = fn(*expected_args)
+    jf = dealias.jit(fn, strict=True)
+    got = jf(*args)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    for a, b in zip(args, expected_args):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    text = "\n".join(str(t) for t in dealias.last_traces(jf)[2:])
+    return re.sub(r"\S+\.py:\d+  ", "", text)
+
+
+def seed(a, b):
+    c = torch.exp(a)
+    d = torch.tanh(b)
+    e = c.flatten()
+    e += d.flatten()
+    d.div_(a)
+    return c, d
+
+
+def cache_write(cache, k, pos: int):
+    cache[:, pos] = k
+    return cache.sum()
+
+
+def write_through_transpose(x):
+    x.t()[0].add_(1)
+    return x
+
+
+def intermediate_writes(x):
+    y = x.clone()
+    y[0].mul_(2)
+    y.t()[1].add_(1)
+    return y.sum()
+
+
+def index_copy_cache(cache, idx, k):
+    cache.index_copy_(1, idx, k)
+    return cache[:, :2]
+
+
+def adam_step(p, g, m, v, lr: float):
+    m.mul_(0.9).add_(g, alpha=0.1)
+    v.mul_(0.999).addcmul_(g, g, value=0.001)
+    p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
+
+
+def old_value_read_after_write(x):
+    old = x[0] * 1
+    x[0] = x[1]
+    x[1] = old
+    return x
+
+
+def returns_a_view_of_a_written_input(x):
+    x.add_(1)
+    return x.view(-1)
+
+
+def out_into_a_row(x, a, b):
+    torch.add(a, b, out=x[1])
+    return x
+
+
+def same_tensor_twice(x, y):
+    x.mul_(2)
+    return y + 1
+
+
+def zero_the_diagonal(x):
+    x.diagonal().zero_()
+    return x.sum(0)
+
+
+def batch_norm_training(x, mean, var):
+    return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+
+
+def write_under_autograd(x):
+    y = x * 2
+    y[1] = y[0] * 3
+    return y
+
+
+class TestGolden(TestCase):
+    def test_seed(self):
+        self.assertExpectedInline(
+            traces(seed, torch.randn(2, 2), torch.randn(2, 2)),
+            """\
+# functional trace (no mutation)
+def functional(a, b):
+    exp = aten.exp(a)                                             # float32[2, 2]  c = torch.exp(a)
+    tanh = aten.tanh(b)                                           # float32[2, 2]  d = torch.tanh(b)
+    view = aten.view(exp, [4])                                    # float32[4]  e += d.flatten()
+    view_1 = aten.view(tanh, [4])                                 # float32[4]  e += d.flatten()
+    add = aten.add.Tensor(view, view_1)                           # float32[4]  e += d.flatten()
+    region_write = region_write(exp, view, add)                   # float32[2, 2]  e += d.flatten()
+    div = aten.div.Tensor(tanh, a)                                # float32[2, 2]  d.div_(a)
+    return (region_write, div)
+# execution trace (torch executor)
+def execute(a, b):
+    exp = a.exp()                                                 # float32[2, 2]  c = torch.exp(a)
+    tanh = b.tanh()                                               # float32[2, 2]  d = torch.tanh(b)
+    view_1 = tanh.view([4])                                       # float32[4]  e += d.flatten()
+    view_3 = exp.view([4])                                        # float32[4]  e += d.flatten()
+    add_ = view_3.add_(view_1)                                    # float32[4]  e += d.flatten()
+    div_ = tanh.div_(a)                                           # float32[2, 2]  d.div_(a)
+    return (exp, tanh)""",
+        )
+
+    def test_cache_write(self):
+        self.assertExpectedInline(
+            traces(cache_write, torch.zeros(2, 5, 3), torch.ones(2, 3), 2),
+            """\
+# functional trace (no mutation)
+def functional(cache, k):
+    select = aten.select.int(cache, 1, 2)                         # float32[2, 3] strides [15, 1]  cache[:, pos] = k
+    copy = aten.copy(select, k)                                   # float32[2, 3] strides [15, 1]  cache[:, pos] = k
+    region_write = region_write(cache, select, copy)              # float32[2, 5, 3]  cache[:, pos] = k
+    sum_1 = aten.sum(region_write)                                # float32[]  return cache.sum()
+    return (region_write, sum_1)
+# execution trace (torch executor)
+# write-back to cache: in place, 24 bytes: x.select(1, 2).copy_(..)
+def execute(cache, k):
+    cache[:, 2] = k
+    sum_1 = cache.sum()                                           # float32[]  return cache.sum()
+    return (sum_1,)""",
+        )
+
+    def test_write_through_transpose(self):
+        self.assertExpectedInline(
+            traces(write_through_transpose, torch.randn(3, 2)),
+            """\
+# functional trace (no mutation)
+def functional(x):
+    t = aten.t(x)                                                 # float32[2, 3] strides [1, 2]  x.t()[0].add_(1)
+    select = aten.select.int(t, 0, 0)                             # float32[3] strides [2]  x.t()[0].add_(1)
+    add = aten.add.Tensor(select, 1)                              # float32[3]  x.t()[0].add_(1)
+    region_write = region_write(x, select, add)                   # float32[3, 2]  x.t()[0].add_(1)
+    return (region_write,)
+# execution trace (torch executor)
+# write-back to x: in place, 12 bytes: x.t().select(0, 0).add_(..)
+def execute(x):
+    t_2 = x.t()                                                   # float32[2, 3] strides [1, 2]  x.t()[0].add_(1)
+    select_2 = t_2[0]                                             # float32[3] strides [2]  x.t()[0].add_(1)
+    add_ = select_2.add_(1)                                       # float32[3] strides [2]  x.t()[0].add_(1)
+    return (x,)""",
+        )
+
+    def test_intermediate_writes(self):
+        self.assertExpectedInline(
+            traces(intermediate_writes, torch.randn(3, 3)),
+            """\
+# functional trace (no mutation)
+def functional(x):
+    clone = aten.clone(x)                                         # float32[3, 3]  y = x.clone()
+    select = aten.select.int(clone, 0, 0)                         # float32[3]  y[0].mul_(2)
+    mul = aten.mul.Tensor(select, 2)                              # float32[3]  y[0].mul_(2)
+    region_write = region_write(clone, select, mul)               # float32[3, 3]  y[0].mul_(2)
+    t = aten.t(region_write)                                      # float32[3, 3] strides [1, 3]  y.t()[1].add_(1)
+    select_2 = aten.select.int(t, 0, 1)                           # float32[3] strides [3]  y.t()[1].add_(1)
+    add = aten.add.Tensor(select_2, 1)                            # float32[3]  y.t()[1].add_(1)
+    region_write_1 = region_write(region_write, select_2, add)    # float32[3, 3]  y.t()[1].add_(1)
+    sum_1 = aten.sum(region_write_1)                              # float32[]  return y.sum()
+    return (sum_1,)
+# execution trace (torch executor)
+def execute(x):
+    clone = x.clone()                                             # float32[3, 3]  y = x.clone()
+    select_4 = clone[0]                                           # float32[3]  y[0].mul_(2)
+    mul_ = select_4.mul_(2)                                       # float32[3]  y[0].mul_(2)
+    t_2 = clone.t()                                               # float32[3, 3] strides [1, 3]  y.t()[1].add_(1)
+    select_5 = t_2[1]                                             # float32[3] strides [3]  y.t()[1].add_(1)
+    add_ = select_5.add_(1)                                       # float32[3] strides [3]  y.t()[1].add_(1)
+    sum_1 = clone.sum()                                           # float32[]  return y.sum()
+    return (sum_1,)""",
+        )
+
+    def test_index_copy_cache(self):
+        cache, k = torch.zeros(2, 6, 4), torch.randn(2, 1, 4)
+        self.assertExpectedInline(
+            traces(index_copy_cache, cache, torch.tensor([3]), k),
+            """\
+# functional trace (no mutation)
+def functional(cache, idx, k):
+    index_copy = aten.index_copy(cache, 1, idx, k)                # float32[2, 6, 4]  cache.index_copy_(1, idx, k)
+    return (index_copy,)
+# execution trace (torch executor)
+# write-back to cache: in place, 32 bytes: x.index_copy_(..)
+def execute(cache, idx, k):
+    check_index_bounds = check_index_bounds(idx, 6, 1)
+    index_copy_ = cache.index_copy_(1, idx, k)                    # float32[2, 6, 4]  cache.index_copy_(1, idx, k)
+    return (cache.slice(1, 0, 2),)""",
+        )
+
+    def test_adam_step(self):
+        p, g, m, v = (torch.randn(8) for _ in range(4))
+        self.assertExpectedInline(
+            traces(adam_step, p, g, m, v.abs(), 0.01),
+            """\
+# functional trace (no mutation)
+def functional(m, g, v, p):
+    mul = aten.mul.Tensor(m, 0.9)                                 # float32[8]  m.mul_(0.9).add_(g, alpha=0.1)
+    add = aten.add.Tensor(mul, g, alpha=0.1)                      # float32[8]  m.mul_(0.9).add_(g, alpha=0.1)
+    mul_1 = aten.mul.Tensor(v, 0.999)                             # float32[8]  v.mul_(0.999).addcmul_(g, g, value=0.001)
+    addcmul = aten.addcmul(mul_1, g, g, value=0.001)              # float32[8]  v.mul_(0.999).addcmul_(g, g, value=0.001)
+    sqrt = aten.sqrt(addcmul)                                     # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
+    add_1 = aten.add.Tensor(sqrt, 1e-08)                          # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
+    addcdiv = aten.addcdiv(p, add, add_1, value=-0.01)            # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
+    return (add, addcmul, addcdiv)
+# execution trace (torch executor)
+# write-back to m: in place, 64 bytes: x.mul_(..), x.add_(..)
+# write-back to v: in place, 64 bytes: x.mul_(..), x.addcmul_(..)
+# write-back to p: in place, 32 bytes: x.addcdiv_(..)
+def execute(m, g, v, p):
+    mul_ = m.mul_(0.9)                                            # float32[8]  m.mul_(0.9).add_(g, alpha=0.1)
+    add_ = m.add_(g, alpha=0.1)                                   # float32[8]  m.mul_(0.9).add_(g, alpha=0.1)
+    mul__1 = v.mul_(0.999)                                        # float32[8]  v.mul_(0.999).addcmul_(g, g, value=0.001)
+    addcmul_ = v.addcmul_(g, g, value=0.001)                      # float32[8]  v.mul_(0.999).addcmul_(g, g, value=0.001)
+    sqrt = v.sqrt()                                               # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
+    add__1 = sqrt.add_(1e-08)                                     # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
+    addcdiv_ = p.addcdiv_(m, sqrt, value=-0.01)                   # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
+    return ()""",
+        )
+
+    def test_old_value_read_after_write(self):
+        self.assertExpectedInline(
+            traces(old_value_read_after_write, torch.randn(2, 3)),
+            """\
+# functional trace (no mutation)
+def functional(x):
+    select = aten.select.int(x, 0, 0)                             # float32[3]  old = x[0] * 1
+    mul = aten.mul.Tensor(select, 1)                              # float32[3]  old = x[0] * 1
+    select_2 = aten.select.int(x, 0, 1)                           # float32[3]  x[0] = x[1]
+    copy = aten.copy(select, select_2)                            # float32[3]  x[0] = x[1]
+    region_write = region_write(x, select, copy)                  # float32[2, 3]  x[0] = x[1]
+    select_4 = aten.select.int(region_write, 0, 1)                # float32[3]  x[1] = old
+    copy_1 = aten.copy(select_4, mul)                             # float32[3]  x[1] = old
+    region_write_1 = region_write(region_write, select_4, copy_1)  # float32[2, 3]  x[1] = old
+    return (region_write_1,)
+# execution trace (torch executor)
+# write-back to x: in place, 24 bytes: x.select(0, 0).copy_(..), x.select(0, 1).copy_(..)
+def execute(x):
+    select = x[0]                                                 # float32[3]  old = x[0] * 1
+    mul = select.mul(1)                                           # float32[3]  old = x[0] * 1
+    select_2 = x[1]                                               # float32[3]  x[0] = x[1]
+    x[0] = select_2
+    x[1] = mul
+    return (x,)""",
+        )
+
+    def test_returns_a_view_of_a_written_input(self):
+        self.assertExpectedInline(
+            traces(returns_a_view_of_a_written_input, torch.randn(2, 3)),
+            """\
+# functional trace (no mutation)
+def functional(x):
+    add = aten.add.Tensor(x, 1)                                   # float32[2, 3]  x.add_(1)
+    return (add,)
+# execution trace (torch executor)
+# write-back to x: in place, 24 bytes: x.add_(..)
+def execute(x):
+    add_ = x.add_(1)                                              # float32[2, 3]  x.add_(1)
+    return (x.view([-1]),)""",
+        )
+
+    def test_out_into_a_row(self):
+        self.assertExpectedInline(
+            traces(out_into_a_row, torch.zeros(3, 4), torch.randn(4), torch.randn(4)),
+            """\
+# functional trace (no mutation)
+def functional(x, a, b):
+    select = aten.select.int(x, 0, 1)                             # float32[4]  torch.add(a, b, out=x[1])
+    add = aten.add.Tensor(a, b)                                   # float32[4]  torch.add(a, b, out=x[1])
+    region_write = region_write(x, select, add)                   # float32[3, 4]  torch.add(a, b, out=x[1])
+    return (region_write,)
+# execution trace (torch executor)
+# write-back to x: in place, 16 bytes: x.select(0, 1).copy_(..)
+def execute(x, a, b):
+    add = a.add(b)                                                # float32[4]  torch.add(a, b, out=x[1])
+    x[1] = add
+    return (x,)""",
+        )
+
+    def test_same_tensor_twice(self):
+        x = torch.randn(4)
+        self.assertExpectedInline(
+            traces(same_tensor_twice, x, x),
+            """\
+# functional trace (no mutation)
+def functional(x):
+    mul = aten.mul.Tensor(x, 2)                                   # float32[4]  x.mul_(2)
+    add = aten.add.Tensor(mul, 1)                                 # float32[4]  return y + 1
+    return (mul, add)
+# execution trace (torch executor)
+# write-back to x: in place, 16 bytes: x.mul_(..)
+def execute(x):
+    mul_ = x.mul_(2)                                              # float32[4]  x.mul_(2)
+    add = x.add(1)                                                # float32[4]  return y + 1
+    return (add,)""",
+        )
+
+    def test_zero_the_diagonal(self):
+        self.assertExpectedInline(
+            traces(zero_the_diagonal, torch.randn(3, 3)),
+            """\
+# functional trace (no mutation)
+def functional(x):
+    diagonal = aten.diagonal(x)                                   # float32[3] strides [4]  x.diagonal().zero_()
+    zero = aten.zero(diagonal)                                    # float32[3]  x.diagonal().zero_()
+    region_write = region_write(x, diagonal, zero)                # float32[3, 3]  x.diagonal().zero_()
+    sum_1 = aten.sum.dim_IntList(region_write, [0])               # float32[3]  return x.sum(0)
+    return (region_write, sum_1)
+# execution trace (torch executor)
+# write-back to x: in place, 12 bytes: x.diagonal().zero_(..)
+def execute(x):
+    diagonal_2 = x.diagonal()                                     # float32[3] strides [4]  x.diagonal().zero_()
+    zero_ = diagonal_2.zero_()                                    # float32[3] strides [4]  x.diagonal().zero_()
+    sum_1 = x.sum([0])                                            # float32[3]  return x.sum(0)
+    return (sum_1,)""",
+        )
+
+    def test_batch_norm_training(self):
+        x, mean, var = torch.randn(4, 3), torch.zeros(3), torch.ones(3)
+        self.assertExpectedInline(
+            traces(batch_norm_training, x, mean, var),
+            """\
+# functional trace (no mutation)
+def functional(x, mean, var):
+    _native_batch_norm_legit_functional = aten._native_batch_norm_legit_functional(x, None, None, mean, var, True, 0.1, 1e-05)  # return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    getitem = getitem(_native_batch_norm_legit_functional, 0)     # float32[4, 3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    getitem_3 = getitem(_native_batch_norm_legit_functional, 3)   # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    getitem_4 = getitem(_native_batch_norm_legit_functional, 4)   # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    return (getitem_3, getitem_4, getitem)
+# execution trace (torch executor)
+# write-back to mean: in place, 12 bytes: x.copy_(..)
+# write-back to var: in place, 12 bytes: x.copy_(..)
+def execute(x, mean, var):
+    _native_batch_norm_legit_functional = aten._native_batch_norm_legit_functional(x, None, None, mean, var, True, 0.1, 1e-05)  # return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    getitem = getitem(_native_batch_norm_legit_functional, 0)     # float32[4, 3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    getitem_3 = getitem(_native_batch_norm_legit_functional, 3)   # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    copy_ = mean.copy_(getitem_3)                                 # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    getitem_4 = getitem(_native_batch_norm_legit_functional, 4)   # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    copy__1 = var.copy_(getitem_4)                                # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    return (getitem,)""",
+        )
+
+    def test_write_under_autograd(self):
+        self.assertExpectedInline(
+            traces(write_under_autograd, torch.randn(3, 2, requires_grad=True)),
+            """\
+# functional trace (no mutation)
+def functional(x):
+    mul = aten.mul.Tensor(x, 2)                                   # float32[3, 2]  y = x * 2
+    select = aten.select.int(mul, 0, 0)                           # float32[2]  y[1] = y[0] * 3
+    mul_1 = aten.mul.Tensor(select, 3)                            # float32[2]  y[1] = y[0] * 3
+    select_1 = aten.select.int(mul, 0, 1)                         # float32[2]  y[1] = y[0] * 3
+    clone = aten.clone(mul_1)                                     # float32[2]  y[1] = y[0] * 3
+    region_write = region_write(mul, select_1, clone)             # float32[3, 2]  y[1] = y[0] * 3
+    return (region_write,)
+# execution trace (torch executor)
+def execute(x):
+    mul = x.mul(2)                                                # float32[3, 2]  y = x * 2
+    select = mul[0]                                               # float32[2]  y[1] = y[0] * 3
+    mul_1 = select.mul(3)                                         # float32[2]  y[1] = y[0] * 3
+    clone = mul_1.clone()                                         # float32[2]  y[1] = y[0] * 3
+    select_scatter = mul.select_scatter(clone, 0, 1)              # float32[3, 2]  y[1] = y[0] * 3
+    return (select_scatter,)""",
+        )
