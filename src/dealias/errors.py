@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class DealiasError(Exception):
     """Base class of every error dealias raises on its own account."""
@@ -31,3 +34,15 @@ class FallbackWarning(UserWarning):
 
 def with_location(message: str, location: str | None) -> str:
     return f"{message}\n  at {location}" if location else message
+
+
+@contextlib.contextmanager
+def located(location: str | None) -> Iterator[None]:
+    """Around the translation of one op in a pass's graph walk: an error dealias raises inside names the op's
+    source line `location`, unless it already names one (an error about a view names the line that made it)."""
+    try:
+        yield
+    except DealiasError as e:
+        if location and "\n  at " not in str(e):
+            e.args = (with_location(str(e), location), *e.args[1:])
+        raise

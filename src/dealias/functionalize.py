@@ -24,7 +24,7 @@ from .alias import AliasInfo, Storage, Value
 from .capture import Captured, node_location
 from .checks import NoProbe, aliasing_is_benign, probe
 from .emitter import Emitter
-from .errors import EagerSemanticsError, UnsupportedError, with_location
+from .errors import EagerSemanticsError, UnsupportedError, located, with_location
 from .gradops import (
     bump_version,
     caller_after,
@@ -164,11 +164,8 @@ class _Functionalizer:
             return
         if tuple(new_meta.shape) != tuple(meta.shape):
             raise UnsupportedError(
-                with_location(
-                    f"{node.target} would resize its {tuple(meta.shape)} argument to {tuple(new_meta.shape)}; "
-                    "pass an argument of the result's shape",
-                    node_location(node),
-                )
+                f"{node.target} would resize its {tuple(meta.shape)} argument to {tuple(new_meta.shape)}; "
+                "pass an argument of the result's shape"
             )
         if new_meta.dtype != meta.dtype:
             new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
@@ -179,11 +176,8 @@ class _Functionalizer:
             # ...but the view itself then has the history of the value written into it, which a view replayed
             # from the base cannot have.
             raise UnsupportedError(
-                with_location(
-                    f"{node.target} writes a value that requires grad through a non-differentiable view (detach, "
-                    "an integer dtype view)",
-                    node_location(node),
-                )
+                f"{node.target} writes a value that requires grad through a non-differentiable view (detach, "
+                "an integer dtype view)"
             )
         # bases[i] is the value the i-th step of the chain applies to; bases[-1] is v itself.
         chain = self._steps(v.chain)
@@ -194,11 +188,7 @@ class _Functionalizer:
         if overlapping and self.emit.grad and not hidden and self.base[s].meta.get("rg"):
             # Eager writes it, and its backward (copying the gradient into the overlapping view) raises "more than
             # one element of the written-to tensor refers to a single memory location": run eagerly.
-            raise UnsupportedError(
-                with_location(
-                    f"{node.target} writes an overlapping view of a tensor that requires grad", node_location(node)
-                )
-            )
+            raise UnsupportedError(f"{node.target} writes an overlapping view of a tensor that requires grad")
         if overlapping:
             # A view in the chain overlaps itself (`x.expand(2, n)[0] = 1`, `x.expand(2, n).fill_(1)`): its
             # values cannot stand in for memory. Write the rest of the chain, from the last base before it
@@ -212,11 +202,7 @@ class _Functionalizer:
                 and internal_overlap(bases[i].meta["val"]) == "no"
             ]
             if not starts:
-                raise UnsupportedError(
-                    with_location(
-                        f"{node.target} writes through an overlapping view of another dtype", node_location(node)
-                    )
-                )
+                raise UnsupportedError(f"{node.target} writes through an overlapping view of another dtype")
             i = starts[-1]
             rel = view.storage_offset() - bases[i].meta["val"].storage_offset()
             step = ViewStep(as_strided_rel, (list(view.shape), list(view.stride()), rel))
@@ -318,24 +304,18 @@ class _Functionalizer:
 
     def check_writable(self, node: fx.Node, written: list[Value], others: list[Value]) -> None:
         """Raise where eager raises (or where dealias cannot follow eager) before anything is written."""
-        loc = node_location(node)
         for v in written:
             overlap = internal_overlap(v.meta)
             if overlap != "no" and node.target not in _UNIFORM_WRITES:
                 if overlap == "yes" and torch.Tag.pointwise in node.target.tags:
                     raise EagerSemanticsError(
-                        with_location(
-                            f"{node.target}: unsupported operation: more than one element of the written-to "
-                            "tensor refers to a single memory location. Please clone() the tensor before "
-                            "performing the operation.",
-                            loc,
-                        )
+                        f"{node.target}: unsupported operation: more than one element of the written-to "
+                        "tensor refers to a single memory location. Please clone() the tensor before "
+                        "performing the operation."
                     )
                 # Eager runs some of these (masked_fill_ on an expanded tensor) with results that depend on
                 # which alias it writes last: refuse rather than guess.
-                raise UnsupportedError(
-                    with_location(f"{node.target} writes a tensor whose elements overlap in memory", loc)
-                )
+                raise UnsupportedError(f"{node.target} writes a tensor whose elements overlap in memory")
             shared = [o for o in others if o.storage is v.storage and overlaps(v.meta, o.meta)]
             if shared and torch.Tag.pointwise not in node.target.tags:
                 # The written tensor is also read through another argument (`index_add_(0, i, x)` on x,
@@ -344,30 +324,23 @@ class _Functionalizer:
                 # Ask eager (on zeros laid out like these arguments): raise its error, or run the graph eagerly.
                 error = _eager_overlap_error(node)
                 if error is not None:
-                    raise EagerSemanticsError(with_location(f"{node.target}: {error}", loc))
+                    raise EagerSemanticsError(f"{node.target}: {error}")
                 bound = bind_args(node.target._schema, node.args, node.kwargs)
                 targets = [a for name in facts(node.target).mutated for a in pytree.tree_leaves(bound.get(name))]
                 if aliasing_is_benign(node, [a for a in targets if isinstance(a, fx.Node)]):
                     continue  # (`slice_scatter(x, s, out=x.view(..))`: eager copies x first, as copies would)
-                raise UnsupportedError(
-                    with_location(f"{node.target} reads memory it writes, through another argument", loc)
-                )
+                raise UnsupportedError(f"{node.target} reads memory it writes, through another argument")
             for o in shared:
                 if _layout(o.meta) == _layout(v.meta):
                     continue  # the same elements: a pointwise kernel reads each before writing it
                 if not _partial_overlap(v.meta, o.meta):
                     # Eager's check cannot tell (non-dense layouts) and it reads elements it may already have
                     # written, in an order it does not promise: refuse rather than guess.
-                    raise UnsupportedError(
-                        with_location(f"{node.target} reads memory it writes through another view", loc)
-                    )
+                    raise UnsupportedError(f"{node.target} reads memory it writes through another view")
                 raise EagerSemanticsError(
-                    with_location(
-                        f"{node.target}: unsupported operation: some elements of the input tensor and the "
-                        "written-to tensor refer to a single memory location. Please clone() the tensor "
-                        "before performing the operation.",
-                        loc,
-                    )
+                    f"{node.target}: unsupported operation: some elements of the input tensor and the "
+                    "written-to tensor refer to a single memory location. Please clone() the tensor "
+                    "before performing the operation."
                 )
 
     # -- the walk ------------------------------------------------------------------------------------
@@ -382,12 +355,13 @@ class _Functionalizer:
             if not groups_done:  # alias-group bases are placeholders after the tensor inputs
                 self._group_placeholders()
                 groups_done = True
-            if node.op == "get_attr":
-                self._get_attr(node)
-            elif node.op == "call_function":
-                self._call(node)
-            elif node.op == "output":
-                self._output(node)
+            with located(node_location(node)):  # (every error below names the op's line)
+                if node.op == "get_attr":
+                    self._get_attr(node)
+                elif node.op == "call_function":
+                    self._call(node)
+                elif node.op == "output":
+                    self._output(node)
         self._protect_written_inputs()
         self.program.gm = fx.GraphModule(self.program.constants, self.graph)
         return self.program
@@ -521,9 +495,7 @@ class _Functionalizer:
     def _mutation(self, node: fx.Node, f: Any) -> None:
         op = node.target
         if f.functional is None:
-            raise UnsupportedError(
-                with_location(f"{op} has no functional counterpart known to dealias", node_location(node))
-            )
+            raise UnsupportedError(f"{op} has no functional counterpart known to dealias")
         bound = bind_args(op._schema, node.args, node.kwargs)
         if op is aten.copy_.default and bound["self"] is bound["src"]:
             # `x.copy_(x)`: eager returns at once, touching no value and no history; its version counter moves.
@@ -729,11 +701,8 @@ class _Functionalizer:
         elif self.emit.grad and self.fragile and any(self._raises_writing(node, a) for a in self._written(node)):
             f = next(self._fragile_of(a) for a in self._written(node) if self._raises_writing(node, a))
             raise UnsupportedError(
-                with_location(
-                    f"{node.target} with grad on writes through a view {f.why} (at "
-                    f"{node_location(f.root) or f.root}); eager raises",
-                    node_location(node),
-                )
+                f"{node.target} with grad on writes through a view {f.why} (at "
+                f"{node_location(f.root) or f.root}); eager raises"
             )
 
     def _track_unsafe(self, view: fx.Node) -> None:
@@ -917,7 +886,7 @@ def _check_invertible(chain: tuple[ViewStep, ...], bases: list[fx.Node], node: f
         for i, step in enumerate(chain):
             check_inverse(step, bases[i].meta["val"], bases[i + 1].meta["val"])
     except UnsupportedError as e:
-        raise UnsupportedError(with_location(f"{node.target}: {e}", node_location(node))) from None
+        raise UnsupportedError(f"{node.target}: {e}") from None
 
 
 def _hides_grad(step: ViewStep, base: fx.Node) -> bool:
