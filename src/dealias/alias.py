@@ -22,7 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .capture import node_location
 from .errors import InternalError, UnsupportedError, with_location
-from .opfacts import OpKind, facts
+from .opfacts import OpKind, bind_args, facts
 from .sharing import AliasGroup
 from .viewops import ViewStep, as_strided_rel, normalize_multi_output, relative_as_strided
 
@@ -168,14 +168,6 @@ def _step(op: torch._ops.OpOverload, node: fx.Node, parent: Value) -> ViewStep:
     return ViewStep(op, tuple(node.args[1:]), tuple(sorted(node.kwargs.items())))
 
 
-def _tensor_arg(node: fx.Node, name: str) -> fx.Node:
-    schema = node.target._schema
-    for i, a in enumerate(schema.arguments):
-        if a.name == name:
-            return node.args[i] if i < len(node.args) else node.kwargs[name]
-    raise KeyError(name)
-
-
 def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
     meta = node.meta.get("val")
     if node.target is operator.getitem:
@@ -218,7 +210,8 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         step = _step(view_op, node, self_v)
         return Value(self_v.storage, self_v.chain + (step,), self_v.obj, meta, node)
     if f.kind is OpKind.OUT:
-        written = [_tensor_arg(node, n) for n in f.mutated]
+        bound = bind_args(op._schema, node.args, node.kwargs)
+        written = [bound[n] for n in f.mutated]
         if any(isinstance(w, (list, tuple)) for w in written):  # out= a list of tensors (`unbind_copy`)
             return None  # returns nothing: the written tensors keep their own values
         outs = tuple(info.value(w) for w in written)

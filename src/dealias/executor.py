@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .capture import quiet_fake_tensor_log
-from .opfacts import OpKind, facts, has_effect, is_view_node
+from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node
 
 aten = torch.ops.aten
 
@@ -35,21 +35,6 @@ class _Calls(TorchDispatchMode):
         if func.namespace != "prim":  # prim.device and friends: metadata queries of the fake machinery
             self.calls.append((func, args, kwargs or {}))
         return func(*args, **(kwargs or {}))
-
-
-_MISSING = object()
-
-
-def _bound(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    out = []
-    for i, a in enumerate(schema.arguments):
-        if i < len(args):
-            out.append(args[i])
-        elif a.name in kwargs:
-            out.append(kwargs[a.name])
-        else:
-            out.append(a.default_value if a.has_default_value() else _MISSING)
-    return out
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -95,9 +80,9 @@ def _dispatches_exactly(op: Any, call: Callable[..., Any], fargs: Any, fkwargs: 
     # The same overload is not enough: the binding must also pass the same arguments in the same places
     # (`cond.where(x, y)` reaches aten.where.self with its arguments moved).
     _, args, kwargs = rec.calls[0]
-    want = _bound(op._schema, fargs, fkwargs)
-    got = _bound(op._schema, args, kwargs)
-    return all(_same(w, g) for w, g in zip(want, got))
+    want = bind_args(op._schema, fargs, fkwargs, defaults=True)
+    got = bind_args(op._schema, args, kwargs, defaults=True)
+    return want.keys() == got.keys() and all(_same(want[name], got[name]) for name in want)
 
 
 def _index(node: fx.Node) -> tuple[Any, ...] | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._library.utils import zip_schema
 from torch._ops import OpOverload
 
 
@@ -163,16 +164,18 @@ def facts(op: OpOverload) -> OpFacts:
 def bind_args(
     schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any], defaults: bool = False
 ) -> dict[str, Any]:
-    """A call's arguments by schema name: those given (and, with `defaults`, the defaults of those not given)."""
-    bound: dict[str, Any] = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(args):
-            bound[a.name] = args[i]
-        elif a.name in kwargs:
-            bound[a.name] = kwargs[a.name]
-        elif defaults and a.has_default_value():
-            bound[a.name] = a.default_value
-    return bound
+    """A call's arguments by schema name, in schema order: those given (and, with `defaults`, the defaults of
+    those not given). The one place dealias binds a call to its schema, through torch's `zip_schema`; torch's
+    `fill_defaults` does not fit: it ignores a positional argument passed by name, and gives None for an
+    argument without a default, where callers must tell "not given" from None."""
+    given = {a.name: value for a, value in zip_schema(schema, args, kwargs)}
+    if not defaults:
+        return given
+    return {
+        a.name: given[a.name] if a.name in given else a.default_value
+        for a in schema.arguments
+        if a.name in given or a.has_default_value()
+    }
 
 
 def writes_nothing(op: OpOverload, args: tuple, kwargs: dict, mutated: tuple[str, ...]) -> bool:
