@@ -24,7 +24,7 @@ from .capture import node_location
 from .errors import InternalError, UnsupportedError, with_location
 from .opfacts import OpKind, bind_args, facts
 from .sharing import AliasGroup
-from .viewops import ViewStep, as_strided_rel, normalize_multi_output, relative_as_strided
+from .viewops import ViewStep, as_strided_rel, extent, normalize_multi_output, relative_as_strided
 
 aten = torch.ops.aten
 
@@ -150,7 +150,7 @@ def _resize_step(node: fx.Node, v: Value) -> ViewStep:
         raise UnsupportedError(with_location("resize_ with a memory format is not supported", node_location(node)))
     # The memory known to be there: what the storage's base covers (fake storages grow with the resize).
     root = v.storage.root_meta
-    covered = root.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(root.shape, root.stride()) if n > 0)
+    covered = extent(root)[1] + 1
     if numel and v.meta.storage_offset() + numel > covered * root.element_size() // v.meta.element_size():
         raise UnsupportedError(
             with_location("resize_ that grows a tensor past its memory is not supported", node_location(node))

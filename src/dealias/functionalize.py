@@ -40,6 +40,7 @@ from .viewops import (
     ViewStep,
     as_strided_rel,
     chain_args,
+    extent,
     internal_overlap,
     inverse,
     map_chain_args,
@@ -1052,8 +1053,9 @@ def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if not (is_non_overlapping_and_dense(a) and is_non_overlapping_and_dense(b)):
         return False
-    sa, sb = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
-    ea, eb = sa + a.numel() * a.element_size(), sb + b.numel() * b.element_size()
+    (fa, la), (fb, lb) = extent(a), extent(b)
+    sa, sb = fa * a.element_size(), fb * b.element_size()
+    ea, eb = (la + 1) * a.element_size(), (lb + 1) * b.element_size()
     if sa == sb and ea == eb and a.stride() == b.stride() and a.shape == b.shape:
         return False
     return sa < eb and sb < ea

@@ -206,8 +206,7 @@ def _as_strided_inverse(
             f"writing through {step.describe()} of a non-contiguous tensor is not supported; "
             "call .contiguous() first or write through slicing"
         )
-    first = view.storage_offset() - base.storage_offset()
-    last = first + sum((s - 1) * st for s, st in zip(view.shape, view.stride()) if s > 0)
+    first, last = (position - base.storage_offset() for position in extent(view))
     if view.numel() > 0 and (first < 0 or last >= base.numel()):
         raise UnsupportedError(f"writing through {step.describe()} that reaches outside its base is not supported")
     args = (list(view.shape), list(view.stride()), first)
@@ -218,6 +217,14 @@ def _as_strided_inverse(
         # (a uniform write through `expand`): scatter by explicit positions instead.
         return call(index_scatter_rel, base_node, value_node, *args)
     return call(as_strided_scatter_rel, base_node, value_node, *args)
+
+
+def extent(t: torch.Tensor) -> tuple[Any, Any]:
+    """The storage positions, in elements of `t`'s dtype, of the first and the last element of memory `t` covers
+    (symbolic where its sizes are; strides are never negative). Only meaningful for a non-empty `t`: its dims of
+    size 0 are skipped. Byte ranges are these times `t.element_size()`, the last one's end included."""
+    first = t.storage_offset()
+    return first, first + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
 
 
 def internal_overlap(t: torch.Tensor) -> str:
