@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from .errors import UnsupportedError
-from .viewops import op_name
+from .opfacts import op_name
 
 aten = torch.ops.aten
 

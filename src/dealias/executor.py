@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .capture import quiet_fake_tensor_log
-from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node
+from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, op_name
 
 aten = torch.ops.aten
 
@@ -51,7 +51,7 @@ def _binding_for(node: fx.Node) -> tuple[str, Any] | None:
     op = node.target
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return None
-    name = op._schema.name.split("::")[1]
+    name = op_name(op)
     fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (node.args, node.kwargs))
     fakes = [v for v in pytree.tree_leaves((fargs, fkwargs)) if isinstance(v, FakeTensor)]
     mode = fakes[0].fake_mode if fakes else None

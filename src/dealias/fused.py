@@ -31,7 +31,7 @@ from .capture import node_location
 from .checks import bounds_check, index_args, index_policy, indexed_write
 from .errors import InternalError, with_location
 from .gradops import bump_version
-from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise
+from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise, op_name
 
 aten = torch.ops.aten
 
@@ -90,7 +90,7 @@ def unfusable(gm: fx.GraphModule) -> str | None:
         if isinstance(op, torch._ops.OpOverload) and facts(op).nondeterministic and not _no_dropout(n):
             return f"{op} draws random numbers (inductor's generator is not eager's)"
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _in_prologue(n):
-            return f"{getattr(op, '__name__', op)} runs in Python"
+            return f"{op_name(op)} runs in Python"
     return None
 
 
@@ -103,7 +103,7 @@ def _no_dropout(n: fx.Node) -> bool:
 def _scatter(op: Any) -> bool:
     """A functional op computing its first argument with some elements replaced (`slice_scatter`, `index_put`,
     dealias's `as_strided_scatter_rel`), which inductor may run in place."""
-    name = op._schema.name.split("::")[1] if isinstance(op, torch._ops.OpOverload) else getattr(op, "__name__", "")
+    name = op_name(op)
     return name.endswith("scatter") or name.endswith("scatter_rel") or name in ("index_put", "index_copy")
 
 

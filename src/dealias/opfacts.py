@@ -189,13 +189,20 @@ def writes_nothing(op: OpOverload, args: tuple, kwargs: dict, mutated: tuple[str
     return False
 
 
+def op_name(op: Any) -> str:
+    """`add_`, `select`, `as_strided_rel`...: a graph target's name without namespace and overload (an aten op's
+    from its schema, any other callable's `__name__`). The one spelling of an op's short name, in traces, node
+    names and name-based decisions."""
+    schema = getattr(op, "_schema", None)
+    return schema.name.split("::")[1] if schema is not None else getattr(op, "__name__", str(op))
+
+
 @functools.cache
 def inplace_variant(op: OpOverload) -> OpOverload | None:
     """The in-place overload computing `op` into its first argument (`add.Tensor` -> `add_.Tensor`,
     `copy` -> `copy_`, `index_copy` -> `index_copy_`), found the way functional counterparts are: the
     in-place overload whose functional counterpart is `op`."""
-    ns, name = op._schema.name.split("::")
-    packet = getattr(getattr(torch.ops, ns), name + "_", None)
+    packet = getattr(getattr(torch.ops, op.namespace), op_name(op) + "_", None)
     if packet is None:
         return None
     for ov_name in packet.overloads():

@@ -25,6 +25,7 @@ from torch._ops import OpOverload
 from torch.utils import _pytree as pytree
 
 from .errors import UnsupportedError
+from .opfacts import op_name
 
 aten = torch.ops.aten
 
@@ -131,12 +132,6 @@ def chain_text(base: str, chain: tuple[ViewStep, ...]) -> str:
     for step in chain:
         base = f"{base}.{step.describe()}"
     return base
-
-
-def op_name(op: Any) -> str:
-    """`view`, `select`, `as_strided_rel`...: the op's name without namespace and overload."""
-    schema = getattr(op, "_schema", None)
-    return schema.name.split("::")[1] if schema is not None else op.__name__
 
 
 # Views whose inverse reshapes the mutated value back to the base's shape: they keep the logical
