@@ -22,7 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .capture import node_location
 from .errors import InternalError, UnsupportedError, with_location
-from .opfacts import OpKind, bind_args, facts
+from .opfacts import OpKind, bind_args, facts, is_view_target
 from .sharing import AliasGroup
 from .viewops import ViewStep, as_strided_rel, extent, normalize_multi_output, relative_as_strided
 
@@ -183,7 +183,7 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
     if not isinstance(op, torch._ops.OpOverload):
         raise UnsupportedError(with_location(f"unsupported call {op}", node_location(node)))
     f = facts(op)
-    if f.kind is OpKind.VIEW:
+    if is_view_target(op):
         parent = info.value(node.args[0])
         if f.multi_output_view:
             return _MultiView(op, tuple(node.args[1:]), parent)

@@ -34,7 +34,7 @@ from .gradops import (
     overwritten,
     write_back_now,
 )
-from .opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
+from .opfacts import OpKind, bind_args, facts, is_view_node, is_view_target, writes_nothing
 from .sharing import overlaps
 from .viewops import (
     ViewStep,
@@ -569,7 +569,7 @@ class _Functionalizer:
                 self._bind_fresh(v, item)
             return
         f = facts(op)
-        if f.kind is OpKind.VIEW:
+        if is_view_target(op):
             return  # materialized from its base when read
         if f.kind is OpKind.INPLACE_VIEW:
             self.latest[v.obj] = v

@@ -239,16 +239,20 @@ def removable_if_unused(target: object) -> bool:
     return not has_effect(target) and not may_raise(target)
 
 
-def is_view_node(node: Any) -> bool:
-    """Whether a graph node's result is a view of its first argument's memory: an aten view op (from its
-    schema), a view helper of dealias's own graphs (`as_strided_rel`, marked `dealias_view`), or an element of
-    a multi-output view (`split(..)[i]`). The one answer every pass uses: a write through any view counts as a
-    write of its base."""
-    if getattr(node, "op", None) != "call_function":
-        return False
-    target = node.target
+def is_view_target(target: object) -> bool:
+    """Whether calling `target` returns a view of its first argument's memory: an aten view op (from its schema)
+    or a view helper of dealias's own graphs (`as_strided_rel`, marked `dealias_view`)."""
     if isinstance(target, OpOverload):
         return facts(target).kind is OpKind.VIEW
-    if target is operator.getitem:
-        return is_view_node(node.args[0])
     return bool(getattr(target, "dealias_view", False))
+
+
+def is_view_node(node: Any) -> bool:
+    """Whether a graph node's result is a view of its first argument's memory: a call of a view target
+    (`is_view_target`), or an element of a multi-output view (`split(..)[i]`). The one answer every pass uses: a
+    write through any view counts as a write of its base."""
+    if getattr(node, "op", None) != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return is_view_node(node.args[0])
+    return is_view_target(node.target)
