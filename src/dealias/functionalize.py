@@ -472,7 +472,7 @@ class _Functionalizer:
         """Under autograd, the graph reads a written input through a clone. Ops that save their inputs for
         backward then save the clone, and the write-back into the caller's tensor after the graph cannot
         invalidate them ("modified by an inplace operation"); gradients still reach the input's history."""
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        placeholders = self.graph.find_nodes(op="placeholder")
         targets = [wb.target for wb in self.program.writebacks] + [caller_ref(s) for s in self.written_back]
         for target in targets:
             ph = next((p for p in placeholders if self.placeholder_ref.get(p) == target), None)

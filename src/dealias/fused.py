@@ -125,7 +125,7 @@ class Unfusable(Exception):
 def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
     """The graph's Python steps (`_in_prologue`), taken out of it, as one function of the call's inputs (None if
     it has none)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = gm.graph.find_nodes(op="placeholder")
     checks = []
     for n in list(gm.graph.nodes):
         if n.op == "call_function" and _scatter(n.target):
@@ -401,8 +401,8 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     with fx.traceback.preserve_node_meta(), torch.no_grad():  # nothing records autograd (`unfusable`)
         interpret = lambda *args: fx.Interpreter(gm).run(*args)  # noqa: E731
         traced = make_fx(interpret, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example)
-    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    for ph, name in zip((n for n in traced.graph.nodes if n.op == "placeholder"), names):
+    names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    for ph, name in zip(traced.graph.find_nodes(op="placeholder"), names):
         ph.name = ph.target = name
     if any(n.target is aten.view.dtype for n in traced.graph.nodes):
         # Inductor writes through an integer view of float memory as a float store of the converted integer.
@@ -434,7 +434,7 @@ def _runner(gm: fx.GraphModule, compiled: Any, check: Callable[[tuple[Any, ...]]
     # Eager's layout of each result, from the lowered graph (inductor's decompositions may change it: a constant
     # came back as an expanded tensor, strides (0, 1, 0)). Sizes are static (`unfusable`), so inductor gives each
     # result the same layout on every call: whether one must be restrided is learned on the first call.
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_node = gm.graph.output_node()
     layouts = [
         (i, tuple(v.shape), tuple(v.stride()))
         for i, a in enumerate(out_node.args[0])

@@ -65,7 +65,7 @@ def dce(gm: fx.GraphModule) -> fx.GraphModule:
 def distinct_outputs(gm: fx.GraphModule, first: int) -> fx.GraphModule:
     """Outputs from `first` on are the bases of distinct storages; CSE may have merged two equal ones
     (`a = x + 1; b = x + 1`), and eager's `a` and `b` do not alias: give each its own tensor."""
-    out = next(n for n in gm.graph.nodes if n.op == "output")
+    out = gm.graph.output_node()
     values = list(out.args[0])
     seen: set[fx.Node] = set()
     for i in range(first, len(values)):

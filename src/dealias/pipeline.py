@@ -28,8 +28,8 @@ from .writeback import WriteBackReport, lower
 
 
 def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> Trace:
-    params = [n.name for n in fp.gm.graph.nodes if n.op == "placeholder"]
-    out_node = next(n for n in fp.gm.graph.nodes if n.op == "output")
+    params = [n.name for n in fp.gm.graph.find_nodes(op="placeholder")]
+    out_node = fp.gm.graph.output_node()
     results = [a.name for a in out_node.args[0]]
     groups = [p for p in params if p.startswith("alias_group")]
 
@@ -67,7 +67,7 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
 
 def _alias_placeholders(gm: fx.GraphModule, captured: Any) -> dict[fx.Node, list[fx.Node]]:
     """Each alias group's base placeholder -> the member placeholders that alias its memory."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = gm.graph.find_nodes(op="placeholder")
     out = {}
     for g, group in enumerate(captured.groups):
         base = next(p for p in placeholders if p.name == f"alias_group{g}")
@@ -118,7 +118,7 @@ def compile_program(
         shown = fp
     _no_loose_symbols(fp.gm)
     # Name each caller tensor as the captured graph does (after the user's argument or attribute).
-    inputs = [n.name for n in captured.gm.graph.nodes if n.op == "placeholder"]
+    inputs = [n.name for n in captured.gm.graph.find_nodes(op="placeholder")]
     reports = [
         dataclasses.replace(r, target=inputs[int(r.target[6:])]) if r.target.startswith("input ") else r
         for r in reports

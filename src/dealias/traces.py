@@ -69,7 +69,7 @@ def format_graph(
     gm: fx.GraphModule, name: str, header: str, epilogue: list[str] | None = None, returns: str | None = None
 ) -> str:
     lines = [f"# {header}"]
-    params = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    params = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     # Symbolic sizes are shown by the name of the input they come from (`[2, pos + 1]`, not `[2, s33 + 1]`).
     symbols = {
         str(n.meta["val"].node.expr): n.name

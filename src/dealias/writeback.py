@@ -281,7 +281,7 @@ def lower(
     gm = fp.gm
     graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}
-    out_node = next(n for n in graph.nodes if n.op == "output")
+    out_node = graph.output_node()
     results = list(out_node.args[0])
     if _builds_autograd(gm):
         return fp, [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]
@@ -340,12 +340,12 @@ def _remapped(slot: OutputSlot, remap: dict[int, int]) -> OutputSlot:
 
 
 def _root_placeholder(gm: fx.GraphModule, target: Ref) -> fx.Node | None:
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = gm.graph.find_nodes(op="placeholder")
     if target.kind == "input":
         return placeholders[target.key]
     if target.kind == "group":
         return next((p for p in placeholders if p.name == f"alias_group{target.key}"), None)
-    return next((n for n in gm.graph.nodes if n.op == "get_attr" and n.target == target.key), None)
+    return next(iter(gm.graph.find_nodes(op="get_attr", target=target.key)), None)
 
 
 def _safe(
