@@ -218,11 +218,9 @@ def _drop_unused(gm: fx.GraphModule) -> None:
 
     # Only views, clones and attribute reads: some aten schemas do not declare all they write (batch norm's
     # running statistics), so an unused op in general may still have an effect.
-    for node in reversed(list(gm.graph.nodes)):
-        if node.users or node.op not in ("call_function", "get_attr"):
-            continue
-        if node.op == "get_attr" or is_view_node(node) or node.target is torch.ops.aten.clone.default:
-            gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code(
+        is_impure_node=lambda n: not (n.op == "get_attr" or is_view_node(n) or n.target is torch.ops.aten.clone.default)
+    )
     gm.recompile()
 
 

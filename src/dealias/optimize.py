@@ -56,9 +56,9 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
 def dce(gm: fx.GraphModule) -> fx.GraphModule:
     """Drop unused values, except ops with an effect and ops that raise on their values (an unused
     `index_select` with an index out of range raises in eager)."""
-    for node in reversed(list(gm.graph.nodes)):
-        if node.op in ("call_function", "get_attr") and not node.users and removable_if_unused(node.target):
-            gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code(
+        is_impure_node=lambda n: n.op not in ("call_function", "get_attr") or not removable_if_unused(n.target)
+    )
     return gm
 
 

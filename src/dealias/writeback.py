@@ -321,9 +321,7 @@ def lower(
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
     fp.writebacks = [replace(wb, output=remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
     fp.outputs = [_remapped(s, remap) for s in fp.outputs]
-    for n in reversed(list(graph.nodes)):
-        if n.op == "call_function" and not n.users and removable_if_unused(n.target):
-            graph.erase_node(n)
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.op != "call_function" or not removable_if_unused(n.target))
     guard_index_writes(graph, [_root_placeholder(gm, wb.target) for wb in writebacks_before])
     graph.lint()
     gm.recompile()
