@@ -94,8 +94,8 @@ def _index(node: fx.Node) -> tuple[Any, ...] | None:
         _, dim, index = node.args
         return (slice(None),) * dim + (index,) if dim >= 0 else None
     if node.target is aten.slice.Tensor:
-        defaults = (None, 0, None, None, 1)
-        _, dim, start, end, step = (*node.args, *defaults[len(node.args) :])
+        bound = bind_args(node.target._schema, node.args, {}, defaults=True)
+        dim, start, end, step = bound["dim"], bound["start"], bound["end"], bound["step"]
         return (slice(None),) * dim + (slice(start, end, step),) if dim >= 0 else None
     return None
 

@@ -25,7 +25,7 @@ from torch._ops import OpOverload
 from torch.utils import _pytree as pytree
 
 from .errors import UnsupportedError
-from .opfacts import op_name
+from .opfacts import bind_args, op_name
 
 aten = torch.ops.aten
 
@@ -46,11 +46,10 @@ class ViewStep:
 def normalize_multi_output(op: OpOverload, args: tuple[Any, ...], index: int, parent: torch.Tensor) -> ViewStep:
     """`op(parent, *args)[index]` as a single-output view step."""
     name = op._schema.name
+    dim = bind_args(op._schema, (parent, *args), {}, defaults=True).get("dim")
     if name == "aten::unbind":
-        dim = args[0] if args else 0
         return ViewStep(aten.select.int, (dim, index))
     if name in ("aten::split", "aten::split_with_sizes", "aten::unsafe_split", "aten::unsafe_split_with_sizes"):
-        dim = args[1] if len(args) > 1 else 0
         dim = dim % parent.dim()
         size = parent.shape[dim]
         if name in ("aten::split", "aten::unsafe_split"):
@@ -99,8 +98,8 @@ def index_scatter_rel(t: torch.Tensor, src: torch.Tensor, size: list[int], strid
 
 def relative_as_strided(args: tuple[Any, ...], kwargs: dict[str, Any], parent: torch.Tensor) -> ViewStep:
     """The step for a traced `parent.as_strided(size, stride, offset)` (absolute offset)."""
-    size, stride, *rest = args
-    offset = rest[0] if rest else kwargs.get("storage_offset")
+    bound = bind_args(aten.as_strided.default._schema, (parent, *args), kwargs)
+    size, stride, offset = bound["size"], bound["stride"], bound.get("storage_offset")
     if offset is None:
         offset = parent.storage_offset()
     return ViewStep(as_strided_rel, (list(size), list(stride), offset - parent.storage_offset()))
