@@ -650,7 +650,7 @@ class _Functionalizer:
             return
         # out= arguments are dropped; the functional schema lists the rest in the same order.
         kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
-        defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        defaults = bind_args(schema, (), {}, defaults=True)
         args, kwargs = _to_call(f.functional._schema, kept, {n: self.read(a) for n, a in bound.items()}, defaults)
         factory = "dtype" in {a.name for a in f.functional._schema.arguments} and "dtype" not in kept
         if f.kind is OpKind.OUT and factory:

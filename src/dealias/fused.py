@@ -62,7 +62,7 @@ _LIB = torch.library.Library("dealias", "FRAGMENT")
 
 def _aten_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
     """`dealias::aten_<name>`, with `op`'s schema and `op` as its kernel (for fake tensors too)."""
-    name = f"aten_{op._schema.name.split('::')[1]}"
+    name = f"aten_{op_name(op)}"
     _LIB.define(f"{name}{str(op._schema)[len(op._schema.name) :]}")
     _LIB.impl(name, op, "CompositeExplicitAutograd")
     return getattr(torch.ops.dealias, name).default
