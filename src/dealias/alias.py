@@ -22,10 +22,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .capture import node_location
 from .errors import InternalError, UnsupportedError, with_location
-from .opfacts import OpKind, facts
+from .opfacts import OpKind, bind_args, facts, is_view_target
 from .plan import StorageKind
 from .sharing import AliasGroup
-from .viewops import ViewStep, as_strided_rel, normalize_multi_output, relative_as_strided
+from .viewops import ViewStep, as_strided_rel, extent, normalize_multi_output, relative_as_strided
 
 aten = torch.ops.aten
 
@@ -151,7 +151,7 @@ def _resize_step(node: fx.Node, v: Value) -> ViewStep:
         raise UnsupportedError(with_location("resize_ with a memory format is not supported", node_location(node)))
     # The memory known to be there: what the storage's base covers (fake storages grow with the resize).
     root = v.storage.root_meta
-    covered = root.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(root.shape, root.stride()) if n > 0)
+    covered = extent(root)[1] + 1
     if numel and v.meta.storage_offset() + numel > covered * root.element_size() // v.meta.element_size():
         raise UnsupportedError(
             with_location("resize_ that grows a tensor past its memory is not supported", node_location(node))
@@ -169,14 +169,6 @@ def _step(op: torch._ops.OpOverload, node: fx.Node, parent: Value) -> ViewStep:
     return ViewStep(op, tuple(node.args[1:]), tuple(sorted(node.kwargs.items())))
 
 
-def _tensor_arg(node: fx.Node, name: str) -> fx.Node:
-    schema = node.target._schema
-    for i, a in enumerate(schema.arguments):
-        if a.name == name:
-            return node.args[i] if i < len(node.args) else node.kwargs[name]
-    raise KeyError(name)
-
-
 def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
     meta = node.meta.get("val")
     if node.target is operator.getitem:
@@ -192,7 +184,7 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
     if not isinstance(op, torch._ops.OpOverload):
         raise UnsupportedError(with_location(f"unsupported call {op}", node_location(node)))
     f = facts(op)
-    if f.kind is OpKind.VIEW:
+    if is_view_target(op):
         parent = info.value(node.args[0])
         if f.multi_output_view:
             return _MultiView(op, tuple(node.args[1:]), parent)
@@ -219,7 +211,8 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         step = _step(view_op, node, self_v)
         return Value(self_v.storage, self_v.chain + (step,), self_v.obj, meta, node)
     if f.kind is OpKind.OUT:
-        written = [_tensor_arg(node, n) for n in f.mutated]
+        bound = bind_args(op._schema, node.args, node.kwargs)
+        written = [bound[n] for n in f.mutated]
         if any(isinstance(w, (list, tuple)) for w in written):  # out= a list of tensors (`unbind_copy`)
             return None  # returns nothing: the written tensors keep their own values
         outs = tuple(info.value(w) for w in written)

@@ -116,7 +116,7 @@ class GraphProgram:
         self.gm, self.attributes = lift_attributes(gm)
         self.options = options
         self.stats = stats
-        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        placeholders = self.gm.graph.find_nodes(op="placeholder")
         self.names = [source_name(n) for n in placeholders]
         # Dynamo already guards sizes, strides, dtype, device and requires_grad of the inputs it took from the
         # user's frame when they are static: then dealias's own check is the hashable key alone (sharing,
@@ -333,12 +333,12 @@ class GraphProgram:
 
 def lift_attributes(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
     """A copy of `gm` whose tensor attributes (`get_attr` nodes) are trailing placeholders, and those tensors."""
-    attrs = [n for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attribute(gm, n.target), torch.Tensor)]
+    attrs = [n for n in gm.graph.find_nodes(op="get_attr") if isinstance(_attribute(gm, n.target), torch.Tensor)]
     if not attrs:
         return gm, []
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    old_placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    old_placeholders = gm.graph.find_nodes(op="placeholder")
     for n in old_placeholders:
         env[n] = graph.node_copy(n, env.__getitem__)
     values = []

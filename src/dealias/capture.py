@@ -218,11 +218,9 @@ def _drop_unused(gm: fx.GraphModule) -> None:
 
     # Only views, clones and attribute reads: some aten schemas do not declare all they write (batch norm's
     # running statistics), so an unused op in general may still have an effect.
-    for node in reversed(list(gm.graph.nodes)):
-        if node.users or node.op not in ("call_function", "get_attr"):
-            continue
-        if node.op == "get_attr" or is_view_node(node) or node.target is torch.ops.aten.clone.default:
-            gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code(
+        is_impure_node=lambda n: not (n.op == "get_attr" or is_view_node(n) or n.target is torch.ops.aten.clone.default)
+    )
     gm.recompile()
 
 
@@ -288,8 +286,8 @@ def _return_inputs_as_themselves(gm: fx.GraphModule, returned_inputs: list[int |
     (`slice_scatter(x, s, out=x.view(..))`) it names the input by that op, whose value is the view: the caller
     would get the view back instead of `x` itself. Alias analysis follows the placeholder's object, metadata
     changes included."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    out = next(n for n in gm.graph.nodes if n.op == "output")
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    out = gm.graph.output_node()
     results = list(out.args[0])
     for k, i in enumerate(returned_inputs):
         if i is not None and k < len(results):
@@ -317,7 +315,7 @@ def _check_static(gm: fx.GraphModule) -> None:
 def _rename_inputs(gm: fx.GraphModule, names: list[str]) -> None:
     """Name each input after what the user calls it (`cache`, `self_lin_weight`)."""
     used: set[str] = set()
-    for node, name in zip([n for n in gm.graph.nodes if n.op == "placeholder"], names):
+    for node, name in zip(gm.graph.find_nodes(op="placeholder"), names):
         base = re.sub(r"\W+", "_", name).strip("_") or "arg"
         if base[0].isdigit():
             base = f"arg_{base}"

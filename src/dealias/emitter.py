@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from .errors import UnsupportedError
-from .viewops import op_name
+from .opfacts import op_name
 
 aten = torch.ops.aten
 
@@ -96,7 +96,7 @@ class Emitter:
     def _early(self, op: Callable[..., Any], *args: Any) -> fx.Node:
         """`op(*args)` on sizes, placed after the graph's inputs, so every later position can use it."""
         order = {n: i for i, n in enumerate(self.graph.nodes)}
-        last = [n for n in self.graph.nodes if n.op == "placeholder"][-1]
+        last = self.graph.find_nodes(op="placeholder")[-1]
         last = max([last, *(a for a in args if isinstance(a, fx.Node))], key=order.__getitem__)
         with self.graph.inserting_after(last):
             node = self.graph.call_function(op, args)

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .capture import quiet_fake_tensor_log
-from .opfacts import OpKind, facts, has_effect, is_view_node
+from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, op_name
 
 aten = torch.ops.aten
 
@@ -37,21 +37,6 @@ class _Calls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-_MISSING = object()
-
-
-def _bound(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    out = []
-    for i, a in enumerate(schema.arguments):
-        if i < len(args):
-            out.append(args[i])
-        elif a.name in kwargs:
-            out.append(kwargs[a.name])
-        else:
-            out.append(a.default_value if a.has_default_value() else _MISSING)
-    return out
-
-
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return a is b
@@ -66,7 +51,7 @@ def _binding_for(node: fx.Node) -> tuple[str, Any] | None:
     op = node.target
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return None
-    name = op._schema.name.split("::")[1]
+    name = op_name(op)
     fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (node.args, node.kwargs))
     fakes = [v for v in pytree.tree_leaves((fargs, fkwargs)) if isinstance(v, FakeTensor)]
     mode = fakes[0].fake_mode if fakes else None
@@ -95,9 +80,9 @@ def _dispatches_exactly(op: Any, call: Callable[..., Any], fargs: Any, fkwargs: 
     # The same overload is not enough: the binding must also pass the same arguments in the same places
     # (`cond.where(x, y)` reaches aten.where.self with its arguments moved).
     _, args, kwargs = rec.calls[0]
-    want = _bound(op._schema, fargs, fkwargs)
-    got = _bound(op._schema, args, kwargs)
-    return all(_same(w, g) for w, g in zip(want, got))
+    want = bind_args(op._schema, fargs, fkwargs, defaults=True)
+    got = bind_args(op._schema, args, kwargs, defaults=True)
+    return want.keys() == got.keys() and all(_same(want[name], got[name]) for name in want)
 
 
 def _index(node: fx.Node) -> tuple[Any, ...] | None:
@@ -109,8 +94,8 @@ def _index(node: fx.Node) -> tuple[Any, ...] | None:
         _, dim, index = node.args
         return (slice(None),) * dim + (index,) if dim >= 0 else None
     if node.target is aten.slice.Tensor:
-        defaults = (None, 0, None, None, 1)
-        _, dim, start, end, step = (*node.args, *defaults[len(node.args) :])
+        bound = bind_args(node.target._schema, node.args, {}, defaults=True)
+        dim, start, end, step = bound["dim"], bound["start"], bound["end"], bound["step"]
         return (slice(None),) * dim + (slice(start, end, step),) if dim >= 0 else None
     return None
 

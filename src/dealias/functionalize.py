@@ -34,7 +34,7 @@ from .gradops import (
     overwritten,
     write_back_now,
 )
-from .opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
+from .opfacts import OpKind, bind_args, facts, is_view_node, is_view_target, writes_nothing
 from .plan import (
     FunctionalProgram,
     MetadataWriteBack,
@@ -54,6 +54,7 @@ from .viewops import (
     as_strided_rel,
     chain_args,
     check_inverse,
+    extent,
     internal_overlap,
     map_chain_args,
     replay,
@@ -370,7 +371,7 @@ class _Functionalizer:
         """Under autograd, the graph reads a written input through a clone. Ops that save their inputs for
         backward then save the clone, and the write-back into the caller's tensor after the graph cannot
         invalidate them ("modified by an inplace operation"); gradients still reach the input's history."""
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        placeholders = self.graph.find_nodes(op="placeholder")
         targets = [wb.target for wb in self.program.writebacks] + [caller_ref(s) for s in self.written_back]
         for target in targets:
             ph = next((p for p in placeholders if self.placeholder_ref.get(p) == target), None)
@@ -467,7 +468,7 @@ class _Functionalizer:
                 self._bind_fresh(v, item)
             return
         f = facts(op)
-        if f.kind is OpKind.VIEW:
+        if is_view_target(op):
             return  # materialized from its base when read
         if f.kind is OpKind.INPLACE_VIEW:
             self.latest[v.obj] = v
@@ -546,7 +547,7 @@ class _Functionalizer:
             return
         # out= arguments are dropped; the functional schema lists the rest in the same order.
         kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
-        defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        defaults = bind_args(schema, (), {}, defaults=True)
         args, kwargs = _to_call(f.functional._schema, kept, {n: self.read(a) for n, a in bound.items()}, defaults)
         factory = "dtype" in {a.name for a in f.functional._schema.arguments} and "dtype" not in kept
         if f.kind is OpKind.OUT and factory:
@@ -944,8 +945,9 @@ def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if not (is_non_overlapping_and_dense(a) and is_non_overlapping_and_dense(b)):
         return False
-    sa, sb = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
-    ea, eb = sa + a.numel() * a.element_size(), sb + b.numel() * b.element_size()
+    (fa, la), (fb, lb) = extent(a), extent(b)
+    sa, sb = fa * a.element_size(), fb * b.element_size()
+    ea, eb = (la + 1) * a.element_size(), (lb + 1) * b.element_size()
     if sa == sb and ea == eb and a.stride() == b.stride() and a.shape == b.shape:
         return False
     return sa < eb and sb < ea

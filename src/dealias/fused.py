@@ -31,7 +31,7 @@ from .capture import node_location
 from .checks import bounds_check, index_args, index_policy, indexed_write
 from .errors import InternalError, with_location
 from .gradops import bump_version
-from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise
+from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise, op_name
 from .plan import alias_group_of
 
 aten = torch.ops.aten
@@ -63,7 +63,7 @@ _LIB = torch.library.Library("dealias", "FRAGMENT")
 
 def _aten_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
     """`dealias::aten_<name>`, with `op`'s schema and `op` as its kernel (for fake tensors too)."""
-    name = f"aten_{op._schema.name.split('::')[1]}"
+    name = f"aten_{op_name(op)}"
     _LIB.define(f"{name}{str(op._schema)[len(op._schema.name) :]}")
     _LIB.impl(name, op, "CompositeExplicitAutograd")
     return getattr(torch.ops.dealias, name).default
@@ -91,7 +91,7 @@ def unfusable(gm: fx.GraphModule) -> str | None:
         if isinstance(op, torch._ops.OpOverload) and facts(op).nondeterministic and not _no_dropout(n):
             return f"{op} draws random numbers (inductor's generator is not eager's)"
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _in_prologue(n):
-            return f"{getattr(op, '__name__', op)} runs in Python"
+            return f"{op_name(op)} runs in Python"
     return None
 
 
@@ -104,7 +104,7 @@ def _no_dropout(n: fx.Node) -> bool:
 def _scatter(op: Any) -> bool:
     """A functional op computing its first argument with some elements replaced (`slice_scatter`, `index_put`,
     dealias's `as_strided_scatter_rel`), which inductor may run in place."""
-    name = op._schema.name.split("::")[1] if isinstance(op, torch._ops.OpOverload) else getattr(op, "__name__", "")
+    name = op_name(op)
     return name.endswith("scatter") or name.endswith("scatter_rel") or name in ("index_put", "index_copy")
 
 
@@ -126,7 +126,7 @@ class Unfusable(Exception):
 def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
     """The graph's Python steps (`_in_prologue`), taken out of it, as one function of the call's inputs (None if
     it has none)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = gm.graph.find_nodes(op="placeholder")
     checks = []
     for n in list(gm.graph.nodes):
         if n.op == "call_function" and _scatter(n.target):
@@ -402,8 +402,8 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     with fx.traceback.preserve_node_meta(), torch.no_grad():  # nothing records autograd (`unfusable`)
         interpret = lambda *args: fx.Interpreter(gm).run(*args)  # noqa: E731
         traced = make_fx(interpret, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example)
-    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    for ph, name in zip((n for n in traced.graph.nodes if n.op == "placeholder"), names):
+    names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    for ph, name in zip(traced.graph.find_nodes(op="placeholder"), names):
         ph.name = ph.target = name
     if any(n.target is aten.view.dtype for n in traced.graph.nodes):
         # Inductor writes through an integer view of float memory as a float store of the converted integer.
@@ -435,7 +435,7 @@ def _runner(gm: fx.GraphModule, compiled: Any, check: Callable[[tuple[Any, ...]]
     # Eager's layout of each result, from the lowered graph (inductor's decompositions may change it: a constant
     # came back as an expanded tensor, strides (0, 1, 0)). Sizes are static (`unfusable`), so inductor gives each
     # result the same layout on every call: whether one must be restrided is learned on the first call.
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_node = gm.graph.output_node()
     layouts = [
         (i, tuple(v.shape), tuple(v.stride()))
         for i, a in enumerate(out_node.args[0])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._library.utils import zip_schema
 from torch._ops import OpOverload
 
 
@@ -163,16 +164,18 @@ def facts(op: OpOverload) -> OpFacts:
 def bind_args(
     schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any], defaults: bool = False
 ) -> dict[str, Any]:
-    """A call's arguments by schema name: those given (and, with `defaults`, the defaults of those not given)."""
-    bound: dict[str, Any] = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(args):
-            bound[a.name] = args[i]
-        elif a.name in kwargs:
-            bound[a.name] = kwargs[a.name]
-        elif defaults and a.has_default_value():
-            bound[a.name] = a.default_value
-    return bound
+    """A call's arguments by schema name, in schema order: those given (and, with `defaults`, the defaults of
+    those not given). The one place dealias binds a call to its schema, through torch's `zip_schema`; torch's
+    `fill_defaults` does not fit: it ignores a positional argument passed by name, and gives None for an
+    argument without a default, where callers must tell "not given" from None."""
+    given = {a.name: value for a, value in zip_schema(schema, args, kwargs)}
+    if not defaults:
+        return given
+    return {
+        a.name: given[a.name] if a.name in given else a.default_value
+        for a in schema.arguments
+        if a.name in given or a.has_default_value()
+    }
 
 
 def writes_nothing(op: OpOverload, args: tuple, kwargs: dict, mutated: tuple[str, ...]) -> bool:
@@ -186,13 +189,20 @@ def writes_nothing(op: OpOverload, args: tuple, kwargs: dict, mutated: tuple[str
     return False
 
 
+def op_name(op: Any) -> str:
+    """`add_`, `select`, `as_strided_rel`...: a graph target's name without namespace and overload (an aten op's
+    from its schema, any other callable's `__name__`). The one spelling of an op's short name, in traces, node
+    names and name-based decisions."""
+    schema = getattr(op, "_schema", None)
+    return schema.name.split("::")[1] if schema is not None else getattr(op, "__name__", str(op))
+
+
 @functools.cache
 def inplace_variant(op: OpOverload) -> OpOverload | None:
     """The in-place overload computing `op` into its first argument (`add.Tensor` -> `add_.Tensor`,
     `copy` -> `copy_`, `index_copy` -> `index_copy_`), found the way functional counterparts are: the
     in-place overload whose functional counterpart is `op`."""
-    ns, name = op._schema.name.split("::")
-    packet = getattr(getattr(torch.ops, ns), name + "_", None)
+    packet = getattr(getattr(torch.ops, op.namespace), op_name(op) + "_", None)
     if packet is None:
         return None
     for ov_name in packet.overloads():
@@ -229,16 +239,20 @@ def removable_if_unused(target: object) -> bool:
     return not has_effect(target) and not may_raise(target)
 
 
-def is_view_node(node: Any) -> bool:
-    """Whether a graph node's result is a view of its first argument's memory: an aten view op (from its
-    schema), a view helper of dealias's own graphs (`as_strided_rel`, marked `dealias_view`), or an element of
-    a multi-output view (`split(..)[i]`). The one answer every pass uses: a write through any view counts as a
-    write of its base."""
-    if getattr(node, "op", None) != "call_function":
-        return False
-    target = node.target
+def is_view_target(target: object) -> bool:
+    """Whether calling `target` returns a view of its first argument's memory: an aten view op (from its schema)
+    or a view helper of dealias's own graphs (`as_strided_rel`, marked `dealias_view`)."""
     if isinstance(target, OpOverload):
         return facts(target).kind is OpKind.VIEW
-    if target is operator.getitem:
-        return is_view_node(node.args[0])
     return bool(getattr(target, "dealias_view", False))
+
+
+def is_view_node(node: Any) -> bool:
+    """Whether a graph node's result is a view of its first argument's memory: a call of a view target
+    (`is_view_target`), or an element of a multi-output view (`split(..)[i]`). The one answer every pass uses: a
+    write through any view counts as a write of its base."""
+    if getattr(node, "op", None) != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return is_view_node(node.args[0])
+    return is_view_target(node.target)

@@ -56,16 +56,16 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
 def dce(gm: fx.GraphModule) -> fx.GraphModule:
     """Drop unused values, except ops with an effect and ops that raise on their values (an unused
     `index_select` with an index out of range raises in eager)."""
-    for node in reversed(list(gm.graph.nodes)):
-        if node.op in ("call_function", "get_attr") and not node.users and removable_if_unused(node.target):
-            gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code(
+        is_impure_node=lambda n: n.op not in ("call_function", "get_attr") or not removable_if_unused(n.target)
+    )
     return gm
 
 
 def distinct_outputs(gm: fx.GraphModule, first: int) -> fx.GraphModule:
     """Outputs from `first` on are the bases of distinct storages; CSE may have merged two equal ones
     (`a = x + 1; b = x + 1`), and eager's `a` and `b` do not alias: give each its own tensor."""
-    out = next(n for n in gm.graph.nodes if n.op == "output")
+    out = gm.graph.output_node()
     values = list(out.args[0])
     seen: set[fx.Node] = set()
     for i in range(first, len(values)):

@@ -29,7 +29,7 @@ from .writeback import WriteBackReport, lower
 
 
 def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> Trace:
-    out_node = next(n for n in fp.gm.graph.nodes if n.op == "output")
+    out_node = fp.gm.graph.output_node()
     results = [a.name for a in out_node.args[0]]
 
     def name(ref: Ref) -> str:
@@ -114,7 +114,7 @@ def compile_program(
         shown = fp
     _no_loose_symbols(fp.gm)
     # Name each caller tensor as the captured graph does (after the user's argument or attribute).
-    inputs = [n.name for n in captured.gm.graph.nodes if n.op == "placeholder"]
+    inputs = [n.name for n in captured.gm.graph.find_nodes(op="placeholder")]
     reports = [
         dataclasses.replace(r, target=inputs[r.ref.key] if r.ref.kind is RefKind.INPUT else str(r.ref)) for r in reports
     ]

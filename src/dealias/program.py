@@ -68,9 +68,7 @@ class CompiledProgram:
         self._positions = tuple(cap.tensor_positions)
         self._all_tensors = self._positions == tuple(range(cap.in_spec.num_leaves))
         self._symbols = tuple(cap.sym_positions)  # symbolic scalars: graph inputs after the tensors
-        self._switches_grad = any(
-            n.target is torch._C._set_grad_enabled for n in fp.gm.graph.nodes if n.op == "call_function"
-        )
+        self._switches_grad = bool(fp.gm.graph.find_nodes(op="call_function", target=torch._C._set_grad_enabled))
         self._writebacks = [(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
         # A caller tensor that repeats its memory (expanded): copy one of each repeat (see writeback._apply).
         repeated = [

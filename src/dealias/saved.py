@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from .alias import AliasInfo, Storage, Value
 from .capture import node_location
 from .errors import UnsupportedError, with_location
-from .opfacts import OpKind, facts
+from .opfacts import OpKind, bind_args, facts
 
 _PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate
 
@@ -99,13 +99,10 @@ def written_storages(node: fx.Node, info: AliasInfo) -> set[Storage]:
         return set()
     if f.kind is OpKind.INPLACE_VIEW:
         return set()  # metadata only: the version counter does not move
-    schema = node.target._schema
+    bound = bind_args(node.target._schema, node.args, node.kwargs)
     out = set()
-    for i, a in enumerate(schema.arguments):
-        if a.name not in f.mutated:
-            continue
-        arg = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
-        for x in pytree.tree_leaves(arg):
+    for name in f.mutated:
+        for x in pytree.tree_leaves(bound.get(name)):
             v = info.values.get(x) if isinstance(x, fx.Node) else None
             if isinstance(v, Value):
                 out.add(v.storage)

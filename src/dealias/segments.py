@@ -154,7 +154,7 @@ def _hooks_after_their_tensors(gm: fx.GraphModule) -> fx.GraphModule:
         inputs = [a for a in hook.all_input_nodes if a.op != "get_attr"]
         anchor = max([*writes, *inputs], key=order.__getitem__)
         if anchor.op == "placeholder":
-            anchor = max((n for n in gm.graph.nodes if n.op == "placeholder"), key=order.__getitem__)
+            anchor = max(gm.graph.find_nodes(op="placeholder"), key=order.__getitem__)
         for node in [*(a for a in hook.all_input_nodes if a.op == "get_attr"), hook]:
             anchor.append(node)
             anchor = node

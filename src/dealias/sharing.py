@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UnsupportedError
+from .viewops import extent
 
 _EXACT_LIMIT = 1 << 26  # elements of a group's extent up to which overlap is computed exactly
 
@@ -49,20 +50,9 @@ class AliasGroup:
         return t.as_strided((self.extent,), (1,), start)
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """[first, last] element positions `t` touches in its storage (numel > 0)."""
-    lo = hi = t.storage_offset()
-    for size, stride in zip(t.shape, t.stride()):
-        if stride >= 0:
-            hi += (size - 1) * stride
-        else:
-            lo += (size - 1) * stride
-    return lo, hi
-
-
 def _positions(t: torch.Tensor, lo: int) -> torch.Tensor:
     """The element positions `t` touches, relative to `lo`."""
-    span = torch.arange(0, _span(t)[1] - lo + 1)
+    span = torch.arange(0, extent(t)[1] - lo + 1)
     return span.as_strided(t.shape, t.stride(), t.storage_offset() - lo).reshape(-1)
 
 
@@ -72,9 +62,9 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.dtype.itemsize != b.dtype.itemsize:
         ea, eb = a.element_size(), b.element_size()
-        (la, ha), (lb, hb) = _span(a), _span(b)
+        (la, ha), (lb, hb) = extent(a), extent(b)
         return la * ea < (hb + 1) * eb and lb * eb < (ha + 1) * ea  # byte ranges: conservative
-    (la, ha), (lb, hb) = _span(a), _span(b)
+    (la, ha), (lb, hb) = extent(a), extent(b)
     if ha < lb or hb < la:
         return False
     lo, hi = min(la, lb), max(ha, hb)
@@ -143,7 +133,7 @@ def _group(tensors: list[torch.Tensor], members: tuple[int, ...]) -> AliasGroup:
             f"inputs {list(members)} view overlapping memory with different dtypes ({names}); "
             "pass them as one tensor and view it inside the function"
         )
-    spans = [_span(tensors[i]) for i in members]
+    spans = [extent(tensors[i]) for i in members]
     start = min(lo for lo, _ in spans)
     end = max(hi for _, hi in spans)
     lead = tensors[members[0]].storage_offset() - start

@@ -11,6 +11,7 @@ import torch
 import torch.fx as fx
 
 from .capture import node_location
+from .opfacts import op_name
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,9 @@ def _index_text(index: tuple[Any, ...]) -> str:
 
 def _target(t: Any) -> str:
     if isinstance(t, torch._ops.OpOverload):
-        ns = t.namespace
-        name = t._schema.name.split("::")[1]
-        return f"{ns}.{name}" if t._overloadname == "default" else f"{ns}.{name}.{t._overloadname}"
-    return getattr(t, "__name__", str(t))
+        name = f"{t.namespace}.{op_name(t)}"
+        return name if t._overloadname == "default" else f"{name}.{t._overloadname}"
+    return op_name(t)
 
 
 def _meta(node: fx.Node) -> str:
@@ -81,7 +81,7 @@ def format_graph(
     gm: fx.GraphModule, name: str, header: str, epilogue: list[str] | None = None, returns: str | None = None
 ) -> str:
     lines = [f"# {header}"]
-    params = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    params = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     # Symbolic sizes are shown by the name of the input they come from (`[2, pos + 1]`, not `[2, s33 + 1]`).
     symbols = {
         str(n.meta["val"].node.expr): n.name

@@ -163,7 +163,7 @@ def lower(
     gm = fp.gm
     graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}
-    out_node = next(n for n in graph.nodes if n.op == "output")
+    out_node = graph.output_node()
     results = list(out_node.args[0])
     if _builds_autograd(gm):
         decompose(gm)
@@ -204,9 +204,7 @@ def lower(
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
     fp.writebacks = [replace(wb, output=remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
     fp.outputs = [_remapped(s, remap) for s in fp.outputs]
-    for n in reversed(list(graph.nodes)):
-        if n.op == "call_function" and not n.users and removable_if_unused(n.target):
-            graph.erase_node(n)
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.op != "call_function" or not removable_if_unused(n.target))
     guard_index_writes(graph, [root_node(gm, wb.target) for wb in writebacks_before])
     decompose(gm)  # the region writes left run as view inverses
     return fp, reports
