@@ -231,3 +231,18 @@ def test_verify_mode_restores_module_state_between_runs():
     for _ in range(3):
         jm(torch.randn(4, 3))
     assert int(bn.num_batches_tracked) == 3
+
+
+def write_through_strided_view_of_transpose(x):
+    x.t().as_strided((2,), (1,), 0).add_(1)  # the line the error names
+    return x
+
+
+def test_refusal_names_the_op_and_the_users_line():
+    # Raised deep inside functionalization (the view inverse), decorated once by the graph walk.
+    jf = dealias.jit(write_through_strided_view_of_transpose, strict=True)
+    with pytest.raises(dealias.UnsupportedError) as e:
+        jf(torch.randn(3, 2))
+    message = str(e.value)
+    assert "aten.add_" in message and "non-contiguous" in message, message
+    assert "test_structure.py" in message and "the line the error names" in message, message

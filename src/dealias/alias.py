@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .capture import node_location
-from .errors import InternalError, UnsupportedError, with_location
+from .errors import InternalError, UnsupportedError, located, with_location
 from .opfacts import OpKind, bind_args, facts, is_view_target
 from .plan import StorageKind
 from .sharing import AliasGroup
@@ -122,7 +122,8 @@ def analyze(gm: fx.GraphModule, groups: list[AliasGroup] = ()) -> AliasInfo:
                 constants[id(real)] = root(node, StorageKind.CONSTANT, meta, constant=node.target)
             info.values[node] = constants[id(real)]
         elif node.op == "call_function":
-            info.values[node] = _call_value(node, info, fresh, ids)
+            with located(node_location(node)):  # (every error below names the op's line)
+                info.values[node] = _call_value(node, info, fresh, ids)
     _verify_storages(gm, info)
     return info
 
@@ -148,14 +149,12 @@ def _resize_step(node: fx.Node, v: Value) -> ViewStep:
     for n in size:
         numel *= n
     if node.kwargs.get("memory_format") not in (None, torch.contiguous_format) or len(node.args) > 2:
-        raise UnsupportedError(with_location("resize_ with a memory format is not supported", node_location(node)))
+        raise UnsupportedError("resize_ with a memory format is not supported")
     # The memory known to be there: what the storage's base covers (fake storages grow with the resize).
     root = v.storage.root_meta
     covered = extent(root)[1] + 1
     if numel and v.meta.storage_offset() + numel > covered * root.element_size() // v.meta.element_size():
-        raise UnsupportedError(
-            with_location("resize_ that grows a tensor past its memory is not supported", node_location(node))
-        )
+        raise UnsupportedError("resize_ that grows a tensor past its memory is not supported")
     stride, acc = [], 1
     for n in reversed(size):
         stride.append(acc)
@@ -182,7 +181,7 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
     if not isinstance(op, torch._ops.OpOverload) and isinstance(meta, (torch.SymInt, torch.SymBool, torch.SymFloat)):
         return None  # arithmetic on symbols (`pos + 1`): no memory
     if not isinstance(op, torch._ops.OpOverload):
-        raise UnsupportedError(with_location(f"unsupported call {op}", node_location(node)))
+        raise UnsupportedError(f"unsupported call {op}")
     f = facts(op)
     if is_view_target(op):
         parent = info.value(node.args[0])
@@ -203,11 +202,7 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         elif name in _INPLACE_VIEW_AS:
             view_op = _INPLACE_VIEW_AS[name]
         else:
-            raise UnsupportedError(
-                with_location(
-                    f"{op} (it changes which memory a tensor refers to) is not supported", node_location(node)
-                )
-            )
+            raise UnsupportedError(f"{op} (it changes which memory a tensor refers to) is not supported")
         step = _step(view_op, node, self_v)
         return Value(self_v.storage, self_v.chain + (step,), self_v.obj, meta, node)
     if f.kind is OpKind.OUT:
