@@ -261,9 +261,12 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
                     if order[w.args[0]] > order[anchor]:
                         raise UnsupportedError("an index bound of symbolic size known only after the first write")
                     size = graph.call_function(torch.ops.aten.sym_size.int, (w.args[0], dim))
+                    size.meta["val"] = written.shape[dim]
                 policy = index_policy(w, index, neg)
                 where = with_location(f" ({w.target})", node_location(w))
-                graph.call_function(bounds_check(policy, where), (index, size, dim))
+                check = graph.call_function(bounds_check(policy, where), (index, size, dim))
+                # The write's own line (the check stands for it in traces), and its value: it returns nothing.
+                check.meta.update(val=None, stack_trace=w.meta.get("stack_trace"))
 
 
 def _is_write(n: fx.Node) -> bool:

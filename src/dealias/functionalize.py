@@ -745,7 +745,12 @@ class _Functionalizer:
             return node
         if any(isinstance(n, torch.SymInt) for n in t.shape):
             return node
-        return self.emit.call(aten._unsafe_view.default, node, list(t.shape))
+        # Emitted at the output: with the base's own source line and grad mode (the output has neither).
+        saved = self.emit.stack_trace, self.emit.grad
+        self.emit.stack_trace, self.emit.grad = node.meta.get("stack_trace"), node.meta.get("grad")
+        owned = self.emit.call(aten._unsafe_view.default, node, list(t.shape))
+        self.emit.stack_trace, self.emit.grad = saved
+        return owned
 
     def _computed_chain(self, slot: OutputSlot, outs: list[fx.Node]) -> OutputSlot:
         """An output view whose chain has symbolic arguments (`cache[:, :pos + 1]`): each becomes a result of the
@@ -900,8 +905,11 @@ class _Functionalizer:
         """Give storage `s` eager's history again: its current values, the gradient of its base from before the
         writes autograd did not see."""
         grad, self.emit.grad = self.emit.grad, True
+        # At the output (no line of its own), the line of the last write, whose value it returns or writes back.
+        stack_trace = self.emit.stack_trace
+        self.emit.stack_trace = stack_trace or self.base[s].meta.get("stack_trace")
         self.base[s] = self.emit.call(keep_history, self.history.pop(s), self.base[s])
-        self.emit.grad = grad
+        self.emit.grad, self.emit.stack_trace = grad, stack_trace
         self.version[s] += 1  # views read from here on are replayed from the base with history
 
     def _fragile_read(self, a: fx.Node) -> fx.Node:
