@@ -194,7 +194,13 @@ def bounds_check(policy: IndexPolicy, where: str) -> Any:
         _check(index, size, dim, policy, where)
 
     check_index_bounds._dealias_effect = True  # type: ignore[attr-defined]
+    check_index_bounds._dealias_bounds_check = True  # type: ignore[attr-defined]
     return check_index_bounds
+
+
+def is_bounds_check(target: Any) -> bool:
+    """Whether a graph target is a bounds check made by `bounds_check`."""
+    return bool(getattr(target, "_dealias_bounds_check", False))
 
 
 _INDEXED = ("aten::index_put_", "aten::_index_put_impl_", "aten::index_copy_", "aten::index_add_", "aten::index_fill_")
