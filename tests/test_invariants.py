@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,6 +56,7 @@ def compiles(monkeypatch):
         return record
 
     monkeypatch.setattr(pipeline, "checker", recording)
+    monkeypatch.setenv("DEALIAS_CHECK", "1")  # (on in test runs anyway, unless a run times itself without them)
 
     def run(fn, *args, **jit_kw):
         seen.clear()
@@ -379,6 +381,7 @@ def test_a_broken_invariant_propagates_instead_of_falling_back(monkeypatch):
         raise InvariantError("invariant 'test' broken")
 
     monkeypatch.setattr(invariants, "computes_the_same_ops", broken)
+    monkeypatch.setenv("DEALIAS_CHECK", "1")
     with pytest.raises(InvariantError, match="invariant 'test' broken"), warnings.catch_warnings():
         warnings.simplefilter("error", dealias.FallbackWarning)  # (not a fallback to eager)
         dealias.jit(add_scaled)(torch.zeros(3), torch.ones(3))
@@ -386,8 +389,15 @@ def test_a_broken_invariant_propagates_instead_of_falling_back(monkeypatch):
     dealias.jit(add_scaled)(torch.zeros(3), torch.ones(3))
 
 
-def test_checks_are_on_in_the_test_run():
+def test_checks_are_on_in_test_runs_unless_turned_off(monkeypatch):
+    monkeypatch.delenv("DEALIAS_CHECK", raising=False)
+    assert not invariants.enabled()
+    monkeypatch.setenv("DEALIAS_CHECK", "0")
+    assert not invariants.enabled()
+    monkeypatch.setenv("DEALIAS_CHECK", "1")
     assert invariants.enabled()
+    conftest = (Path(__file__).parent / "conftest.py").read_text()
+    assert 'os.environ.setdefault("DEALIAS_CHECK", "1")' in conftest  # `make test` runs with them
 
 
 # -- real programs pass every check ------------------------------------------------------------------------------

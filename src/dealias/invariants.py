@@ -31,9 +31,10 @@ from torch.utils import _pytree as pytree
 from .capture import node_location
 from .checks import is_bounds_check
 from .errors import with_location
+from .functionalize import ResultArg
 from .gradops import bump_version, caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
 from .opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
-from .viewops import as_strided_rel, as_strided_scatter_rel, index_scatter_rel, op_name
+from .viewops import as_strided_rel, as_strided_scatter_rel, chain_args, index_scatter_rel, op_name
 
 aten = torch.ops.aten
 
@@ -410,9 +411,6 @@ def matches_plan(fp: Any, stage: str) -> None:
     target's shape and dtype; then the output bases and symbolic arguments the output slots refer to (a slot's
     `source` of kind "result", `ResultArg`s of its chain), each referred to at least once; `same_as` refers to
     an earlier slot."""
-    from .functionalize import ResultArg
-    from .viewops import chain_args
-
     gm = fp.gm
     out = next(n for n in gm.graph.nodes if n.op == "output")
     results = list(out.args[0])
