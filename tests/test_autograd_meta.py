@@ -335,3 +335,18 @@ def view_read_under_no_grad_first_one_input(x):
 
 def test_view_read_under_no_grad_then_with_grad_one_input():
     check_grads(view_read_under_no_grad_first_one_input, torch.randn(2, 3))
+
+
+def written_view_returned_after_a_no_grad_op(x):
+    with torch.enable_grad():
+        v = (x * 1).unsqueeze(2)
+        v.mul_(-2)  # the intermediate's base is now `reshape(mul)`, returned as `_unsafe_view` of it
+    y = x * 3  # the graph's last op runs without grad
+    return v.squeeze(2), y
+
+
+def test_a_returned_intermediate_base_is_made_in_its_own_grad_mode():
+    # The `_unsafe_view` returning the base was emitted at the output with no grad mode of its own: it ran in the
+    # mode of the op before it (no_grad), so the returned view did not require grad; eager's does.
+    with torch.no_grad():
+        check(written_view_returned_after_a_no_grad_op, torch.randn(2, 3, requires_grad=True))

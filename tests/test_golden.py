@@ -147,7 +147,7 @@ def functional(cache, k):
 # execution trace (torch executor)
 # write-back to cache: in place, 24 bytes: x.select(1, 2).copy_(..)
 def execute(cache, k):
-    cache[:, 2] = k
+    cache[:, 2] = k                                               # cache[:, pos] = k
     sum_1 = cache.sum()                                           # float32[]  return cache.sum()
     return (sum_1,)""",
         )
@@ -212,7 +212,7 @@ def functional(cache, idx, k):
 # execution trace (torch executor)
 # write-back to cache: in place, 32 bytes: x.index_copy_(..)
 def execute(cache, idx, k):
-    check_index_bounds = check_index_bounds(idx, 6, 1)
+    check_index_bounds = check_index_bounds(idx, 6, 1)            # cache.index_copy_(1, idx, k)
     index_copy_ = cache.index_copy_(1, idx, k)                    # float32[2, 6, 4]  cache.index_copy_(1, idx, k)
     return (cache.slice(1, 0, 2),)""",
         )
@@ -268,8 +268,8 @@ def execute(x):
     select = x[0]                                                 # float32[3]  old = x[0] * 1
     mul = select.mul(1)                                           # float32[3]  old = x[0] * 1
     select_2 = x[1]                                               # float32[3]  x[0] = x[1]
-    x[0] = select_2
-    x[1] = mul
+    x[0] = select_2                                               # x[0] = x[1]
+    x[1] = mul                                                    # x[1] = old
     return (x,)""",
         )
 
@@ -302,7 +302,7 @@ def functional(x, a, b):
 # write-back to x: in place, 16 bytes: x.select(0, 1).copy_(..)
 def execute(x, a, b):
     add = a.add(b)                                                # float32[4]  torch.add(a, b, out=x[1])
-    x[1] = add
+    x[1] = add                                                    # torch.add(a, b, out=x[1])
     return (x,)""",
         )
 

@@ -16,6 +16,7 @@ from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
 from .backend import _EAGER, Backend, Options, Stats
 from .errors import DataDependentError, DealiasError, FallbackWarning, UnsupportedError, with_location
+from .invariants import InvariantError
 from .program import CompiledProgram
 from .traces import Trace
 from .writeback import WriteBackReport
@@ -83,9 +84,11 @@ class JitFunction:
         except BackendCompilerFailed as e:
             # The backend refused the graph (strict=True, or a FallbackWarning the caller turned into an error):
             # raise that, not dynamo's wrapper.
-            if isinstance(getattr(e, "inner_exception", None), (DealiasError, Warning)):
+            if isinstance(getattr(e, "inner_exception", None), (DealiasError, Warning, InvariantError)):
                 raise e.inner_exception.with_traceback(None) from None
             raise
+        except InvariantError:
+            raise  # a bug in dealias (checks on): not a reason to run eagerly
         except Unsupported as e:
             # strict=True (fullgraph): dynamo could not capture the whole program. Say where and why, in one line.
             raise _strict_error(e) from e

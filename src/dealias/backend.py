@@ -36,6 +36,7 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 from .capture import Symbolic, node_location
 from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
+from .invariants import InvariantError
 from .pipeline import compile_program
 from .program import CompiledProgram
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
@@ -243,13 +244,15 @@ class GraphProgram:
         if self.symbolic:
             try:
                 return self._entry(compile_program(self.gm, leaves, self.names, executor, self.symbolic), self.symbolic)
+            except InvariantError:
+                raise  # a bug in dealias (checks on): never hidden by a retry or a fallback
             except Exception as e:  # noqa: BLE001 - any failure: compile again with the values specialized
                 log.info(
                     "dealias: %s compiles with its symbolic values specialized: %s", self.stats.name, e, exc_info=True
                 )
         try:
             return self._entry(compile_program(self.gm, leaves, self.names, executor), None)
-        except EagerSemanticsError:
+        except (EagerSemanticsError, InvariantError):
             raise
         except (DealiasError, *_FAKE_LIMITS) as e:
             return self._fall_back(e)
@@ -447,6 +450,8 @@ class _Tiered:
             with COMPILE_LOCK:
                 self.program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
             self.tier = "fused" if self.program.tier == "fused" else "torch (not fusable)"
+        except InvariantError:
+            raise
         except Exception as e:  # noqa: BLE001 - the torch executor's program stays: it is exact
             log.info("dealias: %s stays on the torch executor: %s", b.stats.name, e, exc_info=True)
             self.tier = "torch (fused compile failed)"

@@ -194,7 +194,13 @@ def bounds_check(policy: IndexPolicy, where: str) -> Any:
         _check(index, size, dim, policy, where)
 
     check_index_bounds._dealias_effect = True  # type: ignore[attr-defined]
+    check_index_bounds._dealias_bounds_check = True  # type: ignore[attr-defined]
     return check_index_bounds
+
+
+def is_bounds_check(target: Any) -> bool:
+    """Whether a graph target is a bounds check made by `bounds_check`."""
+    return bool(getattr(target, "_dealias_bounds_check", False))
 
 
 _INDEXED = ("aten::index_put_", "aten::_index_put_impl_", "aten::index_copy_", "aten::index_add_", "aten::index_fill_")
@@ -261,9 +267,12 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
                     if order[w.args[0]] > order[anchor]:
                         raise UnsupportedError("an index bound of symbolic size known only after the first write")
                     size = graph.call_function(torch.ops.aten.sym_size.int, (w.args[0], dim))
+                    size.meta["val"] = written.shape[dim]
                 policy = index_policy(w, index, neg)
                 where = with_location(f" ({w.target})", node_location(w))
-                graph.call_function(bounds_check(policy, where), (index, size, dim))
+                check = graph.call_function(bounds_check(policy, where), (index, size, dim))
+                # The write's own line (the check stands for it in traces), and its value: it returns nothing.
+                check.meta.update(val=None, stack_trace=w.meta.get("stack_trace"))
 
 
 def _is_write(n: fx.Node) -> bool:

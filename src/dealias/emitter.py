@@ -30,6 +30,7 @@ class Emitter:
         self.stack_trace: str | None = None
         self.grad: bool | None = None  # grad mode of the op being translated
         self.symbols: dict[Any, Any] | None = None  # symbol or expression -> its node (see symbolic)
+        self.extra_meta: dict[str, Any] = {}  # added to every node made (e.g. which node a decomposition replaces)
 
     def call(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> fx.Node:
         if self.fake_mode.shape_env is not None:
@@ -43,6 +44,7 @@ class Emitter:
             node.meta["stack_trace"] = self.stack_trace
         if self.grad is not None:
             node.meta["grad"] = self.grad
+        node.meta.update(self.extra_meta)
         # requires_grad, propagated here (fake values do not keep it): grad mode on, an input needs it, and the
         # result is differentiable (not detached, not integer).
         grad = self.grad if self.grad is not None else torch.is_grad_enabled()

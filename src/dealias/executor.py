@@ -112,7 +112,9 @@ def _use_python_indexing(gm: fx.GraphModule) -> None:
             copy = users[0]
             if not copy.users and len(copy.args) == 2 and isinstance(copy.args[1], fx.Node):
                 with graph.inserting_before(copy):
-                    graph.call_function(operator.setitem, (node.args[0], idx, copy.args[1]))
+                    setitem = graph.call_function(operator.setitem, (node.args[0], idx, copy.args[1]))
+                # The write's source line and grad mode stay (traces show the line); setitem returns nothing.
+                setitem.meta.update({k: copy.meta[k] for k in ("stack_trace", "grad") if k in copy.meta}, val=None)
                 graph.erase_node(copy)
                 graph.erase_node(node)
                 continue

@@ -783,8 +783,11 @@ class _Functionalizer:
         """Give storage `s` eager's history again: its current values, the gradient of its base from before the
         writes autograd did not see."""
         grad, self.emit.grad = self.emit.grad, True
+        # At the output (no line of its own), the line of the last write, whose value it returns or writes back.
+        stack_trace = self.emit.stack_trace
+        self.emit.stack_trace = stack_trace or self.base[s].meta.get("stack_trace")
         self.base[s] = self.emit.call(keep_history, self.history.pop(s), self.base[s])
-        self.emit.grad = grad
+        self.emit.grad, self.emit.stack_trace = grad, stack_trace
         self.version[s] += 1  # views read from here on are replayed from the base with history
 
     def _fragile_read(self, a: fx.Node) -> fx.Node:

@@ -19,6 +19,7 @@ from .errors import UnsupportedError
 from .executor import torch_executor
 from .functionalize import functionalize
 from .fused import Unfusable, fused_executor, unfusable
+from .invariants import checker
 from .optimize import optimize
 from .plan import FunctionalProgram, Ref, RefKind, root_node
 from .program import CompiledProgram
@@ -90,8 +91,11 @@ def compile_program(
         torch._C._set_grad_enabled(grad)
     info = analyze(captured.gm, captured.groups)
     refuse_saved_then_written(captured.gm, info, captured.requires_grad)
+    check = checker(captured)  # post-conditions of each pass (DEALIAS_CHECK=1), a no-op otherwise
     fp = functionalize(captured, info)
+    check("functionalize", fp)
     fp.gm = optimize(fp.gm, first_output=fp.first_output)
+    check("optimize", fp)
     functional_gm = _copy_graph_module(fp.gm)
     functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
     run, tier = None, "torch"
@@ -101,7 +105,9 @@ def compile_program(
             if why is not None:
                 raise Unfusable(why)
             trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
-            trial, reports = lower(trial, _alias_placeholders(trial.gm, captured), fused=True)
+            aliases = _alias_placeholders(trial.gm, captured)
+            trial, reports = lower(trial, aliases, fused=True)
+            check("lower", trial, functional_gm, aliases)
             run = fused_executor(trial.gm, [leaves[p] for p in captured.tensor_positions])
             fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), "fused"
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
@@ -109,8 +115,11 @@ def compile_program(
             name = f"execution trace (torch executor: not fused, {e})"
     if run is None:
         name = name if executor == "inductor" else "execution trace (torch executor)"
-        fp, reports = lower(fp, _alias_placeholders(fp.gm, captured))
+        aliases = _alias_placeholders(fp.gm, captured)
+        fp, reports = lower(fp, aliases)
+        check("lower", fp, functional_gm, aliases)
         run = torch_executor(fp.gm, grad)
+        check("torch executor", fp)
         shown = fp
     _no_loose_symbols(fp.gm)
     # Name each caller tensor as the captured graph does (after the user's argument or attribute).

@@ -136,6 +136,7 @@ def decompose(gm: fx.GraphModule) -> None:
         views = region_views(node)
         emit = Emitter(graph, node.meta["val"].fake_mode)
         emit.stack_trace, emit.grad = node.meta.get("stack_trace"), node.meta.get("grad")
+        emit.extra_meta = {"decomposes": node.name}  # (the invariant checks count these as the region write)
         bases = [base, *views]
         with graph.inserting_before(node):
             new = value
