@@ -16,7 +16,7 @@ import torch.fx as fx
 import dealias
 from dealias import invariants, pipeline
 from dealias.gradops import write_back_now
-from dealias.invariants import InvariantError
+from dealias.errors import InvariantError
 
 aten = torch.ops.aten
 

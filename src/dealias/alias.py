@@ -20,8 +20,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .capture import node_location
-from .errors import InternalError, UnsupportedError, located, with_location
+from .errors import InternalError, UnsupportedError, located, node_location, with_location
 from .opfacts import OpKind, bind_args, facts, is_view_target
 from .plan import StorageKind
 from .sharing import AliasGroup

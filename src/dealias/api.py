@@ -15,11 +15,10 @@ from torch._dynamo.exc import BackendCompilerFailed, TorchRuntimeError, Unsuppor
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
 from .backend import _EAGER, Backend, Options, Stats
-from .errors import DataDependentError, DealiasError, FallbackWarning, UnsupportedError, with_location
-from .invariants import InvariantError
+from .errors import DataDependentError, DealiasError, FallbackWarning, InvariantError, UnsupportedError, with_location
+from .plan import WriteBackReport
 from .program import CompiledProgram
 from .traces import Trace
-from .writeback import WriteBackReport
 
 log = logging.getLogger("dealias")
 

@@ -33,11 +33,19 @@ from torch._dynamo.convert_frame import compile_lock
 from torch._dynamo.exc import SkipFrame
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
-from .capture import Symbolic, node_location
-from .errors import DealiasError, EagerSemanticsError, FallbackWarning, InternalError, UnsupportedError, with_location
+from .errors import (
+    DealiasError,
+    EagerSemanticsError,
+    FallbackWarning,
+    InternalError,
+    InvariantError,
+    UnsupportedError,
+    node_location,
+    with_location,
+)
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
-from .invariants import InvariantError
 from .pipeline import compile_program
+from .plan import Symbolic
 from .program import CompiledProgram
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
 from .sharing import find_groups_or_none, overlapping_pairs

@@ -10,11 +10,8 @@ symbols (`Symbolic`). Each traced op keeps the user's source line.
 from __future__ import annotations
 
 import contextlib
-import logging
 import operator
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,63 +35,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import DataDependentError, UnsupportedError, with_location
-from .sharing import AliasGroup, find_groups
+from .errors import DataDependentError, UnsupportedError, node_location, quiet_fake_tensor_log, with_location
+from .plan import TENSOR_SLOT, Captured, Symbolic
+from .sharing import find_groups
 
-TENSOR_SLOT = object()  # marks an output the graph computes (a tensor or a symbolic scalar) in `out_template`
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
-
-
-@dataclass
-class Captured:
-    """A traced program over the flat tensor leaves of one call signature."""
-
-    gm: fx.GraphModule
-    in_spec: pytree.TreeSpec
-    tensor_positions: list[int]  # positions of the tensor leaves among all argument leaves
-    out_spec: pytree.TreeSpec | None = None
-    out_template: list[Any] = field(default_factory=list)  # output leaves; TENSOR_SLOT marks a tensor
-    fake_mode: FakeTensorMode | None = None
-    groups: list[AliasGroup] = field(default_factory=list)  # inputs that overlap in memory
-    requires_grad: list[bool] = field(default_factory=list)  # per tensor input (fake metas do not keep it)
-    detached: set[int] = field(default_factory=set)  # tensor inputs the program ran detach_() on
-    symbols: list[torch.SymInt] = field(default_factory=list)  # the symbolic scalar inputs, as traced
-    sym_positions: list[int] = field(default_factory=list)  # their positions among the argument leaves
-    fakes: list[torch.Tensor] = field(default_factory=list)  # the tensor inputs as traced (symbolic sizes or not)
-    names: list[str] = field(default_factory=list)  # what the user calls each argument leaf
-
-
-@contextlib.contextmanager
-def quiet_fake_tensor_log() -> Iterator[None]:
-    """Fake tensors log a traceback whenever an op raises; while tracing, such an error is the program's own
-    (eager raises it too) and is re-raised to the caller, so the log is noise."""
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-def user_location(stack_trace: str | None) -> str | None:
-    """`file:line  source` of the innermost user frame in an fx `stack_trace` string."""
-    if not stack_trace:
-        return None
-    lines = stack_trace.strip().splitlines()
-    for i in range(len(lines) - 1, -1, -1):
-        line = lines[i].strip()
-        if line.startswith("File "):
-            parts = line.split(",")
-            path = parts[0][len('File "') : -1]
-            lineno = parts[1].strip().removeprefix("line ")
-            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            return f"{path}:{lineno}  {code}"
-    return None
-
-
-def node_location(node: fx.Node) -> str | None:
-    return user_location(node.meta.get("stack_trace"))
 
 
 class _Replay(fx.Interpreter):
@@ -120,19 +65,6 @@ class _Replay(fx.Interpreter):
                 with_location(f"{n.target} with out= traces without writing its out= tensor", node_location(n))
             )
         return result
-
-
-@dataclass(frozen=True)
-class Symbolic:
-    """What of a call is traced as symbols of the captured program's own ShapeEnv (from what dynamo left
-    symbolic); everything else is specialized. Keys and values are positions among the argument leaves."""
-
-    dims: dict[int, frozenset[int]] = field(default_factory=dict)  # tensor -> its dims with symbolic sizes
-    scalars: tuple[int, ...] = ()  # int inputs that are free symbols (a position, a step count)
-    sizes: dict[int, tuple[int, int]] = field(default_factory=dict)  # int input -> (tensor, dim) it is the size of
-
-    def __bool__(self) -> bool:
-        return bool(self.dims or self.scalars)
 
 
 def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: Symbolic | None = None) -> Captured:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
+from typing import Any
 
 
 class DealiasError(Exception):
@@ -28,6 +30,11 @@ class EagerSemanticsError(RuntimeError, DealiasError):
     It is a RuntimeError, like eager's, and is raised before any input is touched."""
 
 
+class InvariantError(AssertionError):
+    """A pass broke a post-condition a later pass relies on: a bug in dealias. Not a DealiasError: the backend
+    does not fall back to eager on it, it propagates."""
+
+
 class FallbackWarning(UserWarning):
     """dealias ran a call eagerly instead of compiling it."""
 
@@ -46,3 +53,37 @@ def located(location: str | None) -> Iterator[None]:
         if location and "\n  at " not in str(e):
             e.args = (with_location(str(e), location), *e.args[1:])
         raise
+
+
+def user_location(stack_trace: str | None) -> str | None:
+    """`file:line  source` of the innermost user frame in an fx `stack_trace` string."""
+    if not stack_trace:
+        return None
+    lines = stack_trace.strip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i].strip()
+        if line.startswith("File "):
+            parts = line.split(",")
+            path = parts[0][len('File "') : -1]
+            lineno = parts[1].strip().removeprefix("line ")
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f"{path}:{lineno}  {code}"
+    return None
+
+
+def node_location(node: Any) -> str | None:
+    """The user's source line of a graph node (`file:line  source`), from the stack trace it carries."""
+    return user_location(node.meta.get("stack_trace"))
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log() -> Iterator[None]:
+    """Fake tensors log a traceback whenever an op raises; while tracing, such an error is the program's own
+    (eager raises it too) and is re-raised to the caller, so the log is noise."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)

@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .capture import quiet_fake_tensor_log
+from .errors import quiet_fake_tensor_log
 from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, op_name
 
 aten = torch.ops.aten

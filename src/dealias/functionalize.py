@@ -21,10 +21,9 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 from torch.utils import _pytree as pytree
 
 from .alias import AliasInfo, Storage, Value
-from .capture import Captured, node_location
 from .checks import NoProbe, aliasing_is_benign, probe
 from .emitter import Emitter
-from .errors import EagerSemanticsError, UnsupportedError, located, with_location
+from .errors import EagerSemanticsError, UnsupportedError, located, node_location, with_location
 from .gradops import (
     bump_version,
     caller_after,
@@ -36,6 +35,7 @@ from .gradops import (
 )
 from .opfacts import OpKind, bind_args, facts, is_view_node, is_view_target, writes_nothing
 from .plan import (
+    Captured,
     FunctionalProgram,
     MetadataWriteBack,
     OutputSlot,

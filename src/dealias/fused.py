@@ -27,9 +27,8 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .capture import node_location
 from .checks import bounds_check, index_args, index_policy, indexed_write
-from .errors import InternalError, with_location
+from .errors import InternalError, node_location, with_location
 from .gradops import bump_version
 from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise, op_name
 from .plan import alias_group_of

@@ -28,9 +28,8 @@ from torch._ops import OpOverload
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
 
-from .capture import node_location
 from .checks import is_bounds_check
-from .errors import with_location
+from .errors import InvariantError, node_location, with_location
 from .gradops import bump_version, caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
 from .opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
 from .plan import RefKind, ResultArg, root_node
@@ -45,11 +44,6 @@ ENV = "DEALIAS_CHECK"
 def enabled() -> bool:
     """Whether checks run: `DEALIAS_CHECK` set to anything but "" or "0" (read on each compile)."""
     return os.environ.get(ENV, "") not in ("", "0")
-
-
-class InvariantError(AssertionError):
-    """A pass broke a post-condition a later pass relies on: a bug in dealias. Not a DealiasError: the backend
-    does not fall back to eager on it, it propagates."""
 
 
 # -- dealias's own function targets -----------------------------------------------------------------------------

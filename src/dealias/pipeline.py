@@ -14,19 +14,19 @@ from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 from torch.utils import _pytree as pytree
 
 from .alias import analyze
-from .capture import Symbolic, capture
+from .capture import capture
 from .errors import UnsupportedError
 from .executor import torch_executor
 from .functionalize import functionalize
 from .fused import Unfusable, fused_executor, unfusable
 from .invariants import checker
 from .optimize import optimize
-from .plan import FunctionalProgram, Ref, RefKind, root_node
+from .plan import FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
 from .program import CompiledProgram
 from .saved import refuse_saved_then_written
 from .traces import Trace, format_graph
 from .viewops import chain_text
-from .writeback import WriteBackReport, lower
+from .writeback import lower
 
 
 def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> Trace:

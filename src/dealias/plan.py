@@ -22,8 +22,50 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
 
+from .sharing import AliasGroup
 from .viewops import ViewStep
+
+# -- capture: the program over one call signature --------------------------------------------------------------
+
+TENSOR_SLOT = object()  # marks an output the graph computes (a tensor or a symbolic scalar) in `out_template`
+
+
+@dataclass(frozen=True)
+class Symbolic:
+    """What of a call is traced as symbols of the captured program's own ShapeEnv (from what dynamo left
+    symbolic); everything else is specialized. Keys and values are positions among the argument leaves."""
+
+    dims: dict[int, frozenset[int]] = field(default_factory=dict)  # tensor -> its dims with symbolic sizes
+    scalars: tuple[int, ...] = ()  # int inputs that are free symbols (a position, a step count)
+    sizes: dict[int, tuple[int, int]] = field(default_factory=dict)  # int input -> (tensor, dim) it is the size of
+
+    def __bool__(self) -> bool:
+        return bool(self.dims or self.scalars)
+
+
+@dataclass
+class Captured:
+    """A traced program over the flat tensor leaves of one call signature."""
+
+    gm: fx.GraphModule
+    in_spec: pytree.TreeSpec
+    tensor_positions: list[int]  # positions of the tensor leaves among all argument leaves
+    out_spec: pytree.TreeSpec | None = None
+    out_template: list[Any] = field(default_factory=list)  # output leaves; TENSOR_SLOT marks a tensor
+    fake_mode: FakeTensorMode | None = None
+    groups: list[AliasGroup] = field(default_factory=list)  # inputs that overlap in memory
+    requires_grad: list[bool] = field(default_factory=list)  # per tensor input (fake metas do not keep it)
+    detached: set[int] = field(default_factory=set)  # tensor inputs the program ran detach_() on
+    symbols: list[torch.SymInt] = field(default_factory=list)  # the symbolic scalar inputs, as traced
+    sym_positions: list[int] = field(default_factory=list)  # their positions among the argument leaves
+    fakes: list[torch.Tensor] = field(default_factory=list)  # the tensor inputs as traced (symbolic sizes or not)
+    names: list[str] = field(default_factory=list)  # what the user calls each argument leaf
+
+
+# -- functionalization's plan ------------------------------------------------------------------------------------
 
 
 class StorageKind(enum.Enum):
@@ -149,3 +191,14 @@ def root_node(gm: fx.GraphModule, ref: Ref) -> fx.Node | None:
     if ref.kind is RefKind.CONSTANT:
         return next((n for n in gm.graph.find_nodes(op="get_attr") if n.target == ref.key), None)
     return None
+
+
+@dataclass
+class WriteBackReport:
+    """What one caller tensor receives per call, for `dealias.explain`."""
+
+    ref: Ref  # the caller's tensor
+    mode: str  # "in place" (only the written regions move) or "whole copy"
+    regions: list[str] = field(default_factory=list)
+    nbytes: int = 0
+    target: str = ""  # its name in the user's program (given by the pipeline)

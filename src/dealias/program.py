@@ -16,10 +16,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from .capture import TENSOR_SLOT, Captured
-from .plan import FunctionalProgram, Ref, RefKind, ResultArg
-from .viewops import chain_args, map_chain_args, replay_chain
-from .writeback import repeated_dims
+from .plan import TENSOR_SLOT, Captured, FunctionalProgram, Ref, RefKind, ResultArg
+from .viewops import chain_args, map_chain_args, repeated_dims, replay_chain
 
 
 def _restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:

@@ -22,8 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from .alias import AliasInfo, Storage, Value
-from .capture import node_location
-from .errors import UnsupportedError, with_location
+from .errors import UnsupportedError, node_location, with_location
 from .opfacts import OpKind, bind_args, facts
 
 _PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate

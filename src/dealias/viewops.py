@@ -245,6 +245,11 @@ def extent(t: torch.Tensor) -> tuple[Any, Any]:
     return first, first + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
 
 
+def repeated_dims(t: torch.Tensor) -> list[int]:
+    """Dimensions along which `t` repeats the same memory (stride 0, size > 1: an expanded tensor)."""
+    return [d for d, (n, st) in enumerate(zip(t.shape, t.stride())) if st == 0 and n > 1]
+
+
 def internal_overlap(t: torch.Tensor) -> str:
     """How eager sees a write into `t`: "no" overlap; "yes" (a stride-0 dim of size > 1, e.g. expand:
     eager raises, so must we); or "maybe" (eager writes element by element in an order we do not model:

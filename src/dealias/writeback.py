@@ -24,7 +24,7 @@ each is ordered after every read of the memory it overwrites.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -34,9 +34,9 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from .checks import guard_index_writes, indexed_write
 from .emitter import Emitter
 from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
-from .plan import FunctionalProgram, OutputSlot, Ref, RefKind, ResultArg, root_node
+from .plan import FunctionalProgram, OutputSlot, Ref, RefKind, ResultArg, WriteBackReport, root_node
 from .regions import decompose, is_region_write, region_views, step_of
-from .viewops import ViewStep, chain_text, internal_overlap, map_chain_args, op_name
+from .viewops import ViewStep, chain_text, internal_overlap, map_chain_args, op_name, repeated_dims
 
 aten = torch.ops.aten
 
@@ -46,17 +46,6 @@ class RegionWrite:
     chain: tuple[ViewStep, ...]  # from the storage's base; () writes all of it
     value: fx.Node
     nbytes: int
-
-
-@dataclass
-class WriteBackReport:
-    """What one caller tensor receives per call, for `dealias.explain`."""
-
-    ref: Ref  # the caller's tensor
-    mode: str  # "in place" (only the written regions move) or "whole copy"
-    regions: list[str] = field(default_factory=list)
-    nbytes: int = 0
-    target: str = ""  # its name in the user's program (given by the pipeline)
 
 
 def region_parts(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node] | None:
@@ -248,11 +237,6 @@ def _fresh(n: fx.Node) -> bool:
     if n.target is operator.getitem:
         return True
     return isinstance(n.target, torch._ops.OpOverload) and facts(n.target).kind is OpKind.FUNCTIONAL
-
-
-def repeated_dims(t: torch.Tensor) -> list[int]:
-    """Dimensions along which `t` repeats the same memory (stride 0, size > 1: an expanded tensor)."""
-    return [d for d, (n, st) in enumerate(zip(t.shape, t.stride())) if st == 0 and n > 1]
 
 
 def _apply(
