@@ -11,7 +11,7 @@ import time
 import torch
 
 import dealias
-from dealias.guards import lookup_key, sharing_pattern, tensor_check
+from dealias.frontend.guards import lookup_key, sharing_pattern, tensor_check
 
 
 def _best(f, n: int = 2000, rounds: int = 7) -> float:

@@ -1,4 +1,4 @@
-"""The keep-ATen list of the fused executor (`dealias.fused.KEEP_ATEN`), measured: each op alone on 1M floats,
+"""The keep-ATen list of the fused executor (`dealias.runtime.fused.KEEP_ATEN`), measured: each op alone on 1M floats,
 ATen's kernel against the code inductor generates for it, best of 7 rounds. Ops whose ratio is at least
 --threshold at every thread count measured belong on the list.
 

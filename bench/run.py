@@ -22,7 +22,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dealias
-from dealias.demo import seed_program as seed
+from dealias.tools.demo import seed_program as seed
 
 
 # --- workloads --------------------------------------------------------------------------------------

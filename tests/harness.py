@@ -1,4 +1,4 @@
-"""Differential harness for the tests: dealias.verify's comparison, on a first (tracing) call and on cached
+"""Differential harness for the tests: dealias.runtime.verify's comparison, on a first (tracing) call and on cached
 calls, plus the expected number of compilations."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 import dealias
-from dealias.verify import alias_pattern, clone_args, compare_call, first_difference  # noqa: F401
+from dealias.runtime.verify import alias_pattern, clone_args, compare_call, first_difference  # noqa: F401
 
 
 def check(fn: Callable[..., Any], *args: Any, calls: int = 2, allow_fallback: bool = False, **jit_kw: Any) -> Any:

@@ -11,8 +11,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import dealias
-from dealias.fuzz import _compare_grads
-from dealias.verify import compare_call
+from dealias.runtime.verify import compare_call
+from dealias.tools.fuzz import _compare_grads
 
 
 class Half(torch.autograd.Function):  # the identity, with half the gradient

@@ -286,8 +286,8 @@ def nograd_write_of_squeezed_view_then_view_returned(x0, x1):
     [(nograd_write_then_nograd_view_returned, (4, 6)), (nograd_write_of_squeezed_view_then_view_returned, (3,))],
 )
 def test_no_grad_view_after_no_grad_write_keeps_eagers_gradients(fn, second):
-    from dealias.fuzz import _compare_grads
-    from dealias.verify import compare_call
+    from dealias.runtime.verify import compare_call
+    from dealias.tools.fuzz import _compare_grads
 
     def make_args():  # non-leaf inputs that require grad, as the fuzzer makes them
         g = torch.Generator().manual_seed(0)
@@ -315,7 +315,7 @@ def view_read_under_no_grad_first(x0, x1):
 
 
 def test_view_read_under_no_grad_then_with_grad_keeps_its_gradient():
-    from dealias.fuzz import _compare_grads
+    from dealias.tools.fuzz import _compare_grads
 
     def make_args():  # the same non-leaf tensor twice
         a = torch.linspace(-1, 1, 4).view(2, 2).requires_grad_() * 1

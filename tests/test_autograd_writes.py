@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import dealias
-from dealias.fuzz import _compare_grads
-from dealias.verify import compare_call
+from dealias.runtime.verify import compare_call
+from dealias.tools.fuzz import _compare_grads
 
 
 def _non_leaf(*shape):

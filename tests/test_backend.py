@@ -161,7 +161,7 @@ def test_inference_mode_region_makes_inference_tensors():
 def test_tensor_check_takes_the_same_tensor_twice():
     # dynamo's TensorGuards refuses a repeated tensor; a graph split around a hook passes one (`f(y, y)`), and
     # each call compiled again.
-    from dealias.guards import tensor_check
+    from dealias.frontend.guards import tensor_check
 
     a = torch.randn(3, requires_grad=True) * 1
     check = tensor_check([a, a])
@@ -268,7 +268,7 @@ def test_cache_hit_of_the_first_layout_takes_the_lean_lookup(monkeypatch):
     def no_general_lookup(*args, **kwargs):
         raise AssertionError("the general lookup ran on a hit of the first layout")
 
-    monkeypatch.setattr("dealias.backend.lookup_key", no_general_lookup)
+    monkeypatch.setattr("dealias.frontend.backend.lookup_key", no_general_lookup)
     assert compare_call(write_first_read_second, jf, (torch.randn(4), torch.randn(4))) is None
     assert dealias.cache_info(jf).misses == 1
 
@@ -288,7 +288,7 @@ def test_lean_check_agrees_with_the_lookup_key():
     # The lean check is the lookup key's equality written out for one layout: on every variation dynamo does not
     # guard (storage sharing, grad mode, inference mode, autograd kind of an input, a scalar's value), both agree.
     # (Every variant has the same types, shapes and requires_grad: those dynamo guards.)
-    from dealias.guards import lean_check, lookup_key
+    from dealias.frontend.guards import lean_check, lookup_key
 
     def args(kind):
         r = torch.randn(8, requires_grad=True)

@@ -88,7 +88,7 @@ def _run_scenario(kind: str, mode: str, kwargs: dict[str, Any]) -> dict[str, Any
     from torch._dynamo.utils import counters
 
     from dealias import FallbackWarning
-    from dealias.backend import Backend, Options, Stats
+    from dealias.frontend.backend import Backend, Options, Stats
 
     counters.clear()
     stats = Stats()

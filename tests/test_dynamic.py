@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dealias
-from dealias.verify import compare_call
+from dealias.runtime.verify import compare_call
 
 
 def run_calls(fn: Callable[..., Any], calls: list[tuple[Any, ...]], **jit_kw: Any) -> dealias.CacheInfo:

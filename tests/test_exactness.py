@@ -8,7 +8,7 @@ import torch
 from harness import check, clone_args
 
 import dealias
-from dealias.verify import compare_call
+from dealias.runtime.verify import compare_call
 
 
 def write_through_own_as_strided(x):

@@ -11,7 +11,7 @@ import torch
 from harness import check
 
 import dealias
-from dealias.fuzz import Program, fuzz, generate, run_program, shrink
+from dealias.tools.fuzz import Program, fuzz, generate, run_program, shrink
 
 
 @pytest.mark.parametrize("seed", [0, 5000])

@@ -7,8 +7,8 @@ import pytest
 import torch
 from harness import check
 
-import dealias.program as program
-import dealias.viewops as viewops
+import dealias.ir.viewops as viewops
+import dealias.runtime.program as program
 
 
 def add_input(x):
@@ -33,7 +33,9 @@ def select_write_of_intermediate(x):
 
 def test_notices_missing_write_back(monkeypatch):
     # The graph (which writes inputs in place) runs on copies: the caller's tensors never see the writes.
-    monkeypatch.setattr("dealias.pipeline.torch_executor", lambda gm, grad: lambda *ts: gm(*[t.clone() for t in ts]))
+    monkeypatch.setattr(
+        "dealias.passes.pipeline.torch_executor", lambda gm, grad: lambda *ts: gm(*[t.clone() for t in ts])
+    )
     with pytest.raises(AssertionError, match="input 0 after the call"):
         check(add_input, torch.randn(3))
 
@@ -53,15 +55,16 @@ def test_notices_wrong_view_inverse(monkeypatch):
             return base_node  # drop the write
         return real(step, base, view, base_node, value_node, call)
 
-    monkeypatch.setattr("dealias.regions.inverse", broken)
+    monkeypatch.setattr("dealias.ir.regions.inverse", broken)
     with pytest.raises(AssertionError):  # (under autograd the region write runs as its view inverses)
         check(select_write_of_intermediate, torch.randn(3, 2, requires_grad=True))
 
 
 def test_notices_extra_recompile(monkeypatch):
-    monkeypatch.setattr("dealias.backend.lean_check", lambda *_: None)  # every call takes the general lookup
+    monkeypatch.setattr("dealias.frontend.backend.lean_check", lambda *_: None)  # every call takes the general lookup
     monkeypatch.setattr(
-        "dealias.backend.lookup_key", lambda leaves, *_: ((object(),), [x for x in leaves if torch.is_tensor(x)])
+        "dealias.frontend.backend.lookup_key",
+        lambda leaves, *_: ((object(),), [x for x in leaves if torch.is_tensor(x)]),
     )
     with pytest.raises(AssertionError, match="one compile"):
         check(add_input, torch.randn(3))

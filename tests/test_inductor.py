@@ -7,9 +7,9 @@ import torch
 from harness import check
 
 import dealias
-from dealias.demo import kv_cache_write, seed_program
 from dealias.errors import InternalError
-from dealias.fused import _SNAPSHOT, KEEP_ATEN_MIN_NUMEL, check_hazards
+from dealias.runtime.fused import _SNAPSHOT, KEEP_ATEN_MIN_NUMEL, check_hazards
+from dealias.tools.demo import kv_cache_write, seed_program
 
 
 def fused_graph(jf) -> torch.fx.GraphModule:
@@ -262,7 +262,7 @@ def tiers_of_slice_write_calls(jf, calls: int) -> list:
 
 
 def test_tiered_executor_fuses_a_program_once_it_has_run_often(monkeypatch):
-    from dealias import backend
+    from dealias.frontend import backend
 
     monkeypatch.setattr(backend, "PROMOTE_AFTER", 3)
     jf = dealias.jit(slice_write, executor="tiered")
@@ -273,7 +273,7 @@ def test_tiered_executor_fuses_a_program_once_it_has_run_often(monkeypatch):
 
 
 def test_tiered_executor_fuses_a_program_whose_calls_take_long_sooner(monkeypatch):
-    from dealias import backend
+    from dealias.frontend import backend
 
     monkeypatch.setattr(backend, "PROMOTE_AFTER_SECONDS", 1e-9)  # any call on the torch executor takes longer
     jf = dealias.jit(slice_write, executor="tiered")
@@ -281,7 +281,7 @@ def test_tiered_executor_fuses_a_program_whose_calls_take_long_sooner(monkeypatc
 
 
 def test_tiered_executor_keeps_what_cannot_fuse_on_the_torch_executor(monkeypatch):
-    from dealias import backend
+    from dealias.frontend import backend
 
     monkeypatch.setattr(backend, "PROMOTE_AFTER", 2)
     jf = dealias.jit(kv_write, executor="tiered")

@@ -1,4 +1,4 @@
-"""The checks between passes (dealias.invariants): each one fires, with the check's name, the node and the user's
+"""The checks between passes (dealias.passes.invariants): each one fires, with the check's name, the node and the user's
 line, on a graph broken the way a faulty pass would break it; real programs pass all of them."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 import torch.fx as fx
 
 import dealias
-from dealias import invariants, pipeline
-from dealias.gradops import write_back_now
 from dealias.errors import InvariantError
+from dealias.ir.gradops import write_back_now
+from dealias.passes import invariants, pipeline
 
 aten = torch.ops.aten
 

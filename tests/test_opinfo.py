@@ -16,9 +16,9 @@ op_db that has them, from its samples, float32 on CPU, in three families:
    input (`out-view`), `o` of the eager result's shape and dtype.
 
 Each program is a fresh function (its own code object) compiled by a fresh `dealias.jit`, and checked with
-`dealias.verify.compare_call` (outputs, inputs after the call, aliasing, errors) on a first call and on a second,
-cached call with fresh copies of the inputs. A result is a *match*, *raised* (eager and dealias raise alike: a
-match too), a *fallback* (a `FallbackWarning`: part of the program ran eagerly) or a *mismatch*. A mismatch fails
+`dealias.runtime.verify.compare_call` (outputs, inputs after the call, aliasing, errors) on a first call and on a
+second, cached call with fresh copies of the inputs. A result is a *match*, *raised* (eager and dealias raise alike:
+a match too), a *fallback* (a `FallbackWarning`: part of the program ran eagerly) or a *mismatch*. A mismatch fails
 unless it is listed in `KNOWN_MISMATCHES` with its reason; each family's fallback rate must stay under a ceiling
 measured when the sweep was written. Run with `-s` to see the counts and the most common fallback reasons.
 
@@ -53,7 +53,7 @@ from torch.testing._internal.common_methods_invocations import binary_ufuncs, op
 from torch.testing._internal.common_utils import SEED, set_rng_seed
 
 import dealias
-from dealias.verify import compare_call
+from dealias.runtime.verify import compare_call
 
 DTYPE = torch.float32
 SAMPLES_PER_OP = 1  # the first usable sample of each op (see the module docstring: the time bound)

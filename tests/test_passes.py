@@ -6,16 +6,16 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from dealias.alias import analyze
-from dealias.capture import capture
-from dealias.functionalize import functionalize
-from dealias.gradops import write_back_now
-from dealias.opfacts import OpKind, facts
-from dealias.optimize import optimize
-from dealias.pipeline import _alias_placeholders
-from dealias.plan import RefKind
-from dealias.regions import decompose, is_region_write, region_chain
-from dealias.writeback import lower
+from dealias.ir.gradops import write_back_now
+from dealias.ir.opfacts import OpKind, facts
+from dealias.ir.plan import RefKind
+from dealias.ir.regions import decompose, is_region_write, region_chain
+from dealias.passes.alias import analyze
+from dealias.passes.capture import capture
+from dealias.passes.functionalize import functionalize
+from dealias.passes.optimize import optimize
+from dealias.passes.pipeline import _alias_placeholders
+from dealias.passes.writeback import lower
 
 aten = torch.ops.aten
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from harness import check
 
-from dealias.demo import seed_program as seed
+from dealias.tools.demo import seed_program as seed
 
 torch.manual_seed(0)
 

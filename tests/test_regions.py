@@ -8,7 +8,7 @@ import torch
 from harness import check
 
 import dealias
-from dealias.regions import region_write
+from dealias.ir.regions import region_write
 
 aten = torch.ops.aten
 

@@ -11,7 +11,7 @@ from harness import check, functional_ops
 from test_programs import GRAPH_BREAKS, MORE_PROGRAMS, PROGRAMS, seed
 
 import dealias
-from dealias.opfacts import OpKind, facts
+from dealias.ir.opfacts import OpKind, facts
 
 
 def _mutating(jf) -> list[str]:
@@ -219,8 +219,8 @@ def test_verify_mode_passes_and_catches_a_difference(monkeypatch):
     jf = dealias.jit(f, verify=True)
     jf(torch.randn(3, 2), torch.randn(2, 2))  # agrees with eager
     jf(torch.randn(3, 2), torch.randn(2, 2))
-    real = dealias.program.replay_chain
-    monkeypatch.setattr(dealias.program, "replay_chain", lambda *a: real(*a).clone())
+    real = dealias.runtime.program.replay_chain
+    monkeypatch.setattr(dealias.runtime.program, "replay_chain", lambda *a: real(*a).clone())
     with pytest.raises(dealias.VerificationError, match="f: output aliasing differs"):
         dealias.jit(f, verify=True)(torch.randn(3, 2), torch.randn(2, 2))
 

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _python_dispatch
 
 import dealias
-import dealias.backend
+import dealias.frontend.backend
 
 
 def _eval_model() -> torch.nn.Module:

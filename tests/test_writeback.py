@@ -28,7 +28,7 @@ def _full_size_temporaries(jf, numel: int) -> list[str]:
         elif not name.endswith("_") and "_." not in name and "view" not in name and "select" not in name:
             if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.name.endswith("_"):
                 continue
-            from dealias.opfacts import OpKind, facts
+            from dealias.ir.opfacts import OpKind, facts
 
             if isinstance(n.target, torch._ops.OpOverload) and facts(n.target).kind is OpKind.FUNCTIONAL:
                 out.append(name)

@@ -9,7 +9,7 @@ from .errors import (
     InternalError,
     UnsupportedError,
 )
-from .verify import VerificationError
+from .runtime.verify import VerificationError
 
 __all__ = [
     "CacheInfo",

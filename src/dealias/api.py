@@ -14,11 +14,11 @@ import torch
 from torch._dynamo.exc import BackendCompilerFailed, TorchRuntimeError, Unsupported
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
-from .backend import _EAGER, Backend, Options, Stats
 from .errors import DataDependentError, DealiasError, FallbackWarning, InvariantError, UnsupportedError, with_location
-from .plan import WriteBackReport
-from .program import CompiledProgram
-from .traces import Trace
+from .frontend.backend import _EAGER, Backend, Options, Stats
+from .ir.plan import WriteBackReport
+from .ir.traces import Trace
+from .runtime.program import CompiledProgram
 
 log = logging.getLogger("dealias")
 

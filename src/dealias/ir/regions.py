@@ -20,8 +20,8 @@ import torch
 import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
+from ..errors import UnsupportedError
 from .emitter import Emitter
-from .errors import UnsupportedError
 from .opfacts import is_view_node
 from .viewops import ViewStep, inverse, inverse_reads_base
 

@@ -13,19 +13,19 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 from torch.utils import _pytree as pytree
 
+from ..errors import UnsupportedError
+from ..ir.plan import FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
+from ..ir.traces import Trace, format_graph
+from ..ir.viewops import chain_text
+from ..runtime.executor import torch_executor
+from ..runtime.fused import Unfusable, fused_executor, unfusable
+from ..runtime.program import CompiledProgram
 from .alias import analyze
 from .capture import capture
-from .errors import UnsupportedError
-from .executor import torch_executor
 from .functionalize import functionalize
-from .fused import Unfusable, fused_executor, unfusable
 from .invariants import checker
 from .optimize import optimize
-from .plan import FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
-from .program import CompiledProgram
 from .saved import refuse_saved_then_written
-from .traces import Trace, format_graph
-from .viewops import chain_text
 from .writeback import lower
 
 

@@ -31,12 +31,12 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .checks import guard_index_writes, indexed_write
-from .emitter import Emitter
-from .opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
-from .plan import FunctionalProgram, OutputSlot, Ref, RefKind, ResultArg, WriteBackReport, root_node
-from .regions import decompose, is_region_write, region_views, step_of
-from .viewops import ViewStep, chain_text, internal_overlap, map_chain_args, op_name, repeated_dims
+from ..ir.checks import guard_index_writes, indexed_write
+from ..ir.emitter import Emitter
+from ..ir.opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
+from ..ir.plan import FunctionalProgram, OutputSlot, Ref, RefKind, ResultArg, WriteBackReport, root_node
+from ..ir.regions import decompose, is_region_write, region_views, step_of
+from ..ir.viewops import ViewStep, chain_text, internal_overlap, map_chain_args, op_name, repeated_dims
 
 aten = torch.ops.aten
 

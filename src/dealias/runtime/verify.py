@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .errors import DealiasError
+from ..errors import DealiasError
 
 
 class VerificationError(DealiasError):

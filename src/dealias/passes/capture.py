@@ -35,9 +35,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import DataDependentError, UnsupportedError, node_location, quiet_fake_tensor_log, with_location
-from .plan import TENSOR_SLOT, Captured, Symbolic
-from .sharing import find_groups
+from ..errors import DataDependentError, UnsupportedError, node_location, quiet_fake_tensor_log, with_location
+from ..ir.plan import TENSOR_SLOT, Captured, Symbolic
+from ..ir.sharing import find_groups
 
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
 
@@ -146,7 +146,7 @@ def _drop_unused(gm: fx.GraphModule) -> None:
     a tensor that requires grad leaves such nodes in the trace (a clone of the view, an `as_strided` replay of
     it on a lifted tensor constant whose fake shares the input's memory), which alias analysis would otherwise
     have to place."""
-    from .opfacts import is_view_node
+    from ..ir.opfacts import is_view_node
 
     # Only views, clones and attribute reads: some aten schemas do not declare all they write (batch norm's
     # running statistics), so an unused op in general may still have an effect.

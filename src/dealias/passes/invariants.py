@@ -28,13 +28,13 @@ from torch._ops import OpOverload
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
 
-from .checks import is_bounds_check
-from .errors import InvariantError, node_location, with_location
-from .gradops import bump_version, caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
-from .opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
-from .plan import RefKind, ResultArg, root_node
-from .regions import is_region_write, region_write
-from .viewops import as_strided_rel, as_strided_scatter_rel, chain_args, index_scatter_rel, op_name
+from ..errors import InvariantError, node_location, with_location
+from ..ir.checks import is_bounds_check
+from ..ir.gradops import bump_version, caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
+from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
+from ..ir.plan import RefKind, ResultArg, root_node
+from ..ir.regions import is_region_write, region_write
+from ..ir.viewops import as_strided_rel, as_strided_scatter_rel, chain_args, index_scatter_rel, op_name
 
 aten = torch.ops.aten
 

@@ -27,11 +27,11 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .checks import bounds_check, index_args, index_policy, indexed_write
-from .errors import InternalError, node_location, with_location
-from .gradops import bump_version
-from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise, op_name
-from .plan import alias_group_of
+from ..errors import InternalError, node_location, with_location
+from ..ir.checks import bounds_check, index_args, index_policy, indexed_write
+from ..ir.gradops import bump_version
+from ..ir.opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise, op_name
+from ..ir.plan import alias_group_of
 
 aten = torch.ops.aten
 

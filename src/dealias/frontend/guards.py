@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .sharing import find_groups_or_none
+from ..ir.sharing import find_groups_or_none
 
 
 def _leaf_key(x: Any) -> Any:

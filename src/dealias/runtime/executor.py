@@ -18,8 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import quiet_fake_tensor_log
-from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node, op_name
+from ..errors import quiet_fake_tensor_log
+from ..ir.opfacts import OpKind, bind_args, facts, has_effect, is_view_node, op_name
 
 aten = torch.ops.aten
 

@@ -21,9 +21,9 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from ..errors import UnsupportedError, node_location, with_location
+from ..ir.opfacts import OpKind, bind_args, facts
 from .alias import AliasInfo, Storage, Value
-from .errors import UnsupportedError, node_location, with_location
-from .opfacts import OpKind, bind_args, facts
 
 _PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate
 

@@ -24,7 +24,7 @@ import torch
 from torch._ops import OpOverload
 from torch.utils import _pytree as pytree
 
-from .errors import UnsupportedError
+from ..errors import UnsupportedError
 from .opfacts import bind_args, op_name
 
 aten = torch.ops.aten

@@ -20,11 +20,11 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .errors import InternalError, UnsupportedError, located, node_location, with_location
-from .opfacts import OpKind, bind_args, facts, is_view_target
-from .plan import StorageKind
-from .sharing import AliasGroup
-from .viewops import ViewStep, as_strided_rel, extent, normalize_multi_output, relative_as_strided
+from ..errors import InternalError, UnsupportedError, located, node_location, with_location
+from ..ir.opfacts import OpKind, bind_args, facts, is_view_target
+from ..ir.plan import StorageKind
+from ..ir.sharing import AliasGroup
+from ..ir.viewops import ViewStep, as_strided_rel, extent, normalize_multi_output, relative_as_strided
 
 aten = torch.ops.aten
 

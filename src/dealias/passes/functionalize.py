@@ -20,11 +20,10 @@ import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.utils import _pytree as pytree
 
-from .alias import AliasInfo, Storage, Value
-from .checks import NoProbe, aliasing_is_benign, probe
-from .emitter import Emitter
-from .errors import EagerSemanticsError, UnsupportedError, located, node_location, with_location
-from .gradops import (
+from ..errors import EagerSemanticsError, UnsupportedError, located, node_location, with_location
+from ..ir.checks import NoProbe, aliasing_is_benign, probe
+from ..ir.emitter import Emitter
+from ..ir.gradops import (
     bump_version,
     caller_after,
     caller_tensor,
@@ -33,8 +32,8 @@ from .gradops import (
     overwritten,
     write_back_now,
 )
-from .opfacts import OpKind, bind_args, facts, is_view_node, is_view_target, writes_nothing
-from .plan import (
+from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, is_view_target, writes_nothing
+from ..ir.plan import (
     Captured,
     FunctionalProgram,
     MetadataWriteBack,
@@ -46,10 +45,10 @@ from .plan import (
     WriteBack,
     group_placeholder,
 )
-from .plan import caller_ref as plan_caller_ref
-from .regions import emit_region_write, restride
-from .sharing import overlaps
-from .viewops import (
+from ..ir.plan import caller_ref as plan_caller_ref
+from ..ir.regions import emit_region_write, restride
+from ..ir.sharing import overlaps
+from ..ir.viewops import (
     ViewStep,
     as_strided_rel,
     chain_args,
@@ -60,6 +59,7 @@ from .viewops import (
     replay,
     replay_chain,
 )
+from .alias import AliasInfo, Storage, Value
 
 aten = torch.ops.aten
 

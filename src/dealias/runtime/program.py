@@ -16,8 +16,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from .plan import TENSOR_SLOT, Captured, FunctionalProgram, Ref, RefKind, ResultArg
-from .viewops import chain_args, map_chain_args, repeated_dims, replay_chain
+from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram, Ref, RefKind, ResultArg
+from ..ir.viewops import chain_args, map_chain_args, repeated_dims, replay_chain
 
 
 def _restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:

@@ -33,7 +33,7 @@ from torch._dynamo.convert_frame import compile_lock
 from torch._dynamo.exc import SkipFrame
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
-from .errors import (
+from ..errors import (
     DealiasError,
     EagerSemanticsError,
     FallbackWarning,
@@ -43,13 +43,13 @@ from .errors import (
     node_location,
     with_location,
 )
+from ..ir.plan import Symbolic
+from ..ir.sharing import find_groups_or_none, overlapping_pairs
+from ..passes.pipeline import compile_program
+from ..runtime.program import CompiledProgram
+from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
-from .pipeline import compile_program
-from .plan import Symbolic
-from .program import CompiledProgram
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
-from .sharing import find_groups_or_none, overlapping_pairs
-from .verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
 
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .errors import node_location
+from ..errors import node_location
 from .opfacts import op_name
 
 

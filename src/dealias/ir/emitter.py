@@ -13,7 +13,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
-from .errors import UnsupportedError
+from ..errors import UnsupportedError
 from .opfacts import op_name
 
 aten = torch.ops.aten

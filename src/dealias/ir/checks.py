@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from .errors import UnsupportedError, node_location, with_location
+from ..errors import UnsupportedError, node_location, with_location
 
 aten = torch.ops.aten
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .opfacts import has_effect, removable_if_unused
+from ..ir.opfacts import has_effect, removable_if_unused
 
 
 def _keep(node: fx.Node) -> bool:

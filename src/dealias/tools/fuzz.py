@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from .errors import FallbackWarning
-from .verify import compare_call, view_on
+from ..errors import FallbackWarning
+from ..runtime.verify import compare_call, view_on
 
 
 @dataclass
@@ -522,7 +522,7 @@ def run_program(prog: Program, executor: str = "torch") -> Outcome:
         program, make_args = prog.load()
     except Exception as e:  # noqa: BLE001
         return Outcome("ok", f"does not load: {e}")
-    from .verify import ULP_TOLERANT
+    from ..runtime.verify import ULP_TOLERANT
 
     jitted = dealias.jit(program, executor=executor)
     tolerant = ULP_TOLERANT.set(executor != "torch")

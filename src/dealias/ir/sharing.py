@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UnsupportedError
+from ..errors import UnsupportedError
 from .viewops import extent
 
 _EXACT_LIMIT = 1 << 26  # elements of a group's extent up to which overlap is computed exactly

@@ -1,0 +1,1 @@
+"""Tools around the compiler: the demo, the fuzzer and the command line."""
