@@ -246,3 +246,20 @@ def test_refusal_names_the_op_and_the_users_line():
     message = str(e.value)
     assert "aten.add_" in message and "non-contiguous" in message, message
     assert "test_structure.py" in message and "the line the error names" in message, message
+
+
+def test_traces_are_printed_only_when_asked_and_say_which_passes_made_them(monkeypatch):
+    from dealias.passes import pipeline
+
+    printed = []
+    real = pipeline.format_graph
+    monkeypatch.setattr(pipeline, "format_graph", lambda *a, **k: printed.append(a[1]) or real(*a, **k))
+    jf = dealias.jit(_one)
+    jf(torch.randn(3))
+    assert printed == []  # compiling formats no graph
+    traces = dealias.last_traces(jf)
+    text = "\n".join(str(t) for t in traces)
+    assert printed == ["captured", "functional", "execute"]
+    assert [t.name for t in traces] == ["dynamo", "captured", "functional", "execution"]
+    assert "# made by alias analysis (" in text and "functionalize (" in text and "write-back lowering (" in text
+    assert traces[2].graph is jf.last.functional_gm and all(s >= 0 for _, s in traces[2].passes)

@@ -4,8 +4,11 @@ lowering -> executor. Its input is a graph from dynamo and the real inputs of on
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,7 +32,13 @@ from .saved import refuse_saved_then_written
 from .writeback import lower
 
 
-def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> Trace:
+def _execution_trace(
+    fp: FunctionalProgram, reports: list[WriteBackReport], header: str, passes: list[tuple[str, float]]
+) -> Trace:
+    return Trace("execution", lambda: _execution_text(fp, reports, header), passes, fp.gm)
+
+
+def _execution_text(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> str:
     out_node = fp.gm.graph.output_node()
     results = [a.name for a in out_node.args[0]]
 
@@ -52,8 +61,28 @@ def _execution_trace(fp: FunctionalProgram, reports: list[WriteBackReport], head
         if mw.detach:
             epilogue.append(f"{t}.detach_()")
     returns = f"({outs[0]},)" if len(outs) == 1 else f"({', '.join(outs)})"
-    text = format_graph(fp.gm, "execute", header, epilogue, returns)
-    return Trace("execution", text)
+    return format_graph(fp.gm, "execute", header, epilogue, returns)
+
+
+class _Clock:
+    """The time each pass of one compile takes, for the traces' provenance."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[str, float]] = []
+        self._taken = 0
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.passes.append((name, time.perf_counter() - start))
+
+    def take(self) -> list[tuple[str, float]]:
+        """The passes timed since the last take."""
+        out, self._taken = self.passes[self._taken :], len(self.passes)
+        return out
 
 
 def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
@@ -83,21 +112,32 @@ def compile_program(
     graph `gm` called with `leaves`, whose inputs are called `names`; what `symbolic` names stays symbolic (the
     program's `shape_guard` says for which calls it holds)."""
     grad = torch.is_grad_enabled()  # the mode calls enter with (keyed): the executor's baseline
+    clock = _Clock()
     try:
-        captured = capture(gm, leaves, names, symbolic)
+        with clock("capture"):
+            captured = capture(gm, leaves, names, symbolic)
     finally:
         # Tracing runs the graph's grad-mode switches; a piece of a split graph (segments.py) may end in
         # another mode than it began.
         torch._C._set_grad_enabled(grad)
-    info = analyze(captured.gm, captured.groups)
-    refuse_saved_then_written(captured.gm, info, captured.requires_grad)
+    captured_passes = clock.take()
+    with clock("alias analysis"):
+        info = analyze(captured.gm, captured.groups)
+        refuse_saved_then_written(captured.gm, info, captured.requires_grad)
     check = checker(captured)  # post-conditions of each pass (DEALIAS_CHECK=1), a no-op otherwise
-    fp = functionalize(captured, info)
+    with clock("functionalize"):
+        fp = functionalize(captured, info)
     check("functionalize", fp)
-    fp.gm = optimize(fp.gm, first_output=fp.first_output)
+    with clock("optimize"):
+        fp.gm = optimize(fp.gm, first_output=fp.first_output)
     check("optimize", fp)
     functional_gm = _copy_graph_module(fp.gm)
-    functional = Trace("functional", format_graph(fp.gm, "functional", "functional trace (no mutation)"))
+    functional = Trace(
+        "functional",
+        lambda: format_graph(functional_gm, "functional", "functional trace (no mutation)"),
+        clock.take(),
+        functional_gm,
+    )
     run, tier = None, "torch"
     if executor == "inductor":
         try:
@@ -106,9 +146,11 @@ def compile_program(
                 raise Unfusable(why)
             trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
             aliases = _alias_placeholders(trial.gm, captured)
-            trial, reports = lower(trial, aliases, fused=True)
+            with clock("write-back lowering (fused)"):
+                trial, reports = lower(trial, aliases, fused=True)
             check("lower", trial, functional_gm, aliases)
-            run = fused_executor(trial.gm, [leaves[p] for p in captured.tensor_positions])
+            with clock("inductor"):
+                run = fused_executor(trial.gm, [leaves[p] for p in captured.tensor_positions])
             fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), "fused"
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
         except Unfusable as e:
@@ -116,9 +158,11 @@ def compile_program(
     if run is None:
         name = name if executor == "inductor" else "execution trace (torch executor)"
         aliases = _alias_placeholders(fp.gm, captured)
-        fp, reports = lower(fp, aliases)
+        with clock("write-back lowering"):
+            fp, reports = lower(fp, aliases)
         check("lower", fp, functional_gm, aliases)
-        run = torch_executor(fp.gm, grad)
+        with clock("torch executor"):
+            run = torch_executor(fp.gm, grad)
         check("torch executor", fp)
         shown = fp
     _no_loose_symbols(fp.gm)
@@ -127,11 +171,12 @@ def compile_program(
     reports = [
         dataclasses.replace(r, target=inputs[r.ref.key] if r.ref.kind is RefKind.INPUT else str(r.ref)) for r in reports
     ]
+    captured_header = "captured trace (aten, mutations and views kept)"
     traces = [
-        Trace("dynamo", f"# dynamo graph (torch level)\n{gm.code.strip()}"),
-        Trace("captured", format_graph(captured.gm, "captured", "captured trace (aten, mutations and views kept)")),
+        Trace("dynamo", lambda: f"# dynamo graph (torch level)\n{gm.code.strip()}"),
+        Trace("captured", lambda: format_graph(captured.gm, "captured", captured_header), captured_passes, captured.gm),
         functional,
-        _execution_trace(shown, reports, name),
+        _execution_trace(shown, reports, name, clock.take()),
     ]
     return CompiledProgram(
         captured, fp, run, traces, functional_gm, reports, _shape_guard(captured), tensor_layouts(captured), tier
