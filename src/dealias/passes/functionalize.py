@@ -12,7 +12,7 @@ Intermediate storages need no copy at all: their final contents are just the las
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,18 +20,10 @@ import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.utils import _pytree as pytree
 
-from ..errors import EagerSemanticsError, UnsupportedError, located, node_location, with_location
+from ..errors import EagerSemanticsError, UnsupportedError, located, node_location
 from ..ir.checks import NoProbe, aliasing_is_benign, probe
 from ..ir.emitter import Emitter
-from ..ir.gradops import (
-    bump_version,
-    caller_after,
-    caller_tensor,
-    grad_leaf,
-    keep_history,
-    overwritten,
-    write_back_now,
-)
+from ..ir.gradops import bump_version, caller_tensor, write_back_now
 from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, is_view_target, writes_nothing
 from ..ir.plan import (
     Captured,
@@ -60,6 +52,7 @@ from ..ir.viewops import (
     replay_chain,
 )
 from .alias import AliasInfo, Storage, Value
+from .autograd_facts import AutogradFacts
 
 aten = torch.ops.aten
 
@@ -88,58 +81,47 @@ class _Functionalizer:
         self.latest: dict[int, Value] = {}  # tensor object -> its latest value (metadata mutations)
         self.first: dict[int, Value] = {}  # caller's tensor object -> its value on entry
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
-        self.grad_writes: set[Storage] = set()  # storages written with grad mode on
-        # Storages whose base required grad and was then written invisibly to autograd (under no_grad, or
-        # through `detach()` / a dtype view): eager's tensor keeps its history, the functional value computed by
-        # the write has none. `history` holds the base from before the first such write; a differentiable use
-        # joins the two (gradops.keep_history, see _restore_history).
-        self.history: dict[Storage, fx.Node] = {}
-        # Views of a tensor that requires grad whose grad_fn eager cannot rebuild after a write (see _Fragile).
-        self.fragile: dict[int, _Fragile] = {}  # by tensor object
-        # Elements of `unsafe_split` (and views of them), by tensor object -> the element's getitem node: eager's
-        # are not autograd views, so a returned one is rebuilt by `unsafe_split` itself (OutputSlot.multi_output).
-        self.unsafe: dict[int, fx.Node] = {}
-        self.writes: dict[Storage, int] = {}  # writes of each storage, as eager's version counter counts them
-        self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.detached: set[int] = set()  # tensor objects that ran detach_()
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
-        self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
         self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
-        # Caller storages written back where their last write is, under autograd (see _write_back_now).
-        self.last_write = _last_writes(captured.gm, info) if any(self.requires_grad) else {}
-        self.last_input_write = _last_writes(captured.gm, info, read_later=False) if any(self.requires_grad) else {}
-        self.written_back: set[Storage] = set()
+        # Eager's autograd facts no aten op states: told of every op, read, write and output (see Walk for what it
+        # asks of this walk).
+        self.autograd = AutogradFacts(self, captured.gm, any(self.requires_grad))
 
     # -- reading -------------------------------------------------------------------------------------
     def materialize(self, v: Value) -> fx.Node:
         """The node holding `v`'s current contents, replaying its view chain if a write made it stale."""
         hit = self.cache.get(v)
-        if (
-            hit is not None
-            and hit[1] == self.version[v.storage]
-            and (v not in self.replayed_without_grad or not self.emit.grad)
-        ):
+        if hit is not None and hit[1] == self.version[v.storage] and not self.autograd.replay_for_grad(v):
             return hit[0]
-        node = replay_chain(self._steps(v.chain), self.base[v.storage], self.emit.call)
+        node = self.replay(v, self.base[v.storage])
         self.cache[v] = (node, self.version[v.storage])
-        # A view replayed for a read under no_grad is not differentiable: a later read with grad on (eager's view
-        # was made with grad on) replays it again.
-        if v.chain and self.emit.grad is False:
-            self.replayed_without_grad.add(v)
-        else:
-            self.replayed_without_grad.discard(v)
+        self.autograd.replayed(v)
         return node
+
+    def replay(self, v: Value, on: fx.Node) -> fx.Node:
+        """`v`'s view chain replayed on `on` (its storage's base, or another value of its layout)."""
+        return replay_chain(self._steps(v.chain), on, self.emit.call)
+
+    def current(self, s: Storage) -> fx.Node | None:
+        """Storage `s`'s current base, None before it has one."""
+        return self.base.get(s)
+
+    def advance(self, s: Storage, node: fx.Node) -> None:
+        """Storage `s` now holds `node`: its views are replayed from it when next read."""
+        self.base[s] = node
+        self.version[s] += 1
 
     def read(self, a: Any) -> Any:
         """Map captured-graph arguments (nodes, lists of nodes) to current functional nodes."""
         if isinstance(a, fx.Node):
             v = self.info.values[a]
             if isinstance(v, Value):
-                if self.emit.grad and self.fragile and v.obj in self.fragile:
-                    return self._fragile_read(a)
+                if self.autograd.reads_fragile(v):
+                    return self.autograd.read_fragile(a)
                 return self.materialize(v)
             return self.emitted[a]
         if isinstance(a, (list, tuple)):
@@ -160,8 +142,7 @@ class _Functionalizer:
             # the result simply becomes that tensor.
             if new_meta.dtype != meta.dtype:
                 new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
-            self.base[s] = new
-            self.version[s] += 1
+            self.advance(s, new)
             return
         if tuple(new_meta.shape) != tuple(meta.shape):
             raise UnsupportedError(
@@ -214,77 +195,13 @@ class _Functionalizer:
             new = emit_region_write(self.emit, bases[0], bases[1:], new)
         else:
             new = restride(self.emit, new, s.root_meta)
-        if (hidden or not self.emit.grad) and self.base[s].meta.get("rg"):
-            self.history.setdefault(s, self.base[s])
-        if self.emit.grad and not hidden and self.base[s].meta.get("rg") and not new.meta.get("rg"):
-            new = self.emit.call(overwritten, self.base[s], new)
-        self.base[s] = new
-        self.version[s] += 1
-        self.writes[s] = self.writes.get(s, 0) + 1
-        if self.emit.grad and not hidden:
-            self.grad_writes.add(s)
-        if self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no":
-            self._write_back_now(s)  # (an expanded caller tensor keeps its write-back of one of each repeat)
+        self.advance(s, self.autograd.with_history(s, new, bool(hidden)))
+        self.autograd.after_write(s, node, bool(hidden))
 
-    def _saves_its_caller_result(self, node: fx.Node, v: Value) -> bool:
-        """The last write of a caller's tensor that requires grad, by an in-place op whose backward saves its
-        result (`relu_`, `sigmoid_`): eager saves the caller's tensor itself, so a write after the call makes
-        backward raise. Asked of eager (saved.py)."""
-        s = v.storage
-        if self.last_input_write.get(s) is not node or not self.emit.grad or internal_overlap(s.root_meta) != "no":
-            return False
-        ph = self._caller_placeholder(s)
-        if not ph.meta.get("rg"):
-            return False
-        from .saved import saves_its_result
-
-        return saves_its_result(node)
-
-    def _in_place_on_caller(self, node: fx.Node, v: Value, bound: dict[str, Any]) -> None:
-        """Run the last write as eager does, in place on the caller's tensor (holding its value before the
-        write), so its backward saves the caller's tensor; later reads read it."""
-        s = v.storage
-        if self.version[s] == 0:
-            caller = self.emit.call(caller_tensor, self._caller_placeholder(s))
-            caller.meta["rg"] = True
-        else:  # it first receives its value before this write
-            self._write_back_now(s)
-            caller = self.base[s]
-        view = replay_chain(self._steps(v.chain), caller, self.emit.call)
-        op = node.target
-        values = {n: (view if n == "self" else self.read(a)) for n, a in bound.items()}
-        args = [values[a.name] for a in op._schema.arguments if not a.kwarg_only and a.name in values]
-        kwargs = {a.name: values[a.name] for a in op._schema.arguments if a.kwarg_only and a.name in values}
-        written = self.emit.call(op, *args, **kwargs)
-        after = self.emit.call(caller_after, caller, written)
-        after.meta["rg"] = True
-        self.base[s] = after
-        self.version[s] += 1
-        self.writes[s] = self.writes.get(s, 0) + 1
-        self.grad_writes.add(s)
-        self.written_back.add(s)
-
-    def _caller_placeholder(self, s: Storage) -> fx.Node:
+    def caller_placeholder(self, s: Storage) -> fx.Node:
         """The placeholder of caller storage `s`: the caller's tensor itself, or its alias group's base (a view of
         the members' memory, sharing their version counter)."""
         return next(p for p, ref in self.placeholder_ref.items() if ref == caller_ref(s))
-
-    def _write_back_now(self, s: Storage) -> None:
-        """The caller's tensor of input storage `s` receives its final value here, at its last write, and later
-        reads read it: ops that save it for backward save the caller's tensor itself, as eager's do, so an
-        in-place write after the call (in a later graph, or in eager code) makes backward raise as in eager.
-        Reads before read it through a clone (_protect_written_inputs)."""
-        ph = self._caller_placeholder(s)
-        if s in self.history and s in self.grad_writes:
-            self._restore_history(s)
-        self.history.pop(s, None)  # the caller's tensor has eager's history from here on
-        grad, self.emit.grad = self.emit.grad, s in self.grad_writes
-        node = self.emit.call(write_back_now, ph, self.base[s])
-        self.emit.grad = grad
-        node.meta["rg"] = bool(ph.meta.get("rg") or node.meta.get("rg"))
-        self.base[s] = node
-        self.version[s] += 1
-        self.written_back.add(s)
 
     def _fresh_out(self, v: Value) -> bool:
         """`v` is a whole tensor with no elements, made inside the program and not seen by the caller, so an
@@ -372,7 +289,7 @@ class _Functionalizer:
         backward then save the clone, and the write-back into the caller's tensor after the graph cannot
         invalidate them ("modified by an inplace operation"); gradients still reach the input's history."""
         placeholders = self.graph.find_nodes(op="placeholder")
-        targets = [wb.target for wb in self.program.writebacks] + [caller_ref(s) for s in self.written_back]
+        targets = [wb.target for wb in self.program.writebacks] + [caller_ref(s) for s in self.autograd.written_back]
         for target in targets:
             ph = next((p for p in placeholders if self.placeholder_ref.get(p) == target), None)
             # An input that does not require grad can still be saved for backward by an op that does record
@@ -455,7 +372,7 @@ class _Functionalizer:
     def _call(self, node: fx.Node) -> None:
         op = node.target
         v = self.info.values.get(node)
-        self._track_no_grad(node)
+        self.autograd.before_op(node)
         if v is None and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat)):
             # Arithmetic on symbols or a tensor's symbolic size (`pos + 1`, `x.size(0)`): computed in the graph.
             self.scalars[node] = self.emitted[node] = self.emit.call(
@@ -501,7 +418,7 @@ class _Functionalizer:
         if op is aten.copy_.default and bound["self"] is bound["src"]:
             # `x.copy_(x)`: eager returns at once, touching no value and no history; its version counter moves.
             s = self.info.value(bound["self"]).storage
-            self.writes[s] = self.writes.get(s, 0) + 1
+            self.autograd.version_counter_moves(s)
             if s.kind is not StorageKind.INTERMEDIATE:  # the caller's tensor: what autograd saved of it is stale
                 self.emit.call(bump_version, self.roots[s])
             return
@@ -542,8 +459,8 @@ class _Functionalizer:
             if isinstance(a, fx.Node) and isinstance(self.info.values.get(a), Value)
         ]
         self.check_writable(node, targets, others)
-        if f.kind is OpKind.INPLACE and len(targets) == 1 and self._saves_its_caller_result(node, targets[0]):
-            self._in_place_on_caller(node, targets[0], bound)
+        if f.kind is OpKind.INPLACE and len(targets) == 1 and self.autograd.saves_caller_result(node, targets[0]):
+            self.autograd.run_in_place_on_caller(node, targets[0], bound)
             return
         # out= arguments are dropped; the functional schema lists the rest in the same order.
         kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
@@ -576,15 +493,12 @@ class _Functionalizer:
     def _output(self, node: fx.Node) -> None:
         outs: list[fx.Node] = []
         # Write-backs first: every caller-visible storage whose version moved.
-        # A caller's tensor written with grad on is written back with its history, a returned intermediate is
-        # returned with it: eager's history, if writes invisible to autograd came since.
         returned = [self.info.value(a).storage for a in node.args[0] if isinstance(self.info.values.get(a), Value)]
-        for s in [*(s for s in self.base if s in self.grad_writes), *returned]:
-            if s in self.history and (s in self.grad_writes or s.kind is StorageKind.INTERMEDIATE):
-                self._restore_history(s)
+        self.autograd.before_output(list(self.base), returned)
         for s in list(self.base):
-            if s.kind is not StorageKind.INTERMEDIATE and self.version[s] > 0 and s not in self.written_back:
-                self.program.writebacks.append(WriteBack(caller_ref(s), len(outs), s in self.grad_writes))
+            if s.kind is not StorageKind.INTERMEDIATE and self.version[s] > 0 and s not in self.autograd.written_back:
+                grad = self.autograd.written_with_grad(s)
+                self.program.writebacks.append(WriteBack(caller_ref(s), len(outs), grad))
                 outs.append(self.base[s])
         for obj, ref in self.caller_objs.items():
             first, last = self.first[obj], self.latest[obj]
@@ -618,17 +532,7 @@ class _Functionalizer:
                     outs.append(self.base[s])
                 self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, results[s]), v.chain))
         for position, arg in enumerate(node.args[0]):
-            made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
-            if made is not None and self.program.outputs[position].chain:
-                self.program.outputs[position] = replace(self.program.outputs[position], grad=made)
-            if self._fragile_of(arg) is not None:
-                self.program.outputs[position] = self._fragile_output(arg, self.program.outputs[position])
-            elif self._unsafe_of(arg) is not None and self.program.outputs[position].same_as is None:
-                slot = self.program.outputs[position]
-                multi = self._multi_output_step(self._unsafe_of(arg), slot)
-                if multi is None:
-                    raise UnsupportedError("an element of unsafe_split is returned in a way not rebuilt exactly yet")
-                self.program.outputs[position] = replace(slot, multi_output=multi)
+            self.program.outputs[position] = self.autograd.output_slot(arg, self.program.outputs[position])
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
@@ -645,174 +549,6 @@ class _Functionalizer:
             return ResultArg(len(outs) - 1)
 
         return replace(slot, chain=map_chain_args(chain, fx.Node, result))
-
-    def _fragile_output(self, arg: fx.Node, slot: OutputSlot) -> OutputSlot:
-        """A returned fragile view. Made under no_grad, eager's is a leaf that requires grad: replayed under
-        no_grad it is one too. Written since (eager's raises when its grad_fn is read), or a view made with grad
-        on of a no_grad view (eager's has a grad_fn that ends at that leaf), the graph runs eagerly."""
-        f = self.fragile[self.info.value(arg).obj]
-        if self._stale(arg) or (f.nograd and f.made_with_grad):
-            raise UnsupportedError(
-                with_location(
-                    f"a view {f.why} is returned after its base was written or a view of it was made with grad "
-                    "on; not compiled exactly yet",
-                    node_location(f.root),
-                )
-            )
-        if slot.same_as is not None:
-            return slot
-        unsafe = self._unsafe_of(arg)  # (a view made under no_grad of an unsafe_split element)
-        multi = self._multi_output_step(f.root, slot) or (unsafe and self._multi_output_step(unsafe, slot))
-        if not f.nograd:
-            return replace(slot, multi_output=multi)
-        # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
-        # tensor, was made with grad on and requires grad).
-        step = self.info.value(f.root).chain[-1]
-        start = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), 0)
-        return replace(slot, grad=False, grad_from=start, multi_output=multi)
-
-    def _multi_output_step(self, root: fx.Node, slot: OutputSlot) -> tuple[int, Any, tuple[Any, ...], int] | None:
-        """Where the output's chain has the split step of `root` (a split's element), and how eager made it."""
-        if root.target is not operator.getitem or not isinstance(root.args[0].target, torch._ops.OpOverload):
-            return None
-        source = root.args[0]
-        args = tuple(source.args[1:])
-        if source.kwargs or any(isinstance(a, fx.Node) for a in pytree.tree_leaves(args)):
-            return None
-        step = self.info.value(root).chain[-1]
-        k = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), None)
-        return None if k is None else (k, source.target, args, root.args[1])
-
-    def _track_no_grad(self, node: fx.Node) -> None:
-        """Before `node` runs: restore eager's history of what it reads with grad on (see history), record
-        fragile views, and refuse a write with grad on through one (eager raises)."""
-        is_view = is_view_node(node)
-        inputs = node.all_input_nodes
-        if self.emit.grad and self.history:
-            for a in inputs:
-                value = self.info.values.get(a)
-                if isinstance(value, Value) and value.storage in self.history:
-                    self._restore_history(value.storage)
-        if is_view:
-            value = self.info.values.get(node)
-            if isinstance(value, Value) and self.emit.grad is not None:
-                self.made_with_grad[value.obj] = self.emit.grad
-            self._track_fragile(node)
-            self._track_unsafe(node)
-        elif self.emit.grad and self.fragile and any(self._raises_writing(node, a) for a in self._written(node)):
-            f = next(self._fragile_of(a) for a in self._written(node) if self._raises_writing(node, a))
-            raise UnsupportedError(
-                f"{node.target} with grad on writes through a view {f.why} (at "
-                f"{node_location(f.root) or f.root}); eager raises"
-            )
-
-    def _track_unsafe(self, view: fx.Node) -> None:
-        """Record an element of `unsafe_split` (or a view of one). Autograd does not treat the elements as views:
-        eager's does not see a write through one as a write of its input, and one made under no_grad does not
-        require grad. A split of a tensor that requires grad runs eagerly (in either grad mode)."""
-        source = view.args[0] if view.target is operator.getitem else view
-        op = source.target
-        if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view:
-            if self._requires_grad(source.args[0]):
-                raise UnsupportedError(
-                    with_location(f"{op} of a tensor that requires grad is not compiled yet", node_location(view))
-                )
-            value = self.info.values.get(view)
-            if isinstance(value, Value):  # (the list itself is not a tensor)
-                self.unsafe[value.obj] = view
-            return
-        value = self.info.values.get(view)
-        parent = next((r for a in view.all_input_nodes if (r := self._unsafe_of(a)) is not None), None)
-        if parent is not None and isinstance(value, Value):
-            self.unsafe[value.obj] = parent
-
-    def _raises_writing(self, node: fx.Node, a: fx.Node) -> bool:
-        """Whether eager raises when `node` writes the fragile view `a` with grad on: always, unless the view's
-        base did not require grad and nothing the write reads does (then no autograd is involved)."""
-        f = self._fragile_of(a)
-        if f is None:
-            return False
-        return f.base_rg or any(self._requires_grad(x) for x in node.all_input_nodes)
-
-    def _unsafe_of(self, a: fx.Node) -> fx.Node | None:
-        v = self.info.values.get(a)
-        return self.unsafe.get(v.obj) if isinstance(v, Value) else None
-
-    def _track_fragile(self, view: fx.Node) -> None:
-        value = self.info.values.get(view)
-        if not isinstance(value, Value):
-            return  # the list a split returns: its elements are tracked
-        source = view.args[0] if view.target is operator.getitem else view  # `split(..)[i]`: split's inputs
-        parent = next((f for a in source.all_input_nodes if (f := self._fragile_of(a)) is not None), None)
-        if parent is not None:
-            nograd = parent.nograd or not self.emit.grad
-            self.fragile[value.obj] = replace(parent, nograd=nograd, made_with_grad=bool(self.emit.grad))
-            return
-        epoch = self.writes.get(value.storage, 0)
-        if not any(self._requires_grad(a) for a in source.all_input_nodes):
-            if not self.emit.grad and view.target is not operator.getitem:
-                self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, base_rg=False)
-            return
-        if not self.emit.grad:
-            self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False)
-        elif view.target is operator.getitem and isinstance(source.target, torch._ops.OpOverload):
-            if facts(source.target).multi_output_view and facts(source.target).autograd_view:
-                self.fragile[value.obj] = _Fragile(view, epoch, False, f"returned by {source.target}", True)
-
-    def _stale(self, a: fx.Node) -> bool:
-        """Whether eager raises reading the fragile view `a`'s grad_fn: its storage was written since it was made
-        (or, for a view of a tensor that did not require grad, its base has come to require grad)."""
-        v = self.info.value(a)
-        f = self.fragile[v.obj]
-        return self._requires_grad(a) if not f.base_rg else self.writes.get(v.storage, 0) != f.epoch
-
-    def _fragile_of(self, a: fx.Node) -> _Fragile | None:
-        v = self.info.values.get(a)
-        return self.fragile.get(v.obj) if isinstance(v, Value) else None
-
-    def _written(self, node: fx.Node) -> list[fx.Node]:
-        """The captured tensors `node` writes."""
-        op = node.target
-        if not isinstance(op, torch._ops.OpOverload) or not facts(op).mutated:
-            return []
-        bound = bind_args(op._schema, node.args, node.kwargs)
-        args = [bound.get(name) for name in facts(op).mutated]
-        return [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, fx.Node)]
-
-    def _restore_history(self, s: Storage) -> None:
-        """Give storage `s` eager's history again: its current values, the gradient of its base from before the
-        writes autograd did not see."""
-        grad, self.emit.grad = self.emit.grad, True
-        # At the output (no line of its own), the line of the last write, whose value it returns or writes back.
-        stack_trace = self.emit.stack_trace
-        self.emit.stack_trace = stack_trace or self.base[s].meta.get("stack_trace")
-        self.base[s] = self.emit.call(keep_history, self.history.pop(s), self.base[s])
-        self.emit.grad, self.emit.stack_trace = grad, stack_trace
-        self.version[s] += 1  # views read from here on are replayed from the base with history
-
-    def _fragile_read(self, a: fx.Node) -> fx.Node:
-        """Reading a fragile view with grad on: made under no_grad, eager's is a leaf that requires grad. Its
-        storage written since the view was made, eager raises (reading the view's grad_fn): the graph runs
-        eagerly."""
-        f = self.fragile[self.info.value(a).obj]
-        if self._stale(a):
-            raise UnsupportedError(
-                with_location(
-                    f"a view {f.why} is used with grad on after its base was written; eager raises",
-                    node_location(f.root),
-                )
-            )
-        node = self.materialize(self.info.value(a))
-        return self.emit.call(grad_leaf, node) if f.nograd and f.base_rg else node
-
-    def _requires_grad(self, a: fx.Node) -> bool:
-        """Whether eager's tensor requires grad: its storage's base does, or did before a write invisible to
-        autograd (which leaves requires_grad as it was; the functional value computed there has none)."""
-        value = self.info.values.get(a)
-        if not isinstance(value, Value):
-            return False
-        base = self.base.get(value.storage)
-        return bool(base is not None and base.meta.get("rg")) or value.storage in self.history
 
     def _caller_view(self, v: Value) -> OutputSlot:
         """A view of a caller's tensor: replayed on the input it was taken from, so it is a real view of it."""
@@ -837,44 +573,6 @@ def _read_with_grad(node: fx.Node) -> bool:
             elif u.op == "call_function" and u.meta.get("grad", True):
                 return True
     return False
-
-
-def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -> dict[Storage, fx.Node]:
-    """For each storage of the caller's tensors (one tensor, or an alias group) written (and, with `read_later`,
-    read with grad on after its last write): its last write."""
-    from .saved import tensor_values, written_storages
-
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
-    last: dict[Storage, fx.Node] = {}
-    for n in nodes:
-        for s in written_storages(n, info):
-            if s.kind in (StorageKind.INPUT, StorageKind.GROUP):
-                last[s] = n
-    order = {n: i for i, n in enumerate(nodes)}
-    later_reads = set()
-    for n in nodes:
-        if n.meta.get("grad"):
-            later_reads |= {
-                v.storage for v in tensor_values(n, info) if v.storage in last and order[n] > order[last[v.storage]]
-            }
-    return {s: w for s, w in last.items() if s in later_reads or not read_later}
-
-
-@dataclass(frozen=True)
-class _Fragile:
-    """A view of a tensor that requires grad, made under no_grad or taken from a multi-output view (split,
-    unbind), or a view of one. Eager raises when it is written with grad on, and when its grad_fn is read after
-    its storage was written (any write, since `epoch` writes). Made under no_grad (`nograd`), eager's is a leaf
-    that requires grad: no gradient goes through it to its base."""
-
-    root: fx.Node
-    epoch: int
-    nograd: bool
-    why: str
-    made_with_grad: bool  # this view itself (a view of a no_grad view made with grad on has a grad_fn)
-    # Whether its base required grad when it was made. A view made under no_grad of one that did not is an
-    # ordinary tensor until a write with grad on makes its base require grad; then eager raises reading its grad_fn.
-    base_rg: bool = True
 
 
 # Writes of one value everywhere: eager runs them on tensors whose elements share memory (an expanded

@@ -1,0 +1,425 @@
+"""Autograd facts no aten op states, kept for functionalization (docs/architecture.md, "Autograd facts no aten
+op states"): what eager's autograd does with a program's views and writes that the functional graph must
+reproduce, or refuse where eager raises.
+
+- history across writes autograd does not see (under no_grad, through `detach()` / a dtype view): joined back
+  at the first differentiable use (`keep_history`), and a value written with grad on by one that does not
+  require grad (`overwritten`);
+- views made under no_grad (leaves that require grad in eager), and the grad mode each view was made in;
+- fragile views (made under no_grad, or elements of `split` / `unbind`, and views of them): eager raises
+  writing one with grad on, or using or returning one after a write of its storage;
+- elements of `unsafe_split`, which autograd does not treat as views;
+- write-back at the last write of a caller's tensor under autograd (`write_back_now`), or that last write run
+  in place on the caller's tensor, so what backward saves is the caller's tensor itself, as in eager.
+
+`AutogradFacts` owns that state. The functionalizer walks the program and tells it what happens, at these
+points: `before_op` (every op, before it runs), `reads_fragile` / `read_fragile` and `replay_for_grad` /
+`replayed` (reads), `with_history` / `after_write` / `version_counter_moves` (writes), `saves_caller_result` /
+`run_in_place_on_caller` (the last write of a caller's tensor), `before_output`, `output_slot`,
+`written_with_grad` and `written_back` (the output). It asks the functionalizer only what `Walk` lists:
+
+- `emit`: the emitter, to add nodes and to read and set the grad mode and source line they are made with;
+- `info`: the alias facts (which storage, view chain and tensor object each captured node is);
+- `current(s)`: storage `s`'s current base (None before it has one). A caller's storage's is its placeholder
+  until its first write: every later base is a node made since;
+- `advance(s, node)`: `s` now holds `node` (its version moves, so its views are replayed from it);
+- `materialize(v)`, `read(a)`: the current contents of a value, of captured arguments;
+- `replay(v, on)`: `v`'s view chain replayed on the node `on`;
+- `caller_placeholder(s)`: the placeholder of a caller's storage (its tensor, or its alias group's base).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from ..errors import UnsupportedError, node_location, with_location
+from ..ir.emitter import Emitter
+from ..ir.gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
+from ..ir.opfacts import bind_args, facts, is_view_node
+from ..ir.plan import OutputSlot, StorageKind
+from ..ir.viewops import internal_overlap
+from .alias import AliasInfo, Storage, Value
+
+
+class Walk(Protocol):
+    """What AutogradFacts may ask of the functionalization walk (see the module's docstring)."""
+
+    emit: Emitter
+    info: AliasInfo
+
+    def current(self, s: Storage) -> fx.Node | None: ...
+
+    def advance(self, s: Storage, node: fx.Node) -> None: ...
+
+    def materialize(self, v: Value) -> fx.Node: ...
+
+    def read(self, a: Any) -> Any: ...
+
+    def replay(self, v: Value, on: fx.Node) -> fx.Node: ...
+
+    def caller_placeholder(self, s: Storage) -> fx.Node: ...
+
+
+class AutogradFacts:
+    def __init__(self, walk: Walk, gm: fx.GraphModule, under_autograd: bool) -> None:
+        self.walk = walk
+        self.emit = walk.emit
+        self.info = walk.info
+        # Storages whose base required grad and was then written invisibly to autograd (under no_grad, or
+        # through `detach()` / a dtype view): eager's tensor keeps its history, the functional value computed by
+        # the write has none. `history` holds the base from before the first such write; a differentiable use
+        # joins the two (gradops.keep_history, see _restore_history).
+        self.history: dict[Storage, fx.Node] = {}
+        self.grad_writes: set[Storage] = set()  # storages written with grad mode on
+        self.writes: dict[Storage, int] = {}  # writes of each storage, as eager's version counter counts them
+        # Views of a tensor that requires grad whose grad_fn eager cannot rebuild after a write (see _Fragile).
+        self.fragile: dict[int, _Fragile] = {}  # by tensor object
+        # Elements of `unsafe_split` (and views of them), by tensor object -> the element's getitem node: eager's
+        # are not autograd views, so a returned one is rebuilt by `unsafe_split` itself (OutputSlot.multi_output).
+        self.unsafe: dict[int, fx.Node] = {}
+        self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
+        self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
+        # Caller storages written back where their last write is, under autograd (see _write_back_now).
+        self.last_write = _last_writes(gm, self.info) if under_autograd else {}
+        self.last_input_write = _last_writes(gm, self.info, read_later=False) if under_autograd else {}
+        self.written_back: set[Storage] = set()
+
+    # -- before each op ------------------------------------------------------------------------------
+    def before_op(self, node: fx.Node) -> None:
+        """Before `node` runs: restore eager's history of what it reads with grad on (see history), record the
+        views it makes, and refuse a write with grad on through a fragile view (eager raises)."""
+        if self.emit.grad and self.history:
+            for a in node.all_input_nodes:
+                value = self.info.values.get(a)
+                if isinstance(value, Value) and value.storage in self.history:
+                    self._restore_history(value.storage)
+        if is_view_node(node):
+            self._on_view(node)
+        elif self.emit.grad and self.fragile and any(self._raises_writing(node, a) for a in _written(node)):
+            f = next(self._fragile_of(a) for a in _written(node) if self._raises_writing(node, a))
+            raise UnsupportedError(
+                f"{node.target} with grad on writes through a view {f.why} (at "
+                f"{node_location(f.root) or f.root}); eager raises"
+            )
+
+    def _on_view(self, view: fx.Node) -> None:
+        value = self.info.values.get(view)
+        if isinstance(value, Value) and self.emit.grad is not None:
+            self.made_with_grad[value.obj] = self.emit.grad
+        self._track_fragile(view)
+        self._track_unsafe(view)
+
+    def _track_unsafe(self, view: fx.Node) -> None:
+        """Record an element of `unsafe_split` (or a view of one). Autograd does not treat the elements as views:
+        eager's does not see a write through one as a write of its input, and one made under no_grad does not
+        require grad. A split of a tensor that requires grad runs eagerly (in either grad mode)."""
+        source = view.args[0] if view.target is operator.getitem else view
+        op = source.target
+        if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view:
+            if self._requires_grad(source.args[0]):
+                raise UnsupportedError(
+                    with_location(f"{op} of a tensor that requires grad is not compiled yet", node_location(view))
+                )
+            value = self.info.values.get(view)
+            if isinstance(value, Value):  # (the list itself is not a tensor)
+                self.unsafe[value.obj] = view
+            return
+        value = self.info.values.get(view)
+        parent = next((r for a in view.all_input_nodes if (r := self._unsafe_of(a)) is not None), None)
+        if parent is not None and isinstance(value, Value):
+            self.unsafe[value.obj] = parent
+
+    def _raises_writing(self, node: fx.Node, a: fx.Node) -> bool:
+        """Whether eager raises when `node` writes the fragile view `a` with grad on: always, unless the view's
+        base did not require grad and nothing the write reads does (then no autograd is involved)."""
+        f = self._fragile_of(a)
+        if f is None:
+            return False
+        return f.base_rg or any(self._requires_grad(x) for x in node.all_input_nodes)
+
+    def _unsafe_of(self, a: fx.Node) -> fx.Node | None:
+        v = self.info.values.get(a)
+        return self.unsafe.get(v.obj) if isinstance(v, Value) else None
+
+    def _track_fragile(self, view: fx.Node) -> None:
+        value = self.info.values.get(view)
+        if not isinstance(value, Value):
+            return  # the list a split returns: its elements are tracked
+        source = view.args[0] if view.target is operator.getitem else view  # `split(..)[i]`: split's inputs
+        parent = next((f for a in source.all_input_nodes if (f := self._fragile_of(a)) is not None), None)
+        if parent is not None:
+            nograd = parent.nograd or not self.emit.grad
+            self.fragile[value.obj] = replace(parent, nograd=nograd, made_with_grad=bool(self.emit.grad))
+            return
+        epoch = self.writes.get(value.storage, 0)
+        if not any(self._requires_grad(a) for a in source.all_input_nodes):
+            if not self.emit.grad and view.target is not operator.getitem:
+                self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, base_rg=False)
+            return
+        if not self.emit.grad:
+            self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False)
+        elif view.target is operator.getitem and isinstance(source.target, torch._ops.OpOverload):
+            if facts(source.target).multi_output_view and facts(source.target).autograd_view:
+                self.fragile[value.obj] = _Fragile(view, epoch, False, f"returned by {source.target}", True)
+
+    def _stale(self, a: fx.Node) -> bool:
+        """Whether eager raises reading the fragile view `a`'s grad_fn: its storage was written since it was made
+        (or, for a view of a tensor that did not require grad, its base has come to require grad)."""
+        v = self.info.value(a)
+        f = self.fragile[v.obj]
+        return self._requires_grad(a) if not f.base_rg else self.writes.get(v.storage, 0) != f.epoch
+
+    def _fragile_of(self, a: fx.Node) -> _Fragile | None:
+        v = self.info.values.get(a)
+        return self.fragile.get(v.obj) if isinstance(v, Value) else None
+
+    def _requires_grad(self, a: fx.Node) -> bool:
+        """Whether eager's tensor requires grad: its storage's base does, or did before a write invisible to
+        autograd (which leaves requires_grad as it was; the functional value computed there has none)."""
+        value = self.info.values.get(a)
+        if not isinstance(value, Value):
+            return False
+        base = self.walk.current(value.storage)
+        return bool(base is not None and base.meta.get("rg")) or value.storage in self.history
+
+    # -- reads ---------------------------------------------------------------------------------------
+    def reads_fragile(self, v: Value) -> bool:
+        """Whether a read of `v` now is a read of a fragile view with grad on (see read_fragile)."""
+        return bool(self.emit.grad and self.fragile and v.obj in self.fragile)
+
+    def read_fragile(self, a: fx.Node) -> fx.Node:
+        """Reading a fragile view with grad on: made under no_grad, eager's is a leaf that requires grad. Its
+        storage written since the view was made, eager raises (reading the view's grad_fn): the graph runs
+        eagerly."""
+        f = self.fragile[self.info.value(a).obj]
+        if self._stale(a):
+            raise UnsupportedError(
+                with_location(
+                    f"a view {f.why} is used with grad on after its base was written; eager raises",
+                    node_location(f.root),
+                )
+            )
+        node = self.walk.materialize(self.info.value(a))
+        return self.emit.call(grad_leaf, node) if f.nograd and f.base_rg else node
+
+    def replay_for_grad(self, v: Value) -> bool:
+        """Whether the view `v`, last replayed under no_grad, is read with grad on: eager's view was made with
+        grad on, so it is replayed again (a cached one is not differentiable)."""
+        return bool(v in self.replayed_without_grad and self.emit.grad)
+
+    def replayed(self, v: Value) -> None:
+        """`v` was replayed from its base, in the current grad mode."""
+        if v.chain and self.emit.grad is False:
+            self.replayed_without_grad.add(v)
+        else:
+            self.replayed_without_grad.discard(v)
+
+    # -- writes --------------------------------------------------------------------------------------
+    def with_history(self, s: Storage, new: fx.Node, hidden: bool) -> fx.Node:
+        """The value `new` a write leaves in storage `s`, as eager's tensor has it: a write autograd does not see
+        (`hidden`: through detach or a dtype view; or under no_grad) keeps the base's history for later
+        (history); one it sees of values that do not require grad into a base that does is `overwritten`."""
+        base = self.walk.current(s)
+        if (hidden or not self.emit.grad) and base.meta.get("rg"):
+            self.history.setdefault(s, base)
+        if self.emit.grad and not hidden and base.meta.get("rg") and not new.meta.get("rg"):
+            new = self.emit.call(overwritten, base, new)
+        return new
+
+    def after_write(self, s: Storage, node: fx.Node, hidden: bool) -> None:
+        """`node` has written storage `s`: eager's version counter moves; at the last write of a caller's
+        tensor that autograd reads later, the caller's tensor receives its value now."""
+        self.version_counter_moves(s)
+        if self.emit.grad and not hidden:
+            self.grad_writes.add(s)
+        if self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no":
+            self._write_back_now(s)  # (an expanded caller tensor keeps its write-back of one of each repeat)
+
+    def version_counter_moves(self, s: Storage) -> None:
+        """Eager's version counter of `s` moves (a write, or `x.copy_(x)`, which writes nothing)."""
+        self.writes[s] = self.writes.get(s, 0) + 1
+
+    def saves_caller_result(self, node: fx.Node, v: Value) -> bool:
+        """The last write of a caller's tensor that requires grad, by an in-place op whose backward saves its
+        result (`relu_`, `sigmoid_`): eager saves the caller's tensor itself, so a write after the call makes
+        backward raise. Asked of eager (saved.py)."""
+        s = v.storage
+        if self.last_input_write.get(s) is not node or not self.emit.grad or internal_overlap(s.root_meta) != "no":
+            return False
+        ph = self.walk.caller_placeholder(s)
+        if not ph.meta.get("rg"):
+            return False
+        from .saved import saves_its_result
+
+        return saves_its_result(node)
+
+    def run_in_place_on_caller(self, node: fx.Node, v: Value, bound: dict[str, Any]) -> None:
+        """Run the last write as eager does, in place on the caller's tensor (holding its value before the
+        write), so its backward saves the caller's tensor; later reads read it."""
+        s = v.storage
+        ph = self.walk.caller_placeholder(s)
+        if self.walk.current(s) is ph:  # not written yet
+            caller = self.emit.call(caller_tensor, ph)
+            caller.meta["rg"] = True
+        else:  # it first receives its value before this write
+            self._write_back_now(s)
+            caller = self.walk.current(s)
+        view = self.walk.replay(v, caller)
+        op = node.target
+        values = {n: (view if n == "self" else self.walk.read(a)) for n, a in bound.items()}
+        args = [values[a.name] for a in op._schema.arguments if not a.kwarg_only and a.name in values]
+        kwargs = {a.name: values[a.name] for a in op._schema.arguments if a.kwarg_only and a.name in values}
+        written = self.emit.call(op, *args, **kwargs)
+        after = self.emit.call(caller_after, caller, written)
+        after.meta["rg"] = True
+        self.walk.advance(s, after)
+        self.version_counter_moves(s)
+        self.grad_writes.add(s)
+        self.written_back.add(s)
+
+    def _write_back_now(self, s: Storage) -> None:
+        """The caller's tensor of input storage `s` receives its final value here, at its last write, and later
+        reads read it: ops that save it for backward save the caller's tensor itself, as eager's do, so an
+        in-place write after the call (in a later graph, or in eager code) makes backward raise as in eager.
+        Reads before read it through a clone (functionalize's _protect_written_inputs)."""
+        ph = self.walk.caller_placeholder(s)
+        if s in self.history and s in self.grad_writes:
+            self._restore_history(s)
+        self.history.pop(s, None)  # the caller's tensor has eager's history from here on
+        grad, self.emit.grad = self.emit.grad, s in self.grad_writes
+        node = self.emit.call(write_back_now, ph, self.walk.current(s))
+        self.emit.grad = grad
+        node.meta["rg"] = bool(ph.meta.get("rg") or node.meta.get("rg"))
+        self.walk.advance(s, node)
+        self.written_back.add(s)
+
+    def _restore_history(self, s: Storage) -> None:
+        """Give storage `s` eager's history again: its current values, the gradient of its base from before the
+        writes autograd did not see."""
+        grad, self.emit.grad = self.emit.grad, True
+        # At the output (no line of its own), the line of the last write, whose value it returns or writes back.
+        stack_trace = self.emit.stack_trace
+        base = self.walk.current(s)
+        self.emit.stack_trace = stack_trace or base.meta.get("stack_trace")
+        joined = self.emit.call(keep_history, self.history.pop(s), base)
+        self.emit.grad, self.emit.stack_trace = grad, stack_trace
+        self.walk.advance(s, joined)  # views read from here on are replayed from the base with history
+
+    # -- the output ----------------------------------------------------------------------------------
+    def before_output(self, storages: list[Storage], returned: list[Storage]) -> None:
+        """A caller's tensor written with grad on is written back with its history, a returned intermediate is
+        returned with it: eager's history, if writes invisible to autograd came since. (`storages`: every
+        storage, in the order of their first values.)"""
+        for s in [*(s for s in storages if s in self.grad_writes), *returned]:
+            if s in self.history and (s in self.grad_writes or s.kind is StorageKind.INTERMEDIATE):
+                self._restore_history(s)
+
+    def written_with_grad(self, s: Storage) -> bool:
+        """Whether `s` was written with grad on (its write-back carries the written values' history)."""
+        return s in self.grad_writes
+
+    def output_slot(self, arg: fx.Node, slot: OutputSlot) -> OutputSlot:
+        """The output `slot` of the returned `arg`, with how eager made it: the grad mode of a returned view, a
+        fragile view's or an `unsafe_split` element's own way of being rebuilt."""
+        made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
+        if made is not None and slot.chain:
+            slot = replace(slot, grad=made)
+        if self._fragile_of(arg) is not None:
+            return self._fragile_output(arg, slot)
+        if self._unsafe_of(arg) is not None and slot.same_as is None:
+            multi = self._multi_output_step(self._unsafe_of(arg), slot)
+            if multi is None:
+                raise UnsupportedError("an element of unsafe_split is returned in a way not rebuilt exactly yet")
+            return replace(slot, multi_output=multi)
+        return slot
+
+    def _fragile_output(self, arg: fx.Node, slot: OutputSlot) -> OutputSlot:
+        """A returned fragile view. Made under no_grad, eager's is a leaf that requires grad: replayed under
+        no_grad it is one too. Written since (eager's raises when its grad_fn is read), or a view made with grad
+        on of a no_grad view (eager's has a grad_fn that ends at that leaf), the graph runs eagerly."""
+        f = self.fragile[self.info.value(arg).obj]
+        if self._stale(arg) or (f.nograd and f.made_with_grad):
+            raise UnsupportedError(
+                with_location(
+                    f"a view {f.why} is returned after its base was written or a view of it was made with grad "
+                    "on; not compiled exactly yet",
+                    node_location(f.root),
+                )
+            )
+        if slot.same_as is not None:
+            return slot
+        unsafe = self._unsafe_of(arg)  # (a view made under no_grad of an unsafe_split element)
+        multi = self._multi_output_step(f.root, slot) or (unsafe and self._multi_output_step(unsafe, slot))
+        if not f.nograd:
+            return replace(slot, multi_output=multi)
+        # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
+        # tensor, was made with grad on and requires grad).
+        step = self.info.value(f.root).chain[-1]
+        start = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), 0)
+        return replace(slot, grad=False, grad_from=start, multi_output=multi)
+
+    def _multi_output_step(self, root: fx.Node, slot: OutputSlot) -> tuple[int, Any, tuple[Any, ...], int] | None:
+        """Where the output's chain has the split step of `root` (a split's element), and how eager made it."""
+        if root.target is not operator.getitem or not isinstance(root.args[0].target, torch._ops.OpOverload):
+            return None
+        source = root.args[0]
+        args = tuple(source.args[1:])
+        if source.kwargs or any(isinstance(a, fx.Node) for a in pytree.tree_leaves(args)):
+            return None
+        step = self.info.value(root).chain[-1]
+        k = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), None)
+        return None if k is None else (k, source.target, args, root.args[1])
+
+
+def _written(node: fx.Node) -> list[fx.Node]:
+    """The captured tensors `node` writes."""
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or not facts(op).mutated:
+        return []
+    bound = bind_args(op._schema, node.args, node.kwargs)
+    args = [bound.get(name) for name in facts(op).mutated]
+    return [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, fx.Node)]
+
+
+def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -> dict[Storage, fx.Node]:
+    """For each storage of the caller's tensors (one tensor, or an alias group) written (and, with `read_later`,
+    read with grad on after its last write): its last write."""
+    from .saved import tensor_values, written_storages
+
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    last: dict[Storage, fx.Node] = {}
+    for n in nodes:
+        for s in written_storages(n, info):
+            if s.kind in (StorageKind.INPUT, StorageKind.GROUP):
+                last[s] = n
+    order = {n: i for i, n in enumerate(nodes)}
+    later_reads = set()
+    for n in nodes:
+        if n.meta.get("grad"):
+            later_reads |= {
+                v.storage for v in tensor_values(n, info) if v.storage in last and order[n] > order[last[v.storage]]
+            }
+    return {s: w for s, w in last.items() if s in later_reads or not read_later}
+
+
+@dataclass(frozen=True)
+class _Fragile:
+    """A view of a tensor that requires grad, made under no_grad or taken from a multi-output view (split,
+    unbind), or a view of one. Eager raises when it is written with grad on, and when its grad_fn is read after
+    its storage was written (any write, since `epoch` writes). Made under no_grad (`nograd`), eager's is a leaf
+    that requires grad: no gradient goes through it to its base."""
+
+    root: fx.Node
+    epoch: int
+    nograd: bool
+    why: str
+    made_with_grad: bool  # this view itself (a view of a no_grad view made with grad on has a grad_fn)
+    # Whether its base required grad when it was made. A view made under no_grad of one that did not is an
+    # ordinary tensor until a write with grad on makes its base require grad; then eager raises reading its grad_fn.
+    base_rg: bool = True
