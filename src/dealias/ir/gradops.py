@@ -59,7 +59,7 @@ def overwritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 
 def write_back_now(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """The caller's tensor receives its final value inside the graph, where its last write was; later reads are
-    of the caller's tensor itself (see Functionalizer._write_back_now)."""
+    of the caller's tensor itself (see AutogradFacts._write_back_now)."""
     target.copy_(value)
     return target
 
@@ -69,7 +69,7 @@ write_back_now._dealias_effect = True  # type: ignore[attr-defined]  # a write: 
 
 def caller_tensor(t: torch.Tensor) -> torch.Tensor:
     """The caller's tensor itself, not the clone later reads of a written input go through (see
-    Functionalizer._in_place_on_caller): the graph runs a write on it in place."""
+    AutogradFacts.run_in_place_on_caller): the graph runs a write on it in place."""
     return t
 
 

@@ -122,7 +122,7 @@ def functional_writes_nothing(gm: fx.GraphModule, stage: str = "functionalize") 
     `Tag.inplace_view` ops are INPLACE_VIEW), unless called so that it writes nothing (BatchNorm in eval mode);
     no function target but views, scatters, size arithmetic and `PURE_FUNCTIONS`. The documented exceptions:
     `bump_version` (no data written), and, only in a program with an input that requires grad, `write_back_now`
-    into a caller's tensor and the in-place op `_in_place_on_caller` runs on (a view of) the caller's tensor itself
+    into a caller's tensor and the in-place op `run_in_place_on_caller` runs on (a view of) the caller's tensor itself
     (`caller_tensor(x)` or `write_back_now(x, ..)`), whose backward saves its result as eager's does."""
     check = "functional graph writes nothing"
     autograd = any(n.op == "placeholder" and n.meta.get("rg") for n in gm.graph.nodes)
