@@ -188,28 +188,36 @@ class _AutogradMetadata(TorchFunctionMode):
 
 
 class _GradModes(TorchDispatchMode):
-    """Records whether grad mode was on for each aten call the program makes (`with torch.no_grad():`
-    inside the function), then stores it on the traced nodes as meta["grad"]."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[Any, bool]] = []
+    """Tags each aten call with whether grad mode was on (`with torch.no_grad():` inside the function) as make_fx
+    creates its node: through fx's current node meta (`custom` is copied onto every node created while it is
+    set), so the mode is the one the call ran in, not matched up afterwards. `annotate` moves it to
+    meta["grad"]; a node make_fx adds on its own (a constant, a size) keeps the mode of the call before it."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls.append((func, torch.is_grad_enabled()))
-        return func(*args, **(kwargs or {}))
+        meta = fx_traceback.get_current_meta()
+        had, custom = "custom" in meta, meta.get("custom")
+        meta["custom"] = {**(custom or {}), _GRAD_KEY: torch.is_grad_enabled()}
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            if had:
+                meta["custom"] = custom
+            else:
+                del meta["custom"]
 
     def annotate(self, gm: fx.GraphModule) -> None:
-        # make_fx records the same calls in the same order; a node it adds on its own keeps the mode of the
-        # call before it.
-        i, grad = 0, torch.is_grad_enabled()
+        grad = torch.is_grad_enabled()
         for node in gm.graph.nodes:
-            if node.op != "call_function":
-                continue
-            j = next((j for j in range(i, len(self.calls)) if self.calls[j][0] is node.target), None)
-            if j is not None:
-                grad, i = self.calls[j][1], j + 1
-            node.meta["grad"] = grad
+            custom = node.meta.get("custom")
+            if isinstance(custom, dict) and _GRAD_KEY in custom:
+                grad = custom.pop(_GRAD_KEY)
+                if not custom:
+                    del node.meta["custom"]
+            if node.op == "call_function":
+                node.meta["grad"] = grad
+
+
+_GRAD_KEY = "dealias_grad_enabled"
 
 
 def _return_inputs_as_themselves(gm: fx.GraphModule, returned_inputs: list[int | None]) -> None:
