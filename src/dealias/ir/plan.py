@@ -98,13 +98,6 @@ class Ref:
         return f"{self.kind.value} {self.key}"
 
 
-def caller_ref(kind: StorageKind, index: int | None, constant: str | None) -> Ref:
-    """The Ref of a caller's storage."""
-    if kind is StorageKind.CONSTANT:
-        return Ref(RefKind.CONSTANT, constant)
-    return Ref(RefKind(kind.value), index)
-
-
 @dataclass(frozen=True)
 class WriteBack:
     """At the end of a call, the caller's tensor `target` receives graph result `output`."""

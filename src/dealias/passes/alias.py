@@ -22,7 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import InternalError, UnsupportedError, located, node_location, with_location
 from ..ir.opfacts import OpKind, bind_args, facts, is_view_target
-from ..ir.plan import StorageKind
+from ..ir.plan import Ref, RefKind, StorageKind
 from ..ir.sharing import AliasGroup
 from ..ir.viewops import ViewStep, as_strided_rel, extent, normalize_multi_output, relative_as_strided
 
@@ -37,6 +37,12 @@ class Storage:
     constant: str | None = None  # attribute name of the tensor constant (CONSTANT)
     root_meta: torch.Tensor | None = None  # fake tensor of the base as traced
     root_obj: int = -1  # the tensor object that is the base
+
+    def ref(self) -> Ref:
+        """How the plan names a caller's storage."""
+        if self.kind is StorageKind.CONSTANT:
+            return Ref(RefKind.CONSTANT, self.constant)
+        return Ref(RefKind(self.kind.value), self.index)
 
 
 @dataclass(eq=False)

@@ -37,7 +37,6 @@ from ..ir.plan import (
     WriteBack,
     group_placeholder,
 )
-from ..ir.plan import caller_ref as plan_caller_ref
 from ..ir.regions import emit_region_write, restride
 from ..ir.sharing import overlaps
 from ..ir.viewops import (
@@ -55,10 +54,6 @@ from .alias import AliasInfo, Storage, Value
 from .autograd_facts import AutogradFacts
 
 aten = torch.ops.aten
-
-
-def caller_ref(s: Storage) -> Ref:
-    return plan_caller_ref(s.kind, s.index, s.constant)
 
 
 def functionalize(captured: Captured, info: AliasInfo) -> FunctionalProgram:
@@ -201,7 +196,7 @@ class _Functionalizer:
     def caller_placeholder(self, s: Storage) -> fx.Node:
         """The placeholder of caller storage `s`: the caller's tensor itself, or its alias group's base (a view of
         the members' memory, sharing their version counter)."""
-        return next(p for p, ref in self.placeholder_ref.items() if ref == caller_ref(s))
+        return next(p for p, ref in self.placeholder_ref.items() if ref == s.ref())
 
     def _fresh_out(self, v: Value) -> bool:
         """`v` is a whole tensor with no elements, made inside the program and not seen by the caller, so an
@@ -289,7 +284,7 @@ class _Functionalizer:
         backward then save the clone, and the write-back into the caller's tensor after the graph cannot
         invalidate them ("modified by an inplace operation"); gradients still reach the input's history."""
         placeholders = self.graph.find_nodes(op="placeholder")
-        targets = [wb.target for wb in self.program.writebacks] + [caller_ref(s) for s in self.autograd.written_back]
+        targets = [wb.target for wb in self.program.writebacks] + [s.ref() for s in self.autograd.written_back]
         for target in targets:
             ph = next((p for p in placeholders if self.placeholder_ref.get(p) == target), None)
             # An input that does not require grad can still be saved for backward by an op that does record
@@ -498,7 +493,7 @@ class _Functionalizer:
         for s in list(self.base):
             if s.kind is not StorageKind.INTERMEDIATE and self.version[s] > 0 and s not in self.autograd.written_back:
                 grad = self.autograd.written_with_grad(s)
-                self.program.writebacks.append(WriteBack(caller_ref(s), len(outs), grad))
+                self.program.writebacks.append(WriteBack(s.ref(), len(outs), grad))
                 outs.append(self.base[s])
         for obj, ref in self.caller_objs.items():
             first, last = self.first[obj], self.latest[obj]
@@ -557,7 +552,7 @@ class _Functionalizer:
             n = len(root.chain)
             if root.storage is v.storage and v.chain[:n] == root.chain:
                 return OutputSlot(ref, v.chain[n:])
-        return OutputSlot(caller_ref(v.storage), v.chain)
+        return OutputSlot(v.storage.ref(), v.chain)
 
 
 def _read_with_grad(node: fx.Node) -> bool:
