@@ -47,6 +47,19 @@ def test_notices_lost_output_aliasing(monkeypatch):
         check(returns_input, torch.randn(3))
 
 
+def returns_a_view_of_an_intermediate(x):
+    y = x * 2
+    return y[0]
+
+
+def test_notices_an_output_that_is_no_longer_a_view(monkeypatch):
+    # Same values, no input memory either way: only `_is_view()` (autograd's `_base`) tells them apart.
+    real = program.replay_chain
+    monkeypatch.setattr(program, "replay_chain", lambda *a: real(*a).clone())
+    with pytest.raises(AssertionError, match="aliasing"):
+        check(returns_a_view_of_an_intermediate, torch.randn(3, 2))
+
+
 def test_notices_wrong_view_inverse(monkeypatch):
     real = viewops.inverse
 

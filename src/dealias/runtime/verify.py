@@ -137,7 +137,8 @@ def _value_difference(a: Any, b: Any) -> str | None:
 
 
 def alias_pattern(inputs: list[Any], outputs: list[Any]) -> list[tuple[Any, ...]]:
-    """For each output: the inputs it is, the input storages it shares, the outputs it is / shares."""
+    """For each output: the inputs it is, the input storages it shares, the outputs it is / shares, and whether it
+    is a view (autograd's `_base`: a view's grad_fn, hooks and in-place rules differ from a tensor of its own)."""
     ins = [x for x in inputs if isinstance(x, torch.Tensor)]
     pattern = []
     for o in outputs:
@@ -153,6 +154,7 @@ def alias_pattern(inputs: list[Any], outputs: list[Any]) -> list[tuple[Any, ...]
                 tuple(
                     j for j, p in enumerate(outputs) if isinstance(p, torch.Tensor) and p.untyped_storage()._cdata == st
                 ),
+                o._is_view(),
             )
         )
     return pattern
