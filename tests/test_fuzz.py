@@ -240,3 +240,34 @@ def test_grad_write_through_permuted_view_keeps_strides():  # seed 48841 (10,000
         return (v3,)
 
     check(f, torch.randn(5, 5, requires_grad=True) * 1)
+
+
+def written_through_unfold(x0):  # seed 993244: found once the oracle compared whether outputs are views
+    v1 = x0.sum(1, keepdim=True)
+    v1.unfold(0, 2, 3).masked_fill_(v1.unfold(0, 2, 3) > 0, 3.0)
+    return (v1,)
+
+
+def zeroed_through_expand_under_no_grad(x0):  # seed 993541
+    v1 = torch.ones(6)
+    with torch.no_grad():
+        v1.expand(2, *v1.shape).zero_()
+    return (v1,)
+
+
+@pytest.mark.parametrize("fn", [written_through_unfold, zeroed_through_expand_under_no_grad])
+def test_a_base_written_by_position_is_returned_as_no_view(fn):
+    # Under autograd, a write through an as_strided-like region is a scatter by explicit positions on the flat
+    # tensor; the result must not come back as a view of that flat tensor (eager's written tensor is no view).
+    check(fn, torch.randn(4, 6, requires_grad=True) * 1)
+
+
+def written_through_transpose_of_a_transposed_base(x):
+    v = x.t().sin()
+    v.t()[0].add_(1)  # the decomposition ends in t(): returned, it is copied in v's layout, not a view
+    return v
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_a_returned_base_written_through_a_pure_view_is_no_view(grad):
+    check(written_through_transpose_of_a_transposed_base, torch.randn(3, 4, requires_grad=grad) * 1)

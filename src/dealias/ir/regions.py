@@ -157,9 +157,16 @@ def decompose(gm: fx.GraphModule) -> None:
 
 
 def _owning(emit: Emitter, node: fx.Node) -> fx.Node:
+    """`node`, a returned decomposition, as a tensor of its own: `_unsafe_view` of a contiguous view (the same
+    memory, no copy); a copy in the same layout of a non-contiguous one (`v.t()[0].add_(1)` on a transposed `v`
+    ends in `t()`, and no aten op makes a non-view alias with such strides)."""
     t = node.meta.get("val")
-    if not is_view_node(node) or not isinstance(t, torch.Tensor) or not t.is_contiguous():
+    if not is_view_node(node) or not isinstance(t, torch.Tensor):
         return node
-    if any(isinstance(n, torch.SymInt) for n in t.shape):
+    if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride())):
         return node
-    return emit.call(aten._unsafe_view.default, node, list(t.shape))
+    if t.is_contiguous():
+        return emit.call(aten._unsafe_view.default, node, list(t.shape))
+    if is_non_overlapping_and_dense(t):
+        return emit.call(aten.clone.default, node, memory_format=torch.preserve_format)
+    return node

@@ -91,9 +91,11 @@ def strided_positions(size: list[int], stride: list[int], rel: int) -> torch.Ten
 
 
 def index_scatter_rel(t: torch.Tensor, src: torch.Tensor, size: list[int], stride: list[int], rel: int):
-    """`as_strided_scatter_rel` for a contiguous `t`, through `index_put` (whose backward is right)."""
+    """`as_strided_scatter_rel` for a contiguous `t`, through `index_put` (whose backward is right). The result
+    is a tensor of its own, as a scatter's is (`_unsafe_view`, not an autograd view of the flat one): returned,
+    eager's written tensor is no view."""
     flat = t.reshape(-1).index_put((strided_positions(size, stride, rel),), src.reshape(-1))
-    return flat.view(t.shape)
+    return torch.ops.aten._unsafe_view.default(flat, list(t.shape))
 
 
 def relative_as_strided(args: tuple[Any, ...], kwargs: dict[str, Any], parent: torch.Tensor) -> ViewStep:
