@@ -93,11 +93,11 @@ def region_chain(node: fx.Node) -> tuple[ViewStep, ...]:
 
 def emit_region_write(emit: Emitter, base: fx.Node, views: list[fx.Node], value: fx.Node) -> fx.Node:
     """The node writing `value` into the last of `views` (a chain of views from `base`). It requires grad as its
-    decomposition will: the value does, or the base does and some inverse reads it (a pure-view inverse, as for
-    a write through `detach()` or `t()`, reads only the value)."""
+    decomposition will: with grad on, when the value does, or the base does and some inverse reads it (a
+    pure-view inverse, as for a write through `detach()` or `t()`, reads only the value)."""
     node = emit.call(region_write, base, views[-1], value)
     reads_base = any(inverse_reads_base(step_of(v)) for v in views)
-    node.meta["rg"] = bool(value.meta.get("rg") or (node.meta["rg"] and reads_base and base.meta.get("rg")))
+    node.meta["rg"] = bool(node.meta["rg"] and (value.meta.get("rg") or (reads_base and base.meta.get("rg"))))
     return node
 
 
@@ -164,7 +164,7 @@ def _owning(emit: Emitter, node: fx.Node) -> fx.Node:
     if not is_view_node(node) or not isinstance(t, torch.Tensor):
         return node
     if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride())):
-        return node
+        return node  # (`_unsafe_view` takes static sizes; as before region writes were nodes, it stays a view)
     if t.is_contiguous():
         return emit.call(aten._unsafe_view.default, node, list(t.shape))
     if is_non_overlapping_and_dense(t):
