@@ -122,7 +122,7 @@ class AutogradFacts:
         source = view.args[0] if view.target is operator.getitem else view
         op = source.target
         if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view:
-            if self._requires_grad(source.args[0]):
+            if self.requires_grad(source.args[0]):
                 raise UnsupportedError(
                     with_location(f"{op} of a tensor that requires grad is not compiled yet", node_location(view))
                 )
@@ -141,7 +141,7 @@ class AutogradFacts:
         f = self._fragile_of(a)
         if f is None:
             return False
-        return f.base_rg or any(self._requires_grad(x) for x in node.all_input_nodes)
+        return f.base_rg or any(self.requires_grad(x) for x in node.all_input_nodes)
 
     def _unsafe_of(self, a: fx.Node) -> fx.Node | None:
         v = self.info.values.get(a)
@@ -158,7 +158,7 @@ class AutogradFacts:
             self.fragile[value.obj] = replace(parent, nograd=nograd, made_with_grad=bool(self.emit.grad))
             return
         epoch = self.writes.get(value.storage, 0)
-        if not any(self._requires_grad(a) for a in source.all_input_nodes):
+        if not any(self.requires_grad(a) for a in source.all_input_nodes):
             if not self.emit.grad and view.target is not operator.getitem:
                 self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, base_rg=False)
             return
@@ -173,13 +173,13 @@ class AutogradFacts:
         (or, for a view of a tensor that did not require grad, its base has come to require grad)."""
         v = self.info.value(a)
         f = self.fragile[v.obj]
-        return self._requires_grad(a) if not f.base_rg else self.writes.get(v.storage, 0) != f.epoch
+        return self.requires_grad(a) if not f.base_rg else self.writes.get(v.storage, 0) != f.epoch
 
     def _fragile_of(self, a: fx.Node) -> _Fragile | None:
         v = self.info.values.get(a)
         return self.fragile.get(v.obj) if isinstance(v, Value) else None
 
-    def _requires_grad(self, a: fx.Node) -> bool:
+    def requires_grad(self, a: fx.Node) -> bool:
         """Whether eager's tensor requires grad: its storage's base does, or did before a write invisible to
         autograd (which leaves requires_grad as it was; the functional value computed there has none)."""
         value = self.info.values.get(a)

@@ -411,7 +411,12 @@ class _Functionalizer:
             raise UnsupportedError(f"{op} has no functional counterpart known to dealias")
         bound = bind_args(op._schema, node.args, node.kwargs)
         if op is aten.copy_.default and bound["self"] is bound["src"]:
-            # `x.copy_(x)`: eager returns at once, touching no value and no history; its version counter moves.
+            # `x.copy_(x)`: eager returns at once, touching no value; its version counter moves. Autograd records it
+            # (the copy's backward): through a view whose elements overlap (`x.unfold(0, 2, 1)`), that gathers the
+            # gradient once per alias of an element, which no functional program here reproduces: run eagerly.
+            if self.emit.grad and internal_overlap(self.info.value(bound["self"]).meta) != "no":
+                if self.autograd.requires_grad(bound["self"]):
+                    raise UnsupportedError(f"{op} of an overlapping view onto itself, recorded by autograd")
             s = self.info.value(bound["self"]).storage
             self.autograd.version_counter_moves(s)
             if s.kind is not StorageKind.INTERMEDIATE:  # the caller's tensor: what autograd saved of it is stale
