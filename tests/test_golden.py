@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import dealias
+from dealias.tools.demo import seed_program
 
 
 def traces(fn, *args) -> str:
@@ -32,15 +33,6 @@ def traces(fn, *args) -> str:
     text = "\n".join(str(t) for t in dealias.last_traces(jf)[2:])
     text = re.sub(r"\S+\.py:\d+  ", "", text)
     return re.sub(r"\(\d+\.\d ms\)", "(.. ms)", text)  # (the passes' times vary)
-
-
-def seed(a, b):
-    c = torch.exp(a)
-    d = torch.tanh(b)
-    e = c.flatten()
-    e += d.flatten()
-    d.div_(a)
-    return c, d
 
 
 def cache_write(cache, k, pos: int):
@@ -111,7 +103,7 @@ def write_under_autograd(x):
 class TestGolden(TestCase):
     def test_seed(self):
         self.assertExpectedInline(
-            traces(seed, torch.randn(2, 2), torch.randn(2, 2)),
+            traces(seed_program, torch.randn(2, 2), torch.randn(2, 2)),
             """\
 # functional trace (no mutation)
 # made by alias analysis (.. ms), functionalize (.. ms), optimize (.. ms)
