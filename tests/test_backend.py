@@ -11,6 +11,7 @@ import torch
 from harness import compare_call
 
 import dealias
+from dealias.frontend import dynamo_fixes
 
 
 def write_first_read_second(x, y):
@@ -57,22 +58,45 @@ def stale_shape(a):
     v = a[0]
     v.unsqueeze_(0)
     v.add_(1)
+    w = a.t()
+    torch.Tensor.t_(w)
+    return a, v.shape, v.view(v.shape[1], -1), w.stride()
+
+
+def test_in_place_metadata_change_inside_a_graph_compiles():
+    # Dynamo alone reports v.shape as it was before unsqueeze_ (torch.Size([3])), baked into the graph as a
+    # constant, with every backend; dynamo_fixes refreshes dynamo's view of v while tracing for dealias.
+    for jf in (dealias.jit(stale_shape), torch.compile(stale_shape, backend="dealias")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dealias.FallbackWarning)
+            for _ in range(2):
+                assert compare_call(stale_shape, jf, (torch.zeros(2, 3),)) is None
+                a = torch.zeros(2, 3)
+                out, shape, flat, stride = jf(a)
+                assert out is a and shape == torch.Size([1, 3]) and flat.shape == (3, 1) and stride == (3, 1)
+    assert not dynamo_fixes.for_dealias(torch._dynamo.lookup_backend("eager"))
+
+
+def stale_shape_small(a):
+    v = a[0]
+    v.unsqueeze_(0)
+    v.add_(1)
     return a, v.shape
 
 
-def test_in_place_metadata_change_runs_its_frame_eagerly():
-    # Dynamo reports v.shape as it was before unsqueeze_ (torch.Size([3])) whatever the backend; dealias runs the
-    # frame eagerly instead, every call, and says so once.
-    jf = dealias.jit(stale_shape)
+def test_in_place_metadata_change_unrefreshed_runs_its_frame_eagerly(monkeypatch):
+    # Where the fix does not apply (dynamo's internals moved), the frame runs eagerly, every call, and says so once.
+    monkeypatch.setattr(dynamo_fixes, "for_dealias", lambda compiler_fn: False)
+    jf = dealias.jit(stale_shape_small)
     with pytest.warns(dealias.FallbackWarning, match=r"unsqueeze_.*stale"):
-        assert compare_call(stale_shape, jf, (torch.zeros(2, 3),)) is None
+        assert compare_call(stale_shape_small, jf, (torch.zeros(2, 3),)) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error", dealias.FallbackWarning)
         a = torch.zeros(2, 3)
         out, shape = jf(a)
         assert out is a and shape == torch.Size([1, 3]) and a[0].eq(1).all()
     with pytest.raises(dealias.UnsupportedError, match=r"unsqueeze_[\s\S]*test_backend.py:\d+"):
-        dealias.jit(stale_shape, strict=True)(torch.zeros(2, 3))
+        dealias.jit(stale_shape_small, strict=True)(torch.zeros(2, 3))
 
 
 def test_registered_backend_with_options():

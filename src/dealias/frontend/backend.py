@@ -48,6 +48,7 @@ from ..ir.sharing import find_groups_or_none, overlapping_pairs
 from ..passes.pipeline import compile_program
 from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
+from .dynamo_fixes import REFRESHED, install, is_inplace_view
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
 
@@ -500,6 +501,8 @@ def _raises(gm: fx.GraphModule, leaves: list[Any]) -> bool:
 class Backend:
     """A dynamo backend with its options and its statistics: `torch.compile(fn, backend=Backend(...))`."""
 
+    is_dealias_backend = True  # dynamo_fixes applies while dynamo traces for it
+
     def __init__(self, options: Options, stats: Stats | None = None) -> None:
         self.options = options
         self.stats = stats if stats is not None else Stats()
@@ -517,6 +520,10 @@ def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict
     refuse_stale_metadata(gm, opts, "a compiled function")
     refuse_late_hooks(gm, opts, "a compiled function")
     return graph_program(gm, opts, Stats(name="a compiled function"))
+
+
+dealias_backend.is_dealias_backend = True  # type: ignore[attr-defined]
+install()
 
 
 def graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callable[..., Any]:
@@ -541,18 +548,16 @@ def _inplace_view(node: fx.Node) -> bool:
         name = getattr(node.target, "__name__", "")
     else:
         return False
-    packet = getattr(torch.ops.aten, name, None) if isinstance(name, str) and name.endswith("_") else None
-    if packet is None or not hasattr(packet, "overloads"):
-        return False
-    return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
+    return isinstance(name, str) and is_inplace_view(name)
 
 
 def refuse_stale_metadata(gm: fx.GraphModule, options: Options, name: str) -> None:
     """Dynamo keeps a tensor's sizes and strides from when it was made: after an in-place metadata change inside
     the graph (`v = a[0]; v.unsqueeze_(0)`), Python code that reads `v.shape` gets the old shape, in every
-    backend. dealias cannot repair bytecode dynamo already generated, so it asks dynamo to run the frame
-    eagerly (exact; the decision is cached by dynamo) and says where."""
-    node = next((n for n in gm.graph.nodes if _inplace_view(n)), None)
+    backend. dynamo_fixes refreshes them while dynamo traces and marks the op; an unmarked one (dynamo's
+    internals moved, or a path the fix does not see) cannot be repaired in bytecode dynamo already generated, so
+    dealias asks dynamo to run the frame eagerly (exact; the decision is cached by dynamo) and says where."""
+    node = next((n for n in gm.graph.nodes if _inplace_view(n) and not n.meta.get(REFRESHED)), None)
     if node is None:
         return
     op = node.target if isinstance(node.target, str) else node.target.__name__

@@ -75,6 +75,7 @@ class _Functionalizer:
         self.emitted: dict[fx.Node, fx.Node] = {}  # captured multi-output node -> its functional node
         self.latest: dict[int, Value] = {}  # tensor object -> its latest value (metadata mutations)
         self.first: dict[int, Value] = {}  # caller's tensor object -> its value on entry
+        self.fresh_obj: dict[Storage, Value] = {}  # intermediate storage -> the tensor object that made it
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
         self.detached: set[int] = set()  # tensor objects that ran detach_()
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
@@ -394,6 +395,7 @@ class _Functionalizer:
 
     def _bind_fresh(self, v: Value, node: fx.Node) -> None:
         self._new_storage(v.storage, node)
+        self.fresh_obj[v.storage] = v
         self.cache[v] = (node, 0)
         self.latest[v.obj] = v
 
@@ -503,12 +505,7 @@ class _Functionalizer:
         for obj, ref in self.caller_objs.items():
             first, last = self.first[obj], self.latest[obj]
             if _layout(last.meta) != _layout(first.meta) or obj in self.detached:
-                m = last.meta
-                rel = m.storage_offset() - first.meta.storage_offset()
-                if any(isinstance(x, torch.SymInt) for x in (*m.shape, *m.stride(), rel)):
-                    raise UnsupportedError("a metadata change of a caller's tensor to a symbolic layout")
-                write = MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, obj in self.detached)
-                self.program.metadata_writebacks.append(write)
+                self.program.metadata_writebacks.append(self._metadata_write(ref, first.meta, last))
         results: dict[Storage, int] = {}
         seen: dict[int, int] = {}  # tensor object -> its first output position
         for position, arg in enumerate(node.args[0]):
@@ -530,12 +527,28 @@ class _Functionalizer:
                 if s not in results:
                     results[s] = len(outs)
                     outs.append(self.base[s])
-                self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, results[s]), v.chain))
+                ref = Ref(RefKind.RESULT, results[s])
+                made_it = self.fresh_obj.get(s)
+                if made_it is not None and made_it.obj == v.obj and v.chain:
+                    # The tensor that made the storage, after `y.t_()`: eager returns it, not a view of it. The
+                    # result itself is returned, its metadata set after every view of it has been made.
+                    self.program.outputs.append(OutputSlot(ref))
+                    self.program.metadata_writebacks.append(self._metadata_write(ref, made_it.meta, v))
+                else:
+                    self.program.outputs.append(OutputSlot(ref, v.chain))
         for position, arg in enumerate(node.args[0]):
             self.program.outputs[position] = self.autograd.output_slot(arg, self.program.outputs[position])
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
+
+    def _metadata_write(self, ref: Ref, first: torch.Tensor, last: Value) -> MetadataWriteBack:
+        """The metadata `t_()`, `unsqueeze_()`, `as_strided_()`... left on a tensor that had layout `first`."""
+        m = last.meta
+        rel = m.storage_offset() - first.storage_offset()
+        if any(isinstance(x, torch.SymInt) for x in (*m.shape, *m.stride(), rel)):
+            raise UnsupportedError("an in-place metadata change (`t_()`, `unsqueeze_()`...) to a symbolic layout")
+        return MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, last.obj in self.detached)
 
     def _computed_chain(self, slot: OutputSlot, outs: list[fx.Node]) -> OutputSlot:
         """An output view whose chain has symbolic arguments (`cache[:, :pos + 1]`): each becomes a result of the
