@@ -258,6 +258,19 @@ def t_on_constant_then_input_write(x):  # fuzz seed 5084: the metadata write's r
     return (v,)
 
 
+def squeeze_reshape_copy(x0, x1):  # fuzz seed 990013: reshape of a transposed tensor copies (`_unsafe_view`)
+    v2 = x1.reshape(-1)
+    v2.squeeze_()
+    return (v2,)
+
+
+def unsqueeze_reshape_copy_and_view(x):
+    v = x.t().reshape(-1)
+    w = v[2:]
+    v.unsqueeze_(0)
+    return v, w, v[0, 1:]
+
+
 INTERMEDIATE_META_PROGRAMS = [
     (unsqueeze_squeeze_clone, lambda: (torch.randn(3, 4),)),
     (t_between_views, lambda: (torch.randn(3, 4),)),
@@ -267,6 +280,8 @@ INTERMEDIATE_META_PROGRAMS = [
     (as_strided_intermediate, lambda: (torch.randn(2, 3),)),
     (unsqueeze_view_of_input, lambda: (torch.randn(3, 4),)),
     (t_on_constant_then_input_write, lambda: (torch.randn(2, 3, 4),)),
+    (squeeze_reshape_copy, lambda: (lambda b: (b, b.t()))(torch.randn(5, 5))),
+    (unsqueeze_reshape_copy_and_view, lambda: (torch.randn(3, 4),)),
 ]
 
 

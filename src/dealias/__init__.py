@@ -6,7 +6,10 @@ from .errors import (
     DealiasError,
     EagerSemanticsError,
     FallbackWarning,
+    GraphBreakWarning,
     InternalError,
+    OverlapError,
+    OverlapFallbackWarning,
     UnsupportedError,
 )
 from .runtime.verify import VerificationError
@@ -17,8 +20,11 @@ __all__ = [
     "DealiasError",
     "EagerSemanticsError",
     "FallbackWarning",
+    "GraphBreakWarning",
     "InternalError",
     "JitFunction",
+    "OverlapError",
+    "OverlapFallbackWarning",
     "UnsupportedError",
     "VerificationError",
     "cache_info",

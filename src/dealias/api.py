@@ -14,7 +14,15 @@ import torch
 from torch._dynamo.exc import BackendCompilerFailed, TorchRuntimeError, Unsupported
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
-from .errors import DataDependentError, DealiasError, FallbackWarning, InvariantError, UnsupportedError, with_location
+from .errors import (
+    DataDependentError,
+    DealiasError,
+    FallbackWarning,
+    GraphBreakWarning,
+    InvariantError,
+    UnsupportedError,
+    with_location,
+)
 from .frontend.backend import _EAGER, Backend, Options, Stats
 from .ir.plan import WriteBackReport
 from .ir.traces import Trace
@@ -130,7 +138,7 @@ class JitFunction:
             described = _describe_break(reason)
             if described not in self._breaks_told:  # once per break, not again on each recompile
                 self._breaks_told.add(described)
-                warnings.warn(f"dealias: {self.stats.name}: {described}", FallbackWarning, stacklevel=3)
+                warnings.warn(f"dealias: {self.stats.name}: {described}", GraphBreakWarning, stacklevel=3)
         limits = _limit_hits()
         if limits != self._limits_seen:  # counted process-wide: read on misses only, off the hot path
             self._limits_seen = limits

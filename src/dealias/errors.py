@@ -16,6 +16,12 @@ class UnsupportedError(DealiasError):
     """A construct dealias cannot compile exactly (e.g. writing through a view it cannot invert)."""
 
 
+class OverlapError(UnsupportedError):
+    """A write where elements share memory: the written tensor's own (an expanded or overlapping view), or the
+    written tensor and another argument it reads. Eager's result then depends on the order its kernel visits
+    the elements, or dealias cannot tell that it does not, so the graph runs eagerly (eager's own result)."""
+
+
 class DataDependentError(DealiasError):
     """The program's control flow or shapes depend on tensor data (`if x.sum() > 0`, `.item()`,
     boolean-mask reads). Raised under `strict=True`; otherwise dealias runs the function eagerly."""
@@ -36,7 +42,20 @@ class InvariantError(AssertionError):
 
 
 class FallbackWarning(UserWarning):
-    """dealias ran a call eagerly instead of compiling it."""
+    """dealias ran a call, a graph of it or a part of it eagerly instead of compiling it."""
+
+
+class GraphBreakWarning(FallbackWarning):
+    """Dynamo broke the graph at something it does not capture: that part runs eagerly, the rest compiles."""
+
+
+class OverlapFallbackWarning(FallbackWarning):
+    """A graph ran eagerly on an OverlapError: a write whose eager result depends on its kernel's order."""
+
+
+def fallback_warning(e: Exception) -> type[FallbackWarning]:
+    """The warning category for a graph that runs eagerly because compiling it raised `e`."""
+    return OverlapFallbackWarning if isinstance(e, OverlapError) else FallbackWarning
 
 
 def with_location(message: str, location: str | None) -> str:

@@ -40,6 +40,7 @@ from ..errors import (
     InternalError,
     InvariantError,
     UnsupportedError,
+    fallback_warning,
     node_location,
     with_location,
 )
@@ -298,7 +299,7 @@ class GraphProgram:
     def _fall_back(self, e: Exception) -> Any:
         if self.options.strict:
             raise e
-        warnings.warn(f"dealias: a graph of {self.stats.name} runs eagerly: {e}", FallbackWarning, stacklevel=2)
+        warnings.warn(f"dealias: a graph of {self.stats.name} runs eagerly: {e}", fallback_warning(e), stacklevel=2)
         return _EAGER
 
     def _explain_miss(self, full: GuardKey, tensors: list[torch.Tensor], shape: str = "") -> tuple[Any, ...]:
@@ -536,7 +537,7 @@ def graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callabl
     except Exception as e:  # noqa: BLE001 - split_module refuses some graphs (grad-mode regions it cannot order)
         if options.strict:
             raise UnsupportedError(f"the graph cannot be split around its higher-order operators: {e}") from e
-        warnings.warn(f"dealias: a graph of {stats.name} runs eagerly: {e}", FallbackWarning, stacklevel=3)
+        warnings.warn(f"dealias: a graph of {stats.name} runs eagerly: {e}", fallback_warning(e), stacklevel=3)
         return gm.forward
 
 

@@ -143,6 +143,9 @@ class OutputSlot:
     # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
     # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
     multi_output: tuple[int, Any, tuple[Any, ...], int] | None = None
+    # Sizes, strides and a storage-offset move set in place (`as_strided_`) once every output is made: a tensor
+    # eager made as no view whose layout changed in place (`y = x * 2; y.t_()`), returned as made, re-strided.
+    restride: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.utils import _pytree as pytree
 
-from ..errors import EagerSemanticsError, UnsupportedError, located, node_location
+from ..errors import EagerSemanticsError, OverlapError, UnsupportedError, located, node_location
 from ..ir.checks import NoProbe, aliasing_is_benign, probe
 from ..ir.emitter import Emitter
 from ..ir.gradops import bump_version, caller_tensor, write_back_now
@@ -75,7 +75,7 @@ class _Functionalizer:
         self.emitted: dict[fx.Node, fx.Node] = {}  # captured multi-output node -> its functional node
         self.latest: dict[int, Value] = {}  # tensor object -> its latest value (metadata mutations)
         self.first: dict[int, Value] = {}  # caller's tensor object -> its value on entry
-        self.fresh_obj: dict[Storage, Value] = {}  # intermediate storage -> the tensor object that made it
+        self.born: dict[int, Value] = {}  # tensor object made inside the graph -> its value when made
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
         self.detached: set[int] = set()  # tensor objects that ran detach_()
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
@@ -229,7 +229,7 @@ class _Functionalizer:
                     )
                 # Eager runs some of these (masked_fill_ on an expanded tensor) with results that depend on
                 # which alias it writes last: refuse rather than guess.
-                raise UnsupportedError(f"{node.target} writes a tensor whose elements overlap in memory")
+                raise OverlapError(f"{node.target} writes a tensor whose elements overlap in memory")
             shared = [o for o in others if o.storage is v.storage and overlaps(v.meta, o.meta)]
             if shared and torch.Tag.pointwise not in node.target.tags:
                 # The written tensor is also read through another argument (`index_add_(0, i, x)` on x,
@@ -243,14 +243,14 @@ class _Functionalizer:
                 targets = [a for name in facts(node.target).mutated for a in pytree.tree_leaves(bound.get(name))]
                 if aliasing_is_benign(node, [a for a in targets if isinstance(a, fx.Node)]):
                     continue  # (`slice_scatter(x, s, out=x.view(..))`: eager copies x first, as copies would)
-                raise UnsupportedError(f"{node.target} reads memory it writes, through another argument")
+                raise OverlapError(f"{node.target} reads memory it writes, through another argument")
             for o in shared:
                 if _layout(o.meta) == _layout(v.meta):
                     continue  # the same elements: a pointwise kernel reads each before writing it
                 if not _partial_overlap(v.meta, o.meta):
                     # Eager's check cannot tell (non-dense layouts) and it reads elements it may already have
                     # written, in an order it does not promise: refuse rather than guess.
-                    raise UnsupportedError(f"{node.target} reads memory it writes through another view")
+                    raise OverlapError(f"{node.target} reads memory it writes through another view")
                 raise EagerSemanticsError(
                     f"{node.target}: unsupported operation: some elements of the input tensor and the "
                     "written-to tensor refer to a single memory location. Please clone() the tensor "
@@ -368,6 +368,8 @@ class _Functionalizer:
     def _call(self, node: fx.Node) -> None:
         op = node.target
         v = self.info.values.get(node)
+        if isinstance(v, Value):
+            self.born.setdefault(v.obj, v)
         self.autograd.before_op(node)
         if v is None and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat)):
             # Arithmetic on symbols or a tensor's symbolic size (`pos + 1`, `x.size(0)`): computed in the graph.
@@ -395,7 +397,6 @@ class _Functionalizer:
 
     def _bind_fresh(self, v: Value, node: fx.Node) -> None:
         self._new_storage(v.storage, node)
-        self.fresh_obj[v.storage] = v
         self.cache[v] = (node, 0)
         self.latest[v.obj] = v
 
@@ -505,7 +506,8 @@ class _Functionalizer:
         for obj, ref in self.caller_objs.items():
             first, last = self.first[obj], self.latest[obj]
             if _layout(last.meta) != _layout(first.meta) or obj in self.detached:
-                self.program.metadata_writebacks.append(self._metadata_write(ref, first.meta, last))
+                write = MetadataWriteBack(ref, *_layout_change(first.meta, last.meta), obj in self.detached)
+                self.program.metadata_writebacks.append(write)
         results: dict[Storage, int] = {}
         seen: dict[int, int] = {}  # tensor object -> its first output position
         for position, arg in enumerate(node.args[0]):
@@ -528,12 +530,12 @@ class _Functionalizer:
                     results[s] = len(outs)
                     outs.append(self.base[s])
                 ref = Ref(RefKind.RESULT, results[s])
-                made_it = self.fresh_obj.get(s)
-                if made_it is not None and made_it.obj == v.obj and v.chain:
-                    # The tensor that made the storage, after `y.t_()`: eager returns it, not a view of it. The
-                    # result itself is returned, its metadata set after every view of it has been made.
-                    self.program.outputs.append(OutputSlot(ref))
-                    self.program.metadata_writebacks.append(self._metadata_write(ref, made_it.meta, v))
+                born = self.born.get(v.obj, v)
+                if born.chain != v.chain and not _makes_view(born.chain):
+                    # A tensor eager made as no view (`y = x * 2`, a reshape's copy) whose layout changed in place
+                    # (`y.t_()`): replaying its chain would return a view. It is returned as made, then re-strided.
+                    size, stride, rel = _layout_change(born.meta, v.meta)
+                    self.program.outputs.append(OutputSlot(ref, born.chain, restride=(size, stride, rel)))
                 else:
                     self.program.outputs.append(OutputSlot(ref, v.chain))
         for position, arg in enumerate(node.args[0]):
@@ -541,14 +543,6 @@ class _Functionalizer:
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
-
-    def _metadata_write(self, ref: Ref, first: torch.Tensor, last: Value) -> MetadataWriteBack:
-        """The metadata `t_()`, `unsqueeze_()`, `as_strided_()`... left on a tensor that had layout `first`."""
-        m = last.meta
-        rel = m.storage_offset() - first.storage_offset()
-        if any(isinstance(x, torch.SymInt) for x in (*m.shape, *m.stride(), rel)):
-            raise UnsupportedError("an in-place metadata change (`t_()`, `unsqueeze_()`...) to a symbolic layout")
-        return MetadataWriteBack(ref, tuple(m.shape), m.stride(), rel, last.obj in self.detached)
 
     def _computed_chain(self, slot: OutputSlot, outs: list[fx.Node]) -> OutputSlot:
         """An output view whose chain has symbolic arguments (`cache[:, :pos + 1]`): each becomes a result of the
@@ -571,6 +565,21 @@ class _Functionalizer:
             if root.storage is v.storage and v.chain[:n] == root.chain:
                 return OutputSlot(ref, v.chain[n:])
         return OutputSlot(v.storage.ref(), v.chain)
+
+
+def _layout_change(first: torch.Tensor, last: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """What `t_()`, `unsqueeze_()`, `as_strided_()`... left of a tensor laid out as `first`: its sizes, strides and
+    how far its storage offset moved."""
+    rel = last.storage_offset() - first.storage_offset()
+    if any(isinstance(x, torch.SymInt) for x in (*last.shape, *last.stride(), rel)):
+        raise UnsupportedError("an in-place metadata change (`t_()`, `unsqueeze_()`...) to a symbolic layout")
+    return tuple(last.shape), tuple(last.stride()), rel
+
+
+def _makes_view(chain: tuple[ViewStep, ...]) -> bool:
+    """Whether replaying `chain` on a base gives an autograd view of it (`_unsafe_view` gives a tensor of its own,
+    on the same memory: a reshape's copy)."""
+    return bool(chain) and chain[-1].op is not aten._unsafe_view.default
 
 
 def _read_with_grad(node: fx.Node) -> bool:

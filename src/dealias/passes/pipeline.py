@@ -54,7 +54,11 @@ def _execution_text(fp: FunctionalProgram, reports: list[WriteBackReport], heade
         epilogue.append(f"{name(wb.target)}.copy_({results[wb.output]})")
     outs = []
     for slot in fp.outputs:
-        outs.append(outs[slot.same_as] if slot.same_as is not None else chain_text(name(slot.source), slot.chain))
+        text = outs[slot.same_as] if slot.same_as is not None else chain_text(name(slot.source), slot.chain)
+        if slot.restride is not None:
+            size, stride, rel = slot.restride
+            text = f"{text}.as_strided_({list(size)}, {list(stride)}, {text}.storage_offset() + {rel})"
+        outs.append(text)
     for mw in fp.metadata_writebacks:
         t = name(mw.target)
         epilogue.append(f"{t}.as_strided_({list(mw.size)}, {list(mw.stride)}, {t}.storage_offset() + {mw.rel})")

@@ -193,10 +193,6 @@ def lower(
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
     fp.writebacks = [replace(wb, output=remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
     fp.outputs = [_remapped(s, remap) for s in fp.outputs]
-    fp.metadata_writebacks = [
-        replace(m, target=Ref(RefKind.RESULT, remap[m.target.key])) if m.target.kind is RefKind.RESULT else m
-        for m in fp.metadata_writebacks
-    ]
     graph.eliminate_dead_code(is_impure_node=lambda n: n.op != "call_function" or not removable_if_unused(n.target))
     guard_index_writes(graph, [root_node(gm, wb.target) for wb in writebacks_before])
     decompose(gm)  # the region writes left run as view inverses

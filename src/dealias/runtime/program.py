@@ -77,6 +77,7 @@ class CompiledProgram:
             (self._getter(slot.source), slot.chain, slot.same_as, slot.grad, slot.grad_from, slot.multi_output)
             for slot in fp.outputs
         ]
+        self._restrides = [(i, slot.restride) for i, slot in enumerate(fp.outputs) if slot.restride is not None]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
@@ -101,7 +102,7 @@ class CompiledProgram:
         fp = self.functional
         if self.captured.groups or self._switches_grad or fp.writebacks or fp.metadata_writebacks:
             return None
-        if any(slot.chain for slot in fp.outputs):
+        if any(slot.chain or slot.restride for slot in fp.outputs):
             return None
         env: dict[str, Any] = {"run": self.run_graph, "pack": self._pack, "constants": fp.constants}
         inputs = [f"leaves[{p}]" for p in (*self._positions, *self._symbols)]
@@ -196,6 +197,8 @@ class CompiledProgram:
             elif chain:
                 t = replay_chain(chain, t, _torch_call)
             outs.append(t)
+        for i, (size, stride, rel) in self._restrides:  # once every output is made: other outputs may view outs[i]
+            outs[i].as_strided_(size, stride, outs[i].storage_offset() + rel)
         for get, m in self._metadata:
             t = get(tensors, bases, results)
             t.as_strided_(m.size, m.stride, t.storage_offset() + m.rel)

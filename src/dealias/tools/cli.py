@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         s = fuzz(args.seed, args.count, args.time, autograd=True if args.autograd else None, executor=args.executor)
         print(
             f"{s['programs']} programs in {s['seconds']} s: {s['ok']} matched eager, {s['error-matched']} raised "
-            f"as eager did, {s['fallback']} ran eagerly (fallback), {s['mismatch']} MISMATCHED"
+            f"as eager did, {s['fallback']} ran a graph eagerly (fallback), {s['overlap']} ran a write whose elements "
+            f"share memory eagerly (overlap), {s['graph-break']} had a part dynamo ran eagerly (graph break), "
+            f"{s['refused']} refused, {s['mismatch']} MISMATCHED"
         )
         return 1 if s["mismatch"] else 0
     return 2

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..errors import FallbackWarning
+from ..errors import FallbackWarning, GraphBreakWarning, OverlapFallbackWarning
 from ..runtime.verify import compare_call, view_on
 
 
@@ -504,8 +504,10 @@ def generate(seed: int, steps: int | None = None, autograd: bool | None = None) 
 # --- running, comparing, shrinking ---------------------------------------------------------------------
 @dataclass
 class Outcome:
-    # "ok", "fallback" (a graph or part of the program ran eagerly), "error-matched", "refused" (dynamo's fake
-    # tensors raised on an op eager runs, after user code ran: a clear error, not a silent result), "mismatch"
+    # "ok"; "fallback" (dealias ran a graph or the program eagerly); "overlap" (a graph ran eagerly because a write
+    # shares memory between elements: eager's result depends on its kernel's order); "graph-break" (dynamo ran a
+    # part eagerly, the rest compiled); "error-matched"; "refused" (dynamo's fake tensors raised on an op eager
+    # runs, after user code ran: a clear error, not a silent result); "mismatch"
     status: str
     detail: str = ""
 
@@ -548,11 +550,21 @@ def _run_calls(prog: Program, program: Callable[..., Any], make_args: Callable[[
             return Outcome("refused", f"call {call + 1}: {diff.splitlines()[0]}")
         if diff is not None:
             return Outcome("mismatch", f"call {call + 1}: {diff}")
-        if any(issubclass(w.category, FallbackWarning) for w in caught):
-            return Outcome("fallback", str(next(w.message for w in caught if issubclass(w.category, FallbackWarning))))
+        # The most serious fallback names the outcome: dealias's own, then an overlap, then dynamo's graph break.
+        for category, status in _FALLBACKS:
+            told = [w for w in caught if w.category is category]
+            if told:
+                return Outcome(status, str(told[0].message))
     if dealias.cache_info(jitted).entries == 0:
         return Outcome("error-matched")
     return Outcome("ok")
+
+
+_FALLBACKS = (
+    (FallbackWarning, "fallback"),
+    (OverlapFallbackWarning, "overlap"),
+    (GraphBreakWarning, "graph-break"),
+)
 
 
 def _shifted(args: tuple[Any, ...], pad: int) -> tuple[Any, ...]:
@@ -676,6 +688,8 @@ def fuzz(
     summary: dict[str, Any] = {
         "ok": 0,
         "fallback": 0,
+        "overlap": 0,
+        "graph-break": 0,
         "error-matched": 0,
         "refused": 0,
         "mismatch": 0,
