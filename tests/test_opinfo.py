@@ -18,9 +18,10 @@ op_db that has them, from its samples, float32 on CPU, in three families:
 Each program is a fresh function (its own code object) compiled by a fresh `dealias.jit`, and checked with
 `dealias.runtime.verify.compare_call` (outputs, inputs after the call, aliasing, errors) on a first call and on a
 second, cached call with fresh copies of the inputs. A result is a *match*, *raised* (eager and dealias raise alike:
-a match too), a *fallback* (a `FallbackWarning`: part of the program ran eagerly) or a *mismatch*. A mismatch fails
-unless it is listed in `KNOWN_MISMATCHES` with its reason; each family's fallback rate must stay under a ceiling
-measured when the sweep was written. Run with `-s` to see the counts and the most common fallback reasons.
+a match too), a *fallback* (a `FallbackWarning` of dealias's own: a graph ran eagerly), a *graph-break* (dynamo ran
+a part of the program eagerly, the rest compiled) or a *mismatch*. A mismatch fails unless it is listed in
+`KNOWN_MISMATCHES` with its reason; each family's fallback and graph-break rates must stay under ceilings
+measured on the current code. Run with `-s` to see the counts and the most common fallback reasons.
 
 Bounded to stay well under a minute on a 2-core machine (~800 programs at ~35 ms of compiling each): the first
 usable sample of each op, at OpInfo's own small sizes; pointwise ufuncs and single-output `out=` ops get some of
@@ -69,15 +70,19 @@ KNOWN_MISMATCHES: dict[tuple[str, str], str] = {
     # the graph runs eagerly.
 }
 
-# The highest fallback rate (programs with a FallbackWarning / programs run) each family may have: the rate measured
-# (torch 2.13) plus a margin of about 5 programs. Measured when written: inplace 61/364 (16.8 %), view 1/47 (2.1 %),
-# out 18/382 (4.7 %); after the 0-d index-write fix and the out= check in capture: inplace 47/364 (12.9 %), out
-# 22/382 (5.8 %: linalg.matrix_rank's out= now runs eagerly instead of mismatching). Most of these are not
-# dealias's choice: dynamo breaks the graph at in-place metadata changes of inputs (t_, squeeze_, as_strided_,
-# resize_...), at data-dependent and dynamic-shape ops, and at OpInfo's own `wrapper_set_seed` around random ops
-# (dropout, rrelu, normal...: `freeze_rng_state` is a contextmanager in torch.testing, which dynamo skips), 25
-# programs.
-FALLBACK_CEILING = {"inplace": 0.145, "view": 0.085, "out": 0.07}
+# The highest rate of programs each family may have with a fallback of dealias's own (a graph of the program ran
+# eagerly) and with a graph break of dynamo's (a part ran eagerly, the rest compiled: a GraphBreakWarning): the
+# rates measured (torch 2.13) plus a margin of a few programs. History of the combined rate: inplace 61/364
+# (16.8 %) when written, 47/364 (12.9 %) after the 0-d index-write fix, 33/364 (9.1 %) once in-place metadata
+# changes inside a graph compiled (dynamo_fixes). Measured apart: dealias's own fallbacks inplace 0/364, view
+# 0/47, out 10/382 (2.6 %: out= into lu's and native_batch_norm's tuples, linalg.matrix_rank's and kron's
+# composites that never write out=, empty(out=view)); graph breaks inplace 33/364, view 1/47, out 9/382. None
+# of the graph breaks is dealias's choice: dynamo breaks at in-place metadata changes of inputs (t_, squeeze_,
+# as_strided_, resize_...), at data-dependent and dynamic-shape ops, and at OpInfo's own `wrapper_set_seed`
+# around random ops (dropout, rrelu, normal...: `freeze_rng_state` is a contextmanager in torch.testing, which
+# dynamo skips), 25 programs.
+FALLBACK_CEILING = {"inplace": 0.01, "view": 0.03, "out": 0.035}
+GRAPH_BREAK_CEILING = {"inplace": 0.105, "view": 0.06, "out": 0.035}
 
 
 @dataclass
@@ -355,18 +360,21 @@ def run_program(p: Program) -> Result:
             raise
 
     jf = dealias.jit(p.fn)
-    fallbacks: list[str] = []
+    fallbacks: list[tuple[str, str]] = []  # (status, first line of the warning)
     for call in (1, 2):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             diff = compare_call(eager, jf, p.args)
-        fallbacks += [_first_line(str(w.message)) for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+        for w in caught:
+            if issubclass(w.category, dealias.FallbackWarning):
+                status = "graph-break" if issubclass(w.category, dealias.GraphBreakWarning) else "fallback"
+                fallbacks.append((status, _first_line(str(w.message))))
         if diff is not None:
             return Result(p, "mismatch", f"call {call}: {_first_line(diff)}")
     if eager_errors:
         return Result(p, "raised", f"{type(eager_errors[0]).__name__}: {_first_line(str(eager_errors[0]))}")
-    if fallbacks:
-        return Result(p, "fallback", fallbacks[0])
+    if fallbacks:  # dealias's own fallback first: a graph break elsewhere in the program does not hide it
+        return Result(p, *min(fallbacks, key=lambda f: f[0] != "fallback"))
     return Result(p, "match")
 
 
@@ -414,13 +422,17 @@ def summary(results: list[Result]) -> str:
     counts = collections.Counter(r.status for r in results)
     lines = [
         f"{len(results)} programs: "
-        + ", ".join(f"{k} {counts[k]}" for k in ("match", "raised", "fallback", "mismatch"))
+        + ", ".join(f"{k} {counts[k]}" for k in ("match", "raised", "fallback", "graph-break", "mismatch"))
     ]
     by_kind = collections.Counter(r.program.kind for r in results)
     lines.append("  by program: " + ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items())))
-    reasons = collections.Counter(fallback_reason(r.detail) for r in results if r.status == "fallback")
-    for reason, n in reasons.most_common(8):
-        lines.append(f"  fallback x{n}: {reason}")
+    for status in ("fallback", "graph-break"):
+        reasons = collections.Counter(fallback_reason(r.detail) for r in results if r.status == status)
+        for reason, n in reasons.most_common(8):
+            lines.append(f"  {status} x{n}: {reason}")
+    for r in results:
+        if r.status == "fallback":
+            lines.append(f"  fallback {r.program.op} [{r.program.kind}]")
     for r in results:
         if r.status == "mismatch":
             lines.append(f"  mismatch {r.program.op} [{r.program.kind}]: {r.detail}")
@@ -442,6 +454,7 @@ def test_opinfo_sweep(family):
     kinds = {r.program.kind for r in results}
     stale = [key for key in KNOWN_MISMATCHES if key[1] in kinds and key not in mismatched]
     assert not stale, f"KNOWN_MISMATCHES entries that now match eager (remove them): {stale}"
-    rate = sum(r.status == "fallback" for r in results) / len(results)
-    print(f"[{family}] fallback rate {rate:.1%} (ceiling {FALLBACK_CEILING[family]:.1%})")
-    assert rate <= FALLBACK_CEILING[family], summary(results)
+    for status, ceilings in (("fallback", FALLBACK_CEILING), ("graph-break", GRAPH_BREAK_CEILING)):
+        rate = sum(r.status == status for r in results) / len(results)
+        print(f"[{family}] {status} rate {rate:.1%} (ceiling {ceilings[family]:.1%})")
+        assert rate <= ceilings[family], summary(results)
