@@ -290,6 +290,45 @@ def test_metadata_mutation_inside_graph(fn, make):
     check(fn, *make())
 
 
+def test_metadata_change_moves_the_version_counter():
+    # Eager's in-place metadata ops move the version counter of the tensor's memory, as writes do: what exp saved
+    # of its result is then stale (backward raises), and an element of a split goes stale (reading its grad_fn
+    # raises, fuzz seed 997150).
+    def saved_result_then_t_(x):
+        e = (x * 1).exp()
+        e.t_()
+        return e
+
+    def split_then_squeeze_other_view(x0, x1):
+        v1 = x1.chunk(2, 0)[-1]
+        v2 = x0.permute(1, 2, 0)
+        v2.squeeze_()
+        return (v1,)
+
+    x = torch.randn(2, 3, requires_grad=True)
+    for fn in (saved_result_then_t_, dealias.jit(saved_result_then_t_)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            out = fn(x)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    base = torch.randn(2, 3, 4, requires_grad=True) * 1
+    check(split_then_squeeze_other_view, base, base[:1], allow_fallback=True)
+
+    def unsqueeze_view_of_input(x):  # of a caller's tensor: its version counter moves, what sin saved is stale
+        v = x[1:]
+        v.unsqueeze_(0)
+        return v * 2
+
+    for fn in (unsqueeze_view_of_input, dealias.jit(unsqueeze_view_of_input)):
+        y = torch.randn(3, 2, requires_grad=True) * 1
+        saved = y.sin()
+        out = fn(y)
+        assert y._version == 1
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            (saved.sum() + out.sum()).backward()
+
+
 def test_metadata_mutation_of_intermediate_under_autograd():
     def f(x):
         y = x * 2

@@ -79,8 +79,8 @@ def caller_after(t: torch.Tensor, written: torch.Tensor) -> torch.Tensor:
 
 
 def bump_version(t: torch.Tensor) -> None:
-    """Eager's `x.copy_(x)` changes no value, but moves the version counter of the caller's tensor: what autograd
-    saved of it before is stale, and backward raises."""
+    """Eager's `x.copy_(x)` and in-place metadata changes (`x[1:].unsqueeze_(0)`) change no value, but move the
+    version counter of the caller's tensor: what autograd saved of it before is stale, and backward raises."""
     torch.autograd.graph.increment_version(t)
 
 

@@ -96,8 +96,8 @@ def written_storages(node: fx.Node, info: AliasInfo) -> set[Storage]:
     f = facts(node.target)
     if f.kind not in (OpKind.INPLACE, OpKind.OUT, OpKind.MUTABLE, OpKind.INPLACE_VIEW):
         return set()
-    if f.kind is OpKind.INPLACE_VIEW:
-        return set()  # metadata only: the version counter does not move
+    # (An in-place metadata change, `e.t_()`, writes no data but moves eager's version counter, which invalidates
+    # what autograd saved of the tensor, as a write does.)
     bound = bind_args(node.target._schema, node.args, node.kwargs)
     out = set()
     for name in f.mutated:
