@@ -396,7 +396,8 @@ def _out(r: random.Random, ts: list[str], env: dict[str, Any]) -> str | None:
     same = [n for n in ts if env[n].dtype == ov.dtype]
     # inputs of o's shape: variables, rows of variables, transposed matrices (any of them may alias o)
     exact = [n for n in same if env[n].shape == ov.shape]
-    exact += [f"{n}[{r.randrange(len(env[n]))}]" for n in same if env[n].dim() and env[n].shape[1:] == ov.shape]
+    rows = [n for n in same if env[n].dim() and len(env[n]) and env[n].shape[1:] == ov.shape]  # (not 0 rows)
+    exact += [f"{n}[{r.randrange(len(env[n]))}]" for n in rows]
     exact += [f"{n}.t()" for n in same if env[n].dim() == 2 and env[n].shape[::-1] == ov.shape]
     exact = [e for e in exact if e != o]
     a = o if r.random() < 0.35 or not exact else r.choice(exact)  # o itself: full overlap
