@@ -244,6 +244,29 @@ def test_hook_on_an_input_written_later_runs_eagerly():
         assert _compare_grads(hook_on_an_input_then_written, jf, _args((3,))) is None
 
 
+def hook_on_an_input_after_its_writes(x):
+    x.mul_(0.25)
+    x[1:].add_(1.0)
+    x.register_hook(lambda g: g + 1)  # eager hooks the written version, as dynamo's registration after the graph
+    return x * 3
+
+
+def hook_on_an_input_between_writes(x):
+    x.mul_(0.25)
+    x.register_hook(lambda g: g + 1)
+    x[1:].add_(1.0)  # written after the registration: eager's hook is on the version before this write
+    return x * 3
+
+
+def test_hook_on_an_input_after_its_writes_compiles():
+    # dynamo_fixes records the graph's nodes at the registration: only writes after it make the frame run eagerly.
+    assert_matches_eager(hook_on_an_input_after_its_writes, _args((3,)), fallback="error")
+    jf = dealias.jit(hook_on_an_input_between_writes)
+    with pytest.warns(dealias.FallbackWarning, match="registered after the graph by dynamo"):
+        jf(*_args((3,))())
+    assert_matches_eager(hook_on_an_input_between_writes, _args((3,)))
+
+
 def hook_after_a_no_grad_region(x):  # fuzz seed 5167
     x += x
     with torch.no_grad():

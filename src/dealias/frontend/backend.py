@@ -49,7 +49,7 @@ from ..ir.sharing import find_groups_or_none, overlapping_pairs
 from ..passes.pipeline import compile_program
 from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
-from .dynamo_fixes import REFRESHED, install, is_inplace_view
+from .dynamo_fixes import HOOKED_AFTER, REFRESHED, install, is_inplace_view
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
 
@@ -580,9 +580,11 @@ def _run_frame_eagerly(message: str, options: Options) -> None:
 
 def refuse_late_hooks(gm: fx.GraphModule, options: Options, name: str) -> None:
     """Dynamo registers a hook on a graph input (`x.register_hook(h)` in the user's code) after the graph has
-    run, as a side effect: if the graph writes that input in place, the hook lands on the written version, where
-    eager's hooks the version before the write, and the gradient differs (also with dynamo's own eager backend).
-    Such a frame runs eagerly."""
+    run, as a side effect: if the graph writes that input in place after the user's registration, the hook lands
+    on the written version, where eager's hooks the version before the write, and the gradient differs (also with
+    dynamo's own eager backend). Such a frame runs eagerly. Writes before the registration are fine: eager hooks
+    the written version too. (Where the registration was is recorded by dynamo_fixes; without the record, any
+    write of the tensor refuses.)"""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -592,7 +594,8 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Options, name: str) -> None:
     # The hooked tensor need not be a graph input: a view of it may be (`x1 = x0[::2]` written, hook on x0).
     hooked = [n for h in hooks if isinstance(n := getattr(getattr(h[0], "proxy", None), "node", None), fx.Node)]
     for tensor in hooked:
-        writer = next((n for n in gm.graph.nodes if may_write(n) and touches(n, tensor)), None)
+        before = tensor.meta.get(HOOKED_AFTER, frozenset())
+        writer = next((n for n in gm.graph.nodes if n not in before and may_write(n) and touches(n, tensor)), None)
         if writer is None:
             continue
         message = with_location(

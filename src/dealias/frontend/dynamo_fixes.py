@@ -14,7 +14,13 @@ Not corrected: the same ops on graph inputs and on tensors dynamo reaches from t
 Dynamo graph-breaks there, and the op runs eagerly: the input's fake value is shared with dynamo's shape
 guards, and changing its rank breaks their production.
 
-The correction is installed on import of the backend and applies only while dynamo traces for a dealias
+A record for the backend: where in the graph a hook was registered on a graph input (`x.register_hook(h)`).
+Dynamo registers such hooks after the graph has run, on the tensor as the graph left it; the backend must know
+whether the graph writes the tensor after the user's registration (eager hooks the version before that write:
+refused) or only before it (eager hooks the written version too: compiled). The graph's nodes at registration
+are kept in the hooked node's meta (HOOKED_AFTER).
+
+The corrections are installed on import of the backend and apply only while dynamo traces for a dealias
 backend; other backends see dynamo unchanged.
 """
 
@@ -26,6 +32,8 @@ from typing import Any
 import torch
 
 REFRESHED = "dealias_refreshed_metadata"  # node meta key: dynamo's variable was refreshed after this op
+HOOKED_AFTER = "dealias_hooked_after"  # node meta key: the graph's nodes when a hook was first registered on it
+_HOOKS = ("register_hook", "register_post_accumulate_grad_hook")
 
 
 @functools.cache
@@ -72,6 +80,11 @@ def install() -> None:
 
     @functools.wraps(original)
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
+        if name in _HOOKS and for_dealias(getattr(tx.output, "compiler_fn", None)):
+            node = self.proxy.node
+            if HOOKED_AFTER not in node.meta:  # the first registration: the earliest version hooked
+                node.meta[HOOKED_AFTER] = frozenset(tx.output.graph.nodes)
+            return original(self, tx, name, args, kwargs)
         result = original(self, tx, name, args, kwargs)
         if is_inplace_view(name) and for_dealias(getattr(tx.output, "compiler_fn", None)):
             node = getattr(getattr(result, "proxy", None), "node", None)
