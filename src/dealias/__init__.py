@@ -4,6 +4,8 @@ from .api import CacheInfo, JitFunction, cache_info, explain, jit, last_traces
 from .errors import (
     DataDependentError,
     DealiasError,
+    EagerRaisesError,
+    EagerRaisesFallbackWarning,
     EagerSemanticsError,
     FallbackWarning,
     GraphBreakWarning,
@@ -18,6 +20,8 @@ __all__ = [
     "CacheInfo",
     "DataDependentError",
     "DealiasError",
+    "EagerRaisesError",
+    "EagerRaisesFallbackWarning",
     "EagerSemanticsError",
     "FallbackWarning",
     "GraphBreakWarning",

@@ -22,6 +22,12 @@ class OverlapError(UnsupportedError):
     the elements, or dealias cannot tell that it does not, so the graph runs eagerly (eager's own result)."""
 
 
+class EagerRaisesError(UnsupportedError):
+    """Eager raises on this program, where dealias does not raise it itself: at backward (a tensor saved for it
+    was written), or at a write or read through a view autograd forbids. The graph runs eagerly, so eager's own
+    error comes where eager raises it."""
+
+
 class DataDependentError(DealiasError):
     """The program's control flow or shapes depend on tensor data (`if x.sum() > 0`, `.item()`,
     boolean-mask reads). Raised under `strict=True`; otherwise dealias runs the function eagerly."""
@@ -53,9 +59,15 @@ class OverlapFallbackWarning(FallbackWarning):
     """A graph ran eagerly on an OverlapError: a write whose eager result depends on its kernel's order."""
 
 
+class EagerRaisesFallbackWarning(FallbackWarning):
+    """A graph ran eagerly on an EagerRaisesError: eager raises on it (at backward, or at a fragile view)."""
+
+
 def fallback_warning(e: Exception) -> type[FallbackWarning]:
     """The warning category for a graph that runs eagerly because compiling it raised `e`."""
-    return OverlapFallbackWarning if isinstance(e, OverlapError) else FallbackWarning
+    if isinstance(e, OverlapError):
+        return OverlapFallbackWarning
+    return EagerRaisesFallbackWarning if isinstance(e, EagerRaisesError) else FallbackWarning
 
 
 def with_location(message: str, location: str | None) -> str:

@@ -38,7 +38,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ..errors import UnsupportedError, node_location, with_location
+from ..errors import EagerRaisesError, UnsupportedError, node_location, with_location
 from ..ir.emitter import Emitter
 from ..ir.gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
 from ..ir.opfacts import bind_args, facts, is_view_node
@@ -103,7 +103,7 @@ class AutogradFacts:
             self._on_view(node)
         elif self.emit.grad and self.fragile and any(self._raises_writing(node, a) for a in _written(node)):
             f = next(self._fragile_of(a) for a in _written(node) if self._raises_writing(node, a))
-            raise UnsupportedError(
+            raise EagerRaisesError(
                 f"{node.target} with grad on writes through a view {f.why} (at "
                 f"{node_location(f.root) or f.root}); eager raises"
             )
@@ -199,7 +199,7 @@ class AutogradFacts:
         eagerly."""
         f = self.fragile[self.info.value(a).obj]
         if self._stale(a):
-            raise UnsupportedError(
+            raise EagerRaisesError(
                 with_location(
                     f"a view {f.why} is used with grad on after its base was written; eager raises",
                     node_location(f.root),

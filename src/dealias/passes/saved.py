@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from ..errors import UnsupportedError, node_location, with_location
+from ..errors import EagerRaisesError, node_location, with_location
 from ..ir.opfacts import OpKind, bind_args, facts
 from .alias import AliasInfo, Storage, Value
 
@@ -29,7 +29,7 @@ _PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate
 
 
 def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> None:
-    """Raise UnsupportedError (the graph runs eagerly) if a tensor some differentiable op saved for backward is
+    """Raise EagerRaisesError (the graph runs eagerly) if a tensor some differentiable op saved for backward is
     written in place afterwards, or by the op itself (`x.mul_(x)` saves `x` as its other factor)."""
     if not any(requires_grad) or not torch.is_grad_enabled() and not _switches_grad_on(gm):
         return
@@ -61,7 +61,7 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
             writer = next(w for w in nodes[i + 1 :] if v.storage in writes[w])
         else:
             continue
-        raise UnsupportedError(
+        raise EagerRaisesError(
             with_location(
                 f"{n.target} saves a tensor for backward that {writer.target} "
                 f"{'itself modifies' if own else 'then modifies'} in place (at "

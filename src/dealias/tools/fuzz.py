@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..errors import FallbackWarning, GraphBreakWarning, OverlapFallbackWarning
+from ..errors import EagerRaisesFallbackWarning, FallbackWarning, GraphBreakWarning, OverlapFallbackWarning
 from ..runtime.verify import compare_call, view_on
 
 
@@ -508,7 +508,8 @@ class Outcome:
     # "ok"; "fallback" (dealias ran a graph or the program eagerly); "overlap" (a graph ran eagerly because a write
     # shares memory between elements: eager's result depends on its kernel's order); "graph-break" (dynamo ran a
     # part eagerly, the rest compiled); "error-matched"; "refused" (dynamo's fake tensors raised on an op eager
-    # runs, after user code ran: a clear error, not a silent result); "mismatch"
+    # runs, after user code ran: a clear error, not a silent result); "eager-raises" (a graph ran eagerly because
+    # eager raises on it later: at backward, or at a view autograd forbids); "mismatch"
     status: str
     detail: str = ""
 
@@ -564,6 +565,7 @@ def _run_calls(prog: Program, program: Callable[..., Any], make_args: Callable[[
 _FALLBACKS = (
     (FallbackWarning, "fallback"),
     (OverlapFallbackWarning, "overlap"),
+    (EagerRaisesFallbackWarning, "eager-raises"),
     (GraphBreakWarning, "graph-break"),
 )
 
@@ -690,6 +692,7 @@ def fuzz(
         "ok": 0,
         "fallback": 0,
         "overlap": 0,
+        "eager-raises": 0,
         "graph-break": 0,
         "error-matched": 0,
         "refused": 0,
