@@ -258,7 +258,15 @@ def hook_on_an_input_between_writes(x):
     return x * 3
 
 
+def hook_then_metadata_change_of_a_view(x):  # fuzz seed 996004
+    x.register_hook(lambda g: g + 1)
+    v = x.permute(1, 0)
+    v.unsqueeze_(0)
+    return v * 2, x
+
+
 def test_hook_on_an_input_after_its_writes_compiles():
+    assert_matches_eager(hook_then_metadata_change_of_a_view, _args((2, 3)), fallback="error")
     # dynamo_fixes records the graph's nodes at the registration: only writes after it make the frame run eagerly.
     assert_matches_eager(hook_on_an_input_after_its_writes, _args((3,)), fallback="error")
     jf = dealias.jit(hook_on_an_input_between_writes)

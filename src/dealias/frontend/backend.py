@@ -595,7 +595,9 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Options, name: str) -> None:
     hooked = [n for h in hooks if isinstance(n := getattr(getattr(h[0], "proxy", None), "node", None), fx.Node)]
     for tensor in hooked:
         before = tensor.meta.get(HOOKED_AFTER, frozenset())
-        writer = next((n for n in gm.graph.nodes if n not in before and may_write(n) and touches(n, tensor)), None)
+        # (A metadata change of a view, `x.permute(..).squeeze_()`, leaves the input's history, and its hook, alone.)
+        writes = (n for n in gm.graph.nodes if n not in before and may_write(n) and not _inplace_view(n))
+        writer = next((n for n in writes if touches(n, tensor)), None)
         if writer is None:
             continue
         message = with_location(
