@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from harness import check, clone_args
@@ -320,9 +322,35 @@ def test_unsafe_split_elements_share_their_inputs_memory(fn):
         assert a.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
 
 
-def test_unsafe_split_of_a_tensor_that_requires_grad_runs_eagerly():
+def test_unsafe_split_of_a_tensor_that_requires_grad_then_written_runs_eagerly():
     # Eager's autograd does not see a write through an element as a write of the input: not compiled yet.
     jf = dealias.jit(write_through_unsafe_chunk)
     x = torch.randn(4, 3, requires_grad=True) * 1
-    with pytest.warns(dealias.FallbackWarning, match="unsafe_split.Tensor of a tensor that requires grad"):
+    with pytest.warns(dealias.FallbackWarning, match="memory split by unsafe_split from a tensor that requires grad"):
         assert compare_call(write_through_unsafe_chunk, jf, (x,)) is None
+
+
+def unsafe_elements_read(x):
+    y = x * 1
+    p, q = y.unsafe_split(2, 0)
+    return p.sin() + q, p, q.t(), x.unsafe_chunk(2, 1)[1]
+
+
+def unsafe_split_under_no_grad(x):
+    with torch.no_grad():
+        p, q = x.unsafe_split(2, 0)  # eager's elements do not require grad (they are not views of x)
+    return p * 2, q
+
+
+def test_unsafe_split_of_a_tensor_that_requires_grad_compiles_when_nothing_writes_it():
+    # Each element's gradient reaches the input as through split's views; a returned one is rebuilt by
+    # unsafe_split itself, a tensor of its own with eager's grad_fn (fuzz seeds 996039, 990053).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        jf = check(unsafe_elements_read, torch.randn(4, 3, requires_grad=True) * 1)
+    s, p, qt, c = jf(torch.randn(4, 3, requires_grad=True) * 1)
+    assert not p._is_view() and type(p.grad_fn).__name__.startswith("UnsafeSplit")
+    assert not c._is_view() and type(c.grad_fn).__name__.startswith("UnsafeSplit")
+    with pytest.warns(dealias.FallbackWarning, match="under no_grad"):
+        dealias.jit(unsafe_split_under_no_grad)(torch.randn(4, 3, requires_grad=True) * 1)
+    check(unsafe_split_under_no_grad, torch.randn(4, 3, requires_grad=True) * 1, allow_fallback=True)

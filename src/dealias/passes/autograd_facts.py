@@ -83,6 +83,9 @@ class AutogradFacts:
         # Elements of `unsafe_split` (and views of them), by tensor object -> the element's getitem node: eager's
         # are not autograd views, so a returned one is rebuilt by `unsafe_split` itself (OutputSlot.multi_output).
         self.unsafe: dict[int, fx.Node] = {}
+        # Storages split by `unsafe_split` with grad on while they required grad -> the split: a later write of
+        # one runs the graph eagerly (eager's autograd does not see a write through an element as one of its input).
+        self.unsafe_split_rg: dict[Storage, fx.Node] = {}
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
         # Caller storages written back where their last write is, under autograd (see _write_back_now).
@@ -118,15 +121,23 @@ class AutogradFacts:
     def _track_unsafe(self, view: fx.Node) -> None:
         """Record an element of `unsafe_split` (or a view of one). Autograd does not treat the elements as views:
         eager's does not see a write through one as a write of its input, and one made under no_grad does not
-        require grad. A split of a tensor that requires grad runs eagerly (in either grad mode)."""
+        require grad. A split of a tensor that requires grad compiles with grad on if nothing writes its memory
+        afterwards (each element's gradient flows to the input as through split's views; a returned element is
+        rebuilt by `unsafe_split`, with its own grad_fn); under no_grad, or written later, it runs eagerly."""
         source = view.args[0] if view.target is operator.getitem else view
         op = source.target
         if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view:
-            if self.requires_grad(source.args[0]):
-                raise UnsupportedError(
-                    with_location(f"{op} of a tensor that requires grad is not compiled yet", node_location(view))
-                )
             value = self.info.values.get(view)
+            if self.requires_grad(source.args[0]):
+                if not self.emit.grad:
+                    raise UnsupportedError(
+                        with_location(
+                            f"{op} under no_grad of a tensor that requires grad is not compiled yet",
+                            node_location(view),
+                        )
+                    )
+                if isinstance(value, Value):
+                    self.unsafe_split_rg.setdefault(value.storage, view)
             if isinstance(value, Value):  # (the list itself is not a tensor)
                 self.unsafe[value.obj] = view
             return
@@ -236,6 +247,15 @@ class AutogradFacts:
         """`node` has written storage `s`: eager's version counter moves; at the last write of a caller's
         tensor that autograd reads later, the caller's tensor receives its value now."""
         self.version_counter_moves(s)
+        if s in self.unsafe_split_rg:
+            split = self.unsafe_split_rg[s]
+            raise UnsupportedError(
+                with_location(
+                    f"{node.target} writes memory split by unsafe_split from a tensor that requires grad (at "
+                    f"{node_location(split) or split}); not compiled yet",
+                    node_location(node),
+                )
+            )
         if self.emit.grad and not hidden:
             self.grad_writes.add(s)
         if self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no":
