@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from harness import check
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import dealias
 from dealias.errors import InternalError
-from dealias.runtime.fused import _SNAPSHOT, KEEP_ATEN_MIN_NUMEL, check_hazards
+from dealias.runtime.fused import _SNAPSHOT, KEEP_ATEN_MIN_NUMEL, Unfusable, check_hazards, fused_autograd_executor
 from dealias.tools.demo import kv_cache_write, seed_program
 
 
@@ -197,7 +200,50 @@ def test_what_cannot_be_fused_runs_on_the_torch_executor():
     jf = dealias.jit(double_then_sin, executor="inductor")
     x = torch.randn(3, requires_grad=True) * 1
     jf(x).sum().backward()
-    assert "not fused, autograd records the graph" in str(dealias.last_traces(jf)[3])
+    assert "not fused, write_back_now runs in Python" in str(dealias.last_traces(jf)[3])
+
+
+def bn_train(bn, x):
+    return bn(x)
+
+
+def test_batch_norm_training_fuses_with_autograd():
+    # The functional graph goes to AOTAutograd and inductor; the running stats are written back after it.
+    torch.manual_seed(0)
+    bn, x = torch.nn.BatchNorm2d(4), torch.randn(2, 4, 3, 3, requires_grad=True)
+    bn2, x2 = copy.deepcopy(bn), x.detach().clone().requires_grad_()
+    jf = dealias.jit(bn_train, executor="inductor")
+    for _ in range(2):
+        y, y2 = bn_train(bn, x), jf(bn2, x2)
+        w = torch.linspace(0, 1, y.numel()).view(y.shape)
+        (y * w).sum().backward()
+        (y2 * w).sum().backward()
+        close = dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(y2, y, **close)
+        for a, b in ((x2.grad, x.grad), (bn2.weight.grad, bn.weight.grad), (bn2.bias.grad, bn.bias.grad)):
+            torch.testing.assert_close(a, b, **close)
+        for a, b in zip(bn2.buffers(), bn.buffers()):
+            torch.testing.assert_close(a, b, **close)
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("fused",) and info.hits == 1, info
+    assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+
+
+def test_fused_autograd_refuses_a_forward_that_saves_a_written_input():
+    # The epilogue writes input 1 after the graph; a forward saving it for backward would make backward raise.
+    def graph(w, buf):
+        return buf + 1, w * buf
+
+    gm = torch.fx.symbolic_trace(graph)
+    gm = make_fx(gm)(torch.randn(3, requires_grad=True), torch.randn(3))
+    with pytest.raises(Unfusable, match="save input 1"):
+        fused_autograd_executor(gm, [torch.randn(3, requires_grad=True), torch.randn(3)], frozenset({1}))
+    run = fused_autograd_executor(gm, [torch.randn(3, requires_grad=True), torch.randn(3)], frozenset({0}))
+    w, buf = torch.randn(3, requires_grad=True), torch.randn(3)
+    new, y = run(w, buf)
+    torch.testing.assert_close(y, w * buf)
+    y.sum().backward()
+    torch.testing.assert_close(w.grad, buf)
 
 
 def test_unknown_executor_is_refused():

@@ -21,7 +21,7 @@ from ..ir.plan import FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport
 from ..ir.traces import Trace, format_graph
 from ..ir.viewops import chain_text
 from ..runtime.executor import torch_executor
-from ..runtime.fused import Unfusable, fused_executor, unfusable
+from ..runtime.fused import AUTOGRAD, Unfusable, fused_autograd_executor, fused_executor, unfusable
 from ..runtime.program import CompiledProgram
 from .alias import analyze
 from .capture import capture
@@ -143,7 +143,22 @@ def compile_program(
         functional_gm,
     )
     run, tier = None, "torch"
-    if executor == "inductor":
+    if executor == "inductor" and unfusable(fp.gm) == AUTOGRAD:
+        try:
+            trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))
+            aliases = _alias_placeholders(trial.gm, captured)
+            with clock("write-back lowering"):
+                trial, reports = lower(trial, aliases)  # (a graph autograd records stays functional)
+            check("lower", trial, functional_gm, aliases)
+            placeholders = trial.gm.graph.find_nodes(op="placeholder")
+            written = frozenset(placeholders.index(root_node(trial.gm, wb.target)) for wb in trial.writebacks)
+            with clock("AOTAutograd and inductor"):
+                run = fused_autograd_executor(trial.gm, [leaves[p] for p in captured.tensor_positions], written)
+            fp, shown, tier = trial, trial, "fused"
+            name = "execution trace (fused with autograd: AOTAutograd and inductor compile this graph)"
+        except Unfusable as e:
+            name = f"execution trace (torch executor: not fused, {e})"
+    elif executor == "inductor":
         try:
             why = unfusable(fp.gm)
             if why is not None:

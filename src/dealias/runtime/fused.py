@@ -12,15 +12,24 @@ its own, in program order. `check_hazards` verifies the rule on every graph hand
 
 Index bounds are checked in a prologue, before any write: eager's error, the caller's tensors untouched.
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
-(`unfusable` before lowering, `Unfusable` after): autograd recording, alias groups, random draws, symbolic
-sizes, ops that may raise on their values, functional scatters and dtype views and `as_strided` (three things
-inductor gets wrong or ties to one placement of the inputs), writes to memory that is not an input.
+(`unfusable` before lowering, `Unfusable` after): alias groups, random draws, symbolic sizes, ops that may raise
+on their values, functional scatters and dtype views and `as_strided` (three things inductor gets wrong or ties
+to one placement of the inputs), writes to memory that is not an input.
+
+A graph autograd records (BatchNorm training with parameters that require grad) takes another way
+(`fused_autograd_executor`): its functional graph, write-backs done by the epilogue after it as on the torch
+executor, goes to inductor through AOTAutograd, which partitions it into a forward and a backward. The
+partition is AOTAutograd's default one (the forward saves what the graph computed, nothing is recomputed from
+inputs), and it is refused if the forward would save an input the epilogue then writes into: eager saved the
+value before its write, and a saved caller tensor written afterwards would make backward raise "modified by an
+inplace operation" where eager does not.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from operator import getitem
 from typing import Any
 
 import torch
@@ -72,7 +81,9 @@ _TWINS = {op: _aten_twin(op) for op in KEEP_ATEN}
 
 
 def unfusable(gm: fx.GraphModule) -> str | None:
-    """Why the fused executor cannot run `gm` exactly, or None."""
+    """Why the fused executor cannot run `gm` exactly, or None. "autograd records the graph" is returned only
+    when no other reason holds (`fused_autograd_executor` can run such a graph)."""
+    records = False
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             if alias_group_of(n) is not None:
@@ -84,14 +95,16 @@ def unfusable(gm: fx.GraphModule) -> str | None:
                 return "symbolic sizes"
         if n.op != "call_function":
             continue
-        if n.meta.get("rg"):  # (without it, grad mode switches inside the program change nothing)
-            return "autograd records the graph"
+        records = records or bool(n.meta.get("rg"))  # (without it, grad mode switches change nothing)
         op = n.target
         if isinstance(op, torch._ops.OpOverload) and facts(op).nondeterministic and not _no_dropout(n):
             return f"{op} draws random numbers (inductor's generator is not eager's)"
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _in_prologue(n):
             return f"{op_name(op)} runs in Python"
-    return None
+    return AUTOGRAD if records else None
+
+
+AUTOGRAD = "autograd records the graph"
 
 
 def _no_dropout(n: fx.Node) -> bool:
@@ -429,8 +442,63 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     return run
 
 
-def _runner(gm: fx.GraphModule, compiled: Any, check: Callable[[tuple[Any, ...]], None] | None) -> Callable[..., Any]:
-    """The call of a compiled graph: prologue, inductor's callable without autograd, results in eager's layout."""
+def _default_partition(written: frozenset[int]) -> Any:
+    """AOTAutograd's default partition as inductor's custom partitioner, refused (Unfusable) when the forward
+    saves one of the `written` inputs (positions among the graph's placeholders). (Inductor is imported here,
+    not when dealias is.)"""
+    from torch._functorch.partitioners import default_partition
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    class DefaultPartition(CustomPartitionerFn):
+        def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+            kwargs.pop("compiler", None)
+            fw, bw = default_partition(gm, joint_inputs, **kwargs)
+            saved = fw.graph.output_node().args[0][kwargs["num_fwd_outputs"] :]
+            primals = fw.graph.find_nodes(op="placeholder")  # (no parameters: the graph's inputs, in order)
+            for s in saved:
+                if isinstance(s, fx.Node) and s in primals and primals.index(s) in written:
+                    raise Unfusable(f"backward would save input {primals.index(s)}, which the epilogue writes into")
+            return fw, bw
+
+        def uuid(self) -> Any:  # inductor's graph cache key: a cached graph passed this check when compiled
+            return ("dealias default partition, saves none of", tuple(sorted(written)))
+
+    return DefaultPartition()
+
+
+def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: frozenset[int]) -> Callable[..., Any]:
+    """Compile the functional graph `gm`, which autograd records, with AOTAutograd and inductor; `written`: the
+    placeholders the epilogue writes back into. Raises Unfusable."""
+    from torch._inductor.compile_fx import compile_fx
+
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            raise Unfusable("a constant of the program (AOTAutograd would lift it before the inputs)")
+        if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
+            raise Unfusable(f"{op_name(n.target)} runs in Python")
+    handed = copy.deepcopy(gm)
+    try:
+        with torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=_default_partition(written)):
+            compiled = compile_fx(copy.deepcopy(gm), list(example))
+    except Unfusable:
+        raise
+    except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
+        cause = e
+        while cause.__cause__ is not None and not isinstance(cause, Unfusable):
+            cause = cause.__cause__
+        if isinstance(cause, Unfusable):
+            raise cause from None
+        raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+    run = _runner(gm, lambda args: compiled(*args), None, autograd=True)
+    run.graph = handed  # type: ignore[attr-defined]
+    return run
+
+
+def _runner(
+    gm: fx.GraphModule, compiled: Any, check: Callable[[tuple[Any, ...]], None] | None, autograd: bool = False
+) -> Callable[..., Any]:
+    """The call of a compiled graph: prologue, inductor's callable (without autograd, unless it is AOTAutograd's
+    and records it), results in eager's layout."""
     # Eager's layout of each result, from the lowered graph (inductor's decompositions may change it: a constant
     # came back as an expanded tensor, strides (0, 1, 0)). Sizes are static (`unfusable`), so inductor gives each
     # result the same layout on every call: whether one must be restrided is learned on the first call.
@@ -458,9 +526,14 @@ def _runner(gm: fx.GraphModule, compiled: Any, check: Callable[[tuple[Any, ...]]
         # After its first call (which ends inductor's autotune-cache bundling), the compiled graph's callable is
         # called directly: its wrapper only adds profiler labels and run-time metrics. (A graph without kernels
         # comes back as a plain function.)
-        state["call"] = getattr(compiled, "current_callable", None) or compiled
+        state["call"] = compiled if autograd else getattr(compiled, "current_callable", None) or compiled
 
     def run(*args: Any) -> Any:
+        if autograd:
+            outs = compiled(args)
+            if state["call"] is None:
+                first(outs)
+            return restrided(outs) if state["restride"] else tuple(outs)
         if check is not None:
             check(args)
         # Autograd records nothing here (`unfusable`), but the aten kernels inductor falls back to would record
