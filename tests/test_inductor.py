@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -374,3 +375,22 @@ def test_ops_inductor_runs_slower_stay_atens_kernels_inside_fused_graphs():
     small(torch.randn(n // 2), torch.zeros(n // 2))
     assert small.last.tier == "fused"
     assert torch.ops.dealias.aten_gelu.default not in targets(fused_graph(small))
+
+
+def decode_attention(kc, vc, q, k, v, pos: int, mask):
+    kc[:, :, pos] = k
+    vc[:, :, pos] = v
+    return torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
+
+
+@pytest.mark.parametrize("keys", [64, 2048])
+def test_short_attention_runs_by_matmuls_and_long_attention_by_the_flash_kernel(keys):
+    mask = torch.zeros(1, 1, 1, keys, dtype=torch.bool)
+    mask[..., :40] = True
+    args = (torch.randn(1, 2, keys, 8), torch.randn(1, 2, keys, 8), torch.randn(1, 2, 1, 8))
+    # A code object per size: dynamo would make the second size symbolic (automatic dynamic), which is not fused.
+    fn = types.FunctionType(decode_attention.__code__.replace(co_name=f"decode_attention_{keys}"), globals())
+    jf = check(fn, *args, torch.randn(1, 2, 8), torch.randn(1, 2, 8), 39, mask, executor="inductor")
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert (flash in targets(fused_graph(jf))) == (keys > 1024)
+    assert [r.mode for r in dealias.explain(jf)] == ["in place", "in place"]
