@@ -380,3 +380,49 @@ def _train_conv_bn(net: torch.nn.Module, jit_step: bool) -> None:
 def test_batchnorm_training_with_backward(jit_step):
     # Losses, parameters, gradients, running_mean/var and num_batches_tracked after each of 3 steps, exactly.
     _train_conv_bn(_conv_bn_relu(), jit_step)
+
+
+def test_conv_bn_training_fused_with_autograd():
+    # executor="inductor": the forward (conv, BatchNorm training, in-place ReLU, cross entropy) is a graph autograd
+    # records, compiled by AOTAutograd and inductor; the SGD step is lowered in place and fused. Fused kernels are
+    # not bitwise ATen's: losses, parameters, gradients, running stats and momentum buffers within 1e-5.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(inplace=True),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 4),
+    )
+    eager_net = copy.deepcopy(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    eager_opt = torch.optim.SGD(eager_net.parameters(), lr=0.1, momentum=0.9, foreach=False)
+
+    def loss_of(net, x, y):
+        return torch.nn.functional.cross_entropy(net(x), y)
+
+    jloss = dealias.jit(loss_of, executor="inductor")
+    step = dealias.jit(opt.step, executor="inductor")
+    g = torch.Generator().manual_seed(3)
+    close = dict(rtol=1e-5, atol=1e-5)
+    for i in range(3):
+        x, y = torch.randn(4, 3, 6, 6, generator=g), torch.randint(0, 4, (4,), generator=g)
+        for o in (opt, eager_opt):
+            o.zero_grad()
+        loss, eager_loss = jloss(net, x, y), loss_of(eager_net, x, y)
+        loss.backward()
+        eager_loss.backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.GraphBreakWarning)  # (the optimizer's own graph breaks)
+            step()
+        eager_opt.step()
+        torch.testing.assert_close(loss, eager_loss, **close)
+        for (name, p), (_, e) in zip(net.named_parameters(), eager_net.named_parameters()):
+            torch.testing.assert_close(p.grad, e.grad, **close, msg=f"step {i}: {name}.grad")
+            torch.testing.assert_close(p, e, **close, msg=f"step {i}: {name}")
+            torch.testing.assert_close(opt.state[p]["momentum_buffer"], eager_opt.state[e]["momentum_buffer"], **close)
+        for (name, b), (_, e) in zip(net.named_buffers(), eager_net.named_buffers()):
+            torch.testing.assert_close(b, e, **close, msg=f"step {i}: {name}")
+    assert dealias.cache_info(jloss).tiers == ("fused",)
+    assert "fused with autograd" in str(dealias.last_traces(jloss)[3])
