@@ -24,8 +24,12 @@ def test_bounded_fuzz_finds_no_mismatch(seed):
     # tensor are graph breaks; a write whose source is the written memory through another argument of a
     # non-pointwise op (`sum(x, 0, out=x[1])`, `mm(a, x, out=x)`) runs eagerly unless eager agrees with copies.
     # Measured: 158 and 174 of 250 (seeds 0, 5000) since the generator also makes created tensors, out= and
-    # aliased arguments (178 and 183 before).
-    assert summary["ok"] >= 150, summary
+    # aliased arguments (178 and 183 before); 171 and 175 once in-place metadata changes inside a graph, hooks
+    # registered after an input's writes and unsafe_split with grad compiled. Of the rest, counted by kind: the
+    # graph ran eagerly on dealias's own account 15 and 13 times, on a write whose elements share memory 13 and
+    # 16, where eager raises later 10 and 6; dynamo broke the graph 41 and 38 times.
+    assert summary["ok"] >= 160, summary
+    assert summary["fallback"] <= 20, summary
     assert summary["refused"] <= 3, summary
 
 
