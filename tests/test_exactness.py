@@ -354,3 +354,18 @@ def test_unsafe_split_of_a_tensor_that_requires_grad_compiles_when_nothing_write
     with pytest.warns(dealias.FallbackWarning, match="under no_grad"):
         dealias.jit(unsafe_split_under_no_grad)(torch.randn(4, 3, requires_grad=True) * 1)
     check(unsafe_split_under_no_grad, torch.randn(4, 3, requires_grad=True) * 1, allow_fallback=True)
+
+
+def rrelu_with_noise_on_an_intermediate(x, noise):
+    y = x * 1
+    torch.ops.aten.rrelu_with_noise_(y, noise, 0.1, 0.3, True)  # writes y and noise, draws random slopes
+    return y, noise
+
+
+def test_in_place_op_writing_two_arguments_has_a_functional_form():
+    # rrelu_with_noise_'s functional form is rrelu_with_noise_functional (not rrelu_with_noise, which writes
+    # noise too); the random draws are eager's (the same generator state, the same op).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        check(rrelu_with_noise_on_an_intermediate, torch.randn(6), torch.empty(6))
+        check(lambda x: torch.nn.functional.rrelu(x, training=True, inplace=True), torch.randn(6))

@@ -50,6 +50,7 @@ import pytest
 import torch
 
 # (torch.testing._internal imports `expecttest`, a dev dependency of this project.)
+from torch.testing._internal import common_methods_invocations
 from torch.testing._internal.common_methods_invocations import binary_ufuncs, op_db, unary_ufuncs
 from torch.testing._internal.common_utils import SEED, set_rng_seed
 
@@ -74,15 +75,14 @@ KNOWN_MISMATCHES: dict[tuple[str, str], str] = {
 # eagerly) and with a graph break of dynamo's (a part ran eagerly, the rest compiled: a GraphBreakWarning): the
 # rates measured (torch 2.13) plus a margin of a few programs. History of the combined rate: inplace 61/364
 # (16.8 %) when written, 47/364 (12.9 %) after the 0-d index-write fix, 33/364 (9.1 %) once in-place metadata
-# changes inside a graph compiled (dynamo_fixes). Measured apart: dealias's own fallbacks inplace 0/364, view
-# 0/47, out 10/382 (2.6 %: out= into lu's and native_batch_norm's tuples, linalg.matrix_rank's and kron's
-# composites that never write out=, empty(out=view)); graph breaks inplace 33/364, view 1/47, out 9/382. None
-# of the graph breaks is dealias's choice: dynamo breaks at in-place metadata changes of inputs (t_, squeeze_,
-# as_strided_, resize_...), at data-dependent and dynamic-shape ops, and at OpInfo's own `wrapper_set_seed`
-# around random ops (dropout, rrelu, normal...: `freeze_rng_state` is a contextmanager in torch.testing, which
-# dynamo skips), 25 programs.
+# changes inside a graph compiled (dynamo_fixes), 13/364 (3.6 %) once OpInfo's seeding wrapper around random ops
+# was left out (`_call`: it broke 25 programs' graphs, the sweep's own doing). Measured apart: dealias's own
+# fallbacks inplace 0/364, view 0/47, out 10/382 (2.6 %: out= into lu's and native_batch_norm's tuples,
+# linalg.matrix_rank's and kron's composites that never write out=, empty(out=view)); graph breaks inplace
+# 13/364, view 1/47, out 4/382. None of the graph breaks is dealias's choice: dynamo breaks at in-place metadata
+# changes of inputs (t_, squeeze_, resize_...) and at data-dependent and dynamic-shape ops.
 FALLBACK_CEILING = {"inplace": 0.01, "view": 0.03, "out": 0.035}
-GRAPH_BREAK_CEILING = {"inplace": 0.105, "view": 0.06, "out": 0.035}
+GRAPH_BREAK_CEILING = {"inplace": 0.05, "view": 0.06, "out": 0.02}
 
 
 @dataclass
@@ -385,6 +385,13 @@ def fallback_reason(detail: str) -> str:
     return re.sub(r"at /\S*/", "at ", detail)  # a library file: its name is enough
 
 
+def _call(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """OpInfo's `wrapper_set_seed` without its seeding: eager and dealias run from the same random state anyway
+    (`compare_call`), and dynamo skips the context manager it seeds in (`freeze_rng_state`, in torch.testing), so
+    with it every random op's program broke its graph there."""
+    return op(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _cheaper_compiles() -> Iterator[None]:
     """Two costs of every compile that only feed torch's logs, skipped for the sweep's thousand compiles:
@@ -395,7 +402,10 @@ def _cheaper_compiles() -> Iterator[None]:
       10-40 % more time per compile. The records would only be shown for a failing test, and say nothing of it."""
     trace_log = logging.getLogger("torch.__trace")
     handlers = trace_log.handlers[:]
-    with unittest.mock.patch.object(torch._dynamo.guards, "profile_guard_manager", lambda *args: 0.0):
+    with (
+        unittest.mock.patch.object(torch._dynamo.guards, "profile_guard_manager", lambda *args: 0.0),
+        unittest.mock.patch.object(common_methods_invocations, "wrapper_set_seed", _call),
+    ):
         for h in handlers:
             trace_log.removeHandler(h)
         try:

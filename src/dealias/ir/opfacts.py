@@ -87,8 +87,8 @@ def _packet(qualname: str) -> torch._ops.OpOverloadPacket | None:
 
 
 def _find_functional(op: OpOverload, kind: OpKind) -> OpOverload | None:
-    """The out-of-place overload computing what `op` writes: same packet minus the trailing `_`
-    (in-place), the same packet (out=), `<name>_functional` (mutable), or a hand-mapped name; matched on
+    """The out-of-place overload computing what `op` writes: same packet minus the trailing `_`, or that name
+    plus `_functional` (in-place), the same packet (out=), `<name>_functional` (mutable), or a hand-mapped name; matched on
     argument names and types first, then on types alone (names differ in e.g. bernoulli_.float/.p)."""
     schema = op._schema
     names: list[str] = []
@@ -96,6 +96,7 @@ def _find_functional(op: OpOverload, kind: OpKind) -> OpOverload | None:
         names.append(_FUNCTIONAL_BY_NAME[schema.name])
     if kind is OpKind.INPLACE and schema.name.endswith("_"):
         names.append(schema.name[:-1])
+        names.append(schema.name[:-1] + "_functional")  # (writing another argument too: `rrelu_with_noise_`)
     elif kind is OpKind.OUT:
         names.append(schema.name)
     elif kind is OpKind.MUTABLE:
