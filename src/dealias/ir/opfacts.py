@@ -88,8 +88,8 @@ def _packet(qualname: str) -> torch._ops.OpOverloadPacket | None:
 
 def _find_functional(op: OpOverload, kind: OpKind) -> OpOverload | None:
     """The out-of-place overload computing what `op` writes: same packet minus the trailing `_`, or that name
-    plus `_functional` (in-place), the same packet (out=), `<name>_functional` (mutable), or a hand-mapped name; matched on
-    argument names and types first, then on types alone (names differ in e.g. bernoulli_.float/.p)."""
+    plus `_functional` (in-place), the same packet (out=), `<name>_functional` (mutable), or a hand-mapped name;
+    matched on argument names and types first, then on types alone (names differ in e.g. bernoulli_.float/.p)."""
     schema = op._schema
     names: list[str] = []
     if schema.name in _FUNCTIONAL_BY_NAME:
