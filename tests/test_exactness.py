@@ -369,3 +369,47 @@ def test_in_place_op_writing_two_arguments_has_a_functional_form():
         warnings.simplefilter("error", dealias.FallbackWarning)
         check(rrelu_with_noise_on_an_intermediate, torch.randn(6), torch.empty(6))
         check(lambda x: torch.nn.functional.rrelu(x, training=True, inplace=True), torch.randn(6))
+
+
+def batch_norm_out_no_stats(x, o1, o2, o3):
+    return torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5, out=(o1, o2, o3))
+
+
+def batch_norm_out_with_stats(x, w, b, rm, rv, o1, o2, o3):
+    r = torch.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5, out=(o1, o2, o3))
+    return r[0] * 2, rm
+
+
+def batch_norm_legit_out(x, rm, rv, o1, o2, o3):
+    out = torch.ops.aten._native_batch_norm_legit.out(
+        x, None, None, rm, rv, True, 0.1, 1e-5, out=o1, save_mean=o2, save_invstd=o3
+    )
+    return out, rm, rv
+
+
+def batch_norm_out_into_views(x, big):
+    torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5, out=(big[1], big[2, 0], big[0, 1]))
+    return big
+
+
+def test_mutable_op_with_out_arguments():
+    # native_batch_norm.out writes its out= tensors and, unannotated, the running stats; its results are the out=
+    # tensors (the schema's alias sets say which). Without running stats it is native_batch_norm.default's out=.
+    x = torch.randn(3, 4)
+    e = lambda *shape: torch.empty(*shape)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        check(batch_norm_out_no_stats, x, e(3, 4), e(4), e(4))
+        check(
+            batch_norm_out_with_stats,
+            x,
+            torch.randn(4),
+            torch.randn(4),
+            torch.randn(4),
+            torch.rand(4),
+            e(3, 4),
+            e(4),
+            e(4),
+        )
+        check(batch_norm_legit_out, x, torch.randn(4), torch.rand(4), e(3, 4), e(4), e(4))
+        check(batch_norm_out_into_views, x, torch.zeros(3, 3, 4))

@@ -37,6 +37,9 @@ class OpFacts:
     multi_output_view: bool = False  # split/unbind: `Tensor(a -> *) self` returning `Tensor(a)[]`
     autograd_view: bool = True  # autograd tracks the returns as views of the input (not unsafe_split's)
     nondeterministic: bool = False  # random ops: never merged by CSE
+    # A mutable op with out= arguments (`native_batch_norm.out`), called with its other written arguments absent
+    # (no running stats): the out= op this makes it, and its functional form (the packet's overload without out=).
+    out_only: OpOverload | None = None
 
 
 # `_unsafe_view` has no alias annotation, but it reinterprets its input's memory (it follows a clone in
@@ -128,6 +131,15 @@ def _find_functional(op: OpOverload, kind: OpKind) -> OpOverload | None:
     return None
 
 
+def _without_out(op: OpOverload) -> OpOverload | None:
+    """The overload of `op`'s packet taking the same arguments but the out= ones, by name and type, that writes
+    nothing (given no running stats, `native_batch_norm.out` is `native_batch_norm.default` with out=)."""
+    wanted = _arg_signature([a for a in op._schema.arguments if not a.is_out])
+    packet = _packet(op._schema.name)
+    overloads = [getattr(packet, o) for o in packet.overloads()] if packet is not None else []
+    return next((o for o in overloads if _arg_signature(list(o._schema.arguments)) == wanted), None)
+
+
 # What a factory's out= tensor stands for in its functional form (taken from the out= tensor).
 _FACTORY_ARGS = {"dtype", "layout", "device", "pin_memory"}
 
@@ -139,8 +151,9 @@ def facts(op: OpOverload) -> OpFacts:
     tags = set(op.tags)
     written = _written(schema)
     if schema.name in _MUTATES_WITHOUT_ANNOTATION:
-        names = _MUTATES_WITHOUT_ANNOTATION[schema.name]
-        return OpFacts(op, OpKind.MUTABLE, names, _find_functional(op, OpKind.MUTABLE))
+        names = _MUTATES_WITHOUT_ANNOTATION[schema.name] + tuple(a.name for a in written)  # (its .out's out=)
+        out_only = _without_out(op) if written else None
+        return OpFacts(op, OpKind.MUTABLE, names, _find_functional(op, OpKind.MUTABLE), out_only=out_only)
     nondet = torch.Tag.nondeterministic_seeded in tags
     if schema.name in _MULTI_VIEW_WITHOUT_ANNOTATION:
         return OpFacts(op, OpKind.VIEW, (), None, multi_output_view=True, autograd_view=False)
@@ -159,7 +172,22 @@ def facts(op: OpOverload) -> OpFacts:
         kind = OpKind.INPLACE
     else:
         kind = OpKind.MUTABLE
-    return OpFacts(op, kind, names, _find_functional(op, kind), nondeterministic=nondet)
+    out_only = _without_out(op) if kind is OpKind.MUTABLE and any(a.is_out for a in written) else None
+    return OpFacts(op, kind, names, _find_functional(op, kind), nondeterministic=nondet, out_only=out_only)
+
+
+def returned_args(schema: torch.FunctionSchema) -> list[str | None]:
+    """For each result of `schema`, the argument it returns (the same write alias set: `Tensor(a!) out` returned
+    as `Tensor(a!)`), or None for a fresh result."""
+    by_set = {
+        frozenset(a.alias_info.before_set): a.name
+        for a in schema.arguments
+        if a.alias_info is not None and a.alias_info.is_write
+    }
+    return [
+        by_set.get(frozenset(r.alias_info.before_set)) if r.alias_info is not None and r.alias_info.is_write else None
+        for r in schema.returns
+    ]
 
 
 def bind_args(

@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import InternalError, UnsupportedError, located, node_location, with_location
-from ..ir.opfacts import OpKind, bind_args, facts, is_view_target
+from ..ir.opfacts import OpKind, bind_args, facts, is_view_target, returned_args
 from ..ir.plan import Ref, RefKind, StorageKind
 from ..ir.sharing import AliasGroup
 from ..ir.viewops import ViewStep, as_strided_rel, extent, normalize_multi_output, relative_as_strided
@@ -217,6 +217,10 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
             return None  # returns nothing: the written tensors keep their own values
         outs = tuple(info.value(w) for w in written)
         return outs[0] if len(outs) == 1 and not isinstance(meta, (list, tuple)) else outs
+    if f.kind is OpKind.MUTABLE and any(returned_args(op._schema)):
+        # Results that are out= arguments (`native_batch_norm.out`): those tensors; the others fresh.
+        bound = bind_args(op._schema, node.args, node.kwargs)
+        return tuple(info.value(bound[a]) if a else fresh(node, m) for a, m in zip(returned_args(op._schema), meta))
     # FUNCTIONAL and MUTABLE ops return fresh tensors.
     return fresh(node, meta)
 

@@ -24,7 +24,15 @@ from ..errors import EagerSemanticsError, OverlapError, UnsupportedError, locate
 from ..ir.checks import NoProbe, aliasing_is_benign, probe
 from ..ir.emitter import Emitter
 from ..ir.gradops import bump_version, caller_tensor, write_back_now
-from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, is_view_target, writes_nothing
+from ..ir.opfacts import (
+    OpKind,
+    bind_args,
+    facts,
+    is_view_node,
+    is_view_target,
+    returned_args,
+    writes_nothing,
+)
 from ..ir.plan import (
     Captured,
     FunctionalProgram,
@@ -414,9 +422,13 @@ class _Functionalizer:
 
     def _mutation(self, node: fx.Node, f: Any) -> None:
         op = node.target
+        bound = bind_args(op._schema, node.args, node.kwargs)
+        outs = [a.name for a in op._schema.arguments if a.is_out]
+        if f.out_only is not None and all(bound.get(m) is None for m in f.mutated if m not in outs):
+            # `native_batch_norm(.., out=..)` without running stats: an out= op of native_batch_norm.default.
+            f = replace(f, kind=OpKind.OUT, mutated=tuple(outs), functional=f.out_only)
         if f.functional is None:
             raise UnsupportedError(f"{op} has no functional counterpart known to dealias")
-        bound = bind_args(op._schema, node.args, node.kwargs)
         if op is aten.copy_.default and bound["self"] is bound["src"]:
             # `x.copy_(x)`: eager returns at once, touching no value; its version counter moves. Autograd records it
             # (the copy's backward): through a view whose elements overlap (`x.unfold(0, 2, 1)`), that gathers the
@@ -470,7 +482,7 @@ class _Functionalizer:
             self.autograd.run_in_place_on_caller(node, targets[0], bound)
             return
         # out= arguments are dropped; the functional schema lists the rest in the same order.
-        kept = [a.name for a in schema.arguments if not (f.kind is OpKind.OUT and a.name in f.mutated)]
+        kept = [a.name for a in schema.arguments if not (a.is_out and a.name in f.mutated)]
         defaults = bind_args(schema, (), {}, defaults=True)
         args, kwargs = _to_call(f.functional._schema, kept, {n: self.read(a) for n, a in bound.items()}, defaults)
         factory = "dtype" in {a.name for a in f.functional._schema.arguments} and "dtype" not in kept
@@ -482,14 +494,21 @@ class _Functionalizer:
         else:
             out = self.emit.call(f.functional, *args, **kwargs)
         if f.kind is OpKind.MUTABLE:
-            # The functional form returns the op's own results, then the new value of each written argument.
+            # The functional form returns the op's own results, then the new value of each written argument that
+            # is not an out= argument; an out= argument's new value is the result returned as it.
             n = len(schema.returns)
-            results = [self.emit.call(operator.getitem, out, i) for i in range(n + len(f.mutated))]
+            returns = returned_args(schema)
+            rest = [m for m in f.mutated if m not in returns]
+            results = [self.emit.call(operator.getitem, out, i) for i in range(n + len(rest))]
             returned = self.info.values[node]
-            for rv, res in zip(returned if isinstance(returned, tuple) else (returned,), results):
-                if isinstance(rv, Value):
+            for rv, res, arg in zip(returned if isinstance(returned, tuple) else (returned,), results, returns):
+                if isinstance(rv, Value) and arg is None:
                     self._bind_fresh(rv, res)
-            new_values = [results[n + j] for j, name in enumerate(f.mutated) if isinstance(bound.get(name), fx.Node)]
+            new_values = [
+                results[returns.index(name)] if name in returns else results[n + rest.index(name)]
+                for name in f.mutated
+                if isinstance(bound.get(name), fx.Node)
+            ]
         elif isinstance(out.meta["val"], (list, tuple)):
             new_values = [self.emit.call(operator.getitem, out, k) for k in range(len(targets))]
         else:
