@@ -456,9 +456,14 @@ def _partition_saving_no_written_input(written: frozenset[int]) -> Any:
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
     def saved_input(fw: fx.GraphModule, num_fwd_outputs: int) -> int | None:
-        saved = fw.graph.output_node().args[0][num_fwd_outputs:]
+        """A written input the forward saves for backward, itself or through a view of it (`x[0]`)."""
         primals = fw.graph.find_nodes(op="placeholder")  # (no parameters: the graph's inputs, in order)
-        return next((i for i, p in enumerate(primals) if p in saved and i in written), None)
+        for s in fw.graph.output_node().args[0][num_fwd_outputs:]:
+            while isinstance(s, fx.Node) and is_view_node(s):
+                s = s.args[0]
+            if s in primals and primals.index(s) in written:
+                return primals.index(s)
+        return None
 
     class Partition(CustomPartitionerFn):
         def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
