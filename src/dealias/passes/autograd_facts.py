@@ -415,7 +415,7 @@ def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
     last: dict[Storage, fx.Node] = {}
     for n in nodes:
-        for s in written_storages(n, info):
+        for s in written_storages(n, info, metadata=False):  # (the last write of the data)
             if s.kind in (StorageKind.INPUT, StorageKind.GROUP):
                 last[s] = n
     order = {n: i for i, n in enumerate(nodes)}

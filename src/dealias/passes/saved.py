@@ -92,12 +92,14 @@ def _switches_grad_on(gm: fx.GraphModule) -> bool:
     return any(n.meta.get("grad") for n in gm.graph.nodes if n.op == "call_function")
 
 
-def written_storages(node: fx.Node, info: AliasInfo) -> set[Storage]:
+def written_storages(node: fx.Node, info: AliasInfo, metadata: bool = True) -> set[Storage]:
+    """The storages `node` writes; with `metadata`, an in-place metadata change (`e.t_()`) counts too: it writes no
+    data but moves eager's version counter, which invalidates what autograd saved of the tensor, as a write does."""
     f = facts(node.target)
     if f.kind not in (OpKind.INPLACE, OpKind.OUT, OpKind.MUTABLE, OpKind.INPLACE_VIEW):
         return set()
-    # (An in-place metadata change, `e.t_()`, writes no data but moves eager's version counter, which invalidates
-    # what autograd saved of the tensor, as a write does.)
+    if f.kind is OpKind.INPLACE_VIEW and not metadata:
+        return set()
     bound = bind_args(node.target._schema, node.args, node.kwargs)
     out = set()
     for name in f.mutated:
