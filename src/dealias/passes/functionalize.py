@@ -544,28 +544,35 @@ class _Functionalizer:
                 self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, -1), same_as=seen[v.obj]))
                 continue
             seen[v.obj] = position
+            # A tensor eager made as no view (`y = x * 2`, a reshape's copy, an unsafe_split element) whose layout
+            # changed in place (`y.t_()`): replaying its chain would return a view. It is returned as it was made,
+            # then re-strided.
+            born = self.born.get(v.obj, v)
+            remade = born.chain != v.chain and not self._made_as_view(born)
+            restride = _layout_change(born.meta, v.meta) if remade else None
             if v.obj in self.caller_objs:  # the caller's tensor itself (even after `x.t_()`)
                 self.program.outputs.append(OutputSlot(self.caller_objs[v.obj]))
             elif s.kind is not StorageKind.INTERMEDIATE:
-                self.program.outputs.append(self._caller_view(v))
+                self.program.outputs.append(replace(self._caller_view(born if remade else v), restride=restride))
             else:
                 if s not in results:
                     results[s] = len(outs)
                     outs.append(self.base[s])
-                ref = Ref(RefKind.RESULT, results[s])
-                born = self.born.get(v.obj, v)
-                if born.chain != v.chain and not _makes_view(born.chain):
-                    # A tensor eager made as no view (`y = x * 2`, a reshape's copy) whose layout changed in place
-                    # (`y.t_()`): replaying its chain would return a view. It is returned as made, then re-strided.
-                    size, stride, rel = _layout_change(born.meta, v.meta)
-                    self.program.outputs.append(OutputSlot(ref, born.chain, restride=(size, stride, rel)))
-                else:
-                    self.program.outputs.append(OutputSlot(ref, v.chain))
+                chain = born.chain if remade else v.chain
+                self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, results[s]), chain, restride=restride))
         for position, arg in enumerate(node.args[0]):
             self.program.outputs[position] = self.autograd.output_slot(arg, self.program.outputs[position])
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
+
+    def _made_as_view(self, born: Value) -> bool:
+        """Whether eager made this tensor as a view: by a view op, not `_unsafe_view` (a reshape's copy) nor as an
+        element of `unsafe_split` (autograd_facts tracks those)."""
+        element = self.autograd.unsafe.get(born.obj)
+        if element is not None and self.info.value(element).obj == born.obj:
+            return False
+        return _makes_view(born.chain)
 
     def _computed_chain(self, slot: OutputSlot, outs: list[fx.Node]) -> OutputSlot:
         """An output view whose chain has symbolic arguments (`cache[:, :pos + 1]`): each becomes a result of the
