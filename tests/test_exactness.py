@@ -322,12 +322,21 @@ def test_unsafe_split_elements_share_their_inputs_memory(fn):
         assert a.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
 
 
-def test_unsafe_split_of_a_tensor_that_requires_grad_then_written_runs_eagerly():
+def relu_after_unsafe_chunk(x0):  # fuzz seed 997604: relu_, the last write, runs in place on the caller's x0
+    v1 = x0.reshape(-1)
+    v2 = x0.unsafe_chunk(2, 1)[0]
+    v1.relu_()
+    return (v2,)
+
+
+@pytest.mark.parametrize("fn", [write_through_unsafe_chunk, relu_after_unsafe_chunk])
+def test_unsafe_split_of_a_tensor_that_requires_grad_then_written_runs_eagerly(fn):
     # Eager's autograd does not see a write through an element as a write of the input: not compiled yet.
-    jf = dealias.jit(write_through_unsafe_chunk)
-    x = torch.randn(4, 3, requires_grad=True) * 1
+    jf = dealias.jit(fn)
+    x = torch.randn(4, 4, requires_grad=True) * 1
     with pytest.warns(dealias.FallbackWarning, match="memory split by unsafe_split from a tensor that requires grad"):
-        assert compare_call(write_through_unsafe_chunk, jf, (x,)) is None
+        assert compare_call(fn, jf, (x,)) is None
+    check(fn, torch.randn(4, 4, requires_grad=True) * 1, allow_fallback=True)
 
 
 def unsafe_elements_read(x):

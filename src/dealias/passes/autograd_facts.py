@@ -247,6 +247,13 @@ class AutogradFacts:
         """`node` has written storage `s`: eager's version counter moves; at the last write of a caller's
         tensor that autograd reads later, the caller's tensor receives its value now."""
         self.version_counter_moves(s)
+        self._refuse_unsafe_split_write(s, node)
+        if self.emit.grad and not hidden:
+            self.grad_writes.add(s)
+        if self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no":
+            self._write_back_now(s)  # (an expanded caller tensor keeps its write-back of one of each repeat)
+
+    def _refuse_unsafe_split_write(self, s: Storage, node: fx.Node) -> None:
         if s in self.unsafe_split_rg:
             split = self.unsafe_split_rg[s]
             raise UnsupportedError(
@@ -256,10 +263,6 @@ class AutogradFacts:
                     node_location(node),
                 )
             )
-        if self.emit.grad and not hidden:
-            self.grad_writes.add(s)
-        if self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no":
-            self._write_back_now(s)  # (an expanded caller tensor keeps its write-back of one of each repeat)
 
     def version_counter_moves(self, s: Storage) -> None:
         """Eager's version counter of `s` moves (a write, or `x.copy_(x)`, which writes nothing)."""
@@ -283,6 +286,7 @@ class AutogradFacts:
         """Run the last write as eager does, in place on the caller's tensor (holding its value before the
         write), so its backward saves the caller's tensor; later reads read it."""
         s = v.storage
+        self._refuse_unsafe_split_write(s, node)
         ph = self.walk.caller_placeholder(s)
         if self.walk.current(s) is ph:  # not written yet
             caller = self.emit.call(caller_tensor, ph)

@@ -488,6 +488,8 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     placeholders the epilogue writes back into. Raises Unfusable."""
     from torch._inductor.compile_fx import compile_fx
 
+    if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
+        raise Unfusable("an input that requires grad is written (a double backward could not recompute from it)")
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             raise Unfusable("a constant of the program (AOTAutograd would lift it before the inputs)")
@@ -507,9 +509,55 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
         if isinstance(cause, Unfusable):
             raise cause from None
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    run = _runner(gm, lambda args: compiled(*args), None, autograd=True)
+    eager_graph = copy.deepcopy(handed)
+
+    def call(args: Any) -> Any:
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return _TwiceDifferentiable.apply(compiled, eager_graph, written, *args)
+        return compiled(*args)
+
+    run = _runner(gm, call, None, autograd=True)
     run.graph = handed  # type: ignore[attr-defined]
     return run
+
+
+class _TwiceDifferentiable(torch.autograd.Function):
+    """AOTAutograd's compiled function inside a Function of dealias's. Its own backward raises when differentiated
+    again ("does not currently support double backward"), where eager's and the torch executor's do not. A
+    first-order backward here runs the compiled backward; a backward that records a graph (`create_graph=True`)
+    recomputes the graph with eager's ops, from the inputs as the call had them (the written ones copied before
+    the epilogue writes them; none of those requires grad), and differentiates that, which can be differentiated
+    again."""
+
+    @staticmethod
+    def forward(ctx: Any, compiled: Any, graph: fx.GraphModule, written: frozenset[int], *args: Any) -> Any:
+        leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
+        with torch.enable_grad():
+            outs = compiled(*leaves)
+        ctx.outs, ctx.leaves, ctx.graph = outs, leaves, graph
+        ctx.args = [a.detach().clone() if i in written else a for i, a in enumerate(args)]
+        returned = tuple(o.detach() for o in outs)
+        ctx.mark_non_differentiable(*[r for r, o in zip(returned, outs) if not o.requires_grad])
+        return returned
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        diff = [i for i, o in enumerate(ctx.outs) if o.requires_grad]
+        wrt = [i for i, a in enumerate(ctx.leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
+        given = [grads[i] for i in diff]
+        if torch.is_grad_enabled():  # create_graph=True: the gradient must be differentiable in turn
+            with torch.enable_grad():
+                outs = ctx.graph(*ctx.args)
+            got = torch.autograd.grad(
+                [outs[i] for i in diff], [ctx.args[i] for i in wrt], given, create_graph=True, allow_unused=True
+            )
+        else:  # (the compiled graph is kept: backward may be called again with retain_graph)
+            outs = [ctx.outs[i] for i in diff]
+            got = torch.autograd.grad(outs, [ctx.leaves[i] for i in wrt], given, retain_graph=True, allow_unused=True)
+        result: list[Any] = [None] * len(ctx.leaves)
+        for k, i in enumerate(wrt):
+            result[i] = got[k]
+        return (None, None, None, *result)
 
 
 # Attention a few queries long over a short key sequence (a decode step) runs faster as inductor's matmuls and
