@@ -329,12 +329,19 @@ def relu_after_unsafe_chunk(x0):  # fuzz seed 997604: relu_, the last write, run
     return (v2,)
 
 
-@pytest.mark.parametrize("fn", [write_through_unsafe_chunk, relu_after_unsafe_chunk])
+def self_copy_of_unsafe_element(x0):  # fuzz seed 996505: x.copy_(x) writes nothing but is recorded on the element
+    v4 = (x0 * 2).t().squeeze()
+    v6 = v4.unsafe_chunk(2, 0)[0]
+    v6.copy_(v6)
+    return (v4.sin(),)
+
+
+@pytest.mark.parametrize("fn", [write_through_unsafe_chunk, relu_after_unsafe_chunk, self_copy_of_unsafe_element])
 def test_unsafe_split_of_a_tensor_that_requires_grad_then_written_runs_eagerly(fn):
     # Eager's autograd does not see a write through an element as a write of the input: not compiled yet.
     jf = dealias.jit(fn)
     x = torch.randn(4, 4, requires_grad=True) * 1
-    with pytest.warns(dealias.FallbackWarning, match="memory split by unsafe_split from a tensor that requires grad"):
+    with pytest.warns(dealias.FallbackWarning, match="unsafe_split from a tensor that requires grad|saves a tensor"):
         assert compare_call(fn, jf, (x,)) is None
     check(fn, torch.randn(4, 4, requires_grad=True) * 1, allow_fallback=True)
 

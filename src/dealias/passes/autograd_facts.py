@@ -247,13 +247,14 @@ class AutogradFacts:
         """`node` has written storage `s`: eager's version counter moves; at the last write of a caller's
         tensor that autograd reads later, the caller's tensor receives its value now."""
         self.version_counter_moves(s)
-        self._refuse_unsafe_split_write(s, node)
+        self.refuse_unsafe_split_write(s, node)
         if self.emit.grad and not hidden:
             self.grad_writes.add(s)
         if self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no":
             self._write_back_now(s)  # (an expanded caller tensor keeps its write-back of one of each repeat)
 
-    def _refuse_unsafe_split_write(self, s: Storage, node: fx.Node) -> None:
+    def refuse_unsafe_split_write(self, s: Storage, node: fx.Node) -> None:
+        """Raise if `node` writes memory that `unsafe_split` split from a tensor that requires grad."""
         if s in self.unsafe_split_rg:
             split = self.unsafe_split_rg[s]
             raise UnsupportedError(
@@ -286,7 +287,7 @@ class AutogradFacts:
         """Run the last write as eager does, in place on the caller's tensor (holding its value before the
         write), so its backward saves the caller's tensor; later reads read it."""
         s = v.storage
-        self._refuse_unsafe_split_write(s, node)
+        self.refuse_unsafe_split_write(s, node)
         ph = self.walk.caller_placeholder(s)
         if self.walk.current(s) is ph:  # not written yet
             caller = self.emit.call(caller_tensor, ph)

@@ -437,6 +437,7 @@ class _Functionalizer:
                 if self.autograd.requires_grad(bound["self"]):
                     raise UnsupportedError(f"{op} of an overlapping view onto itself, recorded by autograd")
             s = self.info.value(bound["self"]).storage
+            self.autograd.refuse_unsafe_split_write(s, node)  # (eager's autograd records it on the element alone)
             self.autograd.version_counter_moves(s)
             if s.kind is not StorageKind.INTERMEDIATE:  # the caller's tensor: what autograd saved of it is stale
                 self.emit.call(bump_version, self.roots[s])
