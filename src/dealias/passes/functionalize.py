@@ -395,12 +395,13 @@ class _Functionalizer:
             return  # materialized from its base when read
         if f.kind is OpKind.INPLACE_VIEW:
             self.latest[v.obj] = v
+            if op is aten.detach_.default:  # (which leaves the version counter alone)
+                self.detached.add(v.obj)
+                return
             # Eager's version counter moves: a split's element goes stale, what autograd saved of the memory too.
             self.autograd.version_counter_moves(v.storage)
             if v.storage.kind is not StorageKind.INTERMEDIATE:  # (of a caller's tensor: moved on it too)
                 self.emit.call(bump_version, self.roots[v.storage])
-            if op is aten.detach_.default:
-                self.detached.add(v.obj)
             return
         if f.kind is OpKind.FUNCTIONAL or writes_nothing(op, node.args, node.kwargs, f.mutated):
             self._functional(node, op, self.read(node.args), self.read(node.kwargs), v)

@@ -98,8 +98,8 @@ def written_storages(node: fx.Node, info: AliasInfo, metadata: bool = True) -> s
     f = facts(node.target)
     if f.kind not in (OpKind.INPLACE, OpKind.OUT, OpKind.MUTABLE, OpKind.INPLACE_VIEW):
         return set()
-    if f.kind is OpKind.INPLACE_VIEW and not metadata:
-        return set()
+    if f.kind is OpKind.INPLACE_VIEW and (not metadata or node.target is torch.ops.aten.detach_.default):
+        return set()  # (detach_ leaves the version counter alone)
     bound = bind_args(node.target._schema, node.args, node.kwargs)
     out = set()
     for name in f.mutated:
