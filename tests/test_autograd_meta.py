@@ -271,6 +271,14 @@ def unsqueeze_reshape_copy_and_view(x):
     return v, w, v[0, 1:]
 
 
+def t_of_detached(x):  # review finding: a detach() result is no view; re-strided in place it stays none
+    y = x.detach()
+    y.t_()
+    z = (x * 2).detach()
+    z.unsqueeze_(0)
+    return y, z
+
+
 INTERMEDIATE_META_PROGRAMS = [
     (unsqueeze_squeeze_clone, lambda: (torch.randn(3, 4),)),
     (t_between_views, lambda: (torch.randn(3, 4),)),
@@ -282,6 +290,7 @@ INTERMEDIATE_META_PROGRAMS = [
     (t_on_constant_then_input_write, lambda: (torch.randn(2, 3, 4),)),
     (squeeze_reshape_copy, lambda: (lambda b: (b, b.t()))(torch.randn(5, 5))),
     (unsqueeze_reshape_copy_and_view, lambda: (torch.randn(3, 4),)),
+    (t_of_detached, lambda: (torch.randn(2, 3),)),
 ]
 
 

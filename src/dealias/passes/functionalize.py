@@ -610,8 +610,8 @@ def _layout_change(first: torch.Tensor, last: torch.Tensor) -> tuple[tuple[int, 
 
 def _makes_view(chain: tuple[ViewStep, ...]) -> bool:
     """Whether replaying `chain` on a base gives an autograd view of it (`_unsafe_view` gives a tensor of its own,
-    on the same memory: a reshape's copy)."""
-    return bool(chain) and chain[-1].op is not aten._unsafe_view.default
+    on the same memory: a reshape's copy; so does `detach`)."""
+    return bool(chain) and chain[-1].op not in (aten._unsafe_view.default, aten.detach.default)
 
 
 def _read_with_grad(node: fx.Node) -> bool:
