@@ -500,8 +500,6 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
         partition = _partition_saving_no_written_input(written)
         with torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition):
             compiled = compile_fx(copy.deepcopy(gm), list(example))
-    except Unfusable:
-        raise
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         cause = e
         while cause.__cause__ is not None and not isinstance(cause, Unfusable):
@@ -509,11 +507,10 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
         if isinstance(cause, Unfusable):
             raise cause from None
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    eager_graph = copy.deepcopy(handed)
 
     def call(args: Any) -> Any:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return _TwiceDifferentiable.apply(compiled, eager_graph, written, *args)
+            return _TwiceDifferentiable.apply(compiled, handed, written, *args)  # (`handed` runs eagerly there)
         return compiled(*args)
 
     run = _runner(gm, call, None, autograd=True)
