@@ -11,6 +11,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import dealias
+from dealias.frontend import dynamo_fixes
 from dealias.runtime.verify import compare_call
 from dealias.tools.fuzz import _compare_grads
 
@@ -232,10 +233,46 @@ def hook_on_an_input_then_written(x):
     return x
 
 
-def test_hook_on_an_input_written_later_runs_eagerly():
+def _breaks_before_the_write(fn, make_args, graphs):
+    """`fn` compiles as `graphs` graphs, dynamo breaking before the write that follows a hook on an input (with a
+    GraphBreakWarning, and no other fallback); values and gradients as eager's, first and cached call."""
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dealias.FallbackWarning)
+        for _ in range(2):
+            assert compare_call(fn, jf, make_args()) is None
+            assert _compare_grads(fn, jf, make_args) is None
+    told = [w for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+    assert told and all(w.category is dealias.GraphBreakWarning for w in told), [str(w.message) for w in told]
+    assert "a write after a hook on a graph input" in str(told[0].message)
+    assert len(jf.stats.graphs) == graphs
+    assert dealias.cache_info(jf).misses == 1
+
+
+def test_hook_on_an_input_written_later_breaks_the_graph_before_the_write():
     # Dynamo registers a hook on a graph input after the graph ran (a side effect it replays), so it would hook
     # the written version: the gradient came out (w + 1) * 0.25 where eager's is w * 0.25 + 1, with dynamo's own
-    # eager backend too. dealias makes dynamo run such a frame eagerly.
+    # eager backend too. For dealias, dynamo breaks the graph before the write: the hook is registered in between.
+    _breaks_before_the_write(hook_on_an_input_then_written, _args((3,)), graphs=0)  # (no op but the write)
+
+
+def hook_then_write_through_a_view_then_more(x, w):
+    x.register_hook(lambda g: g * 3)
+    y = x * w
+    x[1:].mul_(2.0)  # through a view of x: breaks here
+    x.register_hook(lambda g: g + 1)  # a second hook, after the break: on the written version, as eager's
+    x.add_(w)
+    return x * y
+
+
+def test_hook_then_write_through_a_view_compiles_around_the_break():
+    _breaks_before_the_write(hook_then_write_through_a_view_then_more, _args((4,), (4,)), graphs=2)
+
+
+def test_hook_then_write_runs_eagerly_without_the_break(monkeypatch):
+    # Should dynamo_fixes not apply (dynamo's internals moved), the backend still refuses the graph: the frame
+    # runs eagerly, exact.
+    monkeypatch.setattr(dynamo_fixes, "_hooked_before", lambda tracer: [])
     jf = dealias.jit(hook_on_an_input_then_written)
     with pytest.warns(dealias.FallbackWarning, match="registered after the graph by dynamo"):
         jf(*_args((3,))())
@@ -269,10 +306,7 @@ def test_hook_on_an_input_after_its_writes_compiles():
     assert_matches_eager(hook_then_metadata_change_of_a_view, _args((2, 3)), fallback="error")
     # dynamo_fixes records the graph's nodes at the registration: only writes after it make the frame run eagerly.
     assert_matches_eager(hook_on_an_input_after_its_writes, _args((3,)), fallback="error")
-    jf = dealias.jit(hook_on_an_input_between_writes)
-    with pytest.warns(dealias.FallbackWarning, match="registered after the graph by dynamo"):
-        jf(*_args((3,))())
-    assert_matches_eager(hook_on_an_input_between_writes, _args((3,)))
+    _breaks_before_the_write(hook_on_an_input_between_writes, _args((3,)), graphs=2)
 
 
 def hook_after_a_no_grad_region(x):  # fuzz seed 5167

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dealias
 import dealias.api
 import dealias.frontend.backend
+from dealias.runtime.verify import compare_call
 
 # 1. A bound method, with state on its object ----------------------------------------------------------------
 
@@ -331,6 +332,40 @@ def test_manual_seed_then_random_inside():
         after_jit = torch.rand(2)  # the generator is left where eager leaves it
         seeded_random(x)
         same(after_jit, torch.rand(2))
+
+
+def stale_view_after_a_break(x):
+    with torch.no_grad():
+        v = x.narrow(0, 1, 1)
+    x.mul_(2)  # with grad on: eager forbids reading v's grad_fn from here on (new_ones does not read it)
+    torch._dynamo.graph_break()
+    return v.new_ones((2,)) + 1
+
+
+def raises_before_a_later_error(x):
+    x.add_(1)
+    torch._dynamo.graph_break()
+    c = torch.linalg.cholesky(x)  # eager raises here, on the values: x is not positive-definite
+    return c[:, :, 0]  # dynamo's tracing of the code after the break raises here first (IndexError)
+
+
+def test_code_after_a_break_runs_eagerly_when_its_tracing_raises():
+    # Dynamo traces the code after a graph break when it is first reached. When that tracing raises (dynamo's
+    # own rule stricter than eager: a stale no_grad view as an input; or a later line's error, before an earlier
+    # line's eager error), none of that code has run yet: it runs eagerly, and eager's result or error follows.
+    for fn, make in (
+        (stale_view_after_a_break, lambda: (torch.randn(3, requires_grad=True) * 1,)),
+        (raises_before_a_later_error, lambda: (-torch.eye(3),)),
+    ):
+        jf = dealias.jit(fn)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                assert compare_call(fn, jf, make()) is None
+        told = [m for m in fallback_messages(record) if "dynamo could not trace it" in m]
+        assert told and "the code after a graph break" in told[0], fallback_messages(record)
+    with pytest.raises(torch.linalg.LinAlgError):
+        dealias.jit(raises_before_a_later_error)(-torch.eye(3))
 
 
 # 5. One tensor passed twice, tied weights --------------------------------------------------------------------

@@ -49,7 +49,7 @@ from ..ir.sharing import find_groups_or_none, overlapping_pairs
 from ..passes.pipeline import compile_program
 from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
-from .dynamo_fixes import HOOKED_AFTER, REFRESHED, install, is_inplace_view
+from .dynamo_fixes import HOOKED_AFTER, REFRESHED, inplace_view_node, install
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
 
@@ -541,24 +541,13 @@ def graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callabl
         return gm.forward
 
 
-def _inplace_view(node: fx.Node) -> bool:
-    """`x.t_()`, `x.unsqueeze_(0)`, `x.as_strided_(..)`: an op tagged inplace_view (it changes `x`'s metadata)."""
-    if node.op == "call_method":
-        name = node.target
-    elif node.op == "call_function" and getattr(node.target, "__self__", None) is None:
-        name = getattr(node.target, "__name__", "")
-    else:
-        return False
-    return isinstance(name, str) and is_inplace_view(name)
-
-
 def refuse_stale_metadata(gm: fx.GraphModule, options: Options, name: str) -> None:
     """Dynamo keeps a tensor's sizes and strides from when it was made: after an in-place metadata change inside
     the graph (`v = a[0]; v.unsqueeze_(0)`), Python code that reads `v.shape` gets the old shape, in every
     backend. dynamo_fixes refreshes them while dynamo traces and marks the op; an unmarked one (dynamo's
     internals moved, or a path the fix does not see) cannot be repaired in bytecode dynamo already generated, so
     dealias asks dynamo to run the frame eagerly (exact; the decision is cached by dynamo) and says where."""
-    node = next((n for n in gm.graph.nodes if _inplace_view(n) and not n.meta.get(REFRESHED)), None)
+    node = next((n for n in gm.graph.nodes if inplace_view_node(n) and not n.meta.get(REFRESHED)), None)
     if node is None:
         return
     op = node.target if isinstance(node.target, str) else node.target.__name__
@@ -582,7 +571,8 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Options, name: str) -> None:
     """Dynamo registers a hook on a graph input (`x.register_hook(h)` in the user's code) after the graph has
     run, as a side effect: if the graph writes that input in place after the user's registration, the hook lands
     on the written version, where eager's hooks the version before the write, and the gradient differs (also with
-    dynamo's own eager backend). Such a frame runs eagerly. Writes before the registration are fine: eager hooks
+    dynamo's own eager backend). dynamo_fixes breaks the graph before such a write; a graph that has one all the
+    same (dynamo's internals moved) runs its frame eagerly. Writes before the registration are fine: eager hooks
     the written version too. (Where the registration was is recorded by dynamo_fixes; without the record, any
     write of the tensor refuses.)"""
     try:
@@ -596,7 +586,7 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Options, name: str) -> None:
     for tensor in hooked:
         before = tensor.meta.get(HOOKED_AFTER, frozenset())
         # (A metadata change of a view, `x.permute(..).squeeze_()`, leaves the input's history, and its hook, alone.)
-        writes = (n for n in gm.graph.nodes if n not in before and may_write(n) and not _inplace_view(n))
+        writes = (n for n in gm.graph.nodes if n not in before and may_write(n) and not inplace_view_node(n))
         writer = next((n for n in writes if touches(n, tensor)), None)
         if writer is None:
             continue

@@ -18,7 +18,16 @@ A record for the backend: where in the graph a hook was registered on a graph in
 Dynamo registers such hooks after the graph has run, on the tensor as the graph left it; the backend must know
 whether the graph writes the tensor after the user's registration (eager hooks the version before that write:
 refused) or only before it (eager hooks the written version too: compiled). The graph's nodes at registration
-are kept in the hooked node's meta (HOOKED_AFTER).
+are kept in the hooked node's meta (HOOKED_AFTER). And when the graph is about to write such a tensor after
+the registration (`x.register_hook(h); x.sin_()`), dynamo is made to break the graph before that write: the
+graph so far runs, dynamo registers the hook on the tensor as eager would have it, then the write runs and the
+rest compiles as a graph of its own. (Otherwise the hook would land on the written version, with every
+backend; the backend refuses that case should this correction not apply.)
+
+Dynamo traces the code after a graph break as a function of its own (a resume function) when it is first
+reached. If that tracing raises (a fake-tensor rule stricter than eager, dynamo's own error, or the user's
+error raised at a later line than eager's), none of that code has run: it runs eagerly instead, with a
+warning, where dynamo would raise (eager then raises its own error at its own line, or returns).
 
 The corrections are installed on import of the backend and apply only while dynamo traces for a dealias
 backend; other backends see dynamo unchanged.
@@ -27,6 +36,7 @@ backend; other backends see dynamo unchanged.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import torch
@@ -44,6 +54,18 @@ def is_inplace_view(name: str) -> bool:
     if packet is None or not hasattr(packet, "overloads"):
         return False
     return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
+
+
+def inplace_view_node(node: torch.fx.Node) -> bool:
+    """A dynamo graph node of an op tagged inplace_view (`x.t_()`, `x.unsqueeze_(0)`, `x.as_strided_(..)`): it
+    changes `x`'s metadata, not its data."""
+    if node.op == "call_method":
+        name = node.target
+    elif node.op == "call_function" and getattr(node.target, "__self__", None) is None:
+        name = getattr(node.target, "__name__", "")
+    else:
+        return False
+    return isinstance(name, str) and is_inplace_view(name)
 
 
 def for_dealias(compiler_fn: Any) -> bool:
@@ -95,3 +117,92 @@ def install() -> None:
 
     call_method.dealias_wrapped = True  # type: ignore[attr-defined]
     TensorVariable.call_method = call_method
+    _install_write_break()
+    _install_resume_fallback()
+
+
+def _hooked_before(tracer: Any) -> list[Any]:
+    """The graph-input nodes a hook was registered on in the frame traced so far (dynamo registers those after
+    the graph has run), when `tracer` is the frame's root tracer in a dealias compile."""
+    output = tracer.output_graph
+    hooks = output.side_effects.tensor_hooks
+    if not hooks or tracer.parent is not None or not for_dealias(getattr(output, "compiler_fn", None)):
+        return []
+    nodes = (getattr(getattr(h[0], "proxy", None), "node", None) for h in hooks.values())
+    return [n for n in nodes if isinstance(n, torch.fx.Node) and HOOKED_AFTER in n.meta]
+
+
+def _install_write_break() -> None:
+    """Wrap `SubgraphTracer.create_proxy`: a node that may write memory of a hooked graph input breaks the graph
+    before it (module docstring)."""
+    try:
+        from torch._dynamo.exc import unimplemented
+        from torch._dynamo.output_graph import SubgraphTracer
+    except ImportError:  # dynamo's internals moved: the backend refuses these frames instead
+        return
+    from .segments import may_write, touches
+
+    original = SubgraphTracer.create_proxy
+
+    @functools.wraps(original)
+    def create_proxy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        proxy = original(self, *args, **kwargs)
+        hooked = _hooked_before(self)
+        node = getattr(proxy, "node", None)
+        # (A metadata change of a view, `x.permute(..).squeeze_()`, leaves the input's history, and its hook, alone.)
+        if hooked and isinstance(node, torch.fx.Node) and may_write(node) and not inplace_view_node(node):
+            tensor = next((h for h in hooked if touches(node, h)), None)
+            if tensor is not None:
+                self.graph.erase_node(node)  # (dynamo traces the frame again, up to here, for the break)
+                unimplemented(
+                    gb_type="dealias: a write after a hook on a graph input (the hook sees the version before it)",
+                    context=f"{node.target} after {tensor.name}.register_hook",
+                    explanation=f"the hook registered on {tensor.name} must see the version before this write: "
+                    "the graph breaks here, so that the hook is registered before the write runs",
+                    hints=[],
+                )
+        return proxy
+
+    create_proxy.dealias_wrapped = True  # type: ignore[attr-defined]
+    SubgraphTracer.create_proxy = create_proxy
+
+
+def _install_resume_fallback() -> None:
+    """Wrap `ConvertFrame.__call__`: a resume function whose tracing for a dealias backend raises runs eagerly
+    (module docstring); dynamo's default result of a frame it does not compile skips that code from then on."""
+    try:
+        from torch._dynamo.convert_frame import ConvertFrame
+        from torch._dynamo.exc import ResumePrologueTracingError
+        from torch._dynamo.resume_execution import TORCH_DYNAMO_RESUME_IN_PREFIX as resumed
+        from torch._dynamo.types import ConvertFrameReturn
+    except ImportError:  # dynamo's internals moved: its error propagates, as before
+        return
+    original = ConvertFrame.__call__
+    if getattr(original, "dealias_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def call(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, frame, *args, **kwargs)
+        except Exception as e:
+            code = frame.f_code
+            if not code.co_name.startswith(resumed) or not for_dealias(self._torchdynamo_orig_backend):
+                raise
+            if isinstance(e, ResumePrologueTracingError) or self._inner_convert._box.error_on_graph_break:
+                raise  # (dynamo's own rules: strict compiles raise)
+            from ..errors import GraphBreakWarning
+
+            cause = e.__cause__ or e
+            where = f"{code.co_filename}:{code.co_firstlineno}"
+            first = (str(cause).strip().splitlines() or [""])[0][:200]
+            warnings.warn(
+                f"dealias: the code after a graph break in {where} runs eagerly: dynamo could not trace it: "
+                f"{type(cause).__name__}: {first}",
+                GraphBreakWarning,
+                stacklevel=2,
+            )
+            return ConvertFrameReturn(skip_reason="dealias: tracing the code after a graph break raised")
+
+    call.dealias_wrapped = True  # type: ignore[attr-defined]
+    ConvertFrame.__call__ = call
