@@ -497,3 +497,65 @@ def test_a_returned_intermediate_base_is_made_in_its_own_grad_mode():
     # mode of the op before it (no_grad), so the returned view did not require grad; eager's does.
     with torch.no_grad():
         check(written_view_returned_after_a_no_grad_op, torch.randn(2, 3, requires_grad=True))
+
+
+# Views eager forbids reading the grad_fn of once their base is written: made before a write, returned after it.
+def no_grad_view_returned_after_a_write(x):  # fuzz seed 996020
+    with torch.no_grad():
+        v = x.transpose(0, 1)
+    x.mul_(2)
+    return v, x * 1
+
+
+def unbind_element_returned_after_a_write(x):  # fuzz seed 996175
+    a, b = x.unbind(0)
+    x[1:].add_(1)
+    return a, x.sum()
+
+
+def no_grad_view_of_an_input_view_returned_after_a_write(x, y):
+    with torch.no_grad():
+        v = y[0]
+    x.add_(y.sum())  # y is a view of x: its memory is written
+    return v
+
+
+def no_grad_view_returned_after_a_write_of_a_copy(x):
+    y = x * 1  # memory of the program's own: its view is not made before the graph (runs eagerly)
+    with torch.no_grad():
+        v = y[0]
+    y.mul_(2)
+    return v
+
+
+STALE_VIEW_PROGRAMS = [
+    (no_grad_view_returned_after_a_write, lambda t: (t(2, 3),), True),
+    (unbind_element_returned_after_a_write, lambda t: (t(2, 3),), True),
+    (no_grad_view_of_an_input_view_returned_after_a_write, lambda t: (lambda x: (x, x[::2]))(t(4, 3)), True),
+    (no_grad_view_returned_after_a_write_of_a_copy, lambda t: (t(2, 3),), False),
+]
+
+
+@pytest.mark.parametrize("fn, make, compiles", STALE_VIEW_PROGRAMS, ids=[p[0].__name__ for p in STALE_VIEW_PROGRAMS])
+def test_view_returned_after_its_base_was_written(fn, make, compiles):
+    # Eager's returned view raises when its grad_fn is read (its base was written after it was made): made from
+    # the caller's tensor before the graph runs, dealias's is left the same way by the call's own writes.
+    from dealias.runtime.verify import compare_call
+    from dealias.tools.fuzz import _compare_grads
+
+    def make_args():  # non-leaf inputs that require grad
+        g = torch.Generator().manual_seed(0)
+        return make(lambda *shape: torch.randn(*shape, generator=g, requires_grad=True) * 1)
+
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dealias.FallbackWarning)
+        for _ in range(2):
+            assert compare_call(fn, jf, make_args()) is None
+            assert _compare_grads(fn, jf, make_args) is None
+    fell_back = [str(w.message) for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+    assert (not fell_back) if compiles else fell_back, fell_back
+    out = jf(*make_args())
+    view = out[0] if isinstance(out, tuple) else out
+    with pytest.raises(RuntimeError, match="modified inplace"):
+        _ = view.grad_fn

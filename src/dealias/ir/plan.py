@@ -146,6 +146,10 @@ class OutputSlot:
     # Sizes, strides and a storage-offset move set in place (`as_strided_`) once every output is made: a tensor
     # eager made as no view whose layout changed in place (`y = x * 2; y.t_()`), returned as made, re-strided.
     restride: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+    # Made from the caller's tensor before the graph runs: a view eager made before a later write of its memory,
+    # so that the call's writes leave it as eager's (reading its grad_fn raises, as for a no_grad view or a
+    # split's element whose base was written since).
+    early: bool = False
 
 
 @dataclass

@@ -42,8 +42,8 @@ from ..errors import EagerRaisesError, UnsupportedError, node_location, with_loc
 from ..ir.emitter import Emitter
 from ..ir.gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
 from ..ir.opfacts import bind_args, facts, is_view_node
-from ..ir.plan import OutputSlot, StorageKind
-from ..ir.viewops import internal_overlap
+from ..ir.plan import OutputSlot, RefKind, StorageKind
+from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
 
 
@@ -366,10 +366,15 @@ class AutogradFacts:
 
     def _fragile_output(self, arg: fx.Node, slot: OutputSlot) -> OutputSlot:
         """A returned fragile view. Made under no_grad, eager's is a leaf that requires grad: replayed under
-        no_grad it is one too. Written since (eager's raises when its grad_fn is read), or a view made with grad
-        on of a no_grad view (eager's has a grad_fn that ends at that leaf), the graph runs eagerly."""
+        no_grad it is one too. Written since, eager's raises when its grad_fn is read: a view of a caller's
+        tensor is then made before the graph runs (OutputSlot.early), and the call's writes make it raise too.
+        Of other memory, or a view made with grad on of a no_grad view (eager's has a grad_fn that ends at
+        that leaf), the graph runs eagerly."""
         f = self.fragile[self.info.value(arg).obj]
-        if self._stale(arg) or (f.nograd and f.made_with_grad):
+        early = self._stale(arg)
+        if early and slot.same_as is None and self._made_early(arg, slot, f):
+            slot = replace(slot, early=True)
+        elif early or (f.nograd and f.made_with_grad):
             raise UnsupportedError(
                 with_location(
                     f"a view {f.why} is returned after its base was written or a view of it was made with grad "
@@ -382,12 +387,24 @@ class AutogradFacts:
         unsafe = self._unsafe_of(arg)  # (a view made under no_grad of an unsafe_split element)
         multi = self._multi_output_step(f.root, slot) or (unsafe and self._multi_output_step(unsafe, slot))
         if not f.nograd:
+            if slot.early and multi is None:  # (made as a plain view, its grad_fn would not raise)
+                raise UnsupportedError(f"a view {f.why} is returned after its base was written; not compiled yet")
             return replace(slot, multi_output=multi)
         # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
         # tensor, was made with grad on and requires grad).
         step = self.info.value(f.root).chain[-1]
         start = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), 0)
         return replace(slot, grad=False, grad_from=start, multi_output=multi)
+
+    def _made_early(self, arg: fx.Node, slot: OutputSlot, f: _Fragile) -> bool:
+        """Whether the stale fragile view `arg`, returned as `slot`, can be made from the caller's tensor before
+        the graph runs with eager's autograd state: a view of the caller's memory by a chain known before the
+        graph runs, whose base required grad when the view was made and when the call began."""
+        if slot.source.kind not in (RefKind.INPUT, RefKind.GROUP) or not f.base_rg:
+            return False
+        if any(isinstance(a, (fx.Node, torch.SymInt)) for a in chain_args(slot.chain)):
+            return False
+        return bool(self.walk.caller_placeholder(self.info.value(arg).storage).meta.get("rg"))
 
     def _multi_output_step(self, root: fx.Node, slot: OutputSlot) -> tuple[int, Any, tuple[Any, ...], int] | None:
         """Where the output's chain has the split step of `root` (a split's element), and how eager made it."""

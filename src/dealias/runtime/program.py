@@ -77,6 +77,7 @@ class CompiledProgram:
             (self._getter(slot.source), slot.chain, slot.same_as, slot.grad, slot.grad_from, slot.multi_output)
             for slot in fp.outputs
         ]
+        self._early = [i for i, slot in enumerate(fp.outputs) if slot.early]
         self._restrides = [(i, slot.restride) for i, slot in enumerate(fp.outputs) if slot.restride is not None]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
@@ -144,6 +145,21 @@ class CompiledProgram:
             return lambda tensors, bases, results: constant
         return lambda tensors, bases, results: results[key]
 
+    def _output(self, i: int, tensors: list[Any], bases: list[Any], results: Any, grad: bool) -> Any:
+        """Output `i`: its source, or the view of it eager returned, made in the grad modes eager made it in."""
+        get, chain, _, made_with_grad, grad_from, multi = self._outputs[i]
+        t = get(tensors, bases, results)
+        if chain and self._computed:
+            chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
+        if chain and (multi or (made_with_grad is not None and made_with_grad != grad)):
+            head = chain[:grad_from]
+            t = _replay_output(head, t, multi) if head else t
+            with torch.set_grad_enabled(grad if made_with_grad is None else made_with_grad):
+                t = _replay_output(chain, t, multi, grad_from)
+        elif chain:
+            t = replay_chain(chain, t, _torch_call)
+        return t
+
     def _group_bases(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each alias group's base, a view of its members' memory. Made with grad on when a member requires
         grad, whatever the call's mode (a piece of a split graph may start inside a no_grad region): a view
@@ -165,6 +181,7 @@ class CompiledProgram:
         if self._symbols:
             bases = [*(leaves[p] for p in self._symbols), *bases]
         grad = torch.is_grad_enabled()
+        early = {i: self._output(i, tensors, bases, (), grad) for i in self._early}  # (OutputSlot.early)
         if self._switches_grad:
             try:
                 results = self.run_graph(*tensors, *bases)
@@ -181,22 +198,12 @@ class CompiledProgram:
             else:  # written with grad on (off) while the call runs with it off (on), as a split piece may
                 with torch.set_grad_enabled(with_grad):
                     target.copy_(value)
-        outs = []
-        for get, chain, same_as, made_with_grad, grad_from, multi in self._outputs:
+        outs: list[Any] = []
+        for i, (_, _, same_as, _, _, _) in enumerate(self._outputs):
             if same_as is not None:
                 outs.append(outs[same_as])
-                continue
-            t = get(tensors, bases, results)
-            if chain and self._computed:
-                chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
-            if chain and (multi or (made_with_grad is not None and made_with_grad != grad)):
-                head = chain[:grad_from]
-                t = _replay_output(head, t, multi) if head else t
-                with torch.set_grad_enabled(grad if made_with_grad is None else made_with_grad):
-                    t = _replay_output(chain, t, multi, grad_from)
-            elif chain:
-                t = replay_chain(chain, t, _torch_call)
-            outs.append(t)
+            else:
+                outs.append(early[i] if i in early else self._output(i, tensors, bases, results, grad))
         for i, (size, stride, rel) in self._restrides:  # once every output is made: other outputs may view outs[i]
             outs[i].as_strided_(size, stride, outs[i].storage_offset() + rel)
         for get, m in self._metadata:
