@@ -451,3 +451,19 @@ def test_unsafe_split_element_restrided_in_place_is_no_view(fn, grad):
     with warnings.catch_warnings():
         warnings.simplefilter("error", dealias.FallbackWarning)
         check(fn, torch.randn(4, 3, requires_grad=grad) * 1)
+
+
+def constant_written_then_scanned(x0, x1):  # fuzz seed 998800
+    v1 = torch.zeros(3, 4)
+    v2 = v1.view(-1)
+    v2.add_(v2)
+    v4 = v2.cumsum(0)
+    v2[7] = -2.0  # dynamo lifts -2.0 as a tensor constant, its fake value made in dynamo's own fake mode
+    return x0, v1, v4
+
+
+def test_a_constant_dynamo_lifted_compiles():
+    # The constant's fake value came from dynamo's mode: an op on it in dealias's graph raised "Mixing fake modes",
+    # and the graph ran eagerly.
+    base = torch.randn(2, 3, 4)
+    check(constant_written_then_scanned, base, base[0])

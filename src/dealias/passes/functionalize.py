@@ -368,7 +368,12 @@ class _Functionalizer:
         name = v.storage.constant
         self.program.constants[name] = getattr(self.src, node.target)
         attr = self.graph.get_attr(name)
-        attr.meta["val"] = node.meta["val"]
+        val = node.meta["val"]
+        if getattr(val, "fake_mode", self.emit.fake_mode) is not self.emit.fake_mode:
+            # A constant dynamo lifted (`v[7] = -2.0` makes a tensor of -2.0) came with a fake value of dynamo's
+            # mode: ops on it in this graph's mode would raise ("Mixing fake modes").
+            val = self.emit.fake_mode.from_tensor(self.program.constants[name], static_shapes=True)
+        attr.meta["val"] = val
         attr.meta["rg"] = bool(getattr(self.program.constants[name], "requires_grad", False))
         self._new_storage(v.storage, attr)
         self._caller_root(v, attr, Ref(RefKind.CONSTANT, name))
