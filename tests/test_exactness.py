@@ -312,6 +312,20 @@ def return_unsafe_elements(x):
     return y, a, b, d.t(), e
 
 
+def whole_unsafe_chunk_of_a_slice(x0, x1):  # fuzz seed 983778
+    v1 = x1.narrow(0, 0, 1)
+    return v1.unsafe_chunk(2, 0)[0]  # one chunk: the same slice again, not a view in eager (its _base is None)
+
+
+def test_unsafe_element_equal_to_an_earlier_step_is_rebuilt_at_its_own_step():
+    # The element's step was looked up in the output's chain by equality, and the narrow's equal slice came first:
+    # unsafe_split was replayed there and the element's own slice after it, which returned a view.
+    base = torch.randn(4, 6)
+    jf = check(whole_unsafe_chunk_of_a_slice, base, base.t())
+    out = jf(base, base.t())
+    assert out._base is None and out.data_ptr() == base.data_ptr()
+
+
 @pytest.mark.parametrize("fn", [write_through_unsafe_chunk, return_unsafe_elements])
 def test_unsafe_split_elements_share_their_inputs_memory(fn):
     jf = check(fn, torch.randn(4, 3))  # (alias analysis refused these before: the schema declares no alias)

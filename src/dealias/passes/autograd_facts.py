@@ -349,22 +349,23 @@ class AutogradFacts:
         """Whether `s` was written with grad on (its write-back carries the written values' history)."""
         return s in self.grad_writes
 
-    def output_slot(self, arg: fx.Node, slot: OutputSlot) -> OutputSlot:
+    def output_slot(self, arg: fx.Node, slot: OutputSlot, full: tuple[Any, ...]) -> OutputSlot:
         """The output `slot` of the returned `arg`, with how eager made it: the grad mode of a returned view, a
-        fragile view's or an `unsafe_split` element's own way of being rebuilt."""
+        fragile view's or an `unsafe_split` element's own way of being rebuilt. (`full`: the chain from the
+        storage's base that the slot's chain ends.)"""
         made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
         if made is not None and slot.chain:
             slot = replace(slot, grad=made)
         if self._fragile_of(arg) is not None:
-            return self._fragile_output(arg, slot)
+            return self._fragile_output(arg, slot, full)
         if self._unsafe_of(arg) is not None and slot.same_as is None:
-            multi = self._multi_output_step(self._unsafe_of(arg), slot)
+            multi = self._multi_output_step(self._unsafe_of(arg), full, slot)
             if multi is None:
                 raise UnsupportedError("an element of unsafe_split is returned in a way not rebuilt exactly yet")
             return replace(slot, multi_output=multi)
         return slot
 
-    def _fragile_output(self, arg: fx.Node, slot: OutputSlot) -> OutputSlot:
+    def _fragile_output(self, arg: fx.Node, slot: OutputSlot, full: tuple[Any, ...]) -> OutputSlot:
         """A returned fragile view. Made under no_grad, eager's is a leaf that requires grad: replayed under
         no_grad it is one too. Written since, eager's raises when its grad_fn is read: a view of a caller's
         tensor is then made before the graph runs (OutputSlot.early), and the call's writes make it raise too.
@@ -385,15 +386,14 @@ class AutogradFacts:
         if slot.same_as is not None:
             return slot
         unsafe = self._unsafe_of(arg)  # (a view made under no_grad of an unsafe_split element)
-        multi = self._multi_output_step(f.root, slot) or (unsafe and self._multi_output_step(unsafe, slot))
+        multi = self._multi_output_step(f.root, full, slot) or (unsafe and self._multi_output_step(unsafe, full, slot))
         if not f.nograd:
             if slot.early and multi is None:  # (made as a plain view, its grad_fn would not raise)
                 raise UnsupportedError(f"a view {f.why} is returned after its base was written; not compiled yet")
             return replace(slot, multi_output=multi)
         # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
         # tensor, was made with grad on and requires grad).
-        step = self.info.value(f.root).chain[-1]
-        start = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), 0)
+        start = self._step_in_slot(f.root, full, slot) or 0
         return replace(slot, grad=False, grad_from=start, multi_output=multi)
 
     def _made_early(self, arg: fx.Node, slot: OutputSlot, f: _Fragile) -> bool:
@@ -406,7 +406,9 @@ class AutogradFacts:
             return False
         return bool(self.walk.caller_placeholder(self.info.value(arg).storage).meta.get("rg"))
 
-    def _multi_output_step(self, root: fx.Node, slot: OutputSlot) -> tuple[int, Any, tuple[Any, ...], int] | None:
+    def _multi_output_step(
+        self, root: fx.Node, full: tuple[Any, ...], slot: OutputSlot
+    ) -> tuple[int, Any, tuple[Any, ...], int] | None:
         """Where the output's chain has the split step of `root` (a split's element), and how eager made it."""
         if root.target is not operator.getitem or not isinstance(root.args[0].target, torch._ops.OpOverload):
             return None
@@ -414,9 +416,18 @@ class AutogradFacts:
         args = tuple(source.args[1:])
         if source.kwargs or any(isinstance(a, fx.Node) for a in pytree.tree_leaves(args)):
             return None
-        step = self.info.value(root).chain[-1]
-        k = next((i for i in range(len(slot.chain)) if slot.chain[i] == step), None)
+        k = self._step_in_slot(root, full, slot)
         return None if k is None else (k, source.target, args, root.args[1])
+
+    def _step_in_slot(self, root: fx.Node, full: tuple[Any, ...], slot: OutputSlot) -> int | None:
+        """The position in `slot`'s chain (the end of `full`) of the step that made `root`: by position, not by
+        equality (`x.narrow(0, 0, 1).unsafe_chunk(2)[0]` is two equal slices)."""
+        own = self.info.value(root).chain
+        n = len(full) - len(slot.chain)  # the steps to the caller's tensor the slot starts from
+        if not own or n < 0 or tuple(full[: len(own)]) != own or tuple(full[n:]) != slot.chain:
+            return None
+        k = len(own) - 1 - n
+        return k if 0 <= k < len(slot.chain) else None
 
 
 def _written(node: fx.Node) -> list[fx.Node]:

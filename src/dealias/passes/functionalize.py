@@ -539,7 +539,10 @@ class _Functionalizer:
                 write = MetadataWriteBack(ref, *_layout_change(first.meta, last.meta), obj in self.detached)
                 self.program.metadata_writebacks.append(write)
         results: dict[Storage, int] = {}
-        seen: dict[int, int] = {}  # tensor object -> its first output position
+        seen: dict[int, int] = {}
+        made_from: dict[
+            int, tuple[Any, ...]
+        ] = {}  # output position -> the full chain its slot's chain ends  # tensor object -> its first output position
         for position, arg in enumerate(node.args[0]):
             if self.info.values.get(arg) is None and arg in self.scalars:  # a symbolic scalar: computed
                 self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, len(outs))))
@@ -557,6 +560,7 @@ class _Functionalizer:
             born = self.born.get(v.obj, v)
             remade = born.chain != v.chain and not self._made_as_view(born)
             restride = _layout_change(born.meta, v.meta) if remade else None
+            made_from[position] = born.chain if remade else v.chain
             if v.obj in self.caller_objs:  # the caller's tensor itself (even after `x.t_()`)
                 self.program.outputs.append(OutputSlot(self.caller_objs[v.obj]))
             elif s.kind is not StorageKind.INTERMEDIATE:
@@ -568,7 +572,8 @@ class _Functionalizer:
                 chain = born.chain if remade else v.chain
                 self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, results[s]), chain, restride=restride))
         for position, arg in enumerate(node.args[0]):
-            self.program.outputs[position] = self.autograd.output_slot(arg, self.program.outputs[position])
+            slot = self.program.outputs[position]
+            self.program.outputs[position] = self.autograd.output_slot(arg, slot, made_from.get(position, ()))
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
         self.graph.output(tuple(outs))
