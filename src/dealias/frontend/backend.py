@@ -46,6 +46,7 @@ from ..errors import (
 )
 from ..ir.plan import Symbolic
 from ..ir.sharing import find_groups_or_none, overlapping_pairs
+from ..passes.capture import restriction
 from ..passes.pipeline import compile_program
 from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
@@ -224,16 +225,15 @@ class GraphProgram:
             what = f"{getattr(hop.target, '__name__', None) or hop.target.name()} is not compiled by dealias yet"
             return self._fall_back(UnsupportedError(with_location(what, node_location(hop))))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-        restricted = [i for i, t in enumerate(tensors) if restricted_view(t)]
+        restricted = [i for i, t in enumerate(tensors) if restricted_view(t) and restriction(t) is None]
         if restricted:
-            # A view eager made under no_grad (or a split element) arrives as an input: its views and its
-            # grad_fn after a write of its memory follow rules the compiled program does not track across
-            # graphs (eager raises reading them). Left to eager.
+            # A view eager restricts other than those the passes track (made under no_grad, a split element):
+            # made in inference mode, or returned by a custom Function. Left to eager.
             names = [n for n, x in zip(self.names, leaves) if isinstance(x, torch.Tensor)]
             return self._fall_back(
                 UnsupportedError(
-                    f"input {names[restricted[0]]} is a view made under no_grad or by split/unbind, and requires "
-                    "grad: not compiled yet"
+                    f"input {names[restricted[0]]} is a view whose writes eager restricts (made in inference mode "
+                    "or by a custom Function), and requires grad: not compiled yet"
                 )
             )
         for group in find_groups_or_none(tensors):

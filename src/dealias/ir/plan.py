@@ -59,6 +59,8 @@ class Captured:
     groups: list[AliasGroup] = field(default_factory=list)  # inputs that overlap in memory
     requires_grad: list[bool] = field(default_factory=list)  # per tensor input (fake metas do not keep it)
     detached: set[int] = field(default_factory=set)  # tensor inputs the program ran detach_() on
+    # Tensor inputs eager restricts, by why: a view made under no_grad or a split's element, that requires grad.
+    restricted: dict[int, str] = field(default_factory=dict)
     symbols: list[torch.SymInt] = field(default_factory=list)  # the symbolic scalar inputs, as traced
     sym_positions: list[int] = field(default_factory=list)  # their positions among the argument leaves
     fakes: list[torch.Tensor] = field(default_factory=list)  # the tensor inputs as traced (symbolic sizes or not)

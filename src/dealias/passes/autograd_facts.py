@@ -93,6 +93,14 @@ class AutogradFacts:
         self.last_input_write = _last_writes(gm, self.info, read_later=False) if under_autograd else {}
         self.written_back: set[Storage] = set()
 
+    def restricted_input(self, node: fx.Node, why: str) -> None:
+        """The caller's tensor of placeholder `node` is a view eager restricts (made under no_grad, a split's
+        element) and requires grad: tracked as a fragile view made before the call. Written with grad on, eager
+        raises; after a write of its memory, reading its grad_fn raises. Unlike a no_grad view made inside the
+        program, it is itself the leaf its gradient reaches (the caller's tensor), so reads are not cut from it."""
+        value = self.info.value(node)
+        self.fragile[value.obj] = _Fragile(node, 0, False, why, False)
+
     # -- before each op ------------------------------------------------------------------------------
     def before_op(self, node: fx.Node) -> None:
         """Before `node` runs: restore eager's history of what it reads with grad on (see history), record the

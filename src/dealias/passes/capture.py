@@ -67,6 +67,23 @@ class _Replay(fx.Interpreter):
         return result
 
 
+_CREATION_META = torch._C._autograd.CreationMeta
+_RESTRICTIONS = {_CREATION_META.NO_GRAD_MODE: "made under no_grad", _CREATION_META.MULTI_OUTPUT_NODE: "made by split"}
+
+
+def restriction(x: torch.Tensor) -> str | None:
+    """How eager restricts the input `x`, a view that requires grad made under no_grad or by split/unbind (the
+    creation meta autograd keeps), or None. The passes compile these (autograd_facts tracks them as fragile
+    views); other restricted views (inference mode, a custom Function's) are not compiled."""
+    if not x.requires_grad or x._base is None:
+        return None
+    try:
+        x.is_leaf  # noqa: B018 - raises for one whose base was written since it was made (reading it is eager's)
+    except RuntimeError:
+        return None
+    return _RESTRICTIONS.get(torch._C._autograd._get_creation_meta(x))
+
+
 def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: Symbolic | None = None) -> Captured:
     """Trace dynamo's graph `gm` at the aten level on fake copies of the call's inputs `leaves` (tensors and
     Python scalars); raise DataDependentError if the program depends on tensor data. `names` name the inputs
@@ -81,6 +98,7 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
     captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
     captured.groups = find_groups([leaves[p] for p in positions])
     captured.requires_grad = [leaves[p].requires_grad for p in positions]
+    captured.restricted = {i: why for i, p in enumerate(positions) if (why := restriction(leaves[p]))}
     replay = _Replay(gm)
 
     def flat_fn(*inputs: Any) -> list[torch.Tensor]:

@@ -74,6 +74,7 @@ class _Functionalizer:
         self.info = info
         self.requires_grad = captured.requires_grad
         self.detached_inputs = captured.detached
+        self.restricted_inputs = captured.restricted
         self.graph = fx.Graph()
         self.emit = Emitter(self.graph, captured.fake_mode)
         self.base: dict[Storage, fx.Node] = {}  # current base value of each storage
@@ -351,6 +352,9 @@ class _Functionalizer:
         self._caller_root(v, ph, Ref(RefKind.INPUT, self.info.input_index[node]))
         if self.info.input_index[node] in self.detached_inputs:
             self.detached.add(v.obj)
+        why = self.restricted_inputs.get(self.info.input_index[node])
+        if why is not None:
+            self.autograd.restricted_input(node, why)
 
     def _group_placeholders(self) -> None:
         for s in self.info.storages:
