@@ -437,3 +437,32 @@ def test_fused_autograd_supports_double_backward_and_retained_graphs():
     assert "fused with autograd" in str(dealias.last_traces(jf)[3])
     for got, expected in zip(results[1], results[0]):
         torch.testing.assert_close(got, expected)
+
+
+def masked_by_an_input(x, m, s):
+    s.add_(1)
+    return torch.where(m > 0, x * x, x * x * x)  # eager saves the mask, not m
+
+
+def test_fused_double_backward_never_differentiates_new_input_values():
+    # The recompute reads the inputs as they are at backward: an input written in place since the call would give
+    # the gradient of other values than the call's (eager's mask is the call's). It raises instead. Written inputs
+    # a result that requires grad is computed from are copied; none is here (the mask does not read s).
+    jf = dealias.jit(masked_by_an_input, executor="inductor")
+    for fn in (masked_by_an_input, jf):
+        x, m, s = torch.linspace(0, 1, 6, requires_grad=True), torch.tensor([1.0, -1.0] * 3), torch.zeros(6)
+        (g,) = torch.autograd.grad(fn(x, m, s).sum(), x, create_graph=True)
+        (h,) = torch.autograd.grad(g.sum(), x)  # nothing written since: as eager
+        if fn is masked_by_an_input:
+            expected = (g, h)
+        else:
+            torch.testing.assert_close((g, h), expected)
+        y = fn(x, m, s)
+        m.neg_()  # eager's backward uses the mask it saved, from the call's m
+        if fn is masked_by_an_input:
+            (g1,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+            torch.testing.assert_close(g1, expected[0])
+        else:
+            with pytest.raises(RuntimeError, match="recomputes this fused graph from its inputs, and input 1"):
+                torch.autograd.grad(y.sum(), x, create_graph=True)
+    assert "fused with autograd" in str(dealias.last_traces(jf)[3])

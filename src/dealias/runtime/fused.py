@@ -508,9 +508,11 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
             raise cause from None
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
 
+    reads = _written_inputs_read(gm, written)
+
     def call(args: Any) -> Any:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return _TwiceDifferentiable.apply(compiled, handed, written, *args)  # (`handed` runs eagerly there)
+            return _TwiceDifferentiable.apply(compiled, handed, (reads, written), *args)  # (`handed`: eager's ops)
         return compiled(*args)
 
     run = _runner(gm, call, None, autograd=True)
@@ -518,21 +520,43 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     return run
 
 
+def _written_inputs_read(gm: fx.GraphModule, written: frozenset[int]) -> list[frozenset[int]]:
+    """For each result of `gm`, the `written` placeholders (by position) it is computed from."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    reads: dict[fx.Node, frozenset[int]] = {p: frozenset({i} & written) for i, p in enumerate(placeholders)}
+    for n in gm.graph.nodes:
+        if n.op not in ("placeholder", "output"):
+            reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
+    return [
+        reads.get(a, frozenset()) if isinstance(a, fx.Node) else frozenset() for a in gm.graph.output_node().args[0]
+    ]
+
+
 class _TwiceDifferentiable(torch.autograd.Function):
     """AOTAutograd's compiled function inside a Function of dealias's. Its own backward raises when differentiated
     again ("does not currently support double backward"), where eager's and the torch executor's do not. A
     first-order backward here runs the compiled backward; a backward that records a graph (`create_graph=True`)
-    recomputes the graph with eager's ops, from the inputs as the call had them (the written ones copied before
-    the epilogue writes them; none of those requires grad), and differentiates that, which can be differentiated
-    again."""
+    recomputes the graph with eager's ops, from the inputs as the call had them, and differentiates that, which
+    can be differentiated again. Written inputs (none of which requires grad) are copied before the epilogue
+    writes them, if a result that requires grad is computed from them (`reads`, per result: batch norm's output
+    in training is not computed from the running statistics it updates, so nothing is copied). Other inputs are
+    read as they are then, through aliases keeping their sizes and strides; one written in place since the call
+    (a version counter moved) makes that backward raise, where eager's raises if it saved the tensor and would
+    otherwise use what it saved (a mask computed from it, say): never a gradient from the new values."""
 
     @staticmethod
-    def forward(ctx: Any, compiled: Any, graph: fx.GraphModule, written: frozenset[int], *args: Any) -> Any:
+    def forward(ctx: Any, compiled: Any, graph: fx.GraphModule, facts: Any, *args: Any) -> Any:
+        reads, written = facts
         leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
         with torch.enable_grad():
             outs = compiled(*leaves)
         ctx.outs, ctx.leaves, ctx.graph = outs, leaves, graph
-        ctx.args = [a.detach().clone() if i in written else a for i, a in enumerate(args)]
+        kept = frozenset().union(*(r for r, o in zip(reads, outs) if o.requires_grad))
+        ctx.args = [
+            a if not isinstance(a, torch.Tensor) or a.requires_grad else a.detach().clone() if i in kept else a.detach()
+            for i, a in enumerate(args)
+        ]
+        ctx.versions = [(i, a._version) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in written]
         returned = tuple(o.detach() for o in outs)
         ctx.mark_non_differentiable(*[r for r, o in zip(returned, outs) if not o.requires_grad])
         return returned
@@ -543,6 +567,13 @@ class _TwiceDifferentiable(torch.autograd.Function):
         wrt = [i for i, a in enumerate(ctx.leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
         given = [grads[i] for i in diff]
         if torch.is_grad_enabled():  # create_graph=True: the gradient must be differentiable in turn
+            moved = next((i for i, v in ctx.versions if ctx.args[i]._version != v), None)
+            if moved is not None:
+                raise RuntimeError(
+                    f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and "
+                    f"input {moved} was modified in place since the call; compile with executor='torch' to "
+                    "differentiate it twice after such a write"
+                )
             with torch.enable_grad():
                 outs = ctx.graph(*ctx.args)
             got = torch.autograd.grad(
