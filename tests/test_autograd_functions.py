@@ -453,3 +453,27 @@ def test_metadata_change_after_the_last_write_keeps_the_write_back_there():
         x = torch.ones(3, 4, requires_grad=True) * 1
         (g,) = torch.autograd.grad(fn(x).sum(), x)
         assert g[0].eq(1).all()  # the hook's +1 on row 0, which the output does not read
+
+
+def self_copy_then_read_then_hook(x):  # fuzz seed 986087, shrunk
+    x[4] = 3.0
+    x.copy_(x)  # the last write: eager's x has the copy's grad_fn from here
+    y = x * 1
+    x.register_hook(lambda g: g + 1)  # on that grad_fn: y's gradient goes through it
+    return y
+
+
+def self_copy_then_function_then_hook(x):
+    x[4] = 3.0
+    x.copy_(x)
+    y = Half.apply(x * 1)
+    x.register_hook(lambda g: g + 1)
+    return y
+
+
+@pytest.mark.parametrize("fn", [self_copy_then_read_then_hook, self_copy_then_function_then_hook])
+def test_self_copy_as_the_last_write_writes_back_there(fn):
+    # `x.copy_(x)` was the last write but wrote nothing back: the read after it read the program's value, outside
+    # the caller's history, and the hook dynamo registers on x after the graph never saw its gradient (every
+    # element's gradient 1 where eager's is 2).
+    assert_matches_eager(fn, _args((6,)))  # (the Function runs eagerly between two compiled pieces)

@@ -174,18 +174,25 @@ class AutogradFacts:
         parent = next((f for a in source.all_input_nodes if (f := self._fragile_of(a)) is not None), None)
         if parent is not None:
             nograd = parent.nograd or not self.emit.grad
-            self.fragile[value.obj] = replace(parent, nograd=nograd, made_with_grad=bool(self.emit.grad))
+            split = view.target is operator.getitem and isinstance(source.target, torch._ops.OpOverload)
+            split_since = parent.split_since or (split and facts(source.target).multi_output_view)
+            made_at = self.writes.get(value.storage, 0)
+            self.fragile[value.obj] = replace(
+                parent, nograd=nograd, made_with_grad=bool(self.emit.grad), made_at=made_at, split_since=split_since
+            )
             return
         epoch = self.writes.get(value.storage, 0)
         if not any(self.requires_grad(a) for a in source.all_input_nodes):
             if not self.emit.grad and view.target is not operator.getitem:
-                self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, base_rg=False)
+                self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, False, epoch)
             return
         if not self.emit.grad:
-            self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False)
+            self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, made_at=epoch)
         elif view.target is operator.getitem and isinstance(source.target, torch._ops.OpOverload):
             if facts(source.target).multi_output_view and facts(source.target).autograd_view:
-                self.fragile[value.obj] = _Fragile(view, epoch, False, f"returned by {source.target}", True)
+                self.fragile[value.obj] = _Fragile(
+                    view, epoch, False, f"returned by {source.target}", True, made_at=epoch
+                )
 
     def _stale(self, a: fx.Node) -> bool:
         """Whether eager raises reading the fragile view `a`'s grad_fn: its storage was written since it was made
@@ -258,8 +265,13 @@ class AutogradFacts:
         self.refuse_unsafe_split_write(s, node)
         if self.emit.grad and not hidden:
             self.grad_writes.add(s)
-        if self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no":
-            self._write_back_now(s)  # (an expanded caller tensor keeps its write-back of one of each repeat)
+        if self.writes_back_at(s, node):
+            self._write_back_now(s)
+
+    def writes_back_at(self, s: Storage, node: fx.Node) -> bool:
+        """Whether the caller's tensor of `s` receives its value at `node`, its last write, because autograd reads
+        it later (an expanded caller tensor keeps its write-back of one of each repeat, at the end)."""
+        return self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no"
 
     def refuse_unsafe_split_write(self, s: Storage, node: fx.Node) -> None:
         """Raise if `node` writes memory that `unsafe_split` split from a tensor that requires grad."""
@@ -380,10 +392,10 @@ class AutogradFacts:
         Of other memory, or a view made with grad on of a no_grad view (eager's has a grad_fn that ends at
         that leaf), the graph runs eagerly."""
         f = self.fragile[self.info.value(arg).obj]
-        early = self._stale(arg)
-        if early and slot.same_as is None and self._made_early(arg, slot, f):
+        stale = self._stale(arg)
+        if stale and not (f.nograd and f.made_with_grad) and slot.same_as is None and self._made_early(arg, slot, f):
             slot = replace(slot, early=True)
-        elif early or (f.nograd and f.made_with_grad):
+        elif stale or (f.nograd and f.made_with_grad):
             raise UnsupportedError(
                 with_location(
                     f"a view {f.why} is returned after its base was written or a view of it was made with grad "
@@ -407,8 +419,12 @@ class AutogradFacts:
     def _made_early(self, arg: fx.Node, slot: OutputSlot, f: _Fragile) -> bool:
         """Whether the stale fragile view `arg`, returned as `slot`, can be made from the caller's tensor before
         the graph runs with eager's autograd state: a view of the caller's memory by a chain known before the
-        graph runs, whose base required grad when the view was made and when the call began."""
+        graph runs, whose base required grad when the view was made and when the call began. The view itself
+        was made before the first write since its fragile root was (one made after it is not stale in eager), and
+        no split came after that root (eager's error would name that split)."""
         if slot.source.kind not in (RefKind.INPUT, RefKind.GROUP) or not f.base_rg:
+            return False
+        if f.made_at != f.epoch or f.split_since:
             return False
         if any(isinstance(a, (fx.Node, torch.SymInt)) for a in chain_args(slot.chain)):
             return False
@@ -484,3 +500,5 @@ class _Fragile:
     # Whether its base required grad when it was made. A view made under no_grad of one that did not is an
     # ordinary tensor until a write with grad on makes its base require grad; then eager raises reading its grad_fn.
     base_rg: bool = True
+    made_at: int = 0  # the storage's writes when this view itself was made (`epoch`: when the root was)
+    split_since: bool = False  # a split (a multi-output view) made this view from a view of the root

@@ -446,10 +446,15 @@ class _Functionalizer:
             if self.emit.grad and internal_overlap(self.info.value(bound["self"]).meta) != "no":
                 if self.autograd.requires_grad(bound["self"]):
                     raise UnsupportedError(f"{op} of an overlapping view onto itself, recorded by autograd")
-            s = self.info.value(bound["self"]).storage
-            self.autograd.refuse_unsafe_split_write(s, node)  # (eager's autograd records it on the element alone)
-            self.autograd.version_counter_moves(s)
-            if s.kind is not StorageKind.INTERMEDIATE:  # the caller's tensor: what autograd saved of it is stale
+            v = self.info.value(bound["self"])
+            s = v.storage
+            # The last write of a caller's tensor read later with grad on (autograd_facts.after_write): eager's
+            # tensor has the copy's grad_fn from here, and later reads (and a hook registered later) go through it.
+            # The write-back of its value now stands for it, moving the version counter once, as eager's copy.
+            now = self.autograd.writes_back_at(s, node)
+            hidden = any(_hides_grad(step, self.base[s]) for step in v.chain) and self.base[s].meta.get("rg")
+            self.autograd.after_write(s, node, bool(hidden))  # (refuses a write of an unsafe_split element too)
+            if s.kind is not StorageKind.INTERMEDIATE and not now:  # what autograd saved of it is stale
                 self.emit.call(bump_version, self.roots[s])
             return
         lists = [n for n, a in bound.items() if isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node)]
