@@ -471,7 +471,16 @@ def self_copy_then_function_then_hook(x):
     return y
 
 
-@pytest.mark.parametrize("fn", [self_copy_then_read_then_hook, self_copy_then_function_then_hook])
+def read_then_self_copy_then_hook(x):  # fuzz seed 988167
+    y = torch.where(x > 0, x, x)  # reads the version before the copy: its gradient does not go through the hook
+    x.copy_(x)
+    x.register_hook(lambda g: g * 2)  # on the copy's grad_fn, eager's x from here
+    return y
+
+
+@pytest.mark.parametrize(
+    "fn", [self_copy_then_read_then_hook, self_copy_then_function_then_hook, read_then_self_copy_then_hook]
+)
 def test_self_copy_as_the_last_write_writes_back_there(fn):
     # `x.copy_(x)` was the last write but wrote nothing back: the read after it read the program's value, outside
     # the caller's history, and the hook dynamo registers on x after the graph never saw its gradient (every

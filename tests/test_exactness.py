@@ -481,3 +481,19 @@ def test_a_constant_dynamo_lifted_compiles():
     # and the graph ran eagerly.
     base = torch.randn(2, 3, 4)
     check(constant_written_then_scanned, base, base[0])
+
+
+def two_results_of_one_unsafe_element(x0):  # fuzz seed 987725, shrunk
+    v3 = x0.unsafe_chunk(2, 0)[0]
+    v5 = v3.movedim(0, -1)
+    return v3, v5  # eager: v5._base is v3, an element of its own (with its own version counter)
+
+
+def test_two_results_of_one_unsafe_element_run_eagerly():
+    # Each was rebuilt by an unsafe_split of its own: v5 became a view of another element than the v3 returned,
+    # so a later write of v3 (x.copy_(x) in the fuzz program) left v5's views unaware of it.
+    x = torch.randn(6, requires_grad=True) * 1
+    jf = dealias.jit(two_results_of_one_unsafe_element)
+    with pytest.warns(dealias.FallbackWarning, match="two results are views of one unsafe_split element"):
+        v3, v5 = jf(x)
+    assert v5._base is v3

@@ -87,6 +87,7 @@ class AutogradFacts:
         # one runs the graph eagerly (eager's autograd does not see a write through an element as one of its input).
         self.unsafe_split_rg: dict[Storage, fx.Node] = {}
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
+        self.returned_elements: dict[int, fx.Node] = {}  # unsafe_split element object -> the result made from it
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
         # Caller storages written back where their last write is, under autograd (see _write_back_now).
         self.last_write = _last_writes(gm, self.info) if under_autograd else {}
@@ -373,6 +374,13 @@ class AutogradFacts:
         """The output `slot` of the returned `arg`, with how eager made it: the grad mode of a returned view, a
         fragile view's or an `unsafe_split` element's own way of being rebuilt. (`full`: the chain from the
         storage's base that the slot's chain ends.)"""
+        element = self._unsafe_of(arg)
+        if element is not None and slot.same_as is None:
+            # Eager's element is its own base (unsafe_split makes no autograd views), with a version counter of its
+            # own: two returned tensors of one element, rebuilt by a split each, would be views of two elements.
+            obj = self.info.value(element).obj
+            if self.returned_elements.setdefault(obj, arg) is not arg:
+                raise UnsupportedError("two results are views of one unsafe_split element; not rebuilt as one yet")
         made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
         if made is not None and slot.chain:
             slot = replace(slot, grad=made)
@@ -420,11 +428,14 @@ class AutogradFacts:
         """Whether the stale fragile view `arg`, returned as `slot`, can be made from the caller's tensor before
         the graph runs with eager's autograd state: a view of the caller's memory by a chain known before the
         graph runs, whose base required grad when the view was made and when the call began. The view itself
-        was made before the first write since its fragile root was (one made after it is not stale in eager), and
-        no split came after that root (eager's error would name that split)."""
+        was made before the first write since its fragile root was (one made after it is not stale in eager), no
+        split came after that root (eager's error would name that split), and no unsafe_split between the caller's
+        tensor and it."""
         if slot.source.kind not in (RefKind.INPUT, RefKind.GROUP) or not f.base_rg:
             return False
         if f.made_at != f.epoch or f.split_since:
+            return False
+        if self._unsafe_of(arg) is not None:  # (an unsafe_split element has a version counter of its own)
             return False
         if any(isinstance(a, (fx.Node, torch.SymInt)) for a in chain_args(slot.chain)):
             return False

@@ -439,7 +439,7 @@ class _Functionalizer:
             f = replace(f, kind=OpKind.OUT, mutated=tuple(outs), functional=f.out_only)
         if f.functional is None:
             raise UnsupportedError(f"{op} has no functional counterpart known to dealias")
-        if op is aten.copy_.default and bound["self"] is bound["src"]:
+        if op is aten.copy_.default and bound["self"] is bound["src"] and not self._recorded_self_copy(bound["self"]):
             # `x.copy_(x)`: eager returns at once, touching no value; its version counter moves. Autograd records it
             # (the copy's backward): through a view whose elements overlap (`x.unfold(0, 2, 1)`), that gathers the
             # gradient once per alias of an element, which no functional program here reproduces: run eagerly.
@@ -466,6 +466,17 @@ class _Functionalizer:
                 self._mutate(node, f, {n: [a[i]] if n in lists else a for n, a in bound.items()})
             return
         self._mutate(node, f, bound)
+
+    def _recorded_self_copy(self, a: fx.Node) -> bool:
+        """`x.copy_(x)` with grad on, of a caller's tensor that requires grad, through no view whose elements
+        overlap: autograd records it, and eager's x has the copy's grad_fn from here (a hook registered later
+        hooks it; what was computed from x before does not go through it). It is written as any write is: the
+        caller's tensor receives its own value, with that history, and its version counter moves."""
+        v = self.info.value(a)
+        s = v.storage
+        if not self.emit.grad or s.kind is StorageKind.INTERMEDIATE or s in self.autograd.unsafe_split_rg:
+            return False
+        return bool(self.caller_placeholder(s).meta.get("rg")) and internal_overlap(v.meta) == "no"
 
     def _crosses_indices(self, bound: dict[str, Any], lists: list[str], mutated: tuple[str, ...]) -> bool:
         written = [self.info.value(a).storage for n in lists if n in mutated for a in bound[n]]
