@@ -497,3 +497,21 @@ def test_two_results_of_one_unsafe_element_run_eagerly():
     with pytest.warns(dealias.FallbackWarning, match="two results are views of one unsafe_split element"):
         v3, v5 = jf(x)
     assert v5._base is v3
+
+
+def split_of_an_unsafe_element(x):  # fuzz seed 988806, shrunk
+    return x.unsafe_chunk(2, 2)[0].split(2, 1)[0]
+
+
+def test_split_of_an_unsafe_element_is_no_view_of_the_input():
+    # Rebuilt with the split replayed as made but the element as a slice of x, the result shared x's version
+    # counter: a write of x after the call made reading its grad_fn raise, where eager's (a view of an element
+    # with a counter of its own) does not. It runs eagerly now.
+    for fn in (split_of_an_unsafe_element, dealias.jit(split_of_an_unsafe_element)):
+        x = torch.randn(3, 4, 2, requires_grad=True) * 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            v = fn(x)
+        with torch.no_grad():
+            x.fill_(3.0)
+        assert v.grad_fn is not None

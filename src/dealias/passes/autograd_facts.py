@@ -151,7 +151,8 @@ class AutogradFacts:
                 self.unsafe[value.obj] = view
             return
         value = self.info.values.get(view)
-        parent = next((r for a in view.all_input_nodes if (r := self._unsafe_of(a)) is not None), None)
+        # (`split(..)[i]` of an element: the split's input is the element)
+        parent = next((r for a in source.all_input_nodes if (r := self._unsafe_of(a)) is not None), None)
         if parent is not None and isinstance(value, Value):
             self.unsafe[value.obj] = parent
 
@@ -414,7 +415,11 @@ class AutogradFacts:
         if slot.same_as is not None:
             return slot
         unsafe = self._unsafe_of(arg)  # (a view made under no_grad of an unsafe_split element)
-        multi = self._multi_output_step(f.root, full, slot) or (unsafe and self._multi_output_step(unsafe, full, slot))
+        multi = self._multi_output_step(f.root, full, slot)
+        by_unsafe = unsafe and self._multi_output_step(unsafe, full, slot)
+        if multi and by_unsafe and by_unsafe != multi:  # (one multi-output step per output is replayed as made)
+            raise UnsupportedError("a split of an unsafe_split element is returned; not rebuilt exactly yet")
+        multi = multi or by_unsafe
         if not f.nograd:
             if slot.early and multi is None:  # (made as a plain view, its grad_fn would not raise)
                 raise UnsupportedError(f"a view {f.why} is returned after its base was written; not compiled yet")
