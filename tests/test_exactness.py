@@ -515,3 +515,22 @@ def test_split_of_an_unsafe_element_is_no_view_of_the_input():
         with torch.no_grad():
             x.fill_(3.0)
         assert v.grad_fn is not None
+
+
+def lu_into_given_tensors(a, lu, piv):
+    torch.lu(a, out=(lu, piv))  # its composite resizes both outs to their own sizes first (resize_as_)
+    return lu, piv
+
+
+@pytest.mark.filterwarnings("ignore:torch.lu is deprecated")
+def test_resize_to_a_tensors_own_size_changes_nothing():
+    # `resize_as_` (and `resize_`) to the tensor's own size keeps its strides and its version counter in eager:
+    # no view step, no version move. It was refused (out= into lu's tuple ran eagerly).
+    jf = check(lu_into_given_tensors, torch.randn(4, 4), torch.empty(4, 4), torch.empty(4, dtype=torch.int32))
+    a, lu, piv = torch.randn(4, 4), torch.empty(4, 4).t(), torch.empty(4, dtype=torch.int32)
+    before = lu._version
+    expected = lu_into_given_tensors(a, lu.clone().t().t(), piv.clone())
+    got = jf(a, lu, piv)
+    assert got[0] is lu and lu.stride() == (1, 4)
+    torch.testing.assert_close(got, expected)
+    assert lu._version > before  # (written)

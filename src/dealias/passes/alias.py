@@ -146,10 +146,23 @@ def _group_member(
     return Value(storages[gid], (step,), obj, meta, node)
 
 
+def _resize_size(node: fx.Node) -> list[Any]:
+    """The size `x.resize_(size)` or `x.resize_as_(template)` resizes to."""
+    if node.target is aten.resize_as_.default:
+        return list(node.args[1].meta["val"].shape)
+    return list(node.args[1])
+
+
+def resizes_nothing(node: fx.Node, meta: torch.Tensor) -> bool:
+    """A resize to the tensor's own size without a memory format: eager changes nothing, not even its strides
+    or its version counter (`out=` wrappers resize their outputs so: `lu(A, out=(LU, piv))`)."""
+    return node.kwargs.get("memory_format") is None and len(node.args) == 2 and _resize_size(node) == list(meta.shape)
+
+
 def _resize_step(node: fx.Node, v: Value) -> ViewStep:
     """`x.resize_(size)` within x's memory: a contiguous view of it at x's offset (eager keeps the storage).
     Growing past the storage reallocates it in eager, with uninitialized new memory: refused."""
-    size = list(node.args[1])
+    size = _resize_size(node)
     numel = 1
     for n in size:
         numel *= n
@@ -200,7 +213,9 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
     if f.kind is OpKind.INPLACE_VIEW:
         name = op._schema.name
         self_v = info.value(node.args[0])
-        if name == "aten::resize_":
+        if name in ("aten::resize_", "aten::resize_as_"):
+            if resizes_nothing(node, self_v.meta):  # (eager keeps the strides too, and its version counter)
+                return Value(self_v.storage, self_v.chain, self_v.obj, meta, node)
             return Value(self_v.storage, self_v.chain + (_resize_step(node, self_v),), self_v.obj, meta, node)
         if name == "aten::squeeze_":
             view_op = _squeeze_view(op)

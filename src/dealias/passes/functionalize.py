@@ -58,7 +58,7 @@ from ..ir.viewops import (
     replay,
     replay_chain,
 )
-from .alias import AliasInfo, Storage, Value
+from .alias import AliasInfo, Storage, Value, resizes_nothing
 from .autograd_facts import AutogradFacts
 
 aten = torch.ops.aten
@@ -404,6 +404,9 @@ class _Functionalizer:
             return  # materialized from its base when read
         if f.kind is OpKind.INPLACE_VIEW:
             self.latest[v.obj] = v
+            resize = op in (aten.resize_.default, aten.resize_as_.default)
+            if resize and resizes_nothing(node, self.info.value(node.args[0]).meta):
+                return  # (eager's version counter stays)
             if op is aten.detach_.default:  # (which leaves the version counter alone)
                 self.detached.add(v.obj)
                 return
