@@ -79,9 +79,9 @@ KNOWN_MISMATCHES: dict[tuple[str, str], str] = {
 # was left out (`_call`: it broke 25 programs' graphs, the sweep's own doing). Measured apart: dealias's own
 # fallbacks inplace 0/364, view 0/47, out 4/382 (1.0 %: linalg.matrix_rank's and kron's composites that
 # never write out=, empty(out=view); out= into lu's tuple compiles: a resize to a tensor's own size is a
-# no-op); graph breaks inplace 13/364, view 1/47, out 4/382: 22 of 793 programs (2.8 %) in all. None of the graph breaks is dealias's
-# choice: dynamo breaks at in-place metadata changes of inputs (t_, squeeze_, resize_...) and at data-dependent
-# and dynamic-shape ops.
+# no-op); graph breaks inplace 13/364, view 1/47, out 4/382: 22 of 793 programs (2.8 %) in all. None of
+# the graph breaks is dealias's choice: dynamo breaks at in-place metadata changes of inputs (t_, squeeze_,
+# resize_...) and at data-dependent and dynamic-shape ops.
 FALLBACK_CEILING = {"inplace": 0.01, "view": 0.03, "out": 0.015}
 GRAPH_BREAK_CEILING = {"inplace": 0.05, "view": 0.06, "out": 0.02}
 
