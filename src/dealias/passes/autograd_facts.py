@@ -376,9 +376,11 @@ class AutogradFacts:
         fragile view's or an `unsafe_split` element's own way of being rebuilt. (`full`: the chain from the
         storage's base that the slot's chain ends.)"""
         element = self._unsafe_of(arg)
-        if element is not None and slot.same_as is None:
+        if element is not None and slot.same_as is None and self.requires_grad(arg):
             # Eager's element is its own base (unsafe_split makes no autograd views), with a version counter of its
-            # own: two returned tensors of one element, rebuilt by a split each, would be views of two elements.
+            # own: two returned tensors of one element, rebuilt by a split each, would be views of two elements,
+            # and a write of one would leave the other's grad_fn readable. (Without autograd no rule reads the
+            # counter: memory is shared all the same.)
             obj = self.info.value(element).obj
             if self.returned_elements.setdefault(obj, arg) is not arg:
                 raise UnsupportedError("two results are views of one unsafe_split element; not rebuilt as one yet")
