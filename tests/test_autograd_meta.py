@@ -668,3 +668,31 @@ def test_restricted_view_inputs(fn, make):
             got.append((v.grad, x.grad_fn.next_functions[0][0].variable.grad))
         (ev, eb), (jv, jb) = got
         assert (ev is None) == (jv is None) and torch.equal(eb, jb) if eb is not None else jb is None
+
+
+def grad_view_of_a_no_grad_view(x0):  # fuzz seed 996000
+    with torch.no_grad():
+        v1 = x0.select(0, -2)  # a leaf that requires grad
+    v6 = v1.unsqueeze(0)  # made with grad on: a grad_fn that ends at that leaf
+    return x0 * 1, v6 * 2, v6
+
+
+def test_view_made_with_grad_on_of_a_no_grad_view_is_returned_as_made():
+    # Replayed under no_grad from the no_grad step on, it had no grad_fn; it ran eagerly instead. Now its last step
+    # is replayed with grad on (OutputSlot.grad_until).
+    from dealias.runtime.verify import compare_call
+    from dealias.tools.fuzz import _compare_grads
+
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return (torch.randn(4, 6, generator=g, requires_grad=True) * 1,)
+
+    fn = grad_view_of_a_no_grad_view
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        for _ in range(2):
+            assert compare_call(fn, jf, make()) is None
+            assert _compare_grads(fn, jf, make) is None
+    v6 = jf(*make())[2]
+    assert v6.grad_fn is not None and v6.grad_fn.next_functions[0][0] is None  # (eager's leaf has no accumulator)

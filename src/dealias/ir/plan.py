@@ -142,6 +142,8 @@ class OutputSlot:
     # made under no_grad of a tensor that requires grad is a leaf that requires grad).
     grad: bool | None = None
     grad_from: int = 0  # ...from this step on (the steps before it were made in the call's mode)
+    # ...up to this step, and from it on with grad on: a view made with grad on of a view made under no_grad.
+    grad_until: int | None = None
     # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
     # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
     multi_output: tuple[int, Any, tuple[Any, ...], int] | None = None

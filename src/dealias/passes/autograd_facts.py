@@ -404,9 +404,13 @@ class AutogradFacts:
         that leaf), the graph runs eagerly."""
         f = self.fragile[self.info.value(arg).obj]
         stale = self._stale(arg)
+        start = self._step_in_slot(f.root, full, slot)
+        # A view made with grad on right after the no_grad view it is taken of: eager's has a grad_fn ending at
+        # that leaf; replayed as made, step by step, it has the same (stale, eager's error names its own op).
+        next_to_root = start is not None and start == len(slot.chain) - 2
         if stale and not (f.nograd and f.made_with_grad) and slot.same_as is None and self._made_early(arg, slot, f):
             slot = replace(slot, early=True)
-        elif stale or (f.nograd and f.made_with_grad):
+        elif stale or (f.nograd and f.made_with_grad and not next_to_root):
             raise UnsupportedError(
                 with_location(
                     f"a view {f.why} is returned after its base was written or a view of it was made with grad "
@@ -428,8 +432,8 @@ class AutogradFacts:
             return replace(slot, multi_output=multi)
         # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
         # tensor, was made with grad on and requires grad).
-        start = self._step_in_slot(f.root, full, slot) or 0
-        return replace(slot, grad=False, grad_from=start, multi_output=multi)
+        until = start + 1 if f.made_with_grad and start is not None else None
+        return replace(slot, grad=False, grad_from=start or 0, grad_until=until, multi_output=multi)
 
     def _made_early(self, arg: fx.Node, slot: OutputSlot, f: _Fragile) -> bool:
         """Whether the stale fragile view `arg`, returned as `slot`, can be made from the caller's tensor before

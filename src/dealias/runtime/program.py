@@ -77,6 +77,7 @@ class CompiledProgram:
             (self._getter(slot.source), slot.chain, slot.same_as, slot.grad, slot.grad_from, slot.multi_output)
             for slot in fp.outputs
         ]
+        self._grad_until = [slot.grad_until for slot in fp.outputs]
         self._early = [i for i, slot in enumerate(fp.outputs) if slot.early]
         self._restrides = [(i, slot.restride) for i, slot in enumerate(fp.outputs) if slot.restride is not None]
         # Output chains with symbolic arguments take them from the graph's results on each call.
@@ -148,14 +149,18 @@ class CompiledProgram:
     def _output(self, i: int, tensors: list[Any], bases: list[Any], results: Any, grad: bool) -> Any:
         """Output `i`: its source, or the view of it eager returned, made in the grad modes eager made it in."""
         get, chain, _, made_with_grad, grad_from, multi = self._outputs[i]
+        until = self._grad_until[i]
         t = get(tensors, bases, results)
         if chain and self._computed:
             chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
-        if chain and (multi or (made_with_grad is not None and made_with_grad != grad)):
+        if chain and (multi or until is not None or (made_with_grad is not None and made_with_grad != grad)):
             head = chain[:grad_from]
             t = _replay_output(head, t, multi) if head else t
             with torch.set_grad_enabled(grad if made_with_grad is None else made_with_grad):
-                t = _replay_output(chain, t, multi, grad_from)
+                t = _replay_output(chain[:until], t, multi, grad_from)
+            if until is not None:  # (OutputSlot.grad_until)
+                with torch.enable_grad():
+                    t = _replay_output(chain, t, multi, until)
         elif chain:
             t = replay_chain(chain, t, _torch_call)
         return t
