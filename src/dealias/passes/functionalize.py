@@ -562,10 +562,8 @@ class _Functionalizer:
                 write = MetadataWriteBack(ref, *_layout_change(first.meta, last.meta), obj in self.detached)
                 self.program.metadata_writebacks.append(write)
         results: dict[Storage, int] = {}
-        seen: dict[int, int] = {}
-        made_from: dict[
-            int, tuple[Any, ...]
-        ] = {}  # output position -> the full chain its slot's chain ends  # tensor object -> its first output position
+        seen: dict[int, int] = {}  # tensor object -> its first output position
+        made_from: dict[int, tuple[Any, ...]] = {}  # output position -> the full chain its slot's chain ends
         for position, arg in enumerate(node.args[0]):
             if self.info.values.get(arg) is None and arg in self.scalars:  # a symbolic scalar: computed
                 self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, len(outs))))

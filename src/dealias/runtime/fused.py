@@ -542,7 +542,9 @@ class _TwiceDifferentiable(torch.autograd.Function):
     in training is not computed from the running statistics it updates, so nothing is copied). Other inputs are
     read as they are then, through aliases keeping their sizes and strides; one written in place since the call
     (a version counter moved) makes that backward raise, where eager's raises if it saved the tensor and would
-    otherwise use what it saved (a mask computed from it, say): never a gradient from the new values."""
+    otherwise use what it saved (a mask computed from it, say): never a gradient from the new values. (It raises
+    also where eager saved nothing of that input and goes on: which inputs the gradient's values depend on is
+    not known here.)"""
 
     @staticmethod
     def forward(ctx: Any, compiled: Any, graph: fx.GraphModule, facts: Any, *args: Any) -> Any:
