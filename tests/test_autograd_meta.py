@@ -696,3 +696,24 @@ def test_view_made_with_grad_on_of_a_no_grad_view_is_returned_as_made():
             assert _compare_grads(fn, jf, make) is None
     v6 = jf(*make())[2]
     assert v6.grad_fn is not None and v6.grad_fn.next_functions[0][0] is None  # (eager's leaf has no accumulator)
+
+
+def unbind_of_a_chunk_element(x0):  # fuzz seed 989775, shrunk
+    return x0.chunk(2, 0)[-1].unbind(2)[1]
+
+
+def test_split_of_a_split_element_returned_runs_eagerly():
+    # Rebuilt with only the first split replayed as made, the result was a select of it: after a write of x0,
+    # reading its grad_fn raised naming Select where eager's error names Unbind.
+    errors = []
+    for fn in (unbind_of_a_chunk_element, dealias.jit(unbind_of_a_chunk_element)):
+        x0 = torch.randn(3, 4, 2, requires_grad=True) * 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            v = fn(x0)
+        with torch.no_grad():
+            x0[:, :, 0:] = -2.0
+        with pytest.raises(RuntimeError) as e:
+            _ = v.grad_fn
+        errors.append(str(e.value).split(" is a view")[0])
+    assert errors[0] == errors[1] == "Output 1 of Unbind"

@@ -420,6 +420,8 @@ class AutogradFacts:
             )
         if slot.same_as is not None:
             return slot
+        if f.split_since:  # (one multi-output step per output is replayed as made; eager's errors name the last)
+            raise UnsupportedError("a split of a split's element is returned; not rebuilt exactly yet")
         unsafe = self._unsafe_of(arg)  # (a view made under no_grad of an unsafe_split element)
         multi = self._multi_output_step(f.root, full, slot)
         by_unsafe = unsafe and self._multi_output_step(unsafe, full, slot)
