@@ -177,7 +177,7 @@ class AutogradFacts:
         if parent is not None:
             nograd = parent.nograd or not self.emit.grad
             split = view.target is operator.getitem and isinstance(source.target, torch._ops.OpOverload)
-            split_since = parent.split_since or (split and facts(source.target).multi_output_view)
+            split_since = view if split and facts(source.target).multi_output_view else parent.split_since
             made_at = self.writes.get(value.storage, 0)
             self.fragile[value.obj] = replace(
                 parent, nograd=nograd, made_with_grad=bool(self.emit.grad), made_at=made_at, split_since=split_since
@@ -420,10 +420,10 @@ class AutogradFacts:
             )
         if slot.same_as is not None:
             return slot
-        if f.split_since:  # (one multi-output step per output is replayed as made; eager's errors name the last)
-            raise UnsupportedError("a split of a split's element is returned; not rebuilt exactly yet")
         unsafe = self._unsafe_of(arg)  # (a view made under no_grad of an unsafe_split element)
-        multi = self._multi_output_step(f.root, full, slot)
+        # One multi-output step per output is replayed as made: the last one, which made the view's autograd facts
+        # (its grad_fn, the op eager's errors name); earlier ones replay as plain views of the same memory.
+        multi = self._multi_output_step(f.split_since or f.root, full, slot)
         by_unsafe = unsafe and self._multi_output_step(unsafe, full, slot)
         if multi and by_unsafe and by_unsafe != multi:  # (one multi-output step per output is replayed as made)
             raise UnsupportedError("a split of an unsafe_split element is returned; not rebuilt exactly yet")
@@ -446,7 +446,7 @@ class AutogradFacts:
         tensor and it."""
         if slot.source.kind not in (RefKind.INPUT, RefKind.GROUP) or not f.base_rg:
             return False
-        if f.made_at != f.epoch or f.split_since:
+        if f.made_at != f.epoch or f.split_since is not None:
             return False
         if self._unsafe_of(arg) is not None:  # (an unsafe_split element has a version counter of its own)
             return False
@@ -525,4 +525,4 @@ class _Fragile:
     # ordinary tensor until a write with grad on makes its base require grad; then eager raises reading its grad_fn.
     base_rg: bool = True
     made_at: int = 0  # the storage's writes when this view itself was made (`epoch`: when the root was)
-    split_since: bool = False  # a split (a multi-output view) made this view from a view of the root
+    split_since: fx.Node | None = None  # the last split's element this view was made from, since the root
