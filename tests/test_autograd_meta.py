@@ -553,6 +553,14 @@ def grad_view_of_a_no_grad_view_returned_after_a_write(x0):  # fuzz seed 985253
     return v7
 
 
+def split_element_changed_in_place_then_returned_after_a_write(x0):  # fuzz seed 979715, shrunk
+    v1 = x0.chunk(2, 1)[-1]
+    with torch.no_grad():
+        v1.t_()  # the same object: eager's error still names the split
+    x0[0] = 3.0
+    return v1
+
+
 STALE_VIEW_PROGRAMS = [
     (no_grad_view_returned_after_a_write, lambda t: (t(2, 3),), True),
     (unbind_element_returned_after_a_write, lambda t: (t(2, 3),), True),
@@ -561,6 +569,7 @@ STALE_VIEW_PROGRAMS = [
     (no_grad_view_of_a_stale_view_made_after_the_write, lambda t: (t(5, 5), t(2, 3)), False),
     (split_of_a_split_element_returned_after_a_write, lambda t: (t(6),), False),
     (grad_view_of_a_no_grad_view_returned_after_a_write, lambda t: (t(4, 6),), False),
+    (split_element_changed_in_place_then_returned_after_a_write, lambda t: (t(5, 5),), False),
 ]
 
 

@@ -450,6 +450,9 @@ class AutogradFacts:
             return False
         if self._unsafe_of(arg) is not None:  # (an unsafe_split element has a version counter of its own)
             return False
+        v, root = self.info.value(arg), self.info.value(f.root)
+        if v.obj == root.obj and v.chain != root.chain:  # the root itself, changed in place since (`v.t_()`): eager's
+            return False  # error names the split that made it, a replayed chain's would name its last step
         if any(isinstance(a, (fx.Node, torch.SymInt)) for a in chain_args(slot.chain)):
             return False
         return bool(self.walk.caller_placeholder(self.info.value(arg).storage).meta.get("rg"))
