@@ -157,7 +157,7 @@ class _Functionalizer:
         if new_meta.dtype != meta.dtype:
             new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
         # Eager writes through a dtype or detached view without touching the base's autograd history.
-        detached = any(_hides_grad(step, self.base[s]) for step in v.chain)
+        detached = self._through_detached(v)
         hidden = detached and self.base[s].meta.get("rg")
         if detached and new.meta.get("rg"):
             # ...but the view itself then has the history of the value written into it, which a view replayed
@@ -455,7 +455,7 @@ class _Functionalizer:
             # tensor has the copy's grad_fn from here, and later reads (and a hook registered later) go through it.
             # The write-back of its value now stands for it, moving the version counter once, as eager's copy.
             now = self.autograd.writes_back_at(s, node)
-            hidden = any(_hides_grad(step, self.base[s]) for step in v.chain) and self.base[s].meta.get("rg")
+            hidden = self._through_detached(v) and self.base[s].meta.get("rg")
             self.autograd.after_write(s, node, bool(hidden))  # (refuses a write of an unsafe_split element too)
             if s.kind is not StorageKind.INTERMEDIATE and not now:  # what autograd saved of it is stale
                 self.emit.call(bump_version, self.roots[s])
@@ -469,6 +469,11 @@ class _Functionalizer:
                 self._mutate(node, f, {n: [a[i]] if n in lists else a for n, a in bound.items()})
             return
         self._mutate(node, f, bound)
+
+    def _through_detached(self, v: Value) -> bool:
+        """Whether `v` is reached from its base through a view autograd does not follow (`detach()`, a dtype view):
+        eager writes through it without touching the base's history."""
+        return any(_hides_grad(step, self.base[v.storage]) for step in v.chain)
 
     def _recorded_self_copy(self, a: fx.Node) -> bool:
         """`x.copy_(x)` with grad on, of a caller's tensor that requires grad, through no view whose elements

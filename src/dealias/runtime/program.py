@@ -74,10 +74,17 @@ class CompiledProgram:
         ]
         self._repeated = {k: dims for k, dims in enumerate(repeated) if dims}
         self._outputs = [
-            (self._getter(slot.source), slot.chain, slot.same_as, slot.grad, slot.grad_from, slot.multi_output)
+            (
+                self._getter(slot.source),
+                slot.chain,
+                slot.same_as,
+                slot.grad,
+                slot.grad_from,
+                slot.grad_until,
+                slot.multi_output,
+            )
             for slot in fp.outputs
         ]
-        self._grad_until = [slot.grad_until for slot in fp.outputs]
         self._early = [i for i, slot in enumerate(fp.outputs) if slot.early]
         self._restrides = [(i, slot.restride) for i, slot in enumerate(fp.outputs) if slot.restride is not None]
         # Output chains with symbolic arguments take them from the graph's results on each call.
@@ -148,8 +155,7 @@ class CompiledProgram:
 
     def _output(self, i: int, tensors: list[Any], bases: list[Any], results: Any, grad: bool) -> Any:
         """Output `i`: its source, or the view of it eager returned, made in the grad modes eager made it in."""
-        get, chain, _, made_with_grad, grad_from, multi = self._outputs[i]
-        until = self._grad_until[i]
+        get, chain, _, made_with_grad, grad_from, until, multi = self._outputs[i]
         t = get(tensors, bases, results)
         if chain and self._computed:
             chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
@@ -204,7 +210,7 @@ class CompiledProgram:
                 with torch.set_grad_enabled(with_grad):
                     target.copy_(value)
         outs: list[Any] = []
-        for i, (_, _, same_as, _, _, _) in enumerate(self._outputs):
+        for i, (_, _, same_as, *_) in enumerate(self._outputs):
             if same_as is not None:
                 outs.append(outs[same_as])
             else:
