@@ -32,6 +32,21 @@ def check(fn: Callable[..., Any], *args: Any, calls: int = 2, allow_fallback: bo
     return jf
 
 
+def grads_like_eager(fn: Callable[..., Any], jf: Any, make_args: Callable[[], Any], calls: int = 2) -> list[Any]:
+    """Values, inputs after the call, aliasing and gradients of every leaf as eager's on `calls` calls, each on
+    fresh `make_args()`; returns the FallbackWarnings dealias gave (each call's, recorded)."""
+    from dealias.tools.fuzz import _compare_grads
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dealias.FallbackWarning)
+        for call in range(calls):
+            diff = compare_call(fn, jf, make_args())
+            assert diff is None, f"call {call + 1}: {diff}"
+            diff = _compare_grads(fn, jf, make_args)
+            assert diff is None, f"call {call + 1}: {diff}"
+    return [w for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+
+
 def functional_ops(jf: Any) -> list[str]:
     """The targets of the functional trace of the last program `jf` ran."""
     gm = jf.last.functional_gm
