@@ -361,7 +361,15 @@ def indexing_the_hooked_tensor(x):  # seed 400884: `v[1:]` of the hook's result 
     return v
 
 
+def function_result_transposed_then_relu(x):  # fuzz seed 978719 (autograd run)
+    v = Half.apply(x)
+    v.t_()  # moves v's version counter, and so did dealias's replay of it after the graph: relu saved v at the
+    v.relu_()  # version before that, and backward raised "modified by an inplace operation" where eager's does not
+    return torch.where(v > 0, v, v)
+
+
 FUZZ_CASES = [
+    (function_result_transposed_then_relu, _args((5, 5))),
     (hook_between_a_no_grad_write_and_a_grad_write, _args((4, 3))),
     (hook_on_a_tensor_whose_view_is_written, lambda: (lambda x: (x, x[::2]))(torch.randn(6, requires_grad=True) * 1)),
     (same_tensor_twice_into_a_piece, _args((6,))),

@@ -706,3 +706,65 @@ def test_split_of_a_split_element_is_rebuilt_by_the_last_split():
             _ = v.grad_fn
         errors.append(str(e.value).split(" is a view")[0])
     assert errors[0] == errors[1] == "Output 1 of Unbind"
+
+
+def written_then_transposed_under_no_grad(x0, x1):  # fuzz seed 989675, shrunk (x1 a view of x0)
+    x0 += x0
+    y = x1 * 2
+    with torch.no_grad():
+        x0.t_()  # not recorded: x0's grad_fn stays AddBackward, made for the old layout
+    return x0, y
+
+
+def transposed_under_no_grad_then_written(x):
+    x += 1
+    with torch.no_grad():
+        x.t_()
+    x.mul_(2)  # recorded, for the new layout: dealias's one layout change after the write-back cannot give it
+    return x
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (3, 4)])  # (3, 4): eager's backward raises, a gradient of the wrong shape
+def test_layout_change_under_no_grad_is_replayed_unrecorded(shape):
+    # The layout change was replayed with grad on after the write-back: autograd recorded it, and the gradient
+    # reaching x0's leaf came transposed where eager's (whose grad_fn never saw the change) does not.
+    def make():
+        g = torch.Generator().manual_seed(0)
+        x0 = torch.randn(*shape, generator=g, requires_grad=True) * 1
+        return x0, x0[::2]
+
+    fn = written_then_transposed_under_no_grad
+    jf = dealias.jit(fn)
+    assert grads_like_eager(fn, jf, make) == []
+    versions = [f(*make())[0]._version for f in (fn, jf)]
+    assert versions[0] == versions[1]
+
+
+def transposed_under_no_grad_then_read(x0, x1):
+    x0 += x0
+    with torch.no_grad():
+        x0.t_()
+    return x0, x1 * 2  # eager regenerates x1's grad_fn from x0's new layout
+
+
+def transposed_under_no_grad_then_viewed(x0, x1):
+    x0 += x0
+    with torch.no_grad():
+        x0.t_()
+    return x0[0]  # made for the new layout: its gradient reaches x0's grad_fn made for the old one
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [transposed_under_no_grad_then_written, transposed_under_no_grad_then_read, transposed_under_no_grad_then_viewed],
+)
+def test_use_after_an_unrecorded_layout_change_runs_eagerly(fn):
+    # Eager's gradients then come transposed (square) or its backward raises: dealias's functional reads and
+    # writes map them by the new layout, so the graph runs eagerly.
+    def make():
+        x0 = torch.randn(4, 4, requires_grad=True) * 1
+        return x0, x0[::2]
+
+    jf = dealias.jit(fn)
+    fell_back = grads_like_eager(fn, jf, lambda: make()[:1] if fn is transposed_under_no_grad_then_written else make())
+    assert fell_back and "layout change autograd did not record (aten.t_.default" in str(fell_back[0].message)

@@ -119,6 +119,7 @@ class MetadataWriteBack:
     stride: tuple[int, ...]
     rel: int
     detach: bool = False  # x.detach_(): the caller's tensor also leaves autograd
+    grad: bool = True  # replayed with grad on (autograd records it, as eager's changes were), or under no_grad
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,9 @@ class AutogradFacts:
         self.last_write = _last_writes(gm, self.info) if under_autograd else {}
         self.last_input_write = _last_writes(gm, self.info, read_later=False) if under_autograd else {}
         self.written_back: set[Storage] = set()
+        # Caller storages -> the first in-place layout change of a caller's tensor of them autograd did not record
+        # (`x.t_()` under no_grad): x's grad_fn stays made for the old layout (see layout_changed).
+        self.unrecorded_layout: dict[Storage, fx.Node] = {}
 
     def restricted_input(self, node: fx.Node, why: str) -> None:
         """The caller's tensor of placeholder `node` is a view eager restricts (made under no_grad, a split's
@@ -124,6 +127,8 @@ class AutogradFacts:
         value = self.info.values.get(view)
         if isinstance(value, Value) and self.emit.grad is not None:
             self.made_with_grad[value.obj] = self.emit.grad
+        if isinstance(value, Value) and self.unrecorded_layout and self.requires_grad(view):
+            self.refuse_use_after_unrecorded_layout(value.storage, "a view made")
         self._track_fragile(view)
         self._track_unsafe(view)
 
@@ -248,6 +253,26 @@ class AutogradFacts:
         else:
             self.replayed_without_grad.discard(v)
 
+    # -- layout changes in place -------------------------------------------------------------------
+    def layout_changed(self, s: Storage, node: fx.Node, recorded: bool) -> None:
+        """`node` changed the layout of a caller's tensor of `s` in place (`x.t_()`), recorded by autograd or
+        not (under no_grad, or while `x` required no grad). dealias replays the change once, after the
+        write-backs, recorded or not. Eager's unrecorded change leaves x's grad_fn made for the old layout,
+        which takes gradients of the new layout as they come (for a square x, silently transposed): a
+        differentiable use of the memory after it (a read, a write autograd records, a view made) cannot
+        be given that grad_fn, and runs the graph eagerly (see refuse_use_after_unrecorded_layout)."""
+        if not recorded:
+            self.unrecorded_layout.setdefault(s, node)
+
+    def refuse_use_after_unrecorded_layout(self, s: Storage, what: str) -> None:
+        change = self.unrecorded_layout.get(s)
+        if change is not None and self.emit.grad:
+            raise UnsupportedError(
+                f"{what} with grad on, after an in-place layout change autograd did not record ({change.target} at "
+                f"{node_location(change)}, under no_grad or before the tensor required grad): eager's grad_fn then "
+                "maps gradients by the old layout"
+            )
+
     # -- writes --------------------------------------------------------------------------------------
     def with_history(self, s: Storage, new: fx.Node, hidden: bool) -> fx.Node:
         """The value `new` a write leaves in storage `s`, as eager's tensor has it: a write autograd does not see
@@ -266,6 +291,8 @@ class AutogradFacts:
         self.version_counter_moves(s)
         self.refuse_unsafe_split_write(s, node)
         if self.emit.grad and not hidden:
+            if self.walk.current(s).meta.get("rg"):  # (recorded by autograd)
+                self.refuse_use_after_unrecorded_layout(s, "a write")
             self.grad_writes.add(s)
         if self.writes_back_at(s, node):
             self._write_back_now(s)
@@ -310,6 +337,7 @@ class AutogradFacts:
         write), so its backward saves the caller's tensor; later reads read it."""
         s = v.storage
         self.refuse_unsafe_split_write(s, node)
+        self.refuse_use_after_unrecorded_layout(s, "a write")
         ph = self.walk.caller_placeholder(s)
         if self.walk.current(s) is ph:  # not written yet
             caller = self.emit.call(caller_tensor, ph)

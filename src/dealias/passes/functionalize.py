@@ -87,6 +87,9 @@ class _Functionalizer:
         self.born: dict[int, Value] = {}  # tensor object made inside the graph -> its value when made
         self.caller_objs: dict[int, Ref] = {}  # caller's tensor objects (inputs, constants)
         self.detached: set[int] = set()  # tensor objects that ran detach_()
+        # Caller's tensor object -> whether autograd recorded its in-place layout changes ({True}, {False}): they
+        # are replayed as one change after the write-backs, recorded or not, as eager's were.
+        self.meta_recorded: dict[int, set[bool]] = {}
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
@@ -125,6 +128,8 @@ class _Functionalizer:
         if isinstance(a, fx.Node):
             v = self.info.values[a]
             if isinstance(v, Value):
+                if self.autograd.unrecorded_layout and self.autograd.requires_grad(a):
+                    self.autograd.refuse_use_after_unrecorded_layout(v.storage, "a read")
                 if self.autograd.reads_fragile(v):
                     return self.autograd.read_fragile(a)
                 return self.materialize(v)
@@ -414,6 +419,15 @@ class _Functionalizer:
             self.autograd.version_counter_moves(v.storage)
             if v.storage.kind is not StorageKind.INTERMEDIATE:  # (of a caller's tensor: moved on it too)
                 self.emit.call(bump_version, self.roots[v.storage])
+                recorded = bool(self.emit.grad) and self.autograd.requires_grad(node.args[0])
+                self.autograd.layout_changed(v.storage, node, recorded)
+                kinds = self.meta_recorded.setdefault(v.obj, set())
+                if kinds and recorded not in kinds:
+                    raise UnsupportedError(
+                        f"{op}: in-place layout changes of one tensor, some recorded by autograd and some not "
+                        "(under no_grad): eager's grad_fn maps gradients through the recorded ones only"
+                    )
+                kinds.add(recorded)
             return
         if f.kind is OpKind.FUNCTIONAL or writes_nothing(op, node.args, node.kwargs, f.mutated):
             self._functional(node, op, self.read(node.args), self.read(node.kwargs), v)
@@ -564,7 +578,10 @@ class _Functionalizer:
         for obj, ref in self.caller_objs.items():
             first, last = self.first[obj], self.latest[obj]
             if _layout(last.meta) != _layout(first.meta) or obj in self.detached:
-                write = MetadataWriteBack(ref, *_layout_change(first.meta, last.meta), obj in self.detached)
+                # Replayed after the write-backs as eager made the changes: recorded by autograd, or not (then no
+                # write autograd records came after them, see AutogradFacts.layout_changed).
+                grad = self.meta_recorded.get(obj) != {False}
+                write = MetadataWriteBack(ref, *_layout_change(first.meta, last.meta), obj in self.detached, grad)
                 self.program.metadata_writebacks.append(write)
         results: dict[Storage, int] = {}
         seen: dict[int, int] = {}  # tensor object -> its first output position

@@ -219,7 +219,12 @@ class CompiledProgram:
             outs[i].as_strided_(size, stride, outs[i].storage_offset() + rel)
         for get, m in self._metadata:
             t = get(tensors, bases, results)
-            t.as_strided_(m.size, m.stride, t.storage_offset() + m.rel)
+            # The graph moved the version counter where eager's in-place metadata change did (bump_version), before
+            # what autograd saved after it; `as_strided_` moves it once more, which eager's program does not.
+            version = t._version
+            with torch.set_grad_enabled(m.grad):  # (as eager's changes were recorded by autograd, or not)
+                t.as_strided_(m.size, m.stride, t.storage_offset() + m.rel)
+            torch._C._autograd._unsafe_set_version_counter((t,), (version,))
             if m.detach:
                 t.detach_()
         return self._pack(outs)
