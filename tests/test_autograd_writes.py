@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from harness import grads_like_eager
 
 import dealias
 from dealias.runtime.verify import compare_call
@@ -349,6 +350,50 @@ def test_saved_in_one_graph_written_in_the_next():
 
 
 # Found by review.
+def relu_of_a_part_returned(x):
+    y = torch.where(x > 0, x, x * 2)
+    y.narrow(1, 1, 1).relu_()  # autograd saves its result: a view of y
+    return y
+
+
+class _Ident(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+
+
+def relu_of_a_part_then_function(x0):  # fuzz seed 985266, shrunk: the piece before the Function returns v2
+    v2 = torch.where(x0 > 0, x0, x0)
+    v4 = v2.select(0, -1)
+    v2.narrow(1, 1, 1).relu_()
+    s = v4.unbind(0)[0].sum(0, keepdim=True)
+    _Ident.apply(v2)
+    v4.squeeze_()  # in the piece after the Function: moves v2's version counter, and eager's backward raises
+    return s
+
+
+def test_saved_result_of_a_part_of_a_returned_tensor():
+    # Eager's relu_ saves its result, a view of y: a write of y after the graph (in the caller's code, or in the
+    # piece after a Function) makes its backward raise. dealias's relu saved the value it computed, apart from
+    # the y it returns, and backward returned gradients: such a graph now runs eagerly.
+    for f in (relu_of_a_part_returned, dealias.jit(relu_of_a_part_returned)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", dealias.FallbackWarning)
+            y = f(torch.randn(3, 4, 2, requires_grad=True))
+        assert (f is relu_of_a_part_returned) != any("autograd saves its result" in str(w.message) for w in caught)
+        with torch.no_grad():
+            y.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    fn = relu_of_a_part_then_function
+    fell_back = grads_like_eager(fn, dealias.jit(fn), lambda: (torch.randn(3, 4, 2, requires_grad=True) * 1,))
+    assert any("autograd saves its result" in str(w.message) for w in fell_back)
+
+
 def saved_then_written_inside_enable_grad(x):
     with torch.enable_grad():
         y = x * 1

@@ -38,7 +38,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ..errors import EagerRaisesError, UnsupportedError, node_location, with_location
+from ..errors import EagerRaisesError, UnsupportedError, located, node_location, with_location
 from ..ir.emitter import Emitter
 from ..ir.gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
 from ..ir.opfacts import bind_args, facts, is_view_node
@@ -93,6 +93,10 @@ class AutogradFacts:
         self.last_write = _last_writes(gm, self.info) if under_autograd else {}
         self.last_input_write = _last_writes(gm, self.info, read_later=False) if under_autograd else {}
         self.written_back: set[Storage] = set()
+        # Intermediate storages -> their last write, when autograd recorded it and the written value, which an op
+        # like relu_ saves as its result, is not the storage's new base (a write of a part of it): see
+        # refuse_saved_result_returned.
+        self.result_apart: dict[Storage, fx.Node] = {}
         # Caller storages -> the first in-place layout change of a caller's tensor of them autograd did not record
         # (`x.t_()` under no_grad): x's grad_fn stays made for the old layout (see layout_changed).
         self.unrecorded_layout: dict[Storage, fx.Node] = {}
@@ -285,9 +289,13 @@ class AutogradFacts:
             new = self.emit.call(overwritten, base, new)
         return new
 
-    def after_write(self, s: Storage, node: fx.Node, hidden: bool) -> None:
-        """`node` has written storage `s`: eager's version counter moves; at the last write of a caller's
-        tensor that autograd reads later, the caller's tensor receives its value now."""
+    def after_write(self, s: Storage, node: fx.Node, hidden: bool, result: fx.Node | None = None) -> None:
+        """`node` has written storage `s` (with its value `result`): eager's version counter moves; at the last
+        write of a caller's tensor that autograd reads later, the caller's tensor receives its value now."""
+        self.result_apart.pop(s, None)
+        if s.kind is StorageKind.INTERMEDIATE and self.emit.grad and not hidden and result is not None:
+            if result.meta.get("rg") and self.walk.current(s) is not result:
+                self.result_apart[s] = node
         self.version_counter_moves(s)
         self.refuse_unsafe_split_write(s, node)
         if self.emit.grad and not hidden:
@@ -394,6 +402,25 @@ class AutogradFacts:
         for s in [*(s for s in storages if s in self.grad_writes), *returned]:
             if s in self.history and (s in self.grad_writes or s.kind is StorageKind.INTERMEDIATE):
                 self._restore_history(s)
+        for s in dict.fromkeys(returned):
+            self.refuse_saved_result_returned(s)
+
+    def refuse_saved_result_returned(self, s: Storage) -> None:
+        """The graph returns intermediate memory `s` whose last write (`v[:, 1].relu_()`) saves its result for
+        backward. Eager's saved result is a view of that memory: a write of it after the graph (in the caller's
+        code, or in the code after a graph break) makes backward raise. dealias's saved result is the value the
+        op computed, apart from the memory it returns, so the graph runs eagerly."""
+        node = self.result_apart.get(s)
+        if node is None:
+            return
+        from .saved import saves_its_result
+
+        if saves_its_result(node):
+            with located(node_location(node)):
+                raise UnsupportedError(
+                    f"{node.target} writes part of a tensor the graph returns, with grad on, and autograd saves its "
+                    "result: eager's backward raises if the tensor is written after the graph; dealias's would not"
+                )
 
     def written_with_grad(self, s: Storage) -> bool:
         """Whether `s` was written with grad on (its write-back carries the written values' history)."""

@@ -200,13 +200,14 @@ class _Functionalizer:
             step = ViewStep(as_strided_rel, (list(view.shape), list(view.stride()), rel))
             chain = (*chain[:i], step)
             bases = [*bases[: i + 1], self.emit.call(as_strided_rel, bases[i], *step.args)]
+        result = new
         if chain:
             _check_invertible(chain, bases, node)
             new = emit_region_write(self.emit, bases[0], bases[1:], new)
         else:
             new = restride(self.emit, new, s.root_meta)
         self.advance(s, self.autograd.with_history(s, new, bool(hidden)))
-        self.autograd.after_write(s, node, bool(hidden))
+        self.autograd.after_write(s, node, bool(hidden), result)
 
     def caller_placeholder(self, s: Storage) -> fx.Node:
         """The placeholder of caller storage `s`: the caller's tensor itself, or its alias group's base (a view of
