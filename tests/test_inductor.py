@@ -12,6 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import dealias
 from dealias.errors import InternalError
+from dealias.runtime import fused
 from dealias.runtime.fused import _SNAPSHOT, KEEP_ATEN_MIN_NUMEL, Unfusable, check_hazards, fused_autograd_executor
 from dealias.tools.demo import kv_cache_write, seed_program
 
@@ -421,9 +422,14 @@ def write_then_cube_sin(x, s):
     return (x * x * x).sin()
 
 
-def test_fused_autograd_supports_double_backward_and_retained_graphs():
+@pytest.mark.parametrize("own", [True, False], ids=["aot_function", "wrapped"])
+def test_fused_autograd_supports_double_backward_and_retained_graphs(own, monkeypatch):
     # Review finding: AOTAutograd's compiled backward raises when differentiated again, where eager (and the torch
-    # executor) do not. A backward with create_graph=True recomputes the graph with eager's ops instead.
+    # executor) do not. A backward with create_graph=True recomputes the graph with eager's ops instead: from
+    # AOTAutograd's own Function, given that backward, or (`wrapped`, where its Function could not take it) from
+    # a Function of dealias's around it.
+    if not own:
+        monkeypatch.setattr(fused, "_takes_double_backward", lambda *a: False)
     jf = dealias.jit(write_then_cube_sin, executor="inductor")
     results = []
     for fn in (write_then_cube_sin, jf):
@@ -435,6 +441,8 @@ def test_fused_autograd_supports_double_backward_and_retained_graphs():
         y.sum().backward()
         results.append((g, h, x.grad, s))
     assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+    node = jf(x, torch.zeros(5)).grad_fn  # no Function of dealias's around AOTAutograd's (it costs ~35 us a call)
+    assert type(node).__name__ == ("CompiledFunctionBackward" if own else "_TwiceDifferentiableBackward")
     for got, expected in zip(results[1], results[0]):
         torch.testing.assert_close(got, expected)
 

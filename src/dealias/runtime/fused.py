@@ -509,15 +509,100 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
 
     reads = _written_inputs_read(gm, written)
+    # Whether AOTAutograd's own Function takes the double backward (see _recompute_double_backward): learned on the
+    # first call that builds a graph. Else each such call runs inside a _TwiceDifferentiable, which costs more.
+    state: dict[str, Any] = {"own": None, "kept": frozenset()}
 
     def call(args: Any) -> Any:
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if not torch.is_grad_enabled() or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return compiled(*args)
+        if state["own"] is False:
             return _TwiceDifferentiable.apply(compiled, handed, (reads, written), *args)  # (`handed`: eager's ops)
-        return compiled(*args)
+        outs = compiled(*args)
+        node = next((o.grad_fn for o in outs if o.requires_grad), None)
+        if node is None:
+            return outs
+        if state["own"] is None:
+            state["own"] = _takes_double_backward(node, args, outs)
+            state["kept"] = frozenset().union(*(r for r, o in zip(reads, outs) if o.requires_grad))
+            if not state["own"]:  # (the compiled graph writes nothing: running it again is safe)
+                return _TwiceDifferentiable.apply(compiled, handed, (reads, written), *args)
+        # What a backward with create_graph=True recomputes from: the call's inputs, a copy of those the epilogue
+        # writes next that a result requiring grad reads, and the version counters of the others.
+        node.dealias_recompute = (handed, args, {i: args[i].clone() for i in state["kept"]}, written, _versions(args))
+        return outs
 
     run = _runner(gm, call, None, autograd=True)
     run.graph = handed  # type: ignore[attr-defined]
     return run
+
+
+def _versions(args: Any) -> tuple[int, ...]:
+    return tuple(a._version if isinstance(a, torch.Tensor) else 0 for a in args)
+
+
+def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
+    """Whether the backward node `node` of AOTAutograd's Function (outputs `outs`, inputs `args`) is one whose class
+    can run dealias's recompute for a backward with create_graph=True (`_recompute_double_backward`): every result
+    requiring grad is one of its outputs, its inputs are `args` in order, and it mutates and aliases nothing. Its
+    class is then given a backward that does so; its first-order backward stays AOTAutograd's."""
+    cls = getattr(type(node), "_forward_cls", None)
+    meta = getattr(cls, "metadata", None)
+    if meta is None or meta.num_intermediate_bases or meta.tokens:
+        return False
+    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
+        return False
+    if len(meta.output_info) != len(outs) or any(o.output_type.name != "non_alias" for o in meta.output_info):
+        return False
+    if any(o.requires_grad and o.grad_fn is not node for o in outs) or len(node.next_functions) != len(args):
+        return False
+    for (fn, _), a in zip(node.next_functions, args):  # input i's gradient goes to args[i]'s history
+        if not isinstance(a, torch.Tensor) or not a.requires_grad:
+            expected = fn is None
+        elif a.grad_fn is not None:
+            expected = fn is a.grad_fn
+        else:  # a leaf: its gradient accumulator
+            expected = getattr(fn, "variable", None) is a
+        if not expected:
+            return False
+    if not getattr(cls, "dealias_double_backward", False):
+        first_order, boxed = cls.backward, getattr(cls, "boxed_grads_call", False)
+
+        def backward(ctx: Any, *grads: Any) -> Any:
+            if torch.is_grad_enabled() and hasattr(ctx, "dealias_recompute"):
+                return _recompute_double_backward(*ctx.dealias_recompute, grads[0] if boxed else grads)
+            return first_order(ctx, *grads)
+
+        cls.backward = staticmethod(backward)
+        cls.dealias_double_backward = True
+    return True
+
+
+def _recompute_double_backward(
+    graph: fx.GraphModule, args: Any, copies: dict[int, torch.Tensor], written: Any, versions: Any, grads: Any
+) -> tuple[Any, ...]:
+    """A backward with create_graph=True of a fused graph: the gradient must be differentiable in turn, which
+    AOTAutograd's compiled backward is not. The graph runs again with eager's ops, from the call's inputs (of those
+    written since by the epilogue, the copies taken before), and is differentiated with create_graph. An input
+    written in place since the call makes it raise, naming the input: never a gradient of other values."""
+    moved = next((i for i, a in enumerate(args) if i not in written and _versions((a,))[0] != versions[i]), None)
+    if moved is not None:
+        raise RuntimeError(
+            f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and input "
+            f"{moved} was modified in place since the call; compile with executor='torch' to differentiate it "
+            "twice after such a write"
+        )
+    inputs = [copies.get(i, a) for i, a in enumerate(args)]
+    with torch.enable_grad():
+        outs = graph(*inputs)
+    diff = [i for i, g in enumerate(grads) if g is not None and outs[i].requires_grad]
+    wrt = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and a.requires_grad]
+    differentiated, given = [outs[i] for i in diff], [grads[i] for i in diff]
+    got = torch.autograd.grad(differentiated, [inputs[i] for i in wrt], given, create_graph=True, allow_unused=True)
+    result: list[Any] = [None] * len(inputs)
+    for k, i in enumerate(wrt):
+        result[i] = got[k]
+    return tuple(result)
 
 
 def _written_inputs_read(gm: fx.GraphModule, written: frozenset[int]) -> list[frozenset[int]]:
@@ -533,7 +618,8 @@ def _written_inputs_read(gm: fx.GraphModule, written: frozenset[int]) -> list[fr
 
 
 class _TwiceDifferentiable(torch.autograd.Function):
-    """AOTAutograd's compiled function inside a Function of dealias's. Its own backward raises when differentiated
+    """AOTAutograd's compiled function inside a Function of dealias's, where its own Function cannot be given
+    dealias's double backward (`_takes_double_backward`). Its own backward raises when differentiated
     again ("does not currently support double backward"), where eager's and the torch executor's do not. A
     first-order backward here runs the compiled backward; a backward that records a graph (`create_graph=True`)
     recomputes the graph with eager's ops, from the inputs as the call had them, and differentiates that, which
