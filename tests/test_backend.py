@@ -380,3 +380,21 @@ def test_program_whose_epilogue_only_picks_outputs_runs_as_one_generated_call(fn
     out = jf(*(torch.randn(4), torch.randn(4)))
     if fn is returns_mixed:
         assert out[1] is out[2] and out[3:] == (None, 3)
+
+
+def count_and_scale(n, w):
+    n.add_(1)  # in a graph autograd records: written back after it, a whole copy
+    return w * 2
+
+
+def test_whole_write_backs_are_copies_in_the_generated_call():
+    make = lambda: (torch.zeros(2), torch.randn(3, requires_grad=True))  # noqa: E731
+    jf = dealias.jit(count_and_scale)
+    for _ in range(3):
+        assert compare_call(count_and_scale, jf, make()) is None
+    program = jf.last
+    assert program.functional.writebacks and program.lean_call != program.__call__
+    n, w = make()
+    with torch.no_grad():  # another grad mode than the write-back's: the general call does the copy
+        out = program.lean_call([n, w])
+    assert n.eq(1).all() and torch.equal(out[0], w * 2)

@@ -229,6 +229,9 @@ def test_batch_norm_training_fuses_with_autograd():
     info = dealias.cache_info(jf)
     assert info.tiers == ("fused",) and info.hits == 1, info
     assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+    program = jf.last  # its epilogue (three copies into the running stats) is one generated call
+    assert program.lean_call != program.__call__
+    assert type(y2.grad_fn).__name__ == "CompiledFunctionBackward"  # AOTAutograd's Function, not wrapped
 
 
 def test_fused_autograd_refuses_a_forward_that_saves_a_written_input():

@@ -511,25 +511,30 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     reads = _written_inputs_read(gm, written)
     # Whether AOTAutograd's own Function takes the double backward (see _recompute_double_backward): learned on the
     # first call that builds a graph. Else each such call runs inside a _TwiceDifferentiable, which costs more.
-    state: dict[str, Any] = {"own": None, "kept": frozenset()}
+    state: dict[str, Any] = {"own": None, "kept": (), "first": 0}
+    # Which inputs require grad is fixed per program (guarded), and so is the grad mode of its calls.
+    builds_graph = any(isinstance(a, torch.Tensor) and a.requires_grad for a in example)
 
     def call(args: Any) -> Any:
-        if not torch.is_grad_enabled() or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if not builds_graph or not torch.is_grad_enabled():
             return compiled(*args)
-        if state["own"] is False:
+        own = state["own"]
+        if own is False:
             return _TwiceDifferentiable.apply(compiled, handed, (reads, written), *args)  # (`handed`: eager's ops)
         outs = compiled(*args)
-        node = next((o.grad_fn for o in outs if o.requires_grad), None)
-        if node is None:
-            return outs
-        if state["own"] is None:
-            state["own"] = _takes_double_backward(node, args, outs)
-            state["kept"] = frozenset().union(*(r for r, o in zip(reads, outs) if o.requires_grad))
-            if not state["own"]:  # (the compiled graph writes nothing: running it again is safe)
+        if own is None:
+            rg = [i for i, o in enumerate(outs) if o.requires_grad]
+            if not rg:
+                return outs
+            state["own"] = own = _takes_double_backward(outs[rg[0]].grad_fn, args, outs)
+            state["kept"] = tuple(frozenset().union(*(reads[i] for i in rg)))
+            state["first"] = rg[0]
+            if not own:  # (the compiled graph writes nothing: running it again is safe)
                 return _TwiceDifferentiable.apply(compiled, handed, (reads, written), *args)
         # What a backward with create_graph=True recomputes from: the call's inputs, a copy of those the epilogue
         # writes next that a result requiring grad reads, and the version counters of the others.
-        node.dealias_recompute = (handed, args, {i: args[i].clone() for i in state["kept"]}, written, _versions(args))
+        copies = {i: args[i].clone() for i in state["kept"]}
+        outs[state["first"]].grad_fn.dealias_recompute = (handed, args, copies, written, _versions(args))
         return outs
 
     run = _runner(gm, call, None, autograd=True)
@@ -537,8 +542,8 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     return run
 
 
-def _versions(args: Any) -> tuple[int, ...]:
-    return tuple(a._version if isinstance(a, torch.Tensor) else 0 for a in args)
+def _versions(args: Any) -> list[int]:
+    return [a._version for a in args]  # (a fused graph's inputs are tensors)
 
 
 def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
@@ -585,7 +590,7 @@ def _recompute_double_backward(
     AOTAutograd's compiled backward is not. The graph runs again with eager's ops, from the call's inputs (of those
     written since by the epilogue, the copies taken before), and is differentiated with create_graph. An input
     written in place since the call makes it raise, naming the input: never a gradient of other values."""
-    moved = next((i for i, a in enumerate(args) if i not in written and _versions((a,))[0] != versions[i]), None)
+    moved = next((i for i, a in enumerate(args) if i not in written and a._version != versions[i]), None)
     if moved is not None:
         raise RuntimeError(
             f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and input "

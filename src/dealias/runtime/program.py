@@ -105,16 +105,30 @@ class CompiledProgram:
         self.lean_call: Callable[[list[Any]], Any] = self._lean() or self.__call__
 
     def _lean(self) -> Callable[[list[Any]], Any] | None:
-        """`__call__` as one generated function, for a program whose epilogue only picks its outputs (every write
-        done in the graph, no alias group, no grad-mode switch, outputs without view chains): a cache hit then
-        costs the graph's run and a few indexings. None for other programs."""
+        """`__call__` as one generated function, for a program whose epilogue only copies whole results into the
+        caller's tensors and picks its outputs (no alias group, no grad-mode switch, no metadata change, outputs
+        without view chains): a cache hit then costs the graph's run, the copies and a few indexings. None for
+        other programs."""
         fp = self.functional
-        if self.captured.groups or self._switches_grad or fp.writebacks or fp.metadata_writebacks:
+        if self.captured.groups or self._switches_grad or fp.metadata_writebacks or self._repeated or self._early:
             return None
         if any(slot.chain or slot.restride for slot in fp.outputs):
             return None
+        if any(wb.target.kind is not RefKind.INPUT for wb in fp.writebacks):
+            return None
         env: dict[str, Any] = {"run": self.run_graph, "pack": self._pack, "constants": fp.constants}
         inputs = [f"leaves[{p}]" for p in (*self._positions, *self._symbols)]
+        # The copies, in the grad mode each write-back needs (dynamo guards the call's mode: the other mode, which
+        # a piece of a split graph may run in, takes the general call).
+        modes = {wb.grad for wb in fp.writebacks}
+        targets = [self._positions[wb.target.key] for wb in fp.writebacks]
+        copies = "".join(f"    leaves[{t}].copy_(r[{wb.output}])\n" for t, wb in zip(targets, fp.writebacks))
+        if len(modes) > 1:
+            return None
+        mode = ""
+        if modes:
+            env.update(grad_enabled=torch.is_grad_enabled, general=self.__call__)
+            mode = f"    if grad_enabled() is not {modes.pop()}:\n        return general(leaves)\n"
         outs: list[str] = []
         for slot in fp.outputs:
             kind, key = slot.source.kind, slot.source.key
@@ -128,7 +142,7 @@ class CompiledProgram:
                 outs.append(f"constants[{key!r}]")
         listed = ", ".join(outs)
         packed = f"({listed}{',' * (len(outs) == 1)})" if self._pack is tuple else f"pack([{listed}])"
-        src = f"def call(leaves):\n    r = run({', '.join(inputs)})\n    return {packed}\n"
+        src = f"def call(leaves):\n{mode}    r = run({', '.join(inputs)})\n{copies}    return {packed}\n"
         exec(compile(src, "<dealias lean program call>", "exec"), env)  # noqa: S102 - generated from the plan only
         return env["call"]
 
