@@ -13,7 +13,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import dealias
 from dealias.errors import InternalError
 from dealias.runtime import fused
-from dealias.runtime.fused import _SNAPSHOT, KEEP_ATEN_MIN_NUMEL, Unfusable, check_hazards, fused_autograd_executor
+from dealias.runtime.fused import (
+    _SNAPSHOT,
+    KEEP_ATEN_MIN_NUMEL,
+    Unfusable,
+    _written_inputs_read,
+    check_hazards,
+    fused_autograd_executor,
+)
 from dealias.tools.demo import kv_cache_write, seed_program
 
 
@@ -232,6 +239,21 @@ def test_batch_norm_training_fuses_with_autograd():
     program = jf.last  # its epilogue (three copies into the running stats) is one generated call
     assert program.lean_call != program.__call__
     assert type(y2.grad_fn).__name__ == "CompiledFunctionBackward"  # AOTAutograd's Function, not wrapped
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_written_inputs_a_result_reads_follow_the_ops_decomposition(training):
+    # A backward with create_graph=True recomputes from copies of the written inputs a result requiring grad
+    # reads, taken on every call: batch norm's output in training reads no running statistic (no copy a call).
+    def graph(x, w, b, mean, var):
+        op = torch.ops.aten._native_batch_norm_legit_functional.default
+        out, _, _, new_mean, new_var = op(x, w, b, mean, var, training, 0.1, 1e-5)
+        return new_mean, new_var, out
+
+    gm = make_fx(graph)(torch.randn(2, 3, 4), torch.ones(3), torch.zeros(3), torch.zeros(3), torch.ones(3))
+    reads = _written_inputs_read(gm, frozenset({3, 4}))
+    read_by_output = frozenset() if training else frozenset({3, 4})
+    assert reads == [frozenset({3}), frozenset({4}), read_by_output], reads
 
 
 def test_fused_autograd_refuses_a_forward_that_saves_a_written_input():

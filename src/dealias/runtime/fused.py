@@ -611,15 +611,64 @@ def _recompute_double_backward(
 
 
 def _written_inputs_read(gm: fx.GraphModule, written: frozenset[int]) -> list[frozenset[int]]:
-    """For each result of `gm`, the `written` placeholders (by position) it is computed from."""
+    """For each result of `gm`, the `written` placeholders (by position) it is computed from. A result of a
+    multi-output op is computed from the arguments its own output depends on in the op's decomposition (batch
+    norm's output in training does not read the running statistics it updates); of other ops, from all."""
     placeholders = gm.graph.find_nodes(op="placeholder")
     reads: dict[fx.Node, frozenset[int]] = {p: frozenset({i} & written) for i, p in enumerate(placeholders)}
     for n in gm.graph.nodes:
-        if n.op not in ("placeholder", "output"):
-            reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
+        if n.op in ("placeholder", "output"):
+            continue
+        source = n.args[0] if n.target is getitem and isinstance(n.args[0], fx.Node) else None
+        if source is not None and any(reads.get(a) for a in source.all_input_nodes):
+            depends = _output_dependence(source)
+            if depends is not None:
+                reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in depends[n.args[1]]))
+                continue
+        reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
     return [
         reads.get(a, frozenset()) if isinstance(a, fx.Node) else frozenset() for a in gm.graph.output_node().args[0]
     ]
+
+
+def _output_dependence(n: fx.Node) -> list[set[fx.Node]] | None:
+    """For each output of the multi-output aten op `n`, the argument nodes it is computed from, read off the
+    op's decomposition traced on meta tensors of the arguments' layouts; None if there is none to trace (no
+    decomposition, symbolic sizes)."""
+    from torch._decomp import decomposition_table
+
+    op = n.target
+    if not isinstance(op, torch._ops.OpOverload) or op not in decomposition_table:
+        return None
+    flat, spec = torch.utils._pytree.tree_flatten((n.args, n.kwargs))
+    nodes = [a for a in flat if isinstance(a, fx.Node)]
+    vals = [a.meta.get("val") for a in nodes]
+    if not all(isinstance(v, torch.Tensor) and not _symbolic(v) for v in vals):
+        return None
+    metas = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") for v in vals]
+
+    def run(*tensors: torch.Tensor) -> Any:
+        it = iter(tensors)
+        args, kwargs = torch.utils._pytree.tree_unflatten(
+            [next(it) if isinstance(a, fx.Node) else a for a in flat], spec
+        )
+        return tuple(op(*args, **kwargs))
+
+    try:
+        traced = make_fx(run, decomposition_table={op: decomposition_table[op]})(*metas)
+    except Exception:  # noqa: BLE001 - a decomposition that does not trace here: every output reads every argument
+        return None
+    inputs = traced.graph.find_nodes(op="placeholder")
+    reach: dict[fx.Node, set[int]] = {p: {i} for i, p in enumerate(inputs)}
+    for m in traced.graph.nodes:
+        if m.op not in ("placeholder", "output"):
+            reach[m] = set().union(*(reach.get(a, set()) for a in m.all_input_nodes))
+    outs = traced.graph.output_node().args[0]
+    return [{nodes[i] for i in reach.get(o, set())} if isinstance(o, fx.Node) else set() for o in outs]
+
+
+def _symbolic(v: torch.Tensor) -> bool:
+    return any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride()))
 
 
 class _TwiceDifferentiable(torch.autograd.Function):
