@@ -768,3 +768,27 @@ def test_use_after_an_unrecorded_layout_change_runs_eagerly(fn):
     jf = dealias.jit(fn)
     fell_back = grads_like_eager(fn, jf, lambda: make()[:1] if fn is transposed_under_no_grad_then_written else make())
     assert fell_back and "layout change autograd did not record (aten.t_.default" in str(fell_back[0].message)
+
+
+class _ViewOf(torch.autograd.Function):  # returns a view of its input: eager restricts writes through it
+    @staticmethod
+    def forward(ctx, x):
+        return x[1:]
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.cat([torch.zeros_like(g[:1]), g])
+
+
+def _custom_function_view_input():
+    x = torch.randn(3, 4, requires_grad=True) * 1
+    return _ViewOf.apply(x), x
+
+
+@pytest.mark.parametrize("fn", RESTRICTED, ids=[f.__name__ for f in RESTRICTED])
+def test_other_restricted_view_inputs_run_eagerly(fn):
+    # A view a custom Function returned, requiring grad, is left to eager (the passes track no_grad views and
+    # split elements only), and the warning names how eager restricts it.
+    jf = dealias.jit(fn)
+    fell_back = [str(w.message) for w in grads_like_eager(fn, jf, _custom_function_view_input)]
+    assert any("returned by a custom Function" in m for m in fell_back), fell_back

@@ -46,12 +46,12 @@ from ..errors import (
 )
 from ..ir.plan import Symbolic
 from ..ir.sharing import find_groups_or_none, overlapping_pairs
-from ..passes.capture import restriction
+from ..passes.capture import COMPILED_RESTRICTIONS, restriction
 from ..passes.pipeline import compile_program
 from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
 from .dynamo_fixes import HOOKED_AFTER, REFRESHED, inplace_view_node, install
-from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, restricted_view, tensor_check
+from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, tensor_check
 from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
 
 log = logging.getLogger("dealias")
@@ -225,15 +225,16 @@ class GraphProgram:
             what = f"{getattr(hop.target, '__name__', None) or hop.target.name()} is not compiled by dealias yet"
             return self._fall_back(UnsupportedError(with_location(what, node_location(hop))))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-        restricted = [i for i, t in enumerate(tensors) if restricted_view(t) and restriction(t) is None]
-        if restricted:
+        kinds = [restriction(t) for t in tensors]
+        restricted = next((i for i, kind in enumerate(kinds) if kind and kind not in COMPILED_RESTRICTIONS), None)
+        if restricted is not None:
             # A view eager restricts other than those the passes track (made under no_grad, a split element):
             # made in inference mode, or returned by a custom Function. Left to eager.
             names = [n for n, x in zip(self.names, leaves) if isinstance(x, torch.Tensor)]
             return self._fall_back(
                 UnsupportedError(
-                    f"input {names[restricted[0]]} is a view whose writes eager restricts (made in inference mode "
-                    "or by a custom Function), and requires grad: not compiled yet"
+                    f"input {names[restricted]} is a view whose writes eager restricts ({kinds[restricted]}), and "
+                    "requires grad: not compiled yet"
                 )
             )
         for group in find_groups_or_none(tensors):

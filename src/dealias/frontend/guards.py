@@ -71,12 +71,6 @@ def _grad_kind(x: torch.Tensor) -> Any:
     return _is_leaf(x)
 
 
-def restricted_view(x: torch.Tensor) -> bool:
-    """An input eager restricts (a view made under no_grad, a split element) that requires grad."""
-    kind = _grad_kind(x)
-    return isinstance(kind, str) and kind != "stale"
-
-
 def sharing_pattern(leaves: list[Any]) -> tuple[int, ...]:
     """For each tensor leaf, the position of the first tensor leaf sharing its storage. One dict insert
     per tensor: linear in the number of arguments."""

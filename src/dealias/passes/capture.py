@@ -68,13 +68,20 @@ class _Replay(fx.Interpreter):
 
 
 _CREATION_META = torch._C._autograd.CreationMeta
-_RESTRICTIONS = {_CREATION_META.NO_GRAD_MODE: "made under no_grad", _CREATION_META.MULTI_OUTPUT_NODE: "made by split"}
+_RESTRICTIONS = {
+    _CREATION_META.NO_GRAD_MODE: "made under no_grad",
+    _CREATION_META.MULTI_OUTPUT_NODE: "made by split",
+    _CREATION_META.INFERENCE_MODE: "made in inference mode",
+    _CREATION_META.IN_CUSTOM_FUNCTION: "returned by a custom Function",
+}
+COMPILED_RESTRICTIONS = frozenset({"made under no_grad", "made by split"})
 
 
 def restriction(x: torch.Tensor) -> str | None:
-    """How eager restricts the input `x`, a view that requires grad made under no_grad or by split/unbind (the
-    creation meta autograd keeps), or None. The passes compile these (autograd_facts tracks them as fragile
-    views); other restricted views (inference mode, a custom Function's) are not compiled."""
+    """How eager restricts the input `x`, a view that requires grad (the creation meta autograd keeps: made under
+    no_grad, by split/unbind, in inference mode, by a custom Function), or None. The passes compile the first two
+    (`COMPILED_RESTRICTIONS`: autograd_facts tracks them as fragile views); the backend leaves the others to
+    eager."""
     if not x.requires_grad or x._base is None:
         return None
     try:
@@ -98,7 +105,9 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
     captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
     captured.groups = find_groups([leaves[p] for p in positions])
     captured.requires_grad = [leaves[p].requires_grad for p in positions]
-    captured.restricted = {i: why for i, p in enumerate(positions) if (why := restriction(leaves[p]))}
+    captured.restricted = {
+        i: why for i, p in enumerate(positions) if (why := restriction(leaves[p])) in COMPILED_RESTRICTIONS
+    }
     replay = _Replay(gm)
 
     def flat_fn(*inputs: Any) -> list[torch.Tensor]:
