@@ -311,14 +311,14 @@ class _Functionalizer:
                 continue
             with self.graph.inserting_after(placeholders[-1]):
                 clone = self.graph.call_function(aten.clone.default, (ph,))
-            clone.meta.update(val=ph.meta["val"], rg=True, grad=True)
+            clone.meta.update(val=ph.meta["val"], rg=bool(ph.meta.get("rg")), grad=True)
             for user in list(ph.users):
                 if user is not clone and user.target not in (write_back_now, caller_tensor, bump_version):
                     user.replace_input_with(ph, clone)
             for member, step in self.member_steps.get(target, []):  # members of the alias group
                 with self.graph.inserting_after(clone):
                     view = self.graph.call_function(as_strided_rel, (clone, *self.emit.symbolic(step.args)))
-                view.meta.update(val=member.meta["val"], rg=True, grad=True)
+                view.meta.update(val=member.meta["val"], rg=bool(ph.meta.get("rg")), grad=True)
                 for user in list(member.users):
                     user.replace_input_with(member, view)
 

@@ -29,7 +29,7 @@ from .functionalize import functionalize
 from .invariants import checker
 from .optimize import optimize
 from .saved import refuse_saved_then_written
-from .writeback import lower
+from .writeback import lower, whole_writes_in_graph
 
 
 def _execution_trace(
@@ -150,8 +150,10 @@ def compile_program(
             with clock("write-back lowering"):
                 trial, reports = lower(trial, aliases)  # (a graph autograd records stays functional)
             check("lower", trial, functional_gm, aliases)
+            trial, in_graph = whole_writes_in_graph(trial)  # (stores in the kernel, as torch.compile's)
             placeholders = trial.gm.graph.find_nodes(op="placeholder")
             written = frozenset(placeholders.index(root_node(trial.gm, wb.target)) for wb in trial.writebacks)
+            written |= in_graph
             with clock("AOTAutograd and inductor"):
                 run = fused_autograd_executor(trial.gm, [leaves[p] for p in captured.tensor_positions], written)
             fp, shown, tier = trial, trial, "fused"

@@ -485,7 +485,8 @@ def _partition_saving_no_written_input(written: frozenset[int]) -> Any:
 
 def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: frozenset[int]) -> Callable[..., Any]:
     """Compile the functional graph `gm`, which autograd records, with AOTAutograd and inductor; `written`: the
-    placeholders the epilogue writes back into. Raises Unfusable."""
+    placeholders written, by the epilogue after the graph or by a `copy_` at the graph's end (which AOTAutograd
+    keeps in the compiled graph). Raises Unfusable."""
     from torch._inductor.compile_fx import compile_fx
 
     if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
@@ -495,7 +496,7 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
             raise Unfusable("a constant of the program (AOTAutograd would lift it before the inputs)")
         if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
             raise Unfusable(f"{op_name(n.target)} runs in Python")
-    handed = copy.deepcopy(gm)
+    handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
     try:
         partition = _partition_saving_no_written_input(written)
         with torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition):
@@ -508,38 +509,60 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
             raise cause from None
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
 
-    reads = _written_inputs_read(gm, written)
-    # Whether AOTAutograd's own Function takes the double backward (see _recompute_double_backward): learned on the
-    # first call that builds a graph. Else each such call runs inside a _TwiceDifferentiable, which costs more.
-    state: dict[str, Any] = {"own": None, "kept": (), "first": 0}
     # Which inputs require grad is fixed per program (guarded), and so is the grad mode of its calls.
     builds_graph = any(isinstance(a, torch.Tensor) and a.requires_grad for a in example)
+    if not builds_graph:
+        run = _runner(gm, compiled, None, autograd=True)
+        run.graph = handed  # type: ignore[attr-defined]
+        return run
+    # The written inputs a result requiring grad is computed from: a double backward recomputes from copies taken
+    # before the call writes them. And whether AOTAutograd's own Function can take the double backward (see
+    # _recompute_double_backward), learned from a run on copies of the example inputs; else each call runs
+    # inside a _TwiceDifferentiable, which costs more.
+    results = gm.graph.output_node().args[0]
+    rg_results = [i for i, n in enumerate(results) if isinstance(n, fx.Node) and n.meta.get("rg")]
+    reads = _written_inputs_read(gm, written)
+    kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
+    own, first = _double_backward_of_its_own(compiled, example)
 
     def call(args: Any) -> Any:
-        if not builds_graph or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
             return compiled(*args)
-        own = state["own"]
-        if own is False:
-            return _TwiceDifferentiable.apply(compiled, handed, (reads, written), *args)  # (`handed`: eager's ops)
+        copies = {i: args[i].clone() for i in kept}
+        if not own:
+            return _TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
         outs = compiled(*args)
-        if own is None:
-            rg = [i for i, o in enumerate(outs) if o.requires_grad]
-            if not rg:
-                return outs
-            state["own"] = own = _takes_double_backward(outs[rg[0]].grad_fn, args, outs)
-            state["kept"] = tuple(frozenset().union(*(reads[i] for i in rg)))
-            state["first"] = rg[0]
-            if not own:  # (the compiled graph writes nothing: running it again is safe)
-                return _TwiceDifferentiable.apply(compiled, handed, (reads, written), *args)
-        # What a backward with create_graph=True recomputes from: the call's inputs, a copy of those the epilogue
-        # writes next that a result requiring grad reads, and the version counters of the others.
-        copies = {i: args[i].clone() for i in state["kept"]}
-        outs[state["first"]].grad_fn.dealias_recompute = (handed, args, copies, written, _versions(args))
+        # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
+        # counters of the others.
+        outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, _versions(args))
         return outs
 
     run = _runner(gm, call, None, autograd=True)
     run.graph = handed  # type: ignore[attr-defined]
     return run
+
+
+def _without_input_writes(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` without its `copy_` into placeholders (see writeback.whole_writes_in_graph)."""
+    out = copy.deepcopy(gm)
+    for n in list(out.graph.nodes):
+        if n.op == "call_function" and n.target is aten.copy_.default and n.args[0].op == "placeholder":
+            out.graph.erase_node(n)
+    out.recompile()
+    return out
+
+
+def _double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool, int]:
+    """Whether AOTAutograd's Function in `compiled` can take dealias's double backward (`_takes_double_backward`),
+    asked of a run on copies of the example inputs (the graph may write its inputs); and which result's backward
+    node is its own (the first requiring grad)."""
+    copies = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in example]
+    with torch.enable_grad():
+        outs = compiled(*copies)
+    first = next((i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad), None)
+    if first is None:
+        return False, 0
+    return _takes_double_backward(outs[first].grad_fn, copies, outs), first
 
 
 def _versions(args: Any) -> list[int]:
@@ -555,7 +578,10 @@ def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
     meta = getattr(cls, "metadata", None)
     if meta is None or meta.num_intermediate_bases or meta.tokens:
         return False
-    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
+    # (An input write AOTAutograd keeps in the compiled graph has no output of its own; others would.)
+    if any(
+        i.mutates_metadata or i.mutates_data and i.mutation_type.name != "MUTATED_IN_GRAPH" for i in meta.input_info
+    ):
         return False
     if len(meta.output_info) != len(outs) or any(o.output_type.name != "non_alias" for o in meta.output_info):
         return False
@@ -688,14 +714,13 @@ class _TwiceDifferentiable(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, compiled: Any, graph: fx.GraphModule, facts: Any, *args: Any) -> Any:
-        reads, written = facts
+        copies, written = facts  # (copies of written inputs, taken before the graph writes them)
         leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
         with torch.enable_grad():
             outs = compiled(*leaves)
         ctx.outs, ctx.leaves, ctx.graph = outs, leaves, graph
-        kept = frozenset().union(*(r for r, o in zip(reads, outs) if o.requires_grad))
         ctx.args = [
-            a if not isinstance(a, torch.Tensor) or a.requires_grad else a.detach().clone() if i in kept else a.detach()
+            a if not isinstance(a, torch.Tensor) or a.requires_grad else copies[i] if i in copies else a.detach()
             for i, a in enumerate(args)
         ]
         ctx.versions = [(i, a._version) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in written]
