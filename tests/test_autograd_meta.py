@@ -754,9 +754,22 @@ def transposed_under_no_grad_then_viewed(x0, x1):
     return x0[0]  # made for the new layout: its gradient reaches x0's grad_fn made for the old one
 
 
+def viewed_then_transposed_under_no_grad(x0, x1):  # review finding: a silently transposed gradient
+    x0 += 1
+    v = x0[0]
+    with torch.no_grad():
+        x0.t_()  # eager regenerates v's grad_fn from x0's new layout
+    return v
+
+
 @pytest.mark.parametrize(
     "fn",
-    [transposed_under_no_grad_then_written, transposed_under_no_grad_then_read, transposed_under_no_grad_then_viewed],
+    [
+        transposed_under_no_grad_then_written,
+        transposed_under_no_grad_then_read,
+        transposed_under_no_grad_then_viewed,
+        viewed_then_transposed_under_no_grad,
+    ],
 )
 def test_use_after_an_unrecorded_layout_change_runs_eagerly(fn):
     # Eager's gradients then come transposed (square) or its backward raises: dealias's functional reads and

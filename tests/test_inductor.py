@@ -465,6 +465,8 @@ def test_fused_autograd_supports_double_backward_and_retained_graphs(own, monkey
         y = fn(x, s)
         y.sum().backward(retain_graph=True)
         y.sum().backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            torch.autograd.grad(y.sum(), x, create_graph=True)  # (review finding: the recompute went ahead)
         results.append((g, h, x.grad, s))
     assert "fused with autograd" in str(dealias.last_traces(jf)[3])
     node = jf(x, torch.zeros(5)).grad_fn  # no Function of dealias's around AOTAutograd's (it costs ~35 us a call)

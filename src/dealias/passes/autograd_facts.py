@@ -263,14 +263,16 @@ class AutogradFacts:
         not (under no_grad, or while `x` required no grad). dealias replays the change once, after the
         write-backs, recorded or not. Eager's unrecorded change leaves x's grad_fn made for the old layout,
         which takes gradients of the new layout as they come (for a square x, silently transposed): a
-        differentiable use of the memory after it (a read, a write autograd records, a view made) cannot
+        differentiable use of the memory after it (a read, a write autograd records, a view made, a view returned:
+        eager regenerates its grad_fn from the new layout) cannot
         be given that grad_fn, and runs the graph eagerly (see refuse_use_after_unrecorded_layout)."""
         if not recorded:
             self.unrecorded_layout.setdefault(s, node)
 
-    def refuse_use_after_unrecorded_layout(self, s: Storage, what: str) -> None:
+    def refuse_use_after_unrecorded_layout(self, s: Storage, what: str, grad: bool | None = None) -> None:
+        """(`grad`: the mode of the use, the current one by default.)"""
         change = self.unrecorded_layout.get(s)
-        if change is not None and self.emit.grad:
+        if change is not None and (self.emit.grad if grad is None else grad):
             raise UnsupportedError(
                 f"{what} with grad on, after an in-place layout change autograd did not record ({change.target} at "
                 f"{node_location(change)}, under no_grad or before the tensor required grad): eager's grad_fn then "

@@ -608,6 +608,10 @@ class _Functionalizer:
             if v.obj in self.caller_objs:  # the caller's tensor itself (even after `x.t_()`)
                 self.program.outputs.append(OutputSlot(self.caller_objs[v.obj]))
             elif s.kind is not StorageKind.INTERMEDIATE:
+                if self.autograd.unrecorded_layout and self.autograd.requires_grad(arg):
+                    # (made before the change or after it: eager's grad_fn is regenerated from the new layout)
+                    made_with = self.autograd.made_with_grad.get(v.obj, True)
+                    self.autograd.refuse_use_after_unrecorded_layout(s, "a view returned", made_with)
                 self.program.outputs.append(replace(self._caller_view(born if remade else v), restride=restride))
             else:
                 if s not in results:

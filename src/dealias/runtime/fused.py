@@ -601,8 +601,12 @@ def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
 
         def backward(ctx: Any, *grads: Any) -> Any:
             if torch.is_grad_enabled() and hasattr(ctx, "dealias_recompute"):
+                ctx.saved_tensors  # noqa: B018 - raises eager's error if a backward freed the graph
                 return _recompute_double_backward(*ctx.dealias_recompute, grads[0] if boxed else grads)
-            return first_order(ctx, *grads)
+            result = first_order(ctx, *grads)
+            if not torch._C._autograd._get_current_graph_task_keep_graph():  # the graph is freed: so are the inputs
+                ctx.__dict__.pop("dealias_recompute", None)
+            return result
 
         cls.backward = staticmethod(backward)
         cls.dealias_double_backward = True
@@ -730,6 +734,12 @@ class _TwiceDifferentiable(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
+        if getattr(ctx, "freed", False):  # (nothing is saved with save_for_backward here: say it as autograd does)
+            raise RuntimeError(
+                "Trying to backward through the graph a second time (or directly access saved tensors after they "
+                "have already been freed). Specify retain_graph=True if you need to backward a second time."
+            )
+        ctx.freed = not torch._C._autograd._get_current_graph_task_keep_graph()
         diff = [i for i, o in enumerate(ctx.outs) if o.requires_grad]
         wrt = [i for i, a in enumerate(ctx.leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
         given = [grads[i] for i in diff]
