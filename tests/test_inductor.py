@@ -293,6 +293,28 @@ def test_a_tensor_written_whole_twice_is_stored_once():
     assert _SNAPSHOT not in targets(gm)
 
 
+def scale_rows(x):
+    x[1:].mul_(2)
+    return x.sum()
+
+
+def test_a_written_input_saved_by_autograd_before_makes_backward_raise():
+    # Inductor's kernels write through pointers and move no version counter: the call moves it, or the
+    # backward of `w * x` (saved before the call) would silently take x's new values (it gave grad 2, not an error).
+    jf = dealias.jit(scale_rows, executor="inductor")
+    jf(torch.ones(3))
+    assert "fused" in str(dealias.last_traces(jf)[3])
+    for fn in (scale_rows, jf):
+        x = torch.ones(3)
+        w = torch.ones(3, requires_grad=True)
+        y = (w * x).sum()
+        version = x._version
+        fn(x)
+        assert x._version > version
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+
+
 def cumsum_of_detached(x):
     return x.detach().cumsum(1)
 

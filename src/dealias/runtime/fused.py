@@ -429,7 +429,10 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         # Its storage offset is absolute: traced from one call's placement, it would be baked into the kernels,
         # while a program serves every placement of its inputs.
         raise Unfusable("an as_strided view (its storage offset is absolute)")
-    _writes(traced)  # only the graph's inputs are written
+    # Inductor's kernels write the caller's tensors through pointers, which moves no version counter: the call
+    # moves each written one itself, or what autograd saved of it before would be read as if unchanged.
+    traced_inputs = traced.graph.find_nodes(op="placeholder")
+    written = tuple(sorted({traced_inputs.index(ph) for _, ph in _writes(traced)}))  # (only inputs are written)
     merge_full_writes(traced)
     insert_snapshots(traced)
     check_hazards(traced)
@@ -442,7 +445,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
             compiled = compile_fx_inner(traced, list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    run = _runner(gm, compiled, check)
+    run = _runner(gm, compiled, check, written=written)
     run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
     return run
 
@@ -789,10 +792,14 @@ def _attention_by_matmuls(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torc
 
 
 def _runner(
-    gm: fx.GraphModule, compiled: Any, check: Callable[[tuple[Any, ...]], None] | None, autograd: bool = False
+    gm: fx.GraphModule,
+    compiled: Any,
+    check: Callable[[tuple[Any, ...]], None] | None,
+    autograd: bool = False,
+    written: tuple[int, ...] = (),
 ) -> Callable[..., Any]:
     """The call of a compiled graph: prologue, inductor's callable (without autograd, unless it is AOTAutograd's
-    and records it), results in eager's layout."""
+    and records it), the version counters of the inputs it wrote (`written`) moved, results in eager's layout."""
     # Eager's layout of each result, from the lowered graph (inductor's decompositions may change it: a constant
     # came back as an expanded tensor, strides (0, 1, 0)). Sizes are static (`unfusable`), so inductor gives each
     # result the same layout on every call: whether one must be restrided is learned on the first call.
@@ -839,6 +846,9 @@ def _runner(
             outs = (call or compiled)(list(args))
         finally:
             torch._C._set_grad_enabled(grad)
+        if written:
+            # Once per call, however many writes eager made (what autograd checks is only whether it moved).
+            torch._C._increment_version(tuple(args[i] for i in written))
         if call is None:
             first(outs)
         return restrided(outs) if state["restride"] else tuple(outs)
