@@ -254,6 +254,11 @@ class _Functionalizer:
                 error = _eager_overlap_error(node)
                 if error is not None:
                     raise EagerSemanticsError(f"{node.target}: {error}")
+                if facts(node.target).kind is OpKind.MUTABLE:
+                    # Its kernel updates state then computes with it (`_fused_moving_avg_obs_fq_helper(x, .., x[0],
+                    # ..)` quantizes x with its new running minimum), often behind integer flags that the probe
+                    # below fills with zeros: not asked, refused.
+                    raise OverlapError(f"{node.target} reads memory it writes, through another argument")
                 bound = bind_args(node.target._schema, node.args, node.kwargs)
                 targets = [a for name in facts(node.target).mutated for a in pytree.tree_leaves(bound.get(name))]
                 if aliasing_is_benign(node, [a for a in targets if isinstance(a, fx.Node)]):
