@@ -40,6 +40,22 @@ def test_notices_missing_write_back(monkeypatch):
         check(add_input, torch.randn(3))
 
 
+def _same_memory_own_counter(t: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.empty(0, dtype=t.dtype).set_(t)
+
+
+def test_notices_a_write_that_leaves_the_version_counter(monkeypatch):
+    # The graph writes the caller's memory through tensors with counters of their own: values are right, but
+    # what autograd saved of the input before the call would pass backward's version check.
+    monkeypatch.setattr(
+        "dealias.passes.pipeline.torch_executor",
+        lambda gm, grad: lambda *ts: gm(*[_same_memory_own_counter(t) for t in ts]),
+    )
+    with pytest.raises(AssertionError, match="version counter"):
+        check(add_input, torch.randn(3))
+
+
 def test_notices_lost_output_aliasing(monkeypatch):
     real = program.replay_chain
     monkeypatch.setattr(program, "replay_chain", lambda *a: real(*a).clone())

@@ -221,4 +221,22 @@ def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple
         return None
     if jit_err is not None:
         return f"dealias raised {type(jit_err).__name__}: {jit_err}; eager returned"
-    return first_difference(expected, got, eager_args, jit_args)
+    return first_difference(expected, got, eager_args, jit_args) or _unmoved_version(args, eager_args, jit_args)
+
+
+def _unmoved_version(args: Any, eager_args: Any, jit_args: Any) -> str | None:
+    """Memory eager wrote (a version counter of it moved) whose counters the compiled call all left where they
+    were: what autograd saved of it before the call would be read at backward as if unchanged, where eager's
+    backward raises. Tensors sharing memory are taken together: `clone_args` gives each its own counter where
+    the caller's views share one, and a write-back through one of them moves that one. (A counter moved by
+    fewer or more steps than eager's is not a difference here.)"""
+    groups: dict[int, list[tuple[int, int, int, int]]] = {}  # storage -> (input, fresh, eager, jit) counters
+    fresh = pytree.tree_leaves(clone_args(args))  # the counters both copies started from (made the same way)
+    for i, (f, e, j) in enumerate(zip(fresh, pytree.tree_leaves(eager_args), pytree.tree_leaves(jit_args))):
+        if isinstance(f, torch.Tensor) and not f.is_inference():
+            groups.setdefault(f.untyped_storage()._cdata, []).append((i, f._version, e._version, j._version))
+    for group in groups.values():
+        if any(e != f for _, f, e, _ in group) and all(j == f for _, f, _, j in group):
+            i = next(i for i, f, e, _ in group if e != f)
+            return f"input {i}: eager moved its version counter (it wrote it), dealias did not"
+    return None
