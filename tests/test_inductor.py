@@ -315,6 +315,38 @@ def test_a_written_input_saved_by_autograd_before_makes_backward_raise():
             y.backward()
 
 
+def relu_of_a_product(x):
+    y = x * 2
+    y.relu_()
+    return y, y[1:]
+
+
+@pytest.mark.parametrize("written", [None, 0, 1])
+def test_a_result_eager_saves_then_written_makes_backward_raise(written):
+    # relu's backward saves its result; AOTAutograd's partition saves a mask instead, so after a write of the
+    # result (or of a view of it) the fused backward went on where eager's raises.
+    jf = dealias.jit(relu_of_a_product, executor="inductor")
+    grads = []
+    for fn in (relu_of_a_product, jf):
+        x = torch.linspace(-1, 1, 6).requires_grad_()
+        outs = fn(x)
+        if fn is jf:
+            assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+        if written is not None:
+            with torch.no_grad():
+                outs[written].mul_(-1)
+        try:
+            (outs[0].sum() + outs[1].sum()).backward()
+            grads.append(x.grad)
+        except RuntimeError as e:
+            assert "modified by an inplace operation" in str(e)
+            grads.append("raised")
+    if written is None:
+        assert torch.equal(grads[0], grads[1])
+    else:
+        assert grads == ["raised", "raised"]
+
+
 def cumsum_of_detached(x):
     return x.detach().cumsum(1)
 

@@ -527,14 +527,18 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     reads = _written_inputs_read(gm, written)
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
     own, first = _double_backward_of_its_own(compiled, example)
+    watched = _results_eager_saves(results, rg_results)
 
     def call(args: Any) -> Any:
         if not torch.is_grad_enabled():
             return compiled(*args)
         copies = {i: args[i].clone() for i in kept}
         if not own:
-            return _TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
+            outs = _TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
+            _check_saved_results_at_backward(outs, watched)
+            return outs
         outs = compiled(*args)
+        _check_saved_results_at_backward(outs, watched)
         # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
         # counters of the others.
         outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, _versions(args))
@@ -543,6 +547,47 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     run = _runner(gm, call, None, autograd=True)
     run.graph = handed  # type: ignore[attr-defined]
     return run
+
+
+def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int, fx.Node]]:
+    """The results requiring grad (by position) whose memory eager's backward saves: made by an op that saves its
+    result (`relu`, `y.relu_()`), or views of one. Eager's backward raises if the caller writes such a result after
+    the call; AOTAutograd's partition may save something else instead (a mask for relu) and would go on. With the
+    op that saves it, for the message."""
+    from ..passes.saved import saves_its_result
+
+    out = []
+    for i in rg_results:
+        n = results[i]
+        while is_view_node(n) and isinstance(n.args[0], fx.Node):
+            n = n.args[0]
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and saves_its_result(n):
+            out.append((i, n))
+    return out
+
+
+def _check_saved_results_at_backward(outs: Any, watched: list[tuple[int, fx.Node]]) -> None:
+    """Before the backward of this call's results runs, raise eager's error if a result eager saved (see
+    _results_eager_saves) was written in place since: a detached alias shares its version counter without holding
+    the result's own history (no reference cycle through its grad_fn)."""
+    if not watched:
+        return
+    kept = [(i, n, outs[i].detach(), outs[i]._version) for i, n in watched]
+
+    def check(grad_outputs: Any) -> None:
+        for i, n, alias, version in kept:
+            if alias._version != version:
+                raise RuntimeError(
+                    with_location(
+                        "one of the variables needed for gradient computation has been modified by an inplace "
+                        f"operation: [{alias.type()} {list(alias.shape)}], which is output {i} of a graph dealias "
+                        f"fused, saved for backward by {op_name(n.target)} as in eager, is at version "
+                        f"{alias._version}; expected version {version} instead",
+                        node_location(n),
+                    )
+                )
+
+    outs[watched[0][0]].grad_fn.register_prehook(check)
 
 
 def _without_input_writes(gm: fx.GraphModule) -> fx.GraphModule:
