@@ -452,36 +452,40 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
 
 def _partition_saving_no_written_input(written: frozenset[int]) -> Any:
     """Inductor's custom partitioner: its own min-cut partition (which may recompute values from inputs in the
-    backward), else AOTAutograd's default one (the forward saves what the graph computed), whichever saves none
-    of the `written` inputs (positions among the graph's placeholders); Unfusable if both do. (Inductor is
-    imported here, not when dealias is.)"""
+    backward) if it saves no input that AOTAutograd's default one (the forward saves what the graph computed, as
+    eager does) does not save, else the default one; Unfusable if the one taken saves one of the `written` inputs
+    (positions among the graph's placeholders). An input the min-cut partition alone saves would make backward
+    raise if the caller writes it after the call (a buffer refilled before backward), where eager's goes on from
+    what it saved. (Inductor is imported here, not when dealias is.)"""
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-    def saved_input(fw: fx.GraphModule, num_fwd_outputs: int) -> int | None:
-        """A written input the forward saves for backward, itself or through a view of it (`x[0]`)."""
+    def saved_inputs(fw: fx.GraphModule, num_fwd_outputs: int) -> set[int]:
+        """The inputs the forward saves for backward, themselves or through a view of one (`x[0]`)."""
         primals = fw.graph.find_nodes(op="placeholder")  # (no parameters: the graph's inputs, in order)
+        out = set()
         for s in fw.graph.output_node().args[0][num_fwd_outputs:]:
             while isinstance(s, fx.Node) and is_view_node(s):
                 s = s.args[0]
-            if s in primals and primals.index(s) in written:
-                return primals.index(s)
-        return None
+            if s in primals:
+                out.add(primals.index(s))
+        return out
 
     class Partition(CustomPartitionerFn):
         def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+            n = kwargs["num_fwd_outputs"]
             fw, bw = min_cut_rematerialization_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
-            if saved_input(fw, kwargs["num_fwd_outputs"]) is None:
-                return fw, bw
             kwargs.pop("compiler", None)
-            fw, bw = default_partition(gm, joint_inputs, **kwargs)
-            i = saved_input(fw, kwargs["num_fwd_outputs"])
-            if i is not None:
-                raise Unfusable(f"backward would save input {i}, which the epilogue writes into")
+            default = default_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
+            saved, by_default = saved_inputs(fw, n), saved_inputs(default[0], n)
+            if not saved <= by_default:
+                (fw, bw), saved = default, by_default
+            if saved & written:
+                raise Unfusable(f"backward would save input {min(saved & written)}, which the epilogue writes into")
             return fw, bw
 
         def uuid(self) -> Any:  # inductor's graph cache key: a cached graph passed this check when compiled
-            return ("dealias partition saving none of", tuple(sorted(written)))
+            return ("dealias partition saving the inputs eager saves, none of", tuple(sorted(written)))
 
     return Partition()
 
