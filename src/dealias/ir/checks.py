@@ -90,23 +90,36 @@ def probe(node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None) -> 
 def aliasing_is_benign(node: fx.Node, written: list[fx.Node]) -> bool:
     """Whether eager computes `node`'s op on its aliased arguments (a written tensor also read through another
     argument) exactly as on separate copies of them, which is what the functional program computes. Asked of
-    eager on random values laid out like the traced arguments (`_Memory`): the op runs once on shared memory and
-    once on copies (one per argument), and the written tensors must come out bit-equal, for several fills (masks
-    of several densities: `masked_scatter_(m, x)` on x itself agrees with copies for some masks only). False
-    where nothing can be learned."""
-    return all(_benign_once(node, written, seed, density) for seed, density in enumerate((0.5, 0.2, 0.8, 0.5)))
+    eager on values laid out like the traced arguments (`_Memory`): the op runs once on shared memory and once on
+    copies (one per argument), and the written tensors must come out bit-equal, for several fills: random ones
+    (masks of several densities: `masked_scatter_(m, x)` on x itself agrees with copies for some masks only), and
+    values rising and falling through memory, so that an order-dependent reduction shows (`amax(v, 0,
+    out=v[:1])` starts from its identity in v[0]: it agrees with copies on random values whenever v[0] is not
+    the largest). False where nothing can be learned."""
+    fills = [(seed, density, None) for seed, density in enumerate((0.5, 0.2, 0.8, 0.5))] + [
+        (0, 0.5, "rising"),
+        (0, 0.5, "falling"),
+    ]
+    return all(_benign_once(node, written, seed, density, order) for seed, density, order in fills)
 
 
-def _benign_once(node: fx.Node, written: list[fx.Node], seed: int, density: float) -> bool:
+def _benign_once(node: fx.Node, written: list[fx.Node], seed: int, density: float, order: str | None) -> bool:
     memory = _Memory()
     gen = torch.Generator().manual_seed(seed)
     shared: list[tuple[fx.Node, Any]] = []  # per argument, in order: its node and the value it was given
+    count = [0]  # values given so far, in an ordered fill: each is distinct
 
     def real(n: fx.Node) -> Any:
         t = n.meta.get("val")
         out = memory.like(t) if isinstance(t, torch.Tensor) else t
         if isinstance(t, torch.Tensor) and t.is_floating_point():
-            out.copy_(torch.randn(t.shape, generator=gen, dtype=t.dtype))
+            if order is None:
+                values = torch.randn(t.shape, generator=gen, dtype=t.dtype)
+            else:
+                values = torch.arange(count[0], count[0] + t.numel(), dtype=t.dtype).reshape(t.shape)
+                values = values if order == "rising" else -values
+                count[0] += t.numel()
+            out.copy_(values)
         elif isinstance(t, torch.Tensor) and t.dtype == torch.bool:  # masks: any value is valid
             out.copy_(torch.rand(t.shape, generator=gen) < density)  # (integer arguments, indices, stay 0)
         shared.append((n, out))
