@@ -63,8 +63,8 @@ def write_then_factor(x, m):
 
 
 def test_notices_an_input_a_failed_call_left_in_neither_state(monkeypatch):
-    # A failed call may leave an input as it was, as eager left it, or (across a graph break) any mix of the two;
-    # not scaled by 7.
+    # A failed call may leave the inputs as eager had them after some prefix of its ops (as they were, as eager
+    # left them, or where the failing graph began after a graph break); never scaled by 7.
     def broken(gm, grad):
         def run(*ts):
             ts[0].mul_(7)
@@ -84,14 +84,23 @@ def unsqueeze_then_write_then_fail(x0, x1):
     x0.add_(x1)  # x1 is the same memory with the old shape: eager raises here, after its write of v
 
 
-def test_accepts_a_failed_graph_after_a_break_that_wrote_nothing():
-    # The graph after the break raises before writing v where eager had written it, after the break did what
-    # eager did: x0 is left with eager's shape and its old values (fuzz seed 933780).
+def add_then_sine_then_fail(x0, x1):
+    x0.add_(x0.roll(1, 0))
+    v = x0.as_strided((3,), (1,), x0.storage_offset())  # a graph break at storage_offset()
+    v.sin_()
+    x0.t().copy_(x1.view(1))  # x1 is x0[0]: eager raises here, after its sin_
+
+
+@pytest.mark.parametrize("fn", [unsqueeze_then_write_then_fail, add_then_sine_then_fail])
+def test_accepts_a_failed_graph_after_a_break_that_wrote_nothing(fn):
+    # The graph after the break raises before writing anything where eager had written before failing, after the
+    # graphs before and the code at the break did what eager did (fuzz seeds 933780 and 934977: x0 with eager's
+    # unsqueezed shape and its old values; x0 added to, not yet sined).
     b = torch.randn(6)
-    args = (b, b.view(6))
-    jf = dealias.jit(unsqueeze_then_write_then_fail)
-    with pytest.warns(dealias.FallbackWarning, match="unsqueeze_"):
-        assert compare_call(unsqueeze_then_write_then_fail, jf, args) is None
+    args = (b, b.view(6)) if fn is unsqueeze_then_write_then_fail else (b, b[0])
+    jf = dealias.jit(fn)
+    with pytest.warns(dealias.FallbackWarning):
+        assert compare_call(fn, jf, args) is None
 
 
 def test_notices_lost_output_aliasing(monkeypatch):

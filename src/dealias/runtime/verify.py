@@ -201,6 +201,7 @@ def run_both(
 
 def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple[Any, ...]) -> str | None:
     """One differential call; the first difference (values, inputs, aliasing, errors), or None."""
+    rng = torch.get_rng_state()
     expected, eager_err, got, jit_err, eager_args, jit_args = run_both(fn, jitted, args)
     if eager_err is not None:
         if jit_err is None:
@@ -209,14 +210,16 @@ def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple
             isinstance(jit_err, RuntimeError) and isinstance(eager_err, RuntimeError)
         ):
             return f"eager raised {eager_err!r}, dealias {jit_err!r}"
-        # A failed compiled call leaves the inputs as they were; a call that fell back to eager leaves them
-        # as eager does.
-        # A failed call leaves each input as it was, or as eager leaves it (a graph that ran eagerly, or the
-        # graphs before a graph break that ran before the failing one).
+        # A failed call leaves the inputs as eager had them after some prefix of its ops: as they were (a graph
+        # dealias compiled raises before writing anything), as eager leaves them (a graph run eagerly), or as eager
+        # had them where the failing graph began (the graphs before a graph break, and the code at the break, ran).
         untouched, eager_after = pytree.tree_leaves(clone_args(args)), pytree.tree_leaves(eager_args)
-        for i, (a, b, e) in enumerate(zip(pytree.tree_leaves(jit_args), untouched, eager_after)):
+        jit_leaves = pytree.tree_leaves(jit_args)
+        for i, (a, b, e) in enumerate(zip(jit_leaves, untouched, eager_after)):
             d = _value_difference(b, a)
-            if d and _value_difference(e, a) and not _between(b, e, a):
+            if d and _value_difference(e, a):
+                if _state(jit_leaves) in _eager_states(fn, args, rng):
+                    return None
                 return f"input {i} changed by a failed call: {d}"
         return None
     if jit_err is not None:
@@ -224,23 +227,41 @@ def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple
     return first_difference(expected, got, eager_args, jit_args) or _unmoved_version(args, eager_args, jit_args)
 
 
-def _between(before: Any, eager: Any, jit: Any) -> bool:
-    """Whether `jit` is a state a failed call may leave between `before` and eager's `eager`: a graph after a graph
-    break raised before writing anything where eager's code had written part of it, after the graphs before had
-    done what eager did (`x.unsqueeze_(0)` run at a break, then a write and a failing `add_`). Its layout is one of
-    the two, and every element of its memory is as it was or as eager left it."""
-    if not all(isinstance(t, torch.Tensor) for t in (before, eager, jit)) or jit.dtype != before.dtype:
-        return False
-    layout = (jit.shape, jit.stride(), jit.storage_offset())
-    if layout not in {(t.shape, t.stride(), t.storage_offset()) for t in (before, eager)}:
-        return False
-    memory = [
-        torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()) for t in (before, eager, jit)
-    ]
-    if len({m.numel() for m in memory}) != 1:
-        return False
-    b, e, j = memory
-    return bool(((j == b) | (j == e)).all())
+def _state(leaves: list[Any]) -> tuple[Any, ...]:
+    """What a failed call left of each tensor leaf: its layout and the bytes of its whole storage."""
+    out: list[Any] = []
+    for t in leaves:
+        if isinstance(t, torch.Tensor) and not t.is_meta:
+            memory = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+            out.append((tuple(t.shape), t.stride(), t.storage_offset(), memory.cpu().numpy().tobytes()))
+    return tuple(out)
+
+
+def _eager_states(fn: Callable[..., Any], args: Any, rng: torch.Tensor) -> list[tuple[Any, ...]]:
+    """The states eager leaves the inputs in after each op of `fn` (run again on fresh copies, from the random
+    state the compared calls started from), the first before any."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    copies = clone_args(args)
+    leaves = pytree.tree_leaves(copies)
+    states = [_state(leaves)]
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            states.append(_state(leaves))
+            return out
+
+    after = torch.get_rng_state()
+    torch.set_rng_state(rng)
+    try:
+        with Record():
+            fn(*copies)
+    except Exception:  # noqa: BLE001, S110 - the failure both calls had
+        pass
+    finally:
+        torch.set_rng_state(after)
+    return states
 
 
 def _unmoved_version(args: Any, eager_args: Any, jit_args: Any) -> str | None:
