@@ -368,6 +368,20 @@ def test_an_input_eager_does_not_save_may_be_written_before_backward():
     torch.testing.assert_close(grads[1], grads[0])
 
 
+def doubled_under_no_grad(x):
+    with torch.no_grad():
+        v = x.unsqueeze(2)
+    torch.zeros_like(v)  # a read with grad on regenerates the view in the graph: autograd records that graph
+    with torch.no_grad():
+        return v * 2
+
+
+def test_an_op_under_no_grad_in_a_graph_autograd_records_is_not_fused():
+    # AOTAutograd records every op in the call's mode: the doubled result required grad (fuzz seed 962133).
+    jf = check(doubled_under_no_grad, torch.randn(5, 5, requires_grad=True) * 1, executor="inductor")
+    assert "runs in another grad mode than the call" in str(dealias.last_traces(jf)[3])
+
+
 def cumsum_of_detached(x):
     return x.detach().cumsum(1)
 

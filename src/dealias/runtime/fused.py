@@ -498,9 +498,14 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
 
     if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
         raise Unfusable("an input that requires grad is written (a double backward could not recompute from it)")
+    mode = torch.is_grad_enabled()  # the mode the program's calls enter with (keyed)
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             raise Unfusable("a constant of the program (AOTAutograd would lift it before the inputs)")
+        if n.op == "call_function" and n.meta.get("grad", mode) != mode:
+            # AOTAutograd records every op of the graph in the call's mode: an op eager ran under no_grad (or
+            # enable_grad) would be recorded as the others (fuzz seed 962133: a result required grad).
+            raise Unfusable(f"{op_name(n.target)} runs in another grad mode than the call")
         if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
             raise Unfusable(f"{op_name(n.target)} runs in Python")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
