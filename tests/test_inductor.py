@@ -347,6 +347,28 @@ def test_a_result_eager_saves_then_written_makes_backward_raise(written):
         assert grads == ["raised", "raised"]
 
 
+def relu_beside_a_product(x):
+    y = x * 2
+    y.relu_()
+    return y, x * 3
+
+
+def test_a_result_eager_saves_written_then_a_gradient_around_it_does_not_raise():
+    # The fused graph has one backward node for both results, where eager has one per op: a gradient that flows
+    # only through `x * 3` does not reach relu's backward in eager, which goes on; so must the fused one.
+    jf = dealias.jit(relu_beside_a_product, executor="inductor")
+    grads = []
+    for fn in (relu_beside_a_product, jf):
+        x = torch.linspace(-1, 1, 6).requires_grad_()
+        y, z = fn(x)
+        with torch.no_grad():
+            y.mul_(-1)
+        z.sum().backward()
+        grads.append(x.grad)
+    assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+    torch.testing.assert_close(grads[1], grads[0])
+
+
 def gelu_of_a_product(x):
     return torch.nn.functional.gelu(x * 2)
 

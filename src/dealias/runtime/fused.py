@@ -558,11 +558,12 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     return run
 
 
-def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int, fx.Node]]:
+def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int, fx.Node, frozenset[int]]]:
     """The results requiring grad (by position) whose memory eager's backward saves: made by an op that saves its
     result (`relu`, `y.relu_()`), or views of one. Eager's backward raises if the caller writes such a result after
-    the call; AOTAutograd's partition may save something else instead (a mask for relu) and would go on. With the
-    op that saves it, for the message."""
+    the call and a gradient then flows through the op; AOTAutograd's partition may save something else instead (a
+    mask for relu) and would go on. With the op that saves it (for the message), and the results computed from
+    it: a gradient into one of them flows through the op in eager."""
     from ..passes.saved import saves_its_result
 
     out = []
@@ -571,21 +572,28 @@ def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int,
         while is_view_node(n) and isinstance(n.args[0], fx.Node):
             n = n.args[0]
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and saves_its_result(n):
-            out.append((i, n))
+            after, todo = {n}, [n]
+            while todo:
+                for u in todo.pop().users:
+                    if u not in after:
+                        after.add(u)
+                        todo.append(u)
+            out.append((i, n, frozenset(j for j in rg_results if results[j] in after)))
     return out
 
 
-def _check_saved_results_at_backward(outs: Any, watched: list[tuple[int, fx.Node]]) -> None:
+def _check_saved_results_at_backward(outs: Any, watched: list[tuple[int, fx.Node, frozenset[int]]]) -> None:
     """Before the backward of this call's results runs, raise eager's error if a result eager saved (see
-    _results_eager_saves) was written in place since: a detached alias shares its version counter without holding
-    the result's own history (no reference cycle through its grad_fn)."""
+    _results_eager_saves) was written in place since and a gradient comes into a result computed from it (the
+    backward node is one for the whole graph, where eager's are one per op). A detached alias shares the result's
+    version counter without holding its history (no reference cycle through its grad_fn)."""
     if not watched:
         return
-    kept = [(i, n, outs[i].detach(), outs[i]._version) for i, n in watched]
+    kept = [(i, n, reached, outs[i].detach(), outs[i]._version) for i, n, reached in watched]
 
     def check(grad_outputs: Any) -> None:
-        for i, n, alias, version in kept:
-            if alias._version != version:
+        for i, n, reached, alias, version in kept:
+            if alias._version != version and any(grad_outputs[j] is not None for j in reached):
                 raise RuntimeError(
                     with_location(
                         "one of the variables needed for gradient computation has been modified by an inplace "
