@@ -450,13 +450,14 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     return run
 
 
-def _partition_saving_no_written_input(written: frozenset[int]) -> Any:
+def _partition_saving_no_written_input(written: frozenset[int], copy_saved_results: bool) -> Any:
     """Inductor's custom partitioner: its own min-cut partition (which may recompute values from inputs in the
     backward) if it saves no input that AOTAutograd's default one (the forward saves what the graph computed, as
     eager does) does not save, else the default one; Unfusable if the one taken saves one of the `written` inputs
     (positions among the graph's placeholders). An input the min-cut partition alone saves would make backward
     raise if the caller writes it after the call (a buffer refilled before backward), where eager's goes on from
-    what it saved. (Inductor is imported here, not when dealias is.)"""
+    what it saved. With `copy_saved_results`, a result the forward saves for backward is saved as a copy (see
+    _save_copies_of_results). (Inductor is imported here, not when dealias is.)"""
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
@@ -482,12 +483,43 @@ def _partition_saving_no_written_input(written: frozenset[int]) -> Any:
                 (fw, bw), saved = default, by_default
             if saved & written:
                 raise Unfusable(f"backward would save input {min(saved & written)}, which the epilogue writes into")
+            if copy_saved_results:
+                _save_copies_of_results(fw, n)
             return fw, bw
 
         def uuid(self) -> Any:  # inductor's graph cache key: a cached graph passed this check when compiled
-            return ("dealias partition saving the inputs eager saves, none of", tuple(sorted(written)))
+            return (
+                "dealias partition saving the inputs eager saves, none of",
+                tuple(sorted(written)),
+                copy_saved_results,
+            )
 
     return Partition()
+
+
+def _save_copies_of_results(fw: fx.GraphModule, num_fwd_outputs: int) -> None:
+    """Make the forward `fw` save a copy of each result of the graph it saves for backward (exp's, sigmoid's). The
+    compiled graph has one backward node for all its results, where eager has one per op: AOTAutograd's check of
+    a saved result the caller wrote after the call would raise for a gradient through any result, where eager's
+    exp backward runs only for a gradient through its own. On a copy, the check is dealias's pre-hook
+    (_check_saved_results_at_backward), which asks where the gradient comes in."""
+
+    def base(n: Any) -> Any:
+        while isinstance(n, fx.Node) and is_view_node(n):
+            n = n.args[0]
+        return n
+
+    outputs = list(fw.graph.output_node().args[0])
+    results = {base(r) for r in outputs[:num_fwd_outputs]}  # (a view returned shares its base's counter)
+    for k in range(num_fwd_outputs, len(outputs)):
+        s = outputs[k]
+        if base(s) in results and isinstance(s.meta.get("val"), torch.Tensor):
+            with fw.graph.inserting_before(fw.graph.output_node()):
+                copied = fw.graph.call_function(aten.clone.default, (s,))
+            copied.meta = dict(s.meta)
+            outputs[k] = copied
+    fw.graph.output_node().args = (tuple(outputs),)
+    fw.recompile()
 
 
 def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: frozenset[int]) -> Callable[..., Any]:
@@ -509,8 +541,10 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
         if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
             raise Unfusable(f"{op_name(n.target)} runs in Python")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
+    results = gm.graph.output_node().args[0]
+    rg_results = [i for i, n in enumerate(results) if isinstance(n, fx.Node) and n.meta.get("rg")]
     try:
-        partition = _partition_saving_no_written_input(written)
+        partition = _partition_saving_no_written_input(written, copy_saved_results=len(rg_results) > 1)
         with torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition):
             compiled = compile_fx(copy.deepcopy(gm), list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
@@ -531,8 +565,6 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     # before the call writes them. And whether AOTAutograd's own Function can take the double backward (see
     # _recompute_double_backward), learned from a run on copies of the example inputs; else each call runs
     # inside a _TwiceDifferentiable, which costs more.
-    results = gm.graph.output_node().args[0]
-    rg_results = [i for i, n in enumerate(results) if isinstance(n, fx.Node) and n.meta.get("rg")]
     reads = _written_inputs_read(gm, written)
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
     own, first = _double_backward_of_its_own(compiled, example)
