@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import types
+import warnings
 
 import pytest
 import torch
@@ -409,6 +410,53 @@ def test_an_op_under_no_grad_in_a_graph_autograd_records_is_not_fused():
     # AOTAutograd records every op in the call's mode: the doubled result required grad (fuzz seed 962133).
     jf = check(doubled_under_no_grad, torch.randn(5, 5, requires_grad=True) * 1, executor="inductor")
     assert "runs in another grad mode than the call" in str(dealias.last_traces(jf)[3])
+
+
+class AddsItsInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 + x  # not zero for a zero gradient
+
+
+def unused_function_result(x0):
+    v2 = x0 + x0
+    v5 = AddsItsInput.apply(AddsItsInput.apply(v2))  # graph breaks around each: v5 is an input of the last graph
+    v5.unsqueeze(0)  # ...which does not use it
+    return v2 + x0
+
+
+def kept_for_after_a_break(x0, x1):
+    v2 = x0.sum(1, keepdim=True) + 1  # a result of the first graph, for the code after the break
+    v4 = x1 + 1
+    v2.as_strided((4,), (1,), v2.storage_offset())  # a graph break at storage_offset()
+    return v4
+
+
+@pytest.mark.parametrize("program", [unused_function_result, kept_for_after_a_break])
+def test_a_fused_graph_gives_no_gradient_where_eager_gives_none(program):
+    # The compiled backward gives zeros to an input no result it was given a gradient for is computed from: a
+    # leaf's gradient came back zeros where eager's is None (fuzz seed 964788), and zeros ran a custom Function's
+    # backward eager never reaches, whose `g * 3 + x` made the leaf's gradient 31, not 3 (seed 964016).
+    shapes = [(3,)] if program is unused_function_result else [(2, 3, 4), (4, 6)]
+    jf = dealias.jit(program, executor="inductor")
+    grads = []
+    for fn in (program, jf):
+        leaves = [torch.ones(shape, requires_grad=True) for shape in shapes]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)  # (the graph breaks)
+            out = fn(*[leaf * 1 for leaf in leaves])
+        grads.append(torch.autograd.grad(out.sum(), leaves, allow_unused=True))
+    assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+    for e, g in zip(*grads):
+        assert (e is None) == (g is None)
+        if e is not None:
+            torch.testing.assert_close(g, e)
 
 
 def cumsum_of_detached(x):

@@ -542,7 +542,17 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
             raise Unfusable(f"{op_name(n.target)} runs in Python")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
     results = gm.graph.output_node().args[0]
-    rg_results = [i for i, n in enumerate(results) if isinstance(n, fx.Node) and n.meta.get("rg")]
+    # (A result the passes did not mark is taken to require grad: an input it reads is then never handed over
+    # detached below.)
+    rg_results = [i for i, n in enumerate(results) if isinstance(n, fx.Node) and n.meta.get("rg", True)]
+    # An input requiring grad that no result requiring grad is computed from is handed over detached: the compiled
+    # backward would give it zeros, not nothing, and run the backward of what made it (fuzz seed 964016: a custom
+    # Function's `g * 3 + x` for a zero g gave the leaf 31, not eager's 3, whose graph never reaches that node).
+    reaching = _results_reaching_inputs(gm, rg_results)
+    cut = frozenset(
+        i for i, a in enumerate(example) if isinstance(a, torch.Tensor) and a.requires_grad and not reaching[i]
+    )
+    example = [a.detach() if i in cut else a for i, a in enumerate(example)]
     try:
         partition = _partition_saving_no_written_input(written, copy_saved_results=len(rg_results) > 1)
         with torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition):
@@ -569,17 +579,24 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
     own, first = _double_backward_of_its_own(compiled, example)
     watched = _results_eager_saves(results, rg_results)
+    # (every input's gradient coming from every result: nothing to set to None)
+    partly = None if all(r == frozenset(rg_results) for i, r in enumerate(reaching) if i not in cut) else reaching
 
     def call(args: Any) -> Any:
+        if cut:
+            args = [a.detach() if i in cut else a for i, a in enumerate(args)]
         if not torch.is_grad_enabled():
             return compiled(*args)
         copies = {i: args[i].clone() for i in kept}
         if not own:
             outs = _TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
-            _check_saved_results_at_backward(outs, watched)
-            return outs
-        outs = compiled(*args)
+        else:
+            outs = compiled(*args)
         _check_saved_results_at_backward(outs, watched)
+        if partly is not None:
+            _no_gradient_where_none_comes(outs, rg_results, partly, len(args))
+        if not own:
+            return outs
         # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
         # counters of the others.
         outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, _versions(args))
@@ -636,7 +653,40 @@ def _check_saved_results_at_backward(outs: Any, watched: list[tuple[int, fx.Node
                     )
                 )
 
-    outs[watched[0][0]].grad_fn.register_prehook(check)
+    node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+    if node is not None:  # (one node for every result requiring grad)
+        node.register_prehook(check)
+
+
+def _results_reaching_inputs(gm: fx.GraphModule, rg_results: list[int]) -> list[frozenset[int]]:
+    """For each placeholder (by position), the results requiring grad computed from it."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    results = gm.graph.output_node().args[0]
+    out = []
+    for p in placeholders:
+        after, todo = {p}, [p]
+        while todo:
+            for u in todo.pop().users:
+                if u not in after:
+                    after.add(u)
+                    todo.append(u)
+        out.append(frozenset(j for j in rg_results if results[j] in after))
+    return out
+
+
+def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: Any, num_args: int) -> None:
+    """An input none of whose results received a gradient gets None from this call's backward node, as from
+    eager's: the compiled backward, one node for all results, gives it zeros (fuzz seed 964788: with
+    `allow_unused`, a leaf's gradient was zeros where eager's is None)."""
+
+    def post(grad_inputs: Any, grad_outputs: Any) -> Any:
+        given = {j for j in rg_results if grad_outputs[j] is not None}
+        shift = len(grad_inputs) - num_args  # (_TwiceDifferentiable's own arguments come first)
+        return tuple(None if k >= shift and not (reaching[k - shift] & given) else g for k, g in enumerate(grad_inputs))
+
+    node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+    if node is not None:  # (one node for every result requiring grad)
+        node.register_hook(post)
 
 
 def _without_input_writes(gm: fx.GraphModule) -> fx.GraphModule:
