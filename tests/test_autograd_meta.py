@@ -762,6 +762,13 @@ def viewed_then_transposed_under_no_grad(x0, x1):  # review finding: a silently 
     return v
 
 
+def made_then_transposed_under_no_grad(x0, x1):  # fuzz seed 965515: memory the program made, not the caller's
+    v = torch.where(x1 > 0, x1, x1).unsqueeze(1) * 1
+    with torch.no_grad():
+        v.transpose_(0, 1)
+    return v.squeeze()  # eager's backward raises: the gradient has the new layout, the grad_fn the old
+
+
 @pytest.mark.parametrize(
     "fn",
     [
@@ -769,6 +776,7 @@ def viewed_then_transposed_under_no_grad(x0, x1):  # review finding: a silently 
         transposed_under_no_grad_then_read,
         transposed_under_no_grad_then_viewed,
         viewed_then_transposed_under_no_grad,
+        made_then_transposed_under_no_grad,
     ],
 )
 def test_use_after_an_unrecorded_layout_change_runs_eagerly(fn):
@@ -780,7 +788,8 @@ def test_use_after_an_unrecorded_layout_change_runs_eagerly(fn):
 
     jf = dealias.jit(fn)
     fell_back = grads_like_eager(fn, jf, lambda: make()[:1] if fn is transposed_under_no_grad_then_written else make())
-    assert fell_back and "layout change autograd did not record (aten.t_.default" in str(fell_back[0].message)
+    change = "transpose_" if fn is made_then_transposed_under_no_grad else "t_"
+    assert fell_back and f"layout change autograd did not record (aten.{change}.default" in str(fell_back[0].message)
 
 
 class _ViewOf(torch.autograd.Function):  # returns a view of its input: eager restricts writes through it

@@ -423,9 +423,17 @@ class _Functionalizer:
                 return
             # Eager's version counter moves: a split's element goes stale, what autograd saved of the memory too.
             self.autograd.version_counter_moves(v.storage)
+            recorded = bool(self.emit.grad) and self.autograd.requires_grad(node.args[0])
+            if (
+                v.storage.kind is StorageKind.INTERMEDIATE
+                and not recorded
+                and self.autograd.requires_grad(node.args[0])
+            ):
+                # Of memory the program made, too: eager's grad_fn keeps the old layout (fuzz seed 965515:
+                # `where(..)` transposed under no_grad, then squeezed; eager's backward raises on the shapes).
+                self.autograd.layout_changed(v.storage, node, recorded)
             if v.storage.kind is not StorageKind.INTERMEDIATE:  # (of a caller's tensor: moved on it too)
                 self.emit.call(bump_version, self.roots[v.storage])
-                recorded = bool(self.emit.grad) and self.autograd.requires_grad(node.args[0])
                 self.autograd.layout_changed(v.storage, node, recorded)
                 kinds = self.meta_recorded.setdefault(v.obj, set())
                 if kinds and recorded not in kinds:
