@@ -459,6 +459,18 @@ def test_a_fused_graph_gives_no_gradient_where_eager_gives_none(program):
             torch.testing.assert_close(g, e)
 
 
+def detached_results(x, w):
+    return (x * 2).detach() + 1, w.sum().detach()
+
+
+def test_a_graph_autograd_records_without_a_result_requiring_grad():
+    # Every input that requires grad reaches no result requiring grad: compiled for them detached, called so.
+    jf = check(
+        detached_results, torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True), executor="inductor"
+    )
+    assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+
+
 def cumsum_of_detached(x):
     return x.detach().cumsum(1)
 

@@ -568,6 +568,9 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     # Which inputs require grad is fixed per program (guarded), and so is the grad mode of its calls.
     builds_graph = any(isinstance(a, torch.Tensor) and a.requires_grad for a in example)
     if not builds_graph:
+        if cut:  # (compiled for them detached: called so)
+            detached = compiled
+            compiled = lambda args: detached([a.detach() if i in cut else a for i, a in enumerate(args)])  # noqa: E731
         run = _runner(gm, compiled, None, autograd=True)
         run.graph = handed  # type: ignore[attr-defined]
         return run
