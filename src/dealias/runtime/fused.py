@@ -624,12 +624,7 @@ def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int,
         while is_view_node(n) and isinstance(n.args[0], fx.Node):
             n = n.args[0]
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and saves_its_result(n):
-            after, todo = {n}, [n]
-            while todo:
-                for u in todo.pop().users:
-                    if u not in after:
-                        after.add(u)
-                        todo.append(u)
+            after = _computed_from(n)
             out.append((i, n, frozenset(j for j in rg_results if results[j] in after)))
     return out
 
@@ -665,16 +660,19 @@ def _results_reaching_inputs(gm: fx.GraphModule, rg_results: list[int]) -> list[
     """For each placeholder (by position), the results requiring grad computed from it."""
     placeholders = gm.graph.find_nodes(op="placeholder")
     results = gm.graph.output_node().args[0]
-    out = []
-    for p in placeholders:
-        after, todo = {p}, [p]
-        while todo:
-            for u in todo.pop().users:
-                if u not in after:
-                    after.add(u)
-                    todo.append(u)
-        out.append(frozenset(j for j in rg_results if results[j] in after))
-    return out
+    reached = [_computed_from(p) for p in placeholders]
+    return [frozenset(j for j in rg_results if results[j] in after) for after in reached]
+
+
+def _computed_from(n: fx.Node) -> set[fx.Node]:
+    """`n` and every node computed from it."""
+    after, todo = {n}, [n]
+    while todo:
+        for u in todo.pop().users:
+            if u not in after:
+                after.add(u)
+                todo.append(u)
+    return after
 
 
 def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: Any, num_args: int) -> None:
