@@ -182,9 +182,14 @@ def first_difference(expected: Any, got: Any, eager_args: Any, jit_args: Any) ->
 
 def run_both(
     fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple[Any, ...]
-) -> tuple[Any, BaseException | None, Any, BaseException | None, Any, Any]:
-    """Run eager and compiled on separate copies of `args` with the same random state."""
+) -> tuple[Any, BaseException | None, Any, BaseException | None, Any, Any, list[Any]]:
+    """Run eager and compiled on separate copies of `args` with the same random state; also, per leaf, the version
+    counter both copies started from (made the same way, they start alike) and the storage it started on."""
     eager_args, jit_args = clone_args(args), clone_args(args)
+    start = [
+        (t._version, t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
+        for t in pytree.tree_leaves(eager_args)
+    ]
     rng = torch.get_rng_state()
     expected = got = eager_err = jit_err = None
     try:
@@ -196,13 +201,13 @@ def run_both(
         got = jitted(*jit_args)
     except Exception as e:  # noqa: BLE001
         jit_err = e
-    return expected, eager_err, got, jit_err, eager_args, jit_args
+    return expected, eager_err, got, jit_err, eager_args, jit_args, start
 
 
 def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple[Any, ...]) -> str | None:
     """One differential call; the first difference (values, inputs, aliasing, errors), or None."""
     rng = torch.get_rng_state()
-    expected, eager_err, got, jit_err, eager_args, jit_args = run_both(fn, jitted, args)
+    expected, eager_err, got, jit_err, eager_args, jit_args, start = run_both(fn, jitted, args)
     if eager_err is not None:
         if jit_err is None:
             return f"eager raised {type(eager_err).__name__}: {eager_err}; dealias did not"
@@ -224,7 +229,7 @@ def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple
         return None
     if jit_err is not None:
         return f"dealias raised {type(jit_err).__name__}: {jit_err}; eager returned"
-    return first_difference(expected, got, eager_args, jit_args) or _unmoved_version(args, eager_args, jit_args)
+    return first_difference(expected, got, eager_args, jit_args) or _unmoved_version(start, eager_args, jit_args)
 
 
 def _state(leaves: list[Any]) -> tuple[Any, ...]:
@@ -264,17 +269,17 @@ def _eager_states(fn: Callable[..., Any], args: Any, rng: torch.Tensor) -> list[
     return states
 
 
-def _unmoved_version(args: Any, eager_args: Any, jit_args: Any) -> str | None:
+def _unmoved_version(start: list[Any], eager_args: Any, jit_args: Any) -> str | None:
     """Memory eager wrote (a version counter of it moved) whose counters the compiled call all left where they
-    were: what autograd saved of it before the call would be read at backward as if unchanged, where eager's
-    backward raises. Tensors sharing memory are taken together: `clone_args` gives each its own counter where
-    the caller's views share one, and a write-back through one of them moves that one. (A counter moved by
-    fewer or more steps than eager's is not a difference here.)"""
-    groups: dict[int, list[tuple[int, int, int, int]]] = {}  # storage -> (input, fresh, eager, jit) counters
-    fresh = pytree.tree_leaves(clone_args(args))  # the counters both copies started from (made the same way)
-    for i, (f, e, j) in enumerate(zip(fresh, pytree.tree_leaves(eager_args), pytree.tree_leaves(jit_args))):
-        if isinstance(f, torch.Tensor) and not f.is_inference():
-            groups.setdefault(f.untyped_storage()._cdata, []).append((i, f._version, e._version, j._version))
+    were (`start`: the counters both copies began with): what autograd saved of it before the call would be read
+    at backward as if unchanged, where eager's backward raises. Tensors sharing memory are taken together:
+    `clone_args` gives each its own counter where the caller's views share one, and a write-back through one of
+    them moves that one. (A counter moved by fewer or more steps than eager's is not a difference here.)"""
+    groups: dict[int, list[tuple[int, int, int, int]]] = {}  # storage -> (input, start, eager, jit) counters
+    for i, (begun, e, j) in enumerate(zip(start, pytree.tree_leaves(eager_args), pytree.tree_leaves(jit_args))):
+        if begun is not None and not e.is_inference():
+            f, storage = begun
+            groups.setdefault(storage, []).append((i, f, e._version, j._version))
     for group in groups.values():
         if any(e != f for _, f, e, _ in group) and all(j == f for _, f, _, j in group):
             i = next(i for i, f, e, _ in group if e != f)
