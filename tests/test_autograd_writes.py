@@ -582,6 +582,41 @@ def test_self_copy_moves_the_callers_counter_only():
     assert_compiled_like_eager(clamp_then_self_copy_in_a_group, make)
 
 
+def negate_the_base(chunk, x):
+    total = chunk.sum()  # (chunk is read: both are inputs of the graph)
+    x.neg_()  # eager moves x's version counter, not chunk's (an unsafe_chunk element has a counter of its own)
+    return total
+
+
+def scale_a_column_of_the_chunk(chunk, x):
+    total = x.sum()
+    chunk[:, 1].mul_(3)  # moves chunk's counter only
+    return total
+
+
+def test_a_write_moves_the_counter_of_the_member_it_went_through():
+    # Inputs sharing memory but not a version counter: the write-back into the alias group's base (a view of the
+    # first member) moved the chunk's counter, and x's stayed, so what autograd saved of x before the call passed
+    # backward's check (fuzz seed 971090).
+    def make():
+        x = torch.randn(5, 5)
+        return x.unsafe_chunk(2, 1)[0], x
+
+    for fn in (negate_the_base, scale_a_column_of_the_chunk):
+        jf = dealias.jit(fn)
+        for _ in range(2):
+            assert compare_call(fn, jf, make()) is None
+    jf = dealias.jit(negate_the_base)
+    for f in (negate_the_base, jf, jf):
+        chunk, x = make()
+        w = torch.ones(5, 5, requires_grad=True)
+        y = w * x  # saves x
+        f(chunk, x)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    assert dealias.cache_info(jf).misses == 1
+
+
 def sin_of_a_member_then_sum(x, first):
     first.sin_()
     s = first.sum(0, keepdim=True)

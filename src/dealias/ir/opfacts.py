@@ -36,6 +36,7 @@ class OpFacts:
     functional: OpOverload | None  # the out-of-place counterpart for the mutating kinds
     multi_output_view: bool = False  # split/unbind: `Tensor(a -> *) self` returning `Tensor(a)[]`
     autograd_view: bool = True  # autograd tracks the returns as views of the input (not unsafe_split's)
+    own_counter: bool = False  # the returns have version counters of their own (unsafe_split's, `_unsafe_view`'s)
     nondeterministic: bool = False  # random ops: never merged by CSE
     # A mutable op with out= arguments (`native_batch_norm.out`), called with its other written arguments absent
     # (no running stats): the out= op this makes it, and its functional form (the packet's overload without out=).
@@ -156,12 +157,13 @@ def facts(op: OpOverload) -> OpFacts:
         return OpFacts(op, OpKind.MUTABLE, names, _find_functional(op, OpKind.MUTABLE), out_only=out_only)
     nondet = torch.Tag.nondeterministic_seeded in tags
     if schema.name in _MULTI_VIEW_WITHOUT_ANNOTATION:
-        return OpFacts(op, OpKind.VIEW, (), None, multi_output_view=True, autograd_view=False)
+        return OpFacts(op, OpKind.VIEW, (), None, multi_output_view=True, autograd_view=False, own_counter=True)
     if not written:
         aliased = [a for a in schema.arguments if a.alias_info is not None]
         if aliased or schema.name in _VIEW_WITHOUT_ANNOTATION:
             multi = any("*" in a.alias_info.after_set for a in aliased)
-            return OpFacts(op, OpKind.VIEW, (), None, multi_output_view=multi)
+            own = schema.name in _VIEW_WITHOUT_ANNOTATION
+            return OpFacts(op, OpKind.VIEW, (), None, multi_output_view=multi, own_counter=own)
         return OpFacts(op, OpKind.FUNCTIONAL, (), None, nondeterministic=nondet)
     names = tuple(a.name for a in written)
     if torch.Tag.inplace_view in tags:

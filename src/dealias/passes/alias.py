@@ -54,6 +54,9 @@ class Value:
     obj: int  # identity of the Python tensor object
     meta: torch.Tensor  # fake tensor: exact sizes, strides and offset
     node: fx.Node  # the captured node that produced this value
+    # In an alias group only: the member (its object) whose version counter this tensor shares, or None. Members
+    # need not share one (an unsafe_chunk element passed with its base), and the group's base has one member's.
+    counter: int | None = None
 
 
 @dataclass
@@ -143,7 +146,7 @@ def _group_member(
         storages[gid] = Storage(len(info.storages), StorageKind.GROUP, index=gid, root_meta=base)
         info.storages.append(storages[gid])
     step = ViewStep(as_strided_rel, (list(meta.shape), list(meta.stride()), meta.storage_offset() - group.start))
-    return Value(storages[gid], (step,), obj, meta, node)
+    return Value(storages[gid], (step,), obj, meta, node, counter=obj)
 
 
 def _resize_size(node: fx.Node) -> list[Any]:
@@ -193,7 +196,8 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         pv = info.values[parent]
         if isinstance(pv, _MultiView):
             step = normalize_multi_output(pv.op, pv.args, index, pv.parent.meta)
-            return Value(pv.parent.storage, pv.parent.chain + (step,), next(ids), meta, node)
+            counter = None if facts(pv.op).own_counter else pv.parent.counter
+            return Value(pv.parent.storage, pv.parent.chain + (step,), next(ids), meta, node, counter)
         return pv[index]
     op = node.target
     if not isinstance(op, torch._ops.OpOverload) and isinstance(meta, (torch.SymInt, torch.SymBool, torch.SymFloat)):
@@ -206,7 +210,8 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         if f.multi_output_view:
             return _MultiView(op, tuple(node.args[1:]), parent)
         step = _step(op, node, parent)
-        return Value(parent.storage, parent.chain + (step,), next(ids), meta, node)
+        counter = None if f.own_counter else parent.counter
+        return Value(parent.storage, parent.chain + (step,), next(ids), meta, node, counter)
     if f.kind is OpKind.INPLACE:
         # foreach ops write a list and return nothing; the others return `self` itself.
         return info.value(node.args[0]) if isinstance(node.args[0], fx.Node) else None
@@ -215,8 +220,9 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         self_v = info.value(node.args[0])
         if name in ("aten::resize_", "aten::resize_as_"):
             if resizes_nothing(node, self_v.meta):  # (eager keeps the strides too, and its version counter)
-                return Value(self_v.storage, self_v.chain, self_v.obj, meta, node)
-            return Value(self_v.storage, self_v.chain + (_resize_step(node, self_v),), self_v.obj, meta, node)
+                return Value(self_v.storage, self_v.chain, self_v.obj, meta, node, self_v.counter)
+            step = _resize_step(node, self_v)
+            return Value(self_v.storage, self_v.chain + (step,), self_v.obj, meta, node, self_v.counter)
         if name == "aten::squeeze_":
             view_op = _squeeze_view(op)
         elif name in _INPLACE_VIEW_AS:
@@ -224,7 +230,7 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         else:
             raise UnsupportedError(f"{op} (it changes which memory a tensor refers to) is not supported")
         step = _step(view_op, node, self_v)
-        return Value(self_v.storage, self_v.chain + (step,), self_v.obj, meta, node)
+        return Value(self_v.storage, self_v.chain + (step,), self_v.obj, meta, node, self_v.counter)
     if f.kind is OpKind.OUT:
         bound = bind_args(op._schema, node.args, node.kwargs)
         written = [bound[n] for n in f.mutated]

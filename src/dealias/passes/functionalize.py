@@ -92,6 +92,8 @@ class _Functionalizer:
         self.meta_recorded: dict[int, set[bool]] = {}
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
+        self.member_ph: dict[int, fx.Node] = {}  # alias group member (object) -> its placeholder
+        self.counters_moved: set[int] = set()  # members whose version counter the graph moves (move_counter)
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
         self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
@@ -208,6 +210,21 @@ class _Functionalizer:
             new = restride(self.emit, new, s.root_meta)
         self.advance(s, self.autograd.with_history(s, new, bool(hidden)))
         self.autograd.after_write(s, node, bool(hidden), result)
+        if s.kind is StorageKind.GROUP:  # (a caller's own tensor: its write-back moves its counter)
+            self.move_counter(v)
+
+    def move_counter(self, v: Value) -> None:
+        """Eager's write of a caller's tensor through `v` moves the version counter `v` shares: what autograd
+        saved of that tensor before is stale. Members of an alias group need not share one counter (an
+        unsafe_chunk element passed with its base: fuzz seed 971090), and the write-back into the group's base
+        moves one member's, so the member a write went through is moved here, once per graph; a tensor with a
+        counter of its own made in the graph (an unsafe_chunk element of a member) moves no caller's."""
+        s = v.storage
+        if s.kind is not StorageKind.GROUP:
+            self.emit.call(bump_version, self.roots[s])
+        elif v.counter is not None and v.counter not in self.counters_moved:
+            self.counters_moved.add(v.counter)
+            self.emit.call(bump_version, self.member_ph[v.counter])
 
     def caller_placeholder(self, s: Storage) -> fx.Node:
         """The placeholder of caller storage `s`: the caller's tensor itself, or its alias group's base (a view of
@@ -325,7 +342,8 @@ class _Functionalizer:
                     view = self.graph.call_function(as_strided_rel, (clone, *self.emit.symbolic(step.args)))
                 view.meta.update(val=member.meta["val"], rg=bool(ph.meta.get("rg")), grad=True)
                 for user in list(member.users):
-                    user.replace_input_with(member, view)
+                    if user.target is not bump_version:  # (the caller's tensor's counter, not the clone's)
+                        user.replace_input_with(member, view)
 
     def _new_storage(self, s: Storage, node: fx.Node) -> None:
         if s not in self.base:
@@ -359,6 +377,7 @@ class _Functionalizer:
             self.placeholder_ref[ph] = Ref(RefKind.INPUT, v.storage.index)
         else:
             self.member_steps.setdefault(Ref(RefKind.GROUP, v.storage.index), []).append((ph, v.chain[0]))
+            self.member_ph[v.obj] = ph
         # A member of an alias group reads as its own placeholder until the group is first written.
         self._caller_root(v, ph, Ref(RefKind.INPUT, self.info.input_index[node]))
         if self.info.input_index[node] in self.detached_inputs:
@@ -433,7 +452,7 @@ class _Functionalizer:
                 # `where(..)` transposed under no_grad, then squeezed; eager's backward raises on the shapes).
                 self.autograd.layout_changed(v.storage, node, recorded)
             if v.storage.kind is not StorageKind.INTERMEDIATE:  # (of a caller's tensor: moved on it too)
-                self.emit.call(bump_version, self.roots[v.storage])
+                self.move_counter(v)
                 self.autograd.layout_changed(v.storage, node, recorded)
                 kinds = self.meta_recorded.setdefault(v.obj, set())
                 if kinds and recorded not in kinds:
@@ -485,8 +504,8 @@ class _Functionalizer:
             now = self.autograd.writes_back_at(s, node)
             hidden = self._through_detached(v) and self.base[s].meta.get("rg")
             self.autograd.after_write(s, node, bool(hidden))  # (refuses a write of an unsafe_split element too)
-            if s.kind is not StorageKind.INTERMEDIATE and not now:  # what autograd saved of it is stale
-                self.emit.call(bump_version, self.roots[s])
+            if s.kind is StorageKind.GROUP or (s.kind is not StorageKind.INTERMEDIATE and not now):
+                self.move_counter(v)  # what autograd saved of it is stale
             return
         lists = [n for n, a in bound.items() if isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node)]
         foreach = op._schema.name.startswith("aten::_foreach_")  # the i-th result depends on the i-th inputs only

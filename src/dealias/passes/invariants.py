@@ -267,8 +267,9 @@ def no_stale_view_reads(
     write (a view, or an in-place op's result) is used by a node after it: in a functional graph a node stands
     for the values it had when made, at run time an alias shows M's current contents. M's owner itself (an input,
     an intermediate's base) is exempt: reads of it after the write are meant to see the write. So is
-    `caller_after(t, written)`, which exists to read `t` after the write. Memory by `memory_roots` (views
-    followed back to their base; alias group members are their group's memory)."""
+    `caller_after(t, written)`, which exists to read `t` after the write, and `bump_version(t)`, which reads none
+    of its memory. Memory by `memory_roots` (views followed back to their base; alias group members are their
+    group's memory)."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     roots = memory_roots(gm, aliases)
     writes: dict[fx.Node, list[fx.Node]] = {}  # memory -> its writes, in graph order
@@ -289,7 +290,7 @@ def no_stale_view_reads(
             continue
         write = writes[m][i]
         for u in v.users:
-            if order[u] > order[write] and u.target is not caller_after:
+            if order[u] > order[write] and u.target not in (caller_after, bump_version):
                 _fail(
                     "no view made before an in-place write is read after it",
                     stage,

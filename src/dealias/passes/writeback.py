@@ -33,6 +33,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..ir.checks import guard_index_writes, indexed_write
 from ..ir.emitter import Emitter
+from ..ir.gradops import bump_version
 from ..ir.opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
 from ..ir.plan import (
     FunctionalProgram,
@@ -129,6 +130,8 @@ def _readers(node: fx.Node) -> list[fx.Node]:
             if u in seen:
                 continue
             seen.add(u)
+            if u.target is bump_version:
+                continue  # (it moves the tensor's version counter and reads none of its memory)
             (todo if is_view_node(u) else out).append(u)
     return out
 
