@@ -13,15 +13,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import dealias
 from dealias.errors import InternalError
-from dealias.runtime import fused
-from dealias.runtime.fused import (
-    _SNAPSHOT,
-    KEEP_ATEN_MIN_NUMEL,
-    Unfusable,
-    _written_inputs_read,
-    check_hazards,
-    fused_autograd_executor,
-)
+from dealias.runtime import fused_autograd
+from dealias.runtime.fused import _SNAPSHOT, KEEP_ATEN_MIN_NUMEL, Unfusable, check_hazards
+from dealias.runtime.fused_autograd import _written_inputs_read, fused_autograd_executor
 from dealias.tools.demo import kv_cache_write, seed_program
 
 
@@ -633,7 +627,7 @@ def test_fused_autograd_supports_double_backward_and_retained_graphs(own, monkey
     # AOTAutograd's own Function, given that backward, or (`wrapped`, where its Function could not take it) from
     # a Function of dealias's around it.
     if not own:
-        monkeypatch.setattr(fused, "_takes_double_backward", lambda *a: False)
+        monkeypatch.setattr(fused_autograd, "_takes_double_backward", lambda *a: False)
     jf = dealias.jit(write_then_cube_sin, executor="inductor")
     results = []
     for fn in (write_then_cube_sin, jf):

@@ -21,7 +21,8 @@ from ..ir.plan import FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport
 from ..ir.traces import Trace, format_graph
 from ..ir.viewops import chain_text
 from ..runtime.executor import torch_executor
-from ..runtime.fused import AUTOGRAD, Unfusable, fused_autograd_executor, fused_executor, unfusable
+from ..runtime.fused import AUTOGRAD, Unfusable, fused_executor, unfusable
+from ..runtime.fused_autograd import fused_autograd_executor
 from ..runtime.program import CompiledProgram
 from .alias import analyze
 from .capture import capture

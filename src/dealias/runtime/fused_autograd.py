@@ -1,0 +1,494 @@
+"""The fused executor for a graph autograd records (BatchNorm training with parameters that require grad).
+
+Such a graph (`fused_autograd_executor`) is not lowered: its functional graph, write-backs done by the epilogue
+after it as on the torch executor, goes to inductor through AOTAutograd, which partitions it into a forward and a
+backward. The partition is inductor's min-cut one, or AOTAutograd's default one (the forward saves what the graph
+computed, nothing is recomputed from inputs) if the min-cut one saves an input the epilogue then writes into, and
+the graph is refused if both do: eager saved the value before its write, and a saved caller tensor written
+afterwards would make backward raise "modified by an inplace operation" where eager does not.
+
+AOTAutograd's compiled graph has one backward node for all its results, where eager has one per op, and its
+backward is not differentiable again; the rules below give eager's behaviour at backward anyway: which inputs
+get no gradient, which saved results make backward raise after a write, how a backward with create_graph=True
+is recomputed with eager's ops.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from operator import getitem
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..errors import node_location, with_location
+from ..ir.opfacts import is_view_node, op_name
+from .fused import Unfusable, runner
+
+aten = torch.ops.aten
+
+
+def _partition_saving_no_written_input(written: frozenset[int], copy_saved_results: bool) -> Any:
+    """Inductor's custom partitioner: its own min-cut partition (which may recompute values from inputs in the
+    backward) if it saves no input that AOTAutograd's default one (the forward saves what the graph computed, as
+    eager does) does not save, else the default one; Unfusable if the one taken saves one of the `written` inputs
+    (positions among the graph's placeholders). An input the min-cut partition alone saves would make backward
+    raise if the caller writes it after the call (a buffer refilled before backward), where eager's goes on from
+    what it saved. With `copy_saved_results`, a result the forward saves for backward is saved as a copy (see
+    _save_copies_of_results). (Inductor is imported here, not when dealias is.)"""
+    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    def saved_inputs(fw: fx.GraphModule, num_fwd_outputs: int) -> set[int]:
+        """The inputs the forward saves for backward, themselves or through a view of one (`x[0]`)."""
+        primals = fw.graph.find_nodes(op="placeholder")  # (no parameters: the graph's inputs, in order)
+        out = set()
+        for s in fw.graph.output_node().args[0][num_fwd_outputs:]:
+            while isinstance(s, fx.Node) and is_view_node(s):
+                s = s.args[0]
+            if s in primals:
+                out.add(primals.index(s))
+        return out
+
+    class Partition(CustomPartitionerFn):
+        def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+            n = kwargs["num_fwd_outputs"]
+            fw, bw = min_cut_rematerialization_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
+            kwargs.pop("compiler", None)
+            default = default_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
+            saved, by_default = saved_inputs(fw, n), saved_inputs(default[0], n)
+            if not saved <= by_default:
+                (fw, bw), saved = default, by_default
+            if saved & written:
+                raise Unfusable(f"backward would save input {min(saved & written)}, which the epilogue writes into")
+            if copy_saved_results:
+                _save_copies_of_results(fw, n)
+            return fw, bw
+
+        def uuid(self) -> Any:  # inductor's graph cache key: a cached graph passed this check when compiled
+            return (
+                "dealias partition saving the inputs eager saves, none of",
+                tuple(sorted(written)),
+                copy_saved_results,
+            )
+
+    return Partition()
+
+
+def _save_copies_of_results(fw: fx.GraphModule, num_fwd_outputs: int) -> None:
+    """Make the forward `fw` save a copy of each result of the graph it saves for backward (exp's, sigmoid's). The
+    compiled graph has one backward node for all its results, where eager has one per op: AOTAutograd's check of
+    a saved result the caller wrote after the call would raise for a gradient through any result, where eager's
+    exp backward runs only for a gradient through its own. On a copy, the check is dealias's pre-hook
+    (_check_saved_results_at_backward), which asks where the gradient comes in."""
+
+    def base(n: Any) -> Any:
+        while isinstance(n, fx.Node) and is_view_node(n):
+            n = n.args[0]
+        return n
+
+    outputs = list(fw.graph.output_node().args[0])
+    results = {base(r) for r in outputs[:num_fwd_outputs]}  # (a view returned shares its base's counter)
+    for k in range(num_fwd_outputs, len(outputs)):
+        s = outputs[k]
+        if base(s) in results and isinstance(s.meta.get("val"), torch.Tensor):
+            with fw.graph.inserting_before(fw.graph.output_node()):
+                copied = fw.graph.call_function(aten.clone.default, (s,))
+            copied.meta = dict(s.meta)
+            outputs[k] = copied
+    fw.graph.output_node().args = (tuple(outputs),)
+    fw.recompile()
+
+
+def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: frozenset[int]) -> Callable[..., Any]:
+    """Compile the functional graph `gm`, which autograd records, with AOTAutograd and inductor; `written`: the
+    placeholders written, by the epilogue after the graph or by a `copy_` at the graph's end (which AOTAutograd
+    keeps in the compiled graph). Raises Unfusable."""
+    from torch._inductor.compile_fx import compile_fx
+
+    if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
+        raise Unfusable("an input that requires grad is written (a double backward could not recompute from it)")
+    mode = torch.is_grad_enabled()  # the mode the program's calls enter with (keyed)
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            raise Unfusable("a constant of the program (AOTAutograd would lift it before the inputs)")
+        if n.op == "call_function" and n.meta.get("grad", mode) != mode:
+            # AOTAutograd records every op of the graph in the call's mode: an op eager ran under no_grad (or
+            # enable_grad) would be recorded as the others (fuzz seed 962133: a result required grad).
+            raise Unfusable(f"{op_name(n.target)} runs in another grad mode than the call")
+        if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
+            raise Unfusable(f"{op_name(n.target)} runs in Python")
+    handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
+    results = gm.graph.output_node().args[0]
+    # (A result the passes did not mark is taken to require grad: an input it reads is then never handed over
+    # detached below.)
+    rg_results = [i for i, n in enumerate(results) if isinstance(n, fx.Node) and n.meta.get("rg", True)]
+    # An input requiring grad that no result requiring grad is computed from is handed over detached: the compiled
+    # backward would give it zeros, not nothing, and run the backward of what made it (fuzz seed 964016: a custom
+    # Function's `g * 3 + x` for a zero g gave the leaf 31, not eager's 3, whose graph never reaches that node).
+    reaching = _results_reaching_inputs(gm, rg_results)
+    cut = frozenset(
+        i for i, a in enumerate(example) if isinstance(a, torch.Tensor) and a.requires_grad and not reaching[i]
+    )
+    example = [a.detach() if i in cut else a for i, a in enumerate(example)]
+    try:
+        partition = _partition_saving_no_written_input(written, copy_saved_results=len(rg_results) > 1)
+        with torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition):
+            compiled = compile_fx(copy.deepcopy(gm), list(example))
+    except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
+        cause = e
+        while cause.__cause__ is not None and not isinstance(cause, Unfusable):
+            cause = cause.__cause__
+        if isinstance(cause, Unfusable):
+            raise cause from None
+        raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+
+    # Which inputs require grad is fixed per program (guarded), and so is the grad mode of its calls.
+    builds_graph = any(isinstance(a, torch.Tensor) and a.requires_grad for a in example)
+    if not builds_graph:
+        if cut:  # (compiled for them detached: called so)
+            detached = compiled
+            compiled = lambda args: detached([a.detach() if i in cut else a for i, a in enumerate(args)])  # noqa: E731
+        run = runner(gm, compiled, None, autograd=True)
+        run.graph = handed  # type: ignore[attr-defined]
+        return run
+    # The written inputs a result requiring grad is computed from: a double backward recomputes from copies taken
+    # before the call writes them. And whether AOTAutograd's own Function can take the double backward (see
+    # _recompute_double_backward), learned from a run on copies of the example inputs; else each call runs
+    # inside a _TwiceDifferentiable, which costs more.
+    reads = _written_inputs_read(gm, written)
+    kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
+    own, first = _double_backward_of_its_own(compiled, example)
+    watched = _results_eager_saves(results, rg_results)
+    # (every input's gradient coming from every result: nothing to set to None)
+    partly = None if all(r == frozenset(rg_results) for i, r in enumerate(reaching) if i not in cut) else reaching
+
+    def call(args: Any) -> Any:
+        if cut:
+            args = [a.detach() if i in cut else a for i, a in enumerate(args)]
+        if not torch.is_grad_enabled():
+            return compiled(*args)
+        copies = {i: args[i].clone() for i in kept}
+        if not own:
+            outs = _TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
+        else:
+            outs = compiled(*args)
+        _check_saved_results_at_backward(outs, watched)
+        if partly is not None:
+            _no_gradient_where_none_comes(outs, rg_results, partly, len(args))
+        if not own:
+            return outs
+        # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
+        # counters of the others.
+        outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, _versions(args))
+        return outs
+
+    run = runner(gm, call, None, autograd=True)
+    run.graph = handed  # type: ignore[attr-defined]
+    return run
+
+
+def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int, fx.Node, frozenset[int]]]:
+    """The results requiring grad (by position) whose memory eager's backward saves: made by an op that saves its
+    result (`relu`, `y.relu_()`), or views of one. Eager's backward raises if the caller writes such a result after
+    the call and a gradient then flows through the op; AOTAutograd's partition may save something else instead (a
+    mask for relu) and would go on. With the op that saves it (for the message), and the results computed from
+    it: a gradient into one of them flows through the op in eager."""
+    from ..passes.saved import saves_its_result
+
+    out = []
+    for i in rg_results:
+        n = results[i]
+        while is_view_node(n) and isinstance(n.args[0], fx.Node):
+            n = n.args[0]
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and saves_its_result(n):
+            after = _computed_from(n)
+            out.append((i, n, frozenset(j for j in rg_results if results[j] in after)))
+    return out
+
+
+def _check_saved_results_at_backward(outs: Any, watched: list[tuple[int, fx.Node, frozenset[int]]]) -> None:
+    """Before the backward of this call's results runs, raise eager's error if a result eager saved (see
+    _results_eager_saves) was written in place since and a gradient comes into a result computed from it (the
+    backward node is one for the whole graph, where eager's are one per op). A detached alias shares the result's
+    version counter without holding its history (no reference cycle through its grad_fn)."""
+    if not watched:
+        return
+    kept = [(i, n, reached, outs[i].detach(), outs[i]._version) for i, n, reached in watched]
+
+    def check(grad_outputs: Any) -> None:
+        for i, n, reached, alias, version in kept:
+            if alias._version != version and any(grad_outputs[j] is not None for j in reached):
+                raise RuntimeError(
+                    with_location(
+                        "one of the variables needed for gradient computation has been modified by an inplace "
+                        f"operation: [{alias.type()} {list(alias.shape)}], which is output {i} of a graph dealias "
+                        f"fused, saved for backward by {op_name(n.target)} as in eager, is at version "
+                        f"{alias._version}; expected version {version} instead",
+                        node_location(n),
+                    )
+                )
+
+    node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+    if node is not None:  # (one node for every result requiring grad)
+        node.register_prehook(check)
+
+
+def _results_reaching_inputs(gm: fx.GraphModule, rg_results: list[int]) -> list[frozenset[int]]:
+    """For each placeholder (by position), the results requiring grad computed from it."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    results = gm.graph.output_node().args[0]
+    reached = [_computed_from(p) for p in placeholders]
+    return [frozenset(j for j in rg_results if results[j] in after) for after in reached]
+
+
+def _computed_from(n: fx.Node) -> set[fx.Node]:
+    """`n` and every node computed from it."""
+    after, todo = {n}, [n]
+    while todo:
+        for u in todo.pop().users:
+            if u not in after:
+                after.add(u)
+                todo.append(u)
+    return after
+
+
+def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: Any, num_args: int) -> None:
+    """An input none of whose results received a gradient gets None from this call's backward node, as from
+    eager's: the compiled backward, one node for all results, gives it zeros (fuzz seed 964788: with
+    `allow_unused`, a leaf's gradient was zeros where eager's is None)."""
+
+    def post(grad_inputs: Any, grad_outputs: Any) -> Any:
+        given = {j for j in rg_results if grad_outputs[j] is not None}
+        shift = len(grad_inputs) - num_args  # (_TwiceDifferentiable's own arguments come first)
+        return tuple(None if k >= shift and not (reaching[k - shift] & given) else g for k, g in enumerate(grad_inputs))
+
+    node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+    if node is not None:  # (one node for every result requiring grad)
+        node.register_hook(post)
+
+
+def _without_input_writes(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` without its `copy_` into placeholders (see writeback.whole_writes_in_graph)."""
+    out = copy.deepcopy(gm)
+    for n in list(out.graph.nodes):
+        if n.op == "call_function" and n.target is aten.copy_.default and n.args[0].op == "placeholder":
+            out.graph.erase_node(n)
+    out.recompile()
+    return out
+
+
+def _double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool, int]:
+    """Whether AOTAutograd's Function in `compiled` can take dealias's double backward (`_takes_double_backward`),
+    asked of a run on copies of the example inputs (the graph may write its inputs); and which result's backward
+    node is its own (the first requiring grad)."""
+    copies = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in example]
+    with torch.enable_grad():
+        outs = compiled(*copies)
+    first = next((i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad), None)
+    if first is None:
+        return False, 0
+    return _takes_double_backward(outs[first].grad_fn, copies, outs), first
+
+
+def _versions(args: Any) -> list[int]:
+    return [a._version for a in args]  # (a fused graph's inputs are tensors)
+
+
+def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
+    """Whether the backward node `node` of AOTAutograd's Function (outputs `outs`, inputs `args`) is one whose class
+    can run dealias's recompute for a backward with create_graph=True (`_recompute_double_backward`): every result
+    requiring grad is one of its outputs, its inputs are `args` in order, and it mutates and aliases nothing. Its
+    class is then given a backward that does so; its first-order backward stays AOTAutograd's."""
+    cls = getattr(type(node), "_forward_cls", None)
+    meta = getattr(cls, "metadata", None)
+    if meta is None or meta.num_intermediate_bases or meta.tokens:
+        return False
+    # (An input write AOTAutograd keeps in the compiled graph has no output of its own; others would.)
+    if any(
+        i.mutates_metadata or i.mutates_data and i.mutation_type.name != "MUTATED_IN_GRAPH" for i in meta.input_info
+    ):
+        return False
+    if len(meta.output_info) != len(outs) or any(o.output_type.name != "non_alias" for o in meta.output_info):
+        return False
+    if any(o.requires_grad and o.grad_fn is not node for o in outs) or len(node.next_functions) != len(args):
+        return False
+    for (fn, _), a in zip(node.next_functions, args):  # input i's gradient goes to args[i]'s history
+        if not isinstance(a, torch.Tensor) or not a.requires_grad:
+            expected = fn is None
+        elif a.grad_fn is not None:
+            expected = fn is a.grad_fn
+        else:  # a leaf: its gradient accumulator
+            expected = getattr(fn, "variable", None) is a
+        if not expected:
+            return False
+    if not getattr(cls, "dealias_double_backward", False):
+        first_order, boxed = cls.backward, getattr(cls, "boxed_grads_call", False)
+
+        def backward(ctx: Any, *grads: Any) -> Any:
+            if torch.is_grad_enabled() and hasattr(ctx, "dealias_recompute"):
+                ctx.saved_tensors  # noqa: B018 - raises eager's error if a backward freed the graph
+                return _recompute_double_backward(*ctx.dealias_recompute, grads[0] if boxed else grads)
+            result = first_order(ctx, *grads)
+            if not torch._C._autograd._get_current_graph_task_keep_graph():  # the graph is freed: so are the inputs
+                ctx.__dict__.pop("dealias_recompute", None)
+            return result
+
+        cls.backward = staticmethod(backward)
+        cls.dealias_double_backward = True
+    return True
+
+
+def _recompute_double_backward(
+    graph: fx.GraphModule, args: Any, copies: dict[int, torch.Tensor], written: Any, versions: Any, grads: Any
+) -> tuple[Any, ...]:
+    """A backward with create_graph=True of a fused graph: the gradient must be differentiable in turn, which
+    AOTAutograd's compiled backward is not. The graph runs again with eager's ops, from the call's inputs (of those
+    written since by the epilogue, the copies taken before), and is differentiated with create_graph. An input
+    written in place since the call makes it raise, naming the input: never a gradient of other values."""
+    moved = next((i for i, a in enumerate(args) if i not in written and a._version != versions[i]), None)
+    if moved is not None:
+        raise RuntimeError(
+            f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and input "
+            f"{moved} was modified in place since the call; compile with executor='torch' to differentiate it "
+            "twice after such a write"
+        )
+    inputs = [copies.get(i, a) for i, a in enumerate(args)]
+    with torch.enable_grad():
+        outs = graph(*inputs)
+    diff = [i for i, g in enumerate(grads) if g is not None and outs[i].requires_grad]
+    wrt = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and a.requires_grad]
+    differentiated, given = [outs[i] for i in diff], [grads[i] for i in diff]
+    got = torch.autograd.grad(differentiated, [inputs[i] for i in wrt], given, create_graph=True, allow_unused=True)
+    result: list[Any] = [None] * len(inputs)
+    for k, i in enumerate(wrt):
+        result[i] = got[k]
+    return tuple(result)
+
+
+def _written_inputs_read(gm: fx.GraphModule, written: frozenset[int]) -> list[frozenset[int]]:
+    """For each result of `gm`, the `written` placeholders (by position) it is computed from. A result of a
+    multi-output op is computed from the arguments its own output depends on in the op's decomposition (batch
+    norm's output in training does not read the running statistics it updates); of other ops, from all."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    reads: dict[fx.Node, frozenset[int]] = {p: frozenset({i} & written) for i, p in enumerate(placeholders)}
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        source = n.args[0] if n.target is getitem and isinstance(n.args[0], fx.Node) else None
+        if source is not None and any(reads.get(a) for a in source.all_input_nodes):
+            depends = _output_dependence(source)
+            if depends is not None:
+                reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in depends[n.args[1]]))
+                continue
+        reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
+    return [
+        reads.get(a, frozenset()) if isinstance(a, fx.Node) else frozenset() for a in gm.graph.output_node().args[0]
+    ]
+
+
+def _output_dependence(n: fx.Node) -> list[set[fx.Node]] | None:
+    """For each output of the multi-output aten op `n`, the argument nodes it is computed from, read off the
+    op's decomposition traced on meta tensors of the arguments' layouts; None if there is none to trace (no
+    decomposition, symbolic sizes)."""
+    from torch._decomp import decomposition_table
+
+    op = n.target
+    if not isinstance(op, torch._ops.OpOverload) or op not in decomposition_table:
+        return None
+    flat, spec = torch.utils._pytree.tree_flatten((n.args, n.kwargs))
+    nodes = [a for a in flat if isinstance(a, fx.Node)]
+    vals = [a.meta.get("val") for a in nodes]
+    if not all(isinstance(v, torch.Tensor) and not _symbolic(v) for v in vals):
+        return None
+    metas = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") for v in vals]
+
+    def run(*tensors: torch.Tensor) -> Any:
+        it = iter(tensors)
+        args, kwargs = torch.utils._pytree.tree_unflatten(
+            [next(it) if isinstance(a, fx.Node) else a for a in flat], spec
+        )
+        return tuple(op(*args, **kwargs))
+
+    try:
+        traced = make_fx(run, decomposition_table={op: decomposition_table[op]})(*metas)
+    except Exception:  # noqa: BLE001 - a decomposition that does not trace here: every output reads every argument
+        return None
+    inputs = traced.graph.find_nodes(op="placeholder")
+    reach: dict[fx.Node, set[int]] = {p: {i} for i, p in enumerate(inputs)}
+    for m in traced.graph.nodes:
+        if m.op not in ("placeholder", "output"):
+            reach[m] = set().union(*(reach.get(a, set()) for a in m.all_input_nodes))
+    outs = traced.graph.output_node().args[0]
+    return [{nodes[i] for i in reach.get(o, set())} if isinstance(o, fx.Node) else set() for o in outs]
+
+
+def _symbolic(v: torch.Tensor) -> bool:
+    return any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride()))
+
+
+class _TwiceDifferentiable(torch.autograd.Function):
+    """AOTAutograd's compiled function inside a Function of dealias's, where its own Function cannot be given
+    dealias's double backward (`_takes_double_backward`). Its own backward raises when differentiated
+    again ("does not currently support double backward"), where eager's and the torch executor's do not. A
+    first-order backward here runs the compiled backward; a backward that records a graph (`create_graph=True`)
+    recomputes the graph with eager's ops, from the inputs as the call had them, and differentiates that, which
+    can be differentiated again. Written inputs (none of which requires grad) are copied before the epilogue
+    writes them, if a result that requires grad is computed from them (`reads`, per result: batch norm's output
+    in training is not computed from the running statistics it updates, so nothing is copied). Other inputs are
+    read as they are then, through aliases keeping their sizes and strides; one written in place since the call
+    (a version counter moved) makes that backward raise, where eager's raises if it saved the tensor and would
+    otherwise use what it saved (a mask computed from it, say): never a gradient from the new values. (It raises
+    also where eager saved nothing of that input and goes on: which inputs the gradient's values depend on is
+    not known here.)"""
+
+    @staticmethod
+    def forward(ctx: Any, compiled: Any, graph: fx.GraphModule, facts: Any, *args: Any) -> Any:
+        copies, written = facts  # (copies of written inputs, taken before the graph writes them)
+        leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
+        with torch.enable_grad():
+            outs = compiled(*leaves)
+        ctx.outs, ctx.leaves, ctx.graph = outs, leaves, graph
+        ctx.args = [
+            a if not isinstance(a, torch.Tensor) or a.requires_grad else copies[i] if i in copies else a.detach()
+            for i, a in enumerate(args)
+        ]
+        ctx.versions = [(i, a._version) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in written]
+        returned = tuple(o.detach() for o in outs)
+        ctx.mark_non_differentiable(*[r for r, o in zip(returned, outs) if not o.requires_grad])
+        return returned
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        if getattr(ctx, "freed", False):  # (nothing is saved with save_for_backward here: say it as autograd does)
+            raise RuntimeError(
+                "Trying to backward through the graph a second time (or directly access saved tensors after they "
+                "have already been freed). Specify retain_graph=True if you need to backward a second time."
+            )
+        ctx.freed = not torch._C._autograd._get_current_graph_task_keep_graph()
+        diff = [i for i, o in enumerate(ctx.outs) if o.requires_grad]
+        wrt = [i for i, a in enumerate(ctx.leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
+        given = [grads[i] for i in diff]
+        if torch.is_grad_enabled():  # create_graph=True: the gradient must be differentiable in turn
+            moved = next((i for i, v in ctx.versions if ctx.args[i]._version != v), None)
+            if moved is not None:
+                raise RuntimeError(
+                    f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and "
+                    f"input {moved} was modified in place since the call; compile with executor='torch' to "
+                    "differentiate it twice after such a write"
+                )
+            with torch.enable_grad():
+                outs = ctx.graph(*ctx.args)
+            got = torch.autograd.grad(
+                [outs[i] for i in diff], [ctx.args[i] for i in wrt], given, create_graph=True, allow_unused=True
+            )
+        else:  # (the compiled graph is kept: backward may be called again with retain_graph)
+            outs = [ctx.outs[i] for i in diff]
+            got = torch.autograd.grad(outs, [ctx.leaves[i] for i in wrt], given, retain_graph=True, allow_unused=True)
+        result: list[Any] = [None] * len(ctx.leaves)
+        for k, i in enumerate(wrt):
+            result[i] = got[k]
+        return (None, None, None, *result)
