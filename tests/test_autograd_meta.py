@@ -814,3 +814,63 @@ def test_other_restricted_view_inputs_run_eagerly(fn):
     jf = dealias.jit(fn)
     fell_back = [str(w.message) for w in grads_like_eager(fn, jf, _custom_function_view_input)]
     assert any("returned by a custom Function" in m for m in fell_back), fell_back
+
+
+class _Halves(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+
+
+def reshape_of_a_no_grad_view_across_a_break(x0):  # fuzz seed 964718, shrunk
+    flat = x0.flatten()  # x0 itself (1-D)
+    with torch.no_grad():
+        moved = x0.movedim(0, -1)  # requires grad, no grad_fn: its views lead to no history
+    x0.as_strided((3,), (1,), x0.storage_offset())  # a dynamo graph break: flat and moved are two inputs after it
+    element = flat[3]
+    out = moved.reshape(-1)
+    _Halves.apply(element)  # (after the reshape: dynamo passes flat first)
+    return out
+
+
+def test_a_returned_view_is_made_from_the_input_it_was_taken_from():
+    # After the break, flat and moved (one memory, one layout) are an alias group; the returned view was replayed
+    # on the first of them, flat, which has history: the leaf got a gradient where eager's gets none.
+    def make():
+        return (torch.arange(1.0, 7.0).requires_grad_() * 1,)
+
+    fn = reshape_of_a_no_grad_view_across_a_break
+    grads_like_eager(fn, dealias.jit(fn), make)
+    for f in (fn, dealias.jit(fn)):
+        leaf = torch.arange(1.0, 7.0).requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            out = f(leaf * 1)
+        assert torch.autograd.grad(out.sum(), leaf, allow_unused=True) == (None,)
+
+
+def no_grad_split_element_of_a_base_written_with_grad(x0):  # fuzz seed 964875, shrunk
+    base = torch.zeros(5, 5).t()
+    with torch.no_grad():
+        element = base.split(2, 1)[0]  # a view made under no_grad of a tensor that does not require grad yet
+    base += x0.cumsum(0)  # it does now: eager's element raises when its grad_fn is read
+    return element
+
+
+def test_no_grad_split_element_of_a_base_that_comes_to_require_grad():
+    # A split's element was not taken for a view made under no_grad (as unsafe_split's are not autograd views):
+    # dealias returned it with requires_grad and no grad_fn, where eager's raises on reading its grad_fn.
+    fn = no_grad_split_element_of_a_base_written_with_grad
+    errors = []
+    for f in (fn, dealias.jit(fn), dealias.jit(fn)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            out = f(torch.arange(25.0).view(5, 5).requires_grad_() * 1)
+        with pytest.raises(RuntimeError, match="no_grad mode and its base") as e:
+            out.grad_fn  # noqa: B018
+        errors.append(str(e.value))
+    assert errors[1] == errors[0]

@@ -615,6 +615,28 @@ def test_fused_autograd_never_saves_a_view_of_a_written_input():
     torch.testing.assert_close(w.grad, ew.grad, rtol=1e-5, atol=1e-4)
 
 
+def square_then_overwrite(x):  # fuzz seed 962673
+    y = x.clone()
+    y.mul_(x)  # eager's backward of mul_ saves x
+    rows = y[::3]
+    y.fill_(-2.0)  # the gradient through mul_ is zeros, whatever comes in: a path AOTAutograd may compute ahead
+    return rows
+
+
+def test_fused_autograd_saves_the_inputs_eager_saves():
+    # The min-cut partition computed x's (zero) gradient in the forward and saved no input: a write of x after the
+    # call did not make backward raise, as eager's does. It is kept only where it saves the inputs eager's does.
+    jf = dealias.jit(square_then_overwrite, executor="inductor")
+    for f in (square_then_overwrite, jf, jf):
+        leaf = torch.randn(3, requires_grad=True)
+        x = leaf * 1
+        out = f(x)
+        x.sin_()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(out.sum(), leaf)
+    assert "fused with autograd" in str(dealias.last_traces(jf)[-1])
+
+
 def write_then_cube_sin(x, s):
     s.add_(1)
     return (x * x * x).sin()

@@ -194,7 +194,13 @@ class AutogradFacts:
             return
         epoch = self.writes.get(value.storage, 0)
         if not any(self.requires_grad(a) for a in source.all_input_nodes):
-            if not self.emit.grad and view.target is not operator.getitem:
+            # (A split's element is a view as any other, made under no_grad; unsafe_split's are not autograd views:
+            # fuzz seed 964875.)
+            op = source.target
+            view_of_it = (
+                view.target is not operator.getitem or isinstance(op, torch._ops.OpOverload) and facts(op).autograd_view
+            )
+            if not self.emit.grad and view_of_it:
                 self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, False, epoch)
             return
         if not self.emit.grad:

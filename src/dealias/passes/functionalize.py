@@ -644,7 +644,8 @@ class _Functionalizer:
                     # (made before the change or after it: eager's grad_fn is regenerated from the new layout)
                     made_with = self.autograd.made_with_grad.get(v.obj, True)
                     self.autograd.refuse_use_after_unrecorded_layout(s, "a view returned", made_with)
-                self.program.outputs.append(replace(self._caller_view(born if remade else v), restride=restride))
+                view = self._caller_view(born if remade else v, arg)
+                self.program.outputs.append(replace(view, restride=restride))
             else:
                 if s not in results:
                     results[s] = len(outs)
@@ -679,9 +680,17 @@ class _Functionalizer:
 
         return replace(slot, chain=map_chain_args(chain, fx.Node, result))
 
-    def _caller_view(self, v: Value) -> OutputSlot:
-        """A view of a caller's tensor: replayed on the input it was taken from, so it is a real view of it."""
-        for obj, ref in self.caller_objs.items():
+    def _caller_view(self, v: Value, node: fx.Node) -> OutputSlot:
+        """A view of a caller's tensor (captured node `node`): replayed on the input it was taken from, so it is a
+        real view of it. Inputs that share memory may have the same layout and differ for autograd (`x` and a view
+        of it made under no_grad, after a graph break: fuzz seed 964718): the one `node`'s views start from is
+        tried first."""
+        while is_view_node(node) and isinstance(node.args[0], fx.Node):
+            node = node.args[0]
+        source = self.info.values.get(node)
+        first = source.obj if isinstance(source, Value) else None
+        # (sorted stably: the input it was taken from, then the others in their order)
+        for obj, ref in sorted(self.caller_objs.items(), key=lambda item: item[0] != first):
             root = self.first[obj]
             n = len(root.chain)
             if root.storage is v.storage and v.chain[:n] == root.chain:

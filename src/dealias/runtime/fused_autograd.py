@@ -33,12 +33,14 @@ aten = torch.ops.aten
 
 def _partition_saving_no_written_input(written: frozenset[int], copy_saved_results: bool) -> Any:
     """Inductor's custom partitioner: its own min-cut partition (which may recompute values from inputs in the
-    backward) if it saves no input that AOTAutograd's default one (the forward saves what the graph computed, as
-    eager does) does not save, else the default one; Unfusable if the one taken saves one of the `written` inputs
+    backward) if it saves the inputs AOTAutograd's default one (the forward saves what the graph computed, as
+    eager does) saves, else the default one; Unfusable if the one taken saves one of the `written` inputs
     (positions among the graph's placeholders). An input the min-cut partition alone saves would make backward
     raise if the caller writes it after the call (a buffer refilled before backward), where eager's goes on from
-    what it saved. With `copy_saved_results`, a result the forward saves for backward is saved as a copy (see
-    _save_copies_of_results). (Inductor is imported here, not when dealias is.)"""
+    what it saved; an input it does not save where eager does would not be checked at backward (fuzz seed 962673:
+    a gradient not depending on the incoming one, `mul_(x)` then `fill_`, was computed in the forward, and a write
+    of x after the call did not make backward raise). With `copy_saved_results`, a result the forward saves for
+    backward is saved as a copy (see _save_copies_of_results). (Inductor is imported here, not when dealias is.)"""
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
@@ -60,7 +62,7 @@ def _partition_saving_no_written_input(written: frozenset[int], copy_saved_resul
             kwargs.pop("compiler", None)
             default = default_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
             saved, by_default = saved_inputs(fw, n), saved_inputs(default[0], n)
-            if not saved <= by_default:
+            if saved != by_default:
                 (fw, bw), saved = default, by_default
             if saved & written:
                 raise Unfusable(f"backward would save input {min(saved & written)}, which the epilogue writes into")
