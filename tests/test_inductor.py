@@ -637,6 +637,75 @@ def test_fused_autograd_saves_the_inputs_eager_saves():
     assert "fused with autograd" in str(dealias.last_traces(jf)[-1])
 
 
+class _Halves(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+
+
+def two_results_one_hooked(x):
+    unused = x[..., 2:].clone()
+    half = _Halves.apply(x * 2)  # (run eagerly between two compiled pieces: the first returns unused and x * 2)
+    unused.register_hook(lambda g: g * -1)  # (by dynamo, after the graph) eager's never runs: nothing reaches it
+    return (half.sin() + x,)
+
+
+def test_fused_autograd_runs_a_results_hook_only_for_a_gradient_into_it():
+    # The compiled graph's results shared one backward node: the hook on `unused` ran with None when the other
+    # result's gradient ran that node, and the user's lambda raised TypeError (fuzz seed 995209).
+    jf = dealias.jit(two_results_one_hooked, executor="inductor")
+    grads = []
+    for f in (two_results_one_hooked, jf, jf):
+        leaf = torch.linspace(-1, 1, 12).view(3, 4).requires_grad_()
+        (out,) = f(leaf * 1)
+        grads.append(torch.autograd.grad(out.sum(), leaf))
+    torch.testing.assert_close(grads[1], grads[0])
+    torch.testing.assert_close(grads[2], grads[0])
+    assert "fused with autograd" in str(dealias.last_traces(jf)[-1])
+
+
+def ones_times(x):
+    v = x.new_ones(x.shape)
+    v.mul_(x)  # inductor simplifies ones * x to x
+    return v
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "autograd"])
+def test_fused_result_is_memory_of_its_own(grad):
+    # With autograd, AOTAutograd returned x's own memory, as a view of x, for a tensor eager makes (fuzz seed
+    # 995738; torch.compile does so too): a later write of the result wrote the caller's x.
+    jf = dealias.jit(ones_times, executor="inductor")
+    for _ in range(2):
+        leaf = torch.randn(2, 3, requires_grad=grad)
+        x = leaf * 1
+        out = jf(x)
+        assert not out._is_view() and out.untyped_storage()._cdata != x.untyped_storage()._cdata
+        torch.testing.assert_close(out, x)
+        if grad:
+            (g,) = torch.autograd.grad(out.sum(), leaf)
+            torch.testing.assert_close(g, torch.ones(2, 3))
+    assert "fused" in str(dealias.last_traces(jf)[-1])
+
+
+def rolled_bits(x):
+    bits = x[:2].detach().view(torch.int32)
+    return bits, bits.roll(1, 1)
+
+
+def test_fused_autograd_leaves_dtype_views_to_the_torch_executor():
+    # Inductor's kernel for an integer view of float memory failed when called, in the graph AOTAutograd was given
+    # (fuzz seed 995941); the fused executor without autograd refuses dtype views already.
+    jf = dealias.jit(rolled_bits, executor="inductor")
+    x = torch.randn(5, 5, requires_grad=True) * 1
+    for got, expected in zip(jf(x), rolled_bits(x)):
+        assert torch.equal(got, expected)
+    assert "not fused, a dtype view" in str(dealias.last_traces(jf)[-1])
+
+
 def write_then_cube_sin(x, s):
     s.add_(1)
     return (x * x * x).sin()

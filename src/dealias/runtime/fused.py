@@ -475,7 +475,8 @@ def runner(
     written: tuple[int, ...] = (),
 ) -> Callable[..., Any]:
     """The call of a compiled graph: prologue, inductor's callable (without autograd, unless it is AOTAutograd's
-    and records it), the version counters of the inputs it wrote (`written`) moved, results in eager's layout."""
+    and records it), the version counters of the inputs it wrote (`written`) moved, results in eager's layout and
+    in memory of their own."""
     # Eager's layout of each result, from the lowered graph (inductor's decompositions may change it: a constant
     # came back as an expanded tensor, strides (0, 1, 0)). Sizes are static (`unfusable`), so inductor gives each
     # result the same layout on every call: whether one must be restrided is learned on the first call.
@@ -486,6 +487,10 @@ def runner(
         if isinstance(a, fx.Node) and isinstance(v := a.meta.get("val"), torch.Tensor)
     ]
     state: dict[str, Any] = {"call": None, "restride": layouts}  # call: None until the first call returned
+    # Results the graph computes (not an input or a view of one) that came back in an input's memory are copied too:
+    # inductor simplifies `ones * x` to `x`, and AOTAutograd then returns x's memory, as a view of x (fuzz seed
+    # 995738: `v = x.new_ones(..); v.mul_(x); return v`; torch.compile returns it so). Learned on the first call too.
+    made = {i for i, a in enumerate(out_node.args[0]) if isinstance(a, fx.Node) and _made_by_the_graph(a)}
 
     def restrided(outs: list[Any]) -> Any:
         fixed = list(outs)
@@ -494,11 +499,15 @@ def runner(
             fixed[i] = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
         return tuple(fixed)
 
-    def first(outs: list[Any]) -> None:
+    def first(outs: list[Any], args: Any) -> None:
+        inputs = {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
         state["restride"] = [
             (i, shape, stride)
             for i, shape, stride in layouts
             if any(n > 1 and a != b for n, a, b in zip(shape, outs[i].stride(), stride))
+            or i in made
+            and outs[i].numel()
+            and outs[i].untyped_storage()._cdata in inputs
         ]
         # After its first call (which ends inductor's autotune-cache bundling), the compiled graph's callable is
         # called directly: its wrapper only adds profiler labels and run-time metrics. (A graph without kernels
@@ -509,7 +518,7 @@ def runner(
         if autograd:
             outs = compiled(args)
             if state["call"] is None:
-                first(outs)
+                first(outs, args)
             return restrided(outs) if state["restride"] else tuple(outs)
         if check is not None:
             check(args)
@@ -526,7 +535,14 @@ def runner(
             # Once per call, however many writes eager made (what autograd checks is only whether it moved).
             torch._C._increment_version(tuple(args[i] for i in written))
         if call is None:
-            first(outs)
+            first(outs, args)
         return restrided(outs) if state["restride"] else tuple(outs)
 
     return run
+
+
+def _made_by_the_graph(n: fx.Node) -> bool:
+    """Whether the graph result `n` is memory the graph makes: not an input nor a view of one."""
+    while is_view_node(n) and isinstance(n.args[0], fx.Node):
+        n = n.args[0]
+    return n.op != "placeholder"

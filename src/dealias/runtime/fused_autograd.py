@@ -123,6 +123,10 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
             raise Unfusable(f"{op_name(n.target)} runs in another grad mode than the call")
         if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
             raise Unfusable(f"{op_name(n.target)} runs in Python")
+        if n.op == "call_function" and n.target is aten.view.dtype:
+            # As on the fused executor without autograd; here inductor's kernel for an integer view of float memory
+            # failed when called ("_torchinductor_pyobject_tensor_data_ptr: non-tensor input", fuzz seed 995941).
+            raise Unfusable("a dtype view (x.view(torch.int32))")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
     results = gm.graph.output_node().args[0]
     # (A result the passes did not mark is taken to require grad: an input it reads is then never handed over
@@ -181,16 +185,34 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
         _check_saved_results_at_backward(outs, watched)
         if partly is not None:
             _no_gradient_where_none_comes(outs, rg_results, partly, len(args))
-        if not own:
-            return outs
-        # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
-        # counters of the others.
-        outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, _versions(args))
+        if own:
+            # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
+            # counters of the others.
+            outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, _versions(args))
+        if len(rg_results) > 1:
+            outs = tuple(_OwnNode.apply(o) if isinstance(o, torch.Tensor) and o.requires_grad else o for o in outs)
         return outs
 
     run = runner(gm, call, None, autograd=True)
     run.graph = handed  # type: ignore[attr-defined]
     return run
+
+
+class _OwnNode(torch.autograd.Function):
+    """The identity, as a backward node of its own. The compiled graph's results share one backward node, where
+    eager's each have their own; a hook the caller registers on one result (dynamo does, for `v.register_hook(h)`
+    after the graph) runs whenever that node runs, with None if no gradient came into that result, where eager's
+    never runs (fuzz seed 995209: the user's `lambda g: g * -1` raised TypeError). Through this node it runs only
+    for a gradient into its result. Its result shares the compiled result's memory and version counter (not a
+    view of it: eager's result is a tensor of its own)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return t.detach()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g
 
 
 def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int, fx.Node, frozenset[int]]]:
