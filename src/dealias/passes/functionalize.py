@@ -228,7 +228,7 @@ class _Functionalizer:
 
     def caller_placeholder(self, s: Storage) -> fx.Node:
         """The placeholder of caller storage `s`: the caller's tensor itself, or its alias group's base (a view of
-        the members' memory, sharing their version counter)."""
+        the members' memory, sharing one member's version counter)."""
         return next(p for p, ref in self.placeholder_ref.items() if ref == s.ref())
 
     def _fresh_out(self, v: Value) -> bool:

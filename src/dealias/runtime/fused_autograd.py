@@ -123,10 +123,6 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
             raise Unfusable(f"{op_name(n.target)} runs in another grad mode than the call")
         if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
             raise Unfusable(f"{op_name(n.target)} runs in Python")
-        if n.op == "call_function" and n.target is aten.view.dtype:
-            # As on the fused executor without autograd; here inductor's kernel for an integer view of float memory
-            # failed when called ("_torchinductor_pyobject_tensor_data_ptr: non-tensor input", fuzz seed 995941).
-            raise Unfusable("a dtype view (x.view(torch.int32))")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
     results = gm.graph.output_node().args[0]
     # (A result the passes did not mark is taken to require grad: an input it reads is then never handed over
@@ -154,11 +150,12 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
 
     # Which inputs require grad is fixed per program (guarded), and so is the grad mode of its calls.
     builds_graph = any(isinstance(a, torch.Tensor) and a.requires_grad for a in example)
-    if not builds_graph:
-        if cut:  # (compiled for them detached: called so)
-            detached = compiled
-            compiled = lambda args: detached([a.detach() if i in cut else a for i, a in enumerate(args)])  # noqa: E731
-        run = runner(gm, compiled, None, autograd=True)
+    if not builds_graph:  # (every input requiring grad is cut: compiled for them detached, called so)
+
+        def detached(args: Any) -> Any:
+            return compiled(*[a.detach() if i in cut else a for i, a in enumerate(args)])
+
+        run = runner(gm, detached, None, autograd=True)
         run.graph = handed  # type: ignore[attr-defined]
         return run
     # The written inputs a result requiring grad is computed from: a double backward recomputes from copies taken
