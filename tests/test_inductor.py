@@ -708,6 +708,28 @@ def test_fused_autograd_of_a_graph_no_gradient_reaches():
     assert "fused with autograd" in str(dealias.last_traces(jf)[-1])
 
 
+def sine_of_a_copy(x):
+    v = x.clone()
+    v.sin_()  # eager's backward saves v before the write (a copy of x), not x
+    return v * 1
+
+
+def test_fused_autograd_saves_the_copy_eager_saves():
+    # Inductor removed the clone as a no-op, and the forward saved x itself: a write of x after the call made
+    # backward raise where eager's does not (fuzz seed 996264).
+    jf = dealias.jit(sine_of_a_copy, executor="inductor")
+    grads = []
+    for f in (sine_of_a_copy, jf, jf):
+        leaf = torch.linspace(-1, 1, 6, requires_grad=True)
+        x = leaf * 1
+        out = f(x)
+        x.add_(1)
+        grads.append(torch.autograd.grad(out.sum(), leaf))
+    torch.testing.assert_close(grads[1], grads[0])
+    torch.testing.assert_close(grads[2], grads[0])
+    assert "fused with autograd" in str(dealias.last_traces(jf)[-1])
+
+
 def write_then_cube_sin(x, s):
     s.add_(1)
     return (x * x * x).sin()

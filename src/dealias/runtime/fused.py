@@ -53,6 +53,11 @@ def _(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t)
 
 
+@snapshot.register_autograd
+def _(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    return grad  # (a copy: fused_autograd keeps a clone of an input as one, for what backward saves)
+
+
 _SNAPSHOT = torch.ops.dealias.snapshot.default
 
 # Ops inductor generates slower code for than ATen's kernel on this machine: on 1M floats, 1 and 2 threads,

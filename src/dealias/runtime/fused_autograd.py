@@ -26,9 +26,29 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import node_location, with_location
 from ..ir.opfacts import is_view_node, op_name
-from .fused import Unfusable, runner
+from .fused import _SNAPSHOT, Unfusable, runner
 
 aten = torch.ops.aten
+
+
+def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` whose clones of inputs (or of views of them) are `dealias::snapshot`s, which AOTAutograd and
+    inductor keep. Inductor removes a clone as a no-op, and an op that saves its argument for backward then saves
+    the caller's tensor where eager's saves the clone (`v = x.clone(); v.sin_()`): a write of x after the call made
+    backward raise where eager's does not (fuzz seed 996264)."""
+    out = copy.deepcopy(gm)
+    for n in out.graph.nodes:
+        if n.op != "call_function" or n.target is not aten.clone.default:
+            continue
+        if n.kwargs.get("memory_format") not in (None, torch.preserve_format):
+            continue  # (a layout change: not a plain copy, and inductor keeps it)
+        source = n.args[0]
+        while is_view_node(source) and isinstance(source.args[0], fx.Node):
+            source = source.args[0]
+        if source.op == "placeholder":
+            n.target, n.kwargs = _SNAPSHOT, {}
+    out.recompile()
+    return out
 
 
 def _partition_saving_no_written_input(written: frozenset[int], copy_saved_results: bool) -> Any:
@@ -139,7 +159,7 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     try:
         partition = _partition_saving_no_written_input(written, copy_saved_results=len(rg_results) > 1)
         with torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition):
-            compiled = compile_fx(copy.deepcopy(gm), list(example))
+            compiled = compile_fx(_clones_of_inputs_kept(gm), list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         cause = e
         while cause.__cause__ is not None and not isinstance(cause, Unfusable):
