@@ -663,3 +663,17 @@ def test_returned_base_written_through_its_view_is_not_a_view():
             assert compare_call(base_written_through_its_view, jf, make()) is None
             v2, v4 = jf(*make())
             assert not v2._is_view() and v4._base is v2  # as eager's
+
+
+def transposed_copy_filled(x):
+    v = x.t().clone()  # strides (1, 6); masked_fill's functional result is contiguous
+    v.masked_fill_(v > 0, -2.0)
+    return (v,)
+
+
+def test_returned_whole_write_restrided_with_grad_is_not_a_view():
+    # The differentiable restride to eager's layout (permute -> clone -> permute) was returned as it was: a view
+    # (fuzz seed 996463, found by the fused executor's autograd fuzz; the torch executor did the same).
+    assert_compiled_like_eager(transposed_copy_filled, _non_leaf(4, 6))
+    (v,) = dealias.jit(transposed_copy_filled)(*_non_leaf(4, 6)())
+    assert not v._is_view() and v.stride() == (1, 6)

@@ -143,7 +143,7 @@ def decompose(gm: fx.GraphModule) -> None:
             for i in range(len(views) - 1, -1, -1):
                 new = inverse(step_of(views[i]), bases[i].meta["val"], views[i].meta["val"], bases[i], new, emit.call)
             new = restride(emit, new, node.meta["val"])
-            owning = _owning(emit, new) if any(u.op == "output" for u in node.users) else new
+            owning = owning_node(emit, new) if any(u.op == "output" for u in node.users) else new
         node.replace_all_uses_with(new)
         for user in list(new.users):
             if user.op == "output" and owning is not new:
@@ -156,7 +156,7 @@ def decompose(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _owning(emit: Emitter, node: fx.Node) -> fx.Node:
+def owning_node(emit: Emitter, node: fx.Node) -> fx.Node:
     """`node`, a returned decomposition, as a tensor of its own: `_unsafe_view` of a contiguous view (the same
     memory, no copy); a copy in the same layout of a non-contiguous one (`v.t()[0].add_(1)` on a transposed `v`
     ends in `t()`, and no aten op makes a non-view alias with such strides)."""

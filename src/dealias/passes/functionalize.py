@@ -45,7 +45,7 @@ from ..ir.plan import (
     WriteBack,
     group_placeholder,
 )
-from ..ir.regions import emit_region_write, restride
+from ..ir.regions import emit_region_write, owning_node, restride
 from ..ir.sharing import overlaps
 from ..ir.viewops import (
     ViewStep,
@@ -649,7 +649,7 @@ class _Functionalizer:
             else:
                 if s not in results:
                     results[s] = len(outs)
-                    outs.append(self.base[s])
+                    outs.append(self._owning(self.base[s]))
                 chain = born.chain if remade else v.chain
                 self.program.outputs.append(OutputSlot(Ref(RefKind.RESULT, results[s]), chain, restride=restride))
         for position, arg in enumerate(node.args[0]):
@@ -679,6 +679,20 @@ class _Functionalizer:
             return ResultArg(len(outs) - 1)
 
         return replace(slot, chain=map_chain_args(chain, fx.Node, result))
+
+    def _owning(self, base: fx.Node) -> fx.Node:
+        """The returned base of memory the program made, as a tensor of its own as eager's is. A whole write with grad
+        on, restrided to eager's layout by a differentiable permute -> clone -> permute (regions.restride), is a
+        view of that clone (fuzz seed 996463: `v = x.t().clone(); v.masked_fill_(..)` came back a view); it is
+        owned as a returned region write's decomposition is (regions.decompose), in the mode it was made in."""
+        if not is_view_node(base):
+            return base
+        grad, trace = self.emit.grad, self.emit.stack_trace
+        self.emit.grad, self.emit.stack_trace = base.meta.get("grad"), base.meta.get("stack_trace")
+        try:
+            return owning_node(self.emit, base)
+        finally:
+            self.emit.grad, self.emit.stack_trace = grad, trace
 
     def _caller_view(self, v: Value, node: fx.Node) -> OutputSlot:
         """A view of a caller's tensor (captured node `node`): replayed on the input it was taken from, so it is a
