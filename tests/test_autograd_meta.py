@@ -853,6 +853,48 @@ def test_a_returned_view_is_made_from_the_input_it_was_taken_from():
         assert torch.autograd.grad(out.sum(), leaf, allow_unused=True) == (None,)
 
 
+def copy_from_a_no_grad_view_across_a_break(x0, x1):  # fuzz seed 994811, shrunk
+    with torch.no_grad():
+        v1 = x0.squeeze()  # a view made under no_grad: a leaf that requires grad, with no history
+    _Halves.apply(v1 * 1)  # a break: v1 is an input after it, in an alias group with x0 and x1
+    x0.copy_(v1)
+    return x1
+
+
+def read_of_a_no_grad_view_input_then_base_written(x0, v):
+    y = v * 2  # v is a leaf of its own: no gradient reaches x0's history through it
+    x0.mul_(3)
+    return y, x0
+
+
+def _base_and_its_first():
+    x0 = torch.arange(1.0, 7.0).requires_grad_() * 1
+    return x0, x0[0]
+
+
+def _base_and_its_no_grad_view():
+    x0 = torch.arange(1.0, 7.0).requires_grad_() * 1
+    with torch.no_grad():
+        v = x0[1:]
+    return x0[:5], v
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (copy_from_a_no_grad_view_across_a_break, _base_and_its_first),
+        (read_of_a_no_grad_view_input_then_base_written, _base_and_its_no_grad_view),
+    ],
+    ids=["copy_across_break", "read_then_write"],
+)
+def test_a_no_grad_view_input_is_read_through_a_clone_of_its_own(fn, make):
+    # A written alias group is read through a clone of its base under autograd (_protect_written_inputs); a member
+    # made under no_grad was read as a view of that clone, with the base's history: the leaf got a gradient
+    # through it where eager's gets none.
+    fell_back = grads_like_eager(fn, dealias.jit(fn), make)
+    assert not fell_back, [str(w.message) for w in fell_back]  # (compiled, not run eagerly)
+
+
 def no_grad_split_element_of_a_base_written_with_grad(x0):  # fuzz seed 964875, shrunk
     base = torch.zeros(5, 5).t()
     with torch.no_grad():

@@ -93,6 +93,7 @@ class _Functionalizer:
         self.placeholder_ref: dict[fx.Node, Ref] = {}  # caller base placeholders
         self.member_steps: dict[Ref, list[tuple[fx.Node, ViewStep]]] = {}  # alias group -> member views
         self.member_ph: dict[int, fx.Node] = {}  # alias group member (object) -> its placeholder
+        self.nograd_members: set[fx.Node] = set()  # placeholders of members made under no_grad (restricted inputs)
         self.counters_moved: set[int] = set()  # members whose version counter the graph moves (move_counter)
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
@@ -338,11 +339,19 @@ class _Functionalizer:
                 if user is not clone and user.target not in (write_back_now, caller_tensor, bump_version):
                     user.replace_input_with(ph, clone)
             for member, step in self.member_steps.get(target, []):  # members of the alias group
+                own = member in self.nograd_members
                 with self.graph.inserting_after(clone):
-                    view = self.graph.call_function(as_strided_rel, (clone, *self.emit.symbolic(step.args)))
-                view.meta.update(val=member.meta["val"], rg=bool(ph.meta.get("rg")), grad=True)
+                    if own:
+                        # A view made under no_grad is a leaf of its own in eager: as a view of the base's clone it
+                        # would send its gradient into the base's history (fuzz seed 994811). Cloned on its own.
+                        view = self.graph.call_function(aten.clone.default, (member,))
+                    else:
+                        view = self.graph.call_function(as_strided_rel, (clone, *self.emit.symbolic(step.args)))
+                rg = member.meta.get("rg") if own else ph.meta.get("rg")
+                view.meta.update(val=member.meta["val"], rg=bool(rg), grad=True)
                 for user in list(member.users):
-                    if user.target is not bump_version:  # (the caller's tensor's counter, not the clone's)
+                    # (not the clone itself; bump_version moves the caller's tensor's counter, not the clone's)
+                    if user is not view and user.target is not bump_version:
                         user.replace_input_with(member, view)
 
     def _new_storage(self, s: Storage, node: fx.Node) -> None:
@@ -385,6 +394,8 @@ class _Functionalizer:
         why = self.restricted_inputs.get(self.info.input_index[node])
         if why is not None:
             self.autograd.restricted_input(node, why)
+            if why == "made under no_grad" and v.storage.kind is StorageKind.GROUP:
+                self.nograd_members.add(ph)
 
     def _group_placeholders(self) -> None:
         for s in self.info.storages:
