@@ -88,13 +88,6 @@ def saves_its_result(node: fx.Node) -> bool:
     return node in found
 
 
-def saves_argument(node: fx.Node, arg: fx.Node) -> bool:
-    """Whether eager's backward of `node`, run on tensors that require grad, saves its argument `arg`."""
-    args = [x for x in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(x, fx.Node)]
-    found, _ = _saved(node, dict.fromkeys(args, True), [arg], False)
-    return arg in found
-
-
 def _switches_grad_on(gm: fx.GraphModule) -> bool:
     return any(n.meta.get("grad") for n in gm.graph.nodes if n.op == "call_function")
 

@@ -148,6 +148,13 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     # (A result the passes did not mark is taken to require grad: an input it reads is then never handed over
     # detached below.)
     rg_results = [i for i, n in enumerate(results) if isinstance(n, fx.Node) and n.meta.get("rg", True)]
+    for i in rg_results:
+        after = _computed_from(results[i])
+        if any(results[j] in after and results[j] is not results[i] for j in rg_results):
+            # Eager's gradient of the other result flows through this one's tensor: a hook, retain_grad() or a
+            # saved-tensor check on it sees that gradient (fuzz seeds 998771, 997491: `v1.register_hook(h)` after
+            # `Ident.apply(v1 * 1)`; `v.sin()` saving v); the compiled graph computes the other result inside.
+            raise Unfusable(f"result {i} requires grad and another result requiring grad is computed from it")
     # An input requiring grad that no result requiring grad is computed from is handed over detached: the compiled
     # backward would give it zeros, not nothing, and run the backward of what made it (fuzz seed 964016: a custom
     # Function's `g * 3 + x` for a zero g gave the leaf 31, not eager's 3, whose graph never reaches that node).
@@ -234,34 +241,20 @@ class _OwnNode(torch.autograd.Function):
 
 def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int, fx.Node, frozenset[int]]]:
     """The results requiring grad (by position) whose memory eager's backward saves: made by an op that saves its
-    result (`relu`, `y.relu_()`), or read by a later op of the graph that saves its argument (`v.sin()` saves v),
-    themselves or through views. Eager's backward raises if the caller writes such a result after the call and a
-    gradient then flows through the saving op; AOTAutograd's partition may save something else instead (a mask
-    for relu, a copy of v: _save_copies_of_results) and would go on (fuzz seed 997491). With the op that saves it
-    (for the message), and the results computed from that op: a gradient into one of them flows through it."""
-    from ..passes.saved import saves_argument, saves_its_result
-
-    def op(n: fx.Node) -> bool:
-        return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+    result (`relu`, `y.relu_()`), or views of one. Eager's backward raises if the caller writes such a result after
+    the call and a gradient then flows through the op; AOTAutograd's partition may save something else instead (a
+    mask for relu) and would go on. With the op that saves it (for the message), and the results computed from
+    it: a gradient into one of them flows through the op in eager."""
+    from ..passes.saved import saves_its_result
 
     out = []
     for i in rg_results:
         n = results[i]
         while is_view_node(n) and isinstance(n.args[0], fx.Node):
             n = n.args[0]
-        savers = [n] if op(n) and saves_its_result(n) else []
-        readers, todo = [], [n]  # (ops reading n's memory, with the node they read it through)
-        while todo:
-            m = todo.pop()
-            for u in m.users:
-                if is_view_node(u):
-                    todo.append(u)
-                elif op(u) and u.meta.get("rg"):
-                    readers.append((u, m))
-        savers += [u for u, m in readers if saves_argument(u, m)]
-        for saver in dict.fromkeys(savers):
-            after = _computed_from(saver)
-            out.append((i, saver, frozenset(j for j in rg_results if results[j] in after)))
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and saves_its_result(n):
+            after = _computed_from(n)
+            out.append((i, n, frozenset(j for j in rg_results if results[j] in after)))
     return out
 
 
