@@ -126,6 +126,21 @@ def test_whole_copy_when_old_value_is_read_after_the_write():
     assert report.mode == "in place"
 
 
+def product_with_own_row_then_cumsum(x):
+    v = torch.full_like(x, 1.5)
+    torch.mul(x, x[1:2], out=v)  # not in place in the program: x[1:2] is read whole
+    torch.cumsum(v, 0, out=x)
+    return x
+
+
+def test_full_write_reading_its_target_through_a_view_is_not_run_in_place():
+    # mul(x, x[1:2]) then cumsum, both of x's shape, were run in place into x: `x.mul_(x[1:2])` raised eager's
+    # partial-overlap error where the program's out-of-place mul is fine (fuzz seed 1003301).
+    jf = check(product_with_own_row_then_cumsum, torch.randn(2, 3))
+    (report,) = dealias.explain(jf)
+    assert report.mode == "whole copy"
+
+
 def test_old_value_needed_later_keeps_function_form():
     def f(buf, row):
         y = buf * 1  # reads buf before the write: fine

@@ -295,14 +295,30 @@ def _safe(
     """Each write may happen in place at its version's position: nothing reads the memory it overwrites
     (the previous version, through any view, or another input aliasing it) after that position."""
     previous = root
-    for version, _ in plan:
+    for version, write in plan:
         pos = order[version]
         built = _construction(version, previous, order)
         for alias in [previous, *others] if previous is root else [previous]:
             if any(order[r] > pos for r in _readers(alias) if r not in built):
                 return False
+            if write.value is version and _updated_in_place(version) is previous and _reads_its_target(version, alias):
+                return False
         previous = version
     return True
+
+
+def _reads_its_target(node: fx.Node, memory: fx.Node) -> bool:
+    """Whether `op(B, ...)`, to run in place into `memory` (B's), also reads that memory through another argument:
+    in place it would read what it already wrote, or eager's kernel refuses the partial overlap (fuzz seed
+    1003301: `mul(x, x[1:2])` into x). The same tensor given to a pointwise op (`x.mul_(x)`) reads each element
+    before writing it."""
+    for a in torch.utils._pytree.tree_leaves((node.args[1:], node.kwargs)):
+        b = a
+        while is_view_node(b) and isinstance(b.args[0], fx.Node):
+            b = b.args[0]
+        if b is memory and not (a is memory and torch.Tag.pointwise in node.target.tags):
+            return True
+    return False
 
 
 def _builds_autograd(gm: fx.GraphModule) -> bool:
