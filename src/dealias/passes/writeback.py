@@ -293,7 +293,8 @@ def _safe(
     plan: list[tuple[fx.Node, RegionWrite]], root: fx.Node, order: dict[fx.Node, int], others: list[fx.Node]
 ) -> bool:
     """Each write may happen in place at its version's position: nothing reads the memory it overwrites
-    (the previous version, through any view, or another input aliasing it) after that position."""
+    (the previous version, through any view, or another input aliasing it) after that position, nor does an op
+    run in place read it through another of its arguments (`_reads_its_target`)."""
     previous = root
     for version, write in plan:
         pos = order[version]
