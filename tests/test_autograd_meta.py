@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from harness import check, clone_args, grads_like_eager
+from harness import HalvesGradient, check, clone_args, grads_like_eager
 
 import dealias
 
@@ -816,16 +816,6 @@ def test_other_restricted_view_inputs_run_eagerly(fn):
     assert any("returned by a custom Function" in m for m in fell_back), fell_back
 
 
-class _Halves(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 0.5
-
-
 def reshape_of_a_no_grad_view_across_a_break(x0):  # fuzz seed 964718, shrunk
     flat = x0.flatten()  # x0 itself (1-D)
     with torch.no_grad():
@@ -833,7 +823,7 @@ def reshape_of_a_no_grad_view_across_a_break(x0):  # fuzz seed 964718, shrunk
     x0.as_strided((3,), (1,), x0.storage_offset())  # a dynamo graph break: flat and moved are two inputs after it
     element = flat[3]
     out = moved.reshape(-1)
-    _Halves.apply(element)  # (after the reshape: dynamo passes flat first)
+    HalvesGradient.apply(element)  # (after the reshape: dynamo passes flat first)
     return out
 
 
@@ -856,7 +846,7 @@ def test_a_returned_view_is_made_from_the_input_it_was_taken_from():
 def copy_from_a_no_grad_view_across_a_break(x0, x1):  # fuzz seed 994811, shrunk
     with torch.no_grad():
         v1 = x0.squeeze()  # a view made under no_grad: a leaf that requires grad, with no history
-    _Halves.apply(v1 * 1)  # a break: v1 is an input after it, in an alias group with x0 and x1
+    HalvesGradient.apply(v1 * 1)  # a break: v1 is an input after it, in an alias group with x0 and x1
     x0.copy_(v1)
     return x1
 

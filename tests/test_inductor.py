@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from harness import check
+from harness import HalvesGradient, check
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import dealias
@@ -637,19 +637,9 @@ def test_fused_autograd_saves_the_inputs_eager_saves():
     assert "fused with autograd" in str(dealias.last_traces(jf)[-1])
 
 
-class _Halves(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 0.5
-
-
 def two_results_one_hooked(x):
     unused = x[..., 2:].clone()
-    half = _Halves.apply(x * 2)  # (run eagerly between two compiled pieces: the first returns unused and x * 2)
+    half = HalvesGradient.apply(x * 2)  # (run eagerly between two compiled pieces: the first returns unused and x * 2)
     unused.register_hook(lambda g: g * -1)  # (by dynamo, after the graph) eager's never runs: nothing reaches it
     return (half.sin() + x,)
 
