@@ -35,7 +35,8 @@ def test_bounded_fuzz_finds_no_mismatch(seed):
 
 def test_bounded_fuzz_of_the_fused_executor():
     # Inductor compiles cost seconds: a small sample. Floats compare at 1e-4 (fused kernels are not bit-equal).
-    # Larger runs (seeds 910000-960799) found the fused executor's defects tested in test_inductor.py and test_fused_autograd.py.
+    # Larger runs (seeds 910000-960799) found the fused executor's defects tested in test_inductor.py and
+    # test_fused_autograd.py.
     out = io.StringIO()
     summary = fuzz(960000, 40, out=out, progress=False, executor="inductor")
     assert summary["mismatch"] == 0, out.getvalue()
