@@ -60,13 +60,16 @@ def _(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
 
 _SNAPSHOT = torch.ops.dealias.snapshot.default
 
-# Ops inductor generates slower code for than ATen's kernel on this machine: on 1M floats, 1 and 2 threads,
-# inductor/ATen = 1.36-1.38 for gelu and 1.16-1.18 for digamma (`python bench/keep_aten.py`; every other unary
-# op, softmax and layer_norm measured 1.06 or less, most of them far less). Each is handed to inductor as an
-# opaque twin that calls the ATen op, so inductor runs ATen's kernel for it and fuses the ops around it; only
-# on tensors of KEEP_ATEN_MIN_NUMEL elements or more: on small ones a kernel of its own costs more than it
-# saves (the decoder_step workload, MLP width 1024: 0.99x eager with ATen's gelu, 0.71x with inductor's).
-KEEP_ATEN = (aten.gelu.default, aten.digamma.default)
+# Ops inductor generates slower code for than ATen's kernel on this machine (`python bench/keep_aten.py`: each op
+# alone on 1M floats; on the list when inductor/ATen >= 1.15 at 1 and 2 threads). Measured 2026-12-02 (an AVX-512
+# host, where ATen's transcendental kernels are MKL's and inductor's are Sleef's): tanh 3.4-3.7, atan 2.5-2.6,
+# log 2.0-2.3, gelu 1.7-2.1, asin 1.6-1.7, exp 1.4-1.75, softmax 1.16-1.21; every other op measured (unary ops,
+# log_softmax, layer_norm, sum) below the threshold at some thread count. The list depends on the host: on the
+# previous one only gelu and digamma were on it. Each is handed to inductor as an opaque twin that calls the ATen
+# op, so inductor runs ATen's kernel for it (bit-equal to eager) and fuses the ops around it; only on tensors of
+# KEEP_ATEN_MIN_NUMEL elements or more: on small ones a kernel of its own costs more than it saves (the
+# decoder_step workload, MLP width 1024: 0.99x eager with ATen's gelu, 0.71x with inductor's).
+KEEP_ATEN = tuple(getattr(aten, name).default for name in ("tanh", "atan", "log", "gelu", "asin", "exp", "_softmax"))
 KEEP_ATEN_MIN_NUMEL = 1 << 16
 _LIB = torch.library.Library("dealias", "FRAGMENT")
 
