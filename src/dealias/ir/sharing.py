@@ -15,8 +15,10 @@ overlap structure, `guards.overlap_structure`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..errors import UnsupportedError
 from .viewops import extent
@@ -58,6 +60,8 @@ def _positions(t: torch.Tensor, lo: int) -> torch.Tensor:
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors of one storage share at least one element of memory."""
+    if _symbolic(a) or _symbolic(b):
+        return _overlaps_symbolically(a, b)
     if a.numel() == 0 or b.numel() == 0:
         return False
     if a.dtype.itemsize != b.dtype.itemsize:
@@ -73,6 +77,40 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     mask = torch.zeros(hi - lo + 1, dtype=torch.bool)
     mask[_positions(a, lo)] = True
     return bool(mask[_positions(b, lo)].any())
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def _overlaps_symbolically(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """`overlaps` for fake tensors whose layout holds symbols (views at a symbolic position): decided only where
+    it holds for every value of the symbols, without a guard. Two views with the same layout (`x[p, :, q] += 1`
+    reads and writes back one view, taken twice) overlap; views whose extents are apart do not. Anything else
+    raises UnsupportedError, and the program is compiled again with its symbols specialized."""
+    layout_a = (*a.shape, *a.stride(), a.storage_offset())
+    layout_b = (*b.shape, *b.stride(), b.storage_offset())
+    if _known(a.numel() == 0) or _known(b.numel() == 0):
+        return False
+    same = a.dtype.itemsize == b.dtype.itemsize and a.dim() == b.dim()
+    if same and all(_known(x == y) for x, y in zip(layout_a, layout_b)) and _known(a.numel() > 0):
+        return True  # the same elements
+    # Byte ranges (`extent` skips dims of size 0, which asks a symbolic size for a guard; an empty tensor's range
+    # below may be off, but it overlaps nothing, so a False drawn from it is right).
+    (la, ha), (lb, hb) = [(t.storage_offset() * t.element_size(), (_last(t) + 1) * t.element_size()) for t in (a, b)]
+    if _known(ha <= lb) or _known(hb <= la):
+        return False
+    raise UnsupportedError("whether two views at symbolic positions share memory depends on the positions")
+
+
+def _last(t: torch.Tensor) -> Any:
+    """The storage position of a non-empty tensor's last element (strides are never negative)."""
+    return t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+
+
+def _known(cond: Any) -> bool:
+    """True only if `cond` holds for every value of its symbols (no guard is added)."""
+    return statically_known_true(cond) if isinstance(cond, torch.SymBool) else bool(cond)
 
 
 def find_groups(tensors: list[torch.Tensor]) -> list[AliasGroup]:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
 
 from ..errors import EagerSemanticsError, OverlapError, UnsupportedError, located, node_location
@@ -264,7 +265,10 @@ class _Functionalizer:
                 # which alias it writes last: refuse rather than guess.
                 raise OverlapError(f"{node.target} writes a tensor whose elements overlap in memory")
             shared = [o for o in others if o.storage is v.storage and overlaps(v.meta, o.meta)]
-            if shared and torch.Tag.pointwise not in node.target.tags:
+            # (copy_ is elementwise too: each element read before the same element is written, and eager raises
+            # on a partial overlap as pointwise kernels do.)
+            elementwise = torch.Tag.pointwise in node.target.tags or node.target is aten.copy_.default
+            if shared and not elementwise:
                 # The written tensor is also read through another argument (`index_add_(0, i, x)` on x,
                 # `torch.sum(x, 0, out=x[1])`, `mm(a, x, out=x)`). Pointwise kernels allow an exact alias; other
                 # kernels check it each their own way, or read what they already wrote in an order of their own.
@@ -283,7 +287,7 @@ class _Functionalizer:
                     continue  # (`slice_scatter(x, s, out=x.view(..))`: eager copies x first, as copies would)
                 raise OverlapError(f"{node.target} reads memory it writes, through another argument")
             for o in shared:
-                if _layout(o.meta) == _layout(v.meta):
+                if _same_layout(o.meta, v.meta):
                     continue  # the same elements: a pointwise kernel reads each before writing it
                 if not _partial_overlap(v.meta, o.meta):
                     # Eager's check cannot tell (non-dense layouts) and it reads elements it may already have
@@ -790,6 +794,14 @@ def _eager_overlap_error(node: fx.Node) -> str | None:
 
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:
     return tuple(t.shape), t.stride(), t.storage_offset()
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors have the same sizes, strides and offset, for every value of their symbols."""
+    la, lb = (*a.shape, *a.stride(), a.storage_offset()), (*b.shape, *b.stride(), b.storage_offset())
+    return a.dim() == b.dim() and all(
+        statically_known_true(x == y) if isinstance(x == y, torch.SymBool) else x == y for x, y in zip(la, lb)
+    )
 
 
 def _to_call(
