@@ -4,6 +4,8 @@ dealias.jit and torch.compile (inductor), in one process.
 
 - decode_int: a gpt-fast style decode step, 2 layers of k/v caches written at a Python-int position
   (`narrow(2, pos, 1).copy_`) and attention over the prefix `[:, :, :pos + 1]`, 200 steps.
+- decode_index: decode_int written as plain indexing, `kc[:, :, pos] = k[:, :, 0]` (dynamo alone specializes
+  the int there: torch.compile compiles per position until its recompile limit, then runs eagerly).
 - decode_tensor: the same with `index_copy_(2, input_pos, k)` and a tensor position over the whole cache.
 - adamw_int: a hand-written AdamW over 20 parameters with the step count a Python int, 100 steps.
 - seq_len: a small attention block over sequence lengths 1..64.
@@ -31,6 +33,15 @@ def decode_int(caches, q, k, v, pos):
     for kc, vc in caches:
         kc.narrow(2, pos, 1).copy_(k)
         vc.narrow(2, pos, 1).copy_(v)
+        out = out + F.scaled_dot_product_attention(out, kc[:, :, : pos + 1], vc[:, :, : pos + 1])
+    return out
+
+
+def decode_index(caches, q, k, v, pos):
+    out = q
+    for kc, vc in caches:
+        kc[:, :, pos] = k[:, :, 0]
+        vc[:, :, pos] = v[:, :, 0]
         out = out + F.scaled_dot_product_attention(out, kc[:, :, : pos + 1], vc[:, :, : pos + 1])
     return out
 
@@ -90,6 +101,7 @@ def _seq_calls(steps: int) -> tuple[list[tuple[Any, ...]], Callable[[], Any]]:
 
 WORKLOADS = {
     "decode_int": (lambda: decode_int, lambda n: _decode_calls(n, False)),
+    "decode_index": (lambda: decode_index, lambda n: _decode_calls(n, False)),
     "decode_tensor": (lambda: decode_tensor, lambda n: _decode_calls(n, True)),
     "adamw_int": (lambda: adamw_int, lambda n: _adam_calls(n // 2)),
     "seq_len": (lambda: Block().eval(), _seq_calls),

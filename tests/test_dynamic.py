@@ -156,6 +156,67 @@ def test_int_attribute_of_a_cache_object_stays_a_plain_int():
     assert torch.equal(obj.cache, ref.cache)
 
 
+class KCache:
+    def __init__(self, k):
+        self.k = k
+
+
+def cache_object_step(cache, k, pos):
+    cache.k[:, :, pos] = k  # a symbolic int inside a tuple index: dynamo alone specializes it (`pos == 7`)
+    return (cache.k[:, :, : pos + 1] * 2).sum(-1)
+
+
+def test_tuple_index_with_a_symbolic_position_compiles_at_most_twice():
+    jf = dealias.jit(cache_object_step)
+    ours, ref = KCache(torch.zeros(1, 2, 16, 4)), KCache(torch.zeros(1, 2, 16, 4))
+    for pos in range(12):  # more positions than the cache limit (8)
+        k = torch.randn(1, 2, 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dealias.FallbackWarning)
+            got = jf(ours, k, pos)
+        assert torch.equal(got, cache_object_step(ref, k, pos)) and torch.equal(ours.k, ref.k), pos
+    info = dealias.cache_info(jf)
+    assert info.misses <= 2 and info.dynamic == ("pos",), info
+    (report,) = dealias.explain(jf)
+    assert report.mode == "in place" and report.nbytes == 2 * 4 * 4, report  # the slot, not the buffer
+
+
+def index_reads(x, p, q):
+    return x[..., p] * 2, x[None, p, 1:3], x[p, -1], x[p, :, q], x[:, 1:3, q]
+
+
+def index_writes(x, v, w, p, q):
+    x[:, p] = 2.5  # a scalar fills
+    x[p, :, q] += 1  # read, add, write back through the same view
+    x[-1, p] = v  # v is (1, 1, 6): its leading 1-dims are dropped, as eager's assignment does
+    x[..., q] = w  # an int tensor into a float view: converted
+    return x[p, q]
+
+
+@pytest.mark.parametrize("fn", [index_reads, index_writes], ids=["reads", "writes"])
+def test_tuple_indexes_with_symbols_match_eager(fn):
+    values = (torch.randn(1, 1, 6), torch.arange(36).view(6, 6))
+    # Negative positions too, every one in range; not 0 or 1, which dynamo specializes (one more program each).
+    positions = [(2, 3), (3, 2), (4, 2), (-1, -2), (-5, -4), (-2, -6), (5, 3)]
+    calls = [(torch.randn(6, 6, 6), *(values if fn is index_writes else ()), p, q) for p, q in positions]
+    info = run_calls(fn, calls)
+    # One program for the first call, one for positive positions, one for negative ones (select's range guard).
+    assert info.misses <= 3 and set(info.dynamic) == {"p", "q"}, info
+
+
+def test_tuple_index_out_of_range_raises_eagers_error_and_writes_nothing():
+    jf = dealias.jit(index_writes)
+    x, v, w = torch.zeros(6, 6, 6), torch.randn(1, 1, 6), torch.arange(36).view(6, 6)
+    for p in range(3):
+        jf(x, v, w, p, p)
+    before = x.clone()
+    with pytest.raises(IndexError):
+        index_writes(x.clone(), v, w, 7, 1)
+    with pytest.raises(IndexError):
+        jf(x, v, w, 7, 1)
+    assert torch.equal(x, before)
+
+
 def adamw_int_step(params, grads, ms, vs, step):
     b1, b2, lr, wd = 0.9, 0.999, 1e-3, 1e-2
     bc1 = 1 - b1**step
