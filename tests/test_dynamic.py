@@ -217,6 +217,56 @@ def test_tuple_index_out_of_range_raises_eagers_error_and_writes_nothing():
     assert torch.equal(x, before)
 
 
+def row_to_row(x, p, q):
+    x[p, :] = x[q, :]  # overlapping exactly when p == q
+    return x
+
+
+def test_rows_at_two_symbolic_positions_are_apart_under_a_guard():
+    calls = [(torch.randn(8, 8), p, q) for p, q in ((2, 3), (3, 2), (4, 7), (7, 5), (6, 2))]
+    info = run_calls(row_to_row, calls)
+    assert info.misses <= 2 and set(info.dynamic) == {"p", "q"}, info
+    info = run_calls(row_to_row, [*calls, (torch.randn(8, 8), 5, 5), (torch.randn(8, 8), 3, 3)])
+    assert info.misses <= 5, info  # (the same row: its own program per value)
+
+
+def assigned_then_branch(x, v, p):
+    x[:, p] = v  # v requires grad: after the assignment, so does x
+    return x * (2 if x.requires_grad else 3)
+
+
+def test_assignment_at_a_symbolic_position_updates_what_python_reads_of_the_tensor():
+    calls = [(torch.zeros(4, 4), torch.randn(4, requires_grad=True), p) for p in (1, 2, 3, -1)]
+    info = run_calls(assigned_then_branch, calls)
+    assert info.dynamic == ("p",), info
+
+
+def write_under_grad(x, v, p, q):
+    y = x * 2
+    y[:, p] = v
+    return y[q, :] * 3
+
+
+def test_write_at_a_symbolic_position_under_autograd_compiles_at_most_twice():
+    # The check of what backward saved before a write probes the op on real tensors: a symbol handed to it was
+    # specialized (a compile per position, then eager past the cache limit).
+    make = lambda p: (torch.randn(12, 12, requires_grad=True), torch.randn(12, requires_grad=True), p, 11 - p)  # noqa: E731
+    jf = dealias.jit(write_under_grad)
+    for p in range(2, 12):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dealias.FallbackWarning)
+            ours, ref = make(p), make(p)
+            for a, b in zip(ours[:2], ref[:2]):
+                b.data.copy_(a.data)
+            out, want = jf(*ours), write_under_grad(*ref)
+            assert torch.equal(out, want), p
+            out.sum().backward()
+            want.sum().backward()
+            assert torch.equal(ours[0].grad, ref[0].grad) and torch.equal(ours[1].grad, ref[1].grad), p
+    info = dealias.cache_info(jf)
+    assert info.misses <= 2 and set(info.dynamic) == {"p", "q"}, info
+
+
 def adamw_int_step(params, grads, ms, vs, step):
     b1, b2, lr, wd = 0.9, 0.999, 1e-3, 1e-2
     bc1 = 1 - b1**step

@@ -271,8 +271,8 @@ def _install_symbolic_indexing() -> None:
         return
     get, put = TensorVariable.method___getitem__, TensorVariable.method___setitem__
     insert = BuiltinVariable._handle_insert_op_in_graph
-    if getattr(get, "dealias_wrapped", False):
-        return
+    if getattr(get, "dealias_wrapped", False) or not hasattr(TensorVariable, "_sync_if_inplace_mutation"):
+        return  # (already installed; or dynamo's internals moved, and such indexing specializes, as before)
 
     def view(self: Any, tx: Any, key: Any) -> Any:
         """The view `self[key]` as full slices and selects, or None where dynamo's own indexing applies."""
@@ -297,7 +297,12 @@ def _install_symbolic_indexing() -> None:
         target = view(self, tx, key)
         if target is None:
             return put(self, tx, key, value)
-        return put(target, tx, ConstantVariable.create(Ellipsis), value)
+        # Dynamo re-reads a written variable's attributes (requires_grad: `x[:, p] = v` with v requiring grad
+        # makes x require grad) only on the variable it wrote, here the view: the tensor indexed is re-read too.
+        version = self._get_fake_version()
+        put(target, tx, ConstantVariable.create(Ellipsis), value)
+        self._sync_if_inplace_mutation(tx, version, value.is_tensor())
+        return ConstantVariable.create(None)
 
     @functools.wraps(insert)
     def insert_op(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:

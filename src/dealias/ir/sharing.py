@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..errors import UnsupportedError
@@ -60,7 +61,7 @@ def _positions(t: torch.Tensor, lo: int) -> torch.Tensor:
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors of one storage share at least one element of memory."""
-    if _symbolic(a) or _symbolic(b):
+    if has_symbols(a) or has_symbols(b):
         return _overlaps_symbolically(a, b)
     if a.numel() == 0 or b.numel() == 0:
         return False
@@ -79,15 +80,18 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(mask[_positions(b, lo)].any())
 
 
-def _symbolic(t: torch.Tensor) -> bool:
+def has_symbols(t: torch.Tensor) -> bool:
+    """Whether a (fake) tensor's sizes, strides or storage offset hold symbols."""
     return any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _overlaps_symbolically(a: torch.Tensor, b: torch.Tensor) -> bool:
     """`overlaps` for fake tensors whose layout holds symbols (views at a symbolic position): decided only where
     it holds for every value of the symbols, without a guard. Two views with the same layout (`x[p, :, q] += 1`
-    reads and writes back one view, taken twice) overlap; views whose extents are apart do not. Anything else
-    raises UnsupportedError, and the program is compiled again with its symbols specialized."""
+    reads and writes back one view, taken twice) overlap, and so does a view lying inside a dense one; views
+    whose extents are apart do not. Views apart in this call only (two rows `x[p]`, `x[q]`) are apart under a
+    guard. Anything else raises UnsupportedError, and the program is compiled again with its symbols
+    specialized."""
     layout_a = (*a.shape, *a.stride(), a.storage_offset())
     layout_b = (*b.shape, *b.stride(), b.storage_offset())
     if _known(a.numel() == 0) or _known(b.numel() == 0):
@@ -100,6 +104,14 @@ def _overlaps_symbolically(a: torch.Tensor, b: torch.Tensor) -> bool:
     (la, ha), (lb, hb) = [(t.storage_offset() * t.element_size(), (_last(t) + 1) * t.element_size()) for t in (a, b)]
     if _known(ha <= lb) or _known(hb <= la):
         return False
+    for x, y, (lx, hx), (ly, hy) in ((a, b, (la, ha), (lb, hb)), (b, a, (lb, hb), (la, ha))):
+        inside = _known(lx <= ly) and _known(hy <= hx) and _known(y.numel() > 0)
+        if inside and is_non_overlapping_and_dense(x):
+            return True  # (y lies inside x, which covers every element of its range: `x[p, :]` and `x[p, 0]`)
+    apart = (ha <= lb) | (hb <= la)
+    if isinstance(apart, torch.SymBool) and apart.node.hint is True:
+        # Apart in this call (`x[p] = x[q]` with p != q): a guard keeps the program to the calls where they are.
+        return not bool(apart)
     raise UnsupportedError("whether two views at symbolic positions share memory depends on the positions")
 
 

@@ -47,7 +47,7 @@ from ..ir.plan import (
     group_placeholder,
 )
 from ..ir.regions import emit_region_write, owning_node, restride
-from ..ir.sharing import overlaps
+from ..ir.sharing import has_symbols, overlaps
 from ..ir.viewops import (
     ViewStep,
     as_strided_rel,
@@ -265,9 +265,12 @@ class _Functionalizer:
                 # which alias it writes last: refuse rather than guess.
                 raise OverlapError(f"{node.target} writes a tensor whose elements overlap in memory")
             shared = [o for o in others if o.storage is v.storage and overlaps(v.meta, o.meta)]
-            # (copy_ is elementwise too: each element read before the same element is written, and eager raises
-            # on a partial overlap as pointwise kernels do.)
-            elementwise = torch.Tag.pointwise in node.target.tags or node.target is aten.copy_.default
+            # copy_ is elementwise too (each element read before the same element is written; eager raises on a
+            # partial overlap as pointwise kernels do), but eager, asked below, also runs some non-dense overlaps
+            # exactly: pointwise rules only where it cannot be asked (a view at a symbolic position).
+            elementwise = torch.Tag.pointwise in node.target.tags or (
+                node.target is aten.copy_.default and any(has_symbols(t.meta) for t in (v, *shared))
+            )
             if shared and not elementwise:
                 # The written tensor is also read through another argument (`index_add_(0, i, x)` on x,
                 # `torch.sum(x, 0, out=x[1])`, `mm(a, x, out=x)`). Pointwise kernels allow an exact alias; other

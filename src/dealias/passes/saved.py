@@ -162,7 +162,7 @@ def _saved(
             return real[x]
         meta = x.meta.get("val")
         if not isinstance(meta, torch.Tensor):
-            return meta
+            return _concrete(meta)
         if any(isinstance(s, torch.SymInt) for s in (*meta.shape, *meta.stride())):
             raise _NoProbe
         if meta.untyped_storage().nbytes() > _PROBE_LIMIT:
@@ -240,7 +240,19 @@ def _view_of_shared(meta: torch.Tensor, bases: dict[Any, torch.Tensor], leaves: 
     base = bases[key]
     if base.dtype != meta.dtype:
         return None
-    return base.as_strided(meta.shape, meta.stride(), meta.storage_offset())
+    return base.as_strided(meta.shape, meta.stride(), _concrete(meta.storage_offset()))
+
+
+def _concrete(value: Any) -> Any:
+    """A symbol's value in the compiling call. What an op saves for backward, and whether a later write makes
+    its backward raise, do not depend on a position's value; a symbol handed to a real op would be specialized
+    by it (a guard `pos == 7`, and a compile for every position)."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        hint = value.node.hint
+        if not isinstance(hint, (int, float, bool)):
+            raise _NoProbe  # a symbol without a value (data-dependent): nothing learned
+        return hint
+    return value
 
 
 class _NoProbe(Exception):
