@@ -371,7 +371,7 @@ def test_snapshots_the_forward_does_not_save_go_back_to_plain_clones():
         return saved.sin() + unsaved * 0.9, saved  # result, then what backward saves
 
     fw = make_fx(forward)(torch.randn(4), torch.randn(4))
-    fused_autograd._unsaved_snapshots_plain(fw, 1)
+    fused_autograd._unsaved_snapshots_plain(fw)
     calls = [n for n in fw.graph.nodes if n.op == "call_function"]
     kinds = {
         n.args[0].name: n.target for n in calls if n.target in (torch.ops.dealias.snapshot.default, aten.clone.default)

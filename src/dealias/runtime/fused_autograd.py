@@ -88,7 +88,7 @@ def _partition_saving_no_written_input(written: frozenset[int], copy_saved_resul
                 raise Unfusable(f"backward would save input {min(saved & written)}, which the epilogue writes into")
             if copy_saved_results:
                 _save_copies_of_results(fw, n)
-            _unsaved_snapshots_plain(fw, n)
+            _unsaved_snapshots_plain(fw)
             return fw, bw
 
         def uuid(self) -> Any:  # inductor's graph cache key: a cached graph passed this check when compiled
@@ -101,7 +101,7 @@ def _partition_saving_no_written_input(written: frozenset[int], copy_saved_resul
     return Partition()
 
 
-def _unsaved_snapshots_plain(fw: fx.GraphModule, num_fwd_outputs: int) -> None:
+def _unsaved_snapshots_plain(fw: fx.GraphModule) -> None:
     """Turn back into plain clones the forward's snapshots (see _clones_of_inputs_kept) that it neither saves for
     backward nor returns, itself or through a view: inductor may then drop them. A snapshot is an opaque kernel of
     its own, which stops fusion around it (bn_train: a snapshot of each running statistic, which BatchNorm's
