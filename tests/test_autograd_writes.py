@@ -266,6 +266,45 @@ def overwritten_with_grad_on(x):  # seed 101693
     return y
 
 
+class AffineGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 + x  # not zero for a zero gradient
+
+
+def overwritten_history_gets_zeros(x, y):  # seed 1032924
+    v = AffineGradient.apply(x)[1:].clone()
+    v.copy_(y)  # eager's copy_ sends v's old value a zero gradient: AffineGradient's backward runs, x gets x
+    return v
+
+
+def test_overwritten_history_gets_eagers_zero_gradient():
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(2, 3, generator=g, requires_grad=True) * 1, torch.randn(3, generator=g, requires_grad=True)
+
+    assert_compiled_like_eager(overwritten_history_gets_zeros, make)
+    seen = []
+
+    def hooked(x, y):
+        v = x * 1
+        v.register_hook(lambda g: seen.append(g))  # eager runs it, with zeros
+        w = v.clone()
+        w.copy_(y)
+        return w
+
+    for f in (hooked, dealias.jit(hooked)):
+        x, y = make()
+        f(x, y).sum().backward()
+    assert len(seen) == 2 and all(torch.equal(g, torch.zeros(2, 3)) for g in seen), seen
+
+
 def zero_through_an_expanded_view(x):  # seed 101794: eager's backward raises (an overlapping written view)
     v = x.expand(2, *x.shape)
     v.zero_()
