@@ -245,11 +245,12 @@ class _Functionalizer:
         broadcast to its shape, as a tensor of its own. When dst's old value has a history, eager's copy_ sends it
         a zero gradient (a custom Function's backward then runs with zeros, a hook on it sees them, and a leaf
         behind it gets zeros, not None: fuzz seed 1032924); `where` with a false condition keeps that edge and
-        takes every element from src, exactly (a NaN or inf in dst stays out of the result)."""
+        takes every element from src, exactly (a NaN or inf in dst stays out of the result). A view's region
+        write scatters the value into its base, whose backward already gives the region zeros."""
         d, v = dst.meta["val"], src.meta["val"]
         if v.dtype != d.dtype:
             src = self.emit.call(aten._to_copy.default, src, dtype=d.dtype)
-        if dst.meta.get("rg"):
+        if dst.meta.get("rg") and not is_view_node(dst):
             never = self.emit.call(aten.zeros.default, [], dtype=torch.bool, device=d.device)
             return self.emit.call(aten.where.self, never, dst, src)
         if tuple(v.shape) != tuple(d.shape):
