@@ -906,3 +906,23 @@ def test_no_grad_split_element_of_a_base_that_comes_to_require_grad():
             out.grad_fn  # noqa: B018
         errors.append(str(e.value))
     assert errors[1] == errors[0]
+
+
+def split_element_of_a_base_that_comes_to_require_grad(x0):  # fuzz seed 1040242, shrunk
+    base = x0.detach() * 2
+    element = base.split(2, 0)[0]  # made with grad on, of a base that does not require grad: restricted anyway
+    base.mul_(x0)  # now the base requires grad, and eager raises reading the element's grad_fn
+    return element
+
+
+def test_split_element_made_with_grad_of_a_base_that_comes_to_require_grad():
+    fn = split_element_of_a_base_that_comes_to_require_grad
+    errors = []
+    for f in (fn, dealias.jit(fn), dealias.jit(fn)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            out = f(torch.arange(15.0).view(5, 3).requires_grad_() * 1)
+        with pytest.raises(RuntimeError, match="no_grad mode and its base") as e:
+            out.grad_fn  # noqa: B018
+        errors.append(str(e.value))
+    assert errors[1] == errors[0]

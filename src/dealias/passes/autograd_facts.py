@@ -202,6 +202,12 @@ class AutogradFacts:
             )
             if not self.emit.grad and view_of_it:
                 self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, False, epoch)
+            elif self.emit.grad and view.target is operator.getitem and isinstance(op, torch._ops.OpOverload):
+                # Eager restricts a split's element made with grad on (a multi-output view) whether or not its base
+                # requires grad yet; once a write with grad on makes the base require grad, reading the element's
+                # grad_fn raises (fuzz seed 1040242).
+                if facts(op).multi_output_view and facts(op).autograd_view:
+                    self.fragile[value.obj] = _Fragile(view, epoch, False, f"returned by {op}", True, False, epoch)
             return
         if not self.emit.grad:
             self.fragile[value.obj] = _Fragile(view, epoch, True, "made under no_grad", False, made_at=epoch)
