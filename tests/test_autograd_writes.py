@@ -706,3 +706,33 @@ def test_returned_whole_write_restrided_with_grad_is_not_a_view():
     assert_compiled_like_eager(transposed_copy_filled, _non_leaf(4, 6))
     (v,) = dealias.jit(transposed_copy_filled)(*_non_leaf(4, 6)())
     assert not v._is_view() and v.stride() == (1, 6)
+
+
+def sine_of_a_chunk(x):
+    return x.unsafe_chunk(2, 0)[0].sin()  # sin saves the chunk, whose version counter is its own
+
+
+def sine_of_a_chunk_then_a_graph_break(x):
+    y = x.unsafe_chunk(2, 1)[0].t().sin()
+    torch._dynamo.graph_break()
+    x.fill_(-2.0)  # written in the next graph
+    return y
+
+
+def test_what_backward_saves_of_an_unsafe_chunk_is_not_stale_after_its_base_is_written():
+    # The chunk was replayed as a view of x, sharing x's counter: a write of x after the graph made backward raise
+    # "modified by an inplace operation" where eager's goes on with the new values (fuzz seed 1040427).
+    def grads(f, after):
+        b = torch.randn(5, 5, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        x = b * 1
+        out = f(x)
+        after(x)
+        out.sum().backward()
+        return b.grad
+
+    for fn, after in ((sine_of_a_chunk, lambda x: x.fill_(-2.0)), (sine_of_a_chunk_then_a_graph_break, lambda x: x)):
+        jf = dealias.jit(fn)
+        for _ in range(2):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", dealias.GraphBreakWarning)
+                torch.testing.assert_close(grads(jf, after), grads(fn, after))

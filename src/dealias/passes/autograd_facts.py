@@ -238,6 +238,18 @@ class AutogradFacts:
         return bool(base is not None and base.meta.get("rg")) or value.storage in self.history
 
     # -- reads ---------------------------------------------------------------------------------------
+    def read_unsafe_element(self, v: Value, node: fx.Node) -> fx.Node:
+        """`node`, the replayed value of `v`, as an op reads it. Eager's element of `unsafe_split` (or a view of
+        one) has a version counter of its own, so what an op saves of it for backward (`e.sin()` saves e) is not
+        made stale by a write of its base after the graph (in a later graph, or by the caller). The replayed
+        view shares the base's counter, and backward raised where eager's goes on (fuzz seed 1040427). Read with
+        grad on, it is `_unsafe_view` to its own sizes: the same memory and strides, a gradient reaching the
+        base, and a counter of its own. (A write of that memory inside the graph runs it eagerly:
+        refuse_unsafe_split_write.)"""
+        if not (self.emit.grad and node.meta.get("rg") and v.obj in self.unsafe):
+            return node
+        return self.emit.call(torch.ops.aten._unsafe_view.default, node, list(node.meta["val"].shape))
+
     def reads_fragile(self, v: Value) -> bool:
         """Whether a read of `v` now is a read of a fragile view with grad on (see read_fragile)."""
         return bool(self.emit.grad and self.fragile and v.obj in self.fragile)

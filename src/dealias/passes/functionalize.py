@@ -136,7 +136,7 @@ class _Functionalizer:
                     self.autograd.refuse_use_after_unrecorded_layout(v.storage, "a read")
                 if self.autograd.reads_fragile(v):
                     return self.autograd.read_fragile(a)
-                return self.materialize(v)
+                return self.autograd.read_unsafe_element(v, self.materialize(v))
             return self.emitted[a]
         if isinstance(a, (list, tuple)):
             return type(a)(self.read(x) for x in a)
