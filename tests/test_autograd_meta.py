@@ -637,7 +637,13 @@ def _split_element_input():
     return x.split(2)[0], x
 
 
+def view_of_a_restricted_input_beside_its_base(v, x):  # fuzz seed 1040411, shrunk
+    w = v[0]  # v and x share memory (one alias group): w is replayed from the group's base, not from x's history
+    return w * 3, x * 1
+
+
 RESTRICTED = [
+    view_of_a_restricted_input_beside_its_base,
     restricted_read,
     restricted_written_under_no_grad,
     restricted_written_with_grad,

@@ -105,9 +105,10 @@ class AutogradFacts:
         """The caller's tensor of placeholder `node` is a view eager restricts (made under no_grad, a split's
         element) and requires grad: tracked as a fragile view made before the call. Written with grad on, eager
         raises; after a write of its memory, reading its grad_fn raises. Unlike a no_grad view made inside the
-        program, it is itself the leaf its gradient reaches (the caller's tensor), so reads are not cut from it."""
+        program, it is itself the leaf its gradient reaches (the caller's tensor), so reads are not cut from it;
+        except where it shares an alias group with its base (see read_fragile)."""
         value = self.info.value(node)
-        self.fragile[value.obj] = _Fragile(node, 0, False, why, False)
+        self.fragile[value.obj] = _Fragile(node, 0, False, why, False, input_leaf=why == "made under no_grad")
 
     # -- before each op ------------------------------------------------------------------------------
     def before_op(self, node: fx.Node) -> None:
@@ -266,8 +267,13 @@ class AutogradFacts:
                     node_location(f.root),
                 )
             )
-        node = self.walk.materialize(self.info.value(a))
-        return self.emit.call(grad_leaf, node) if f.nograd and f.base_rg else node
+        v = self.info.value(a)
+        node = self.walk.materialize(v)
+        # A caller's tensor made under no_grad, in an alias group with its base: its views are replayed from the
+        # group's base, which is made from the members' common `_base`, a history eager's gradient of such a view
+        # never reaches (fuzz seed 1040411).
+        cut = f.nograd or f.input_leaf and v.storage.kind is StorageKind.GROUP
+        return self.emit.call(grad_leaf, node) if cut and f.base_rg else node
 
     def replay_for_grad(self, v: Value) -> bool:
         """Whether the view `v`, last replayed under no_grad, is read with grad on: eager's view was made with
@@ -610,3 +616,6 @@ class _Fragile:
     base_rg: bool = True
     made_at: int = 0  # the storage's writes when this view itself was made (`epoch`: when the root was)
     split_since: fx.Node | None = None  # the last split's element this view was made from, since the root
+    # Its root is a caller's tensor made under no_grad: eager's is a leaf without an accumulator, and so is the
+    # history of every view of it (no gradient goes anywhere from them).
+    input_leaf: bool = False
