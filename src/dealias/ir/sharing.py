@@ -19,10 +19,9 @@ from typing import Any
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..errors import UnsupportedError
-from .viewops import extent
+from .viewops import extent, same_layout, surely
 
 _EXACT_LIMIT = 1 << 26  # elements of a group's extent up to which overlap is computed exactly
 
@@ -92,20 +91,17 @@ def _overlaps_symbolically(a: torch.Tensor, b: torch.Tensor) -> bool:
     whose extents are apart do not. Views apart in this call only (two rows `x[p]`, `x[q]`) are apart under a
     guard. Anything else raises UnsupportedError, and the program is compiled again with its symbols
     specialized."""
-    layout_a = (*a.shape, *a.stride(), a.storage_offset())
-    layout_b = (*b.shape, *b.stride(), b.storage_offset())
-    if _known(a.numel() == 0) or _known(b.numel() == 0):
+    if surely(a.numel() == 0) or surely(b.numel() == 0):
         return False
-    same = a.dtype.itemsize == b.dtype.itemsize and a.dim() == b.dim()
-    if same and all(_known(x == y) for x, y in zip(layout_a, layout_b)) and _known(a.numel() > 0):
+    if a.dtype.itemsize == b.dtype.itemsize and same_layout(a, b) and surely(a.numel() > 0):
         return True  # the same elements
     # Byte ranges (`extent` skips dims of size 0, which asks a symbolic size for a guard; an empty tensor's range
     # below may be off, but it overlaps nothing, so a False drawn from it is right).
     (la, ha), (lb, hb) = [(t.storage_offset() * t.element_size(), (_last(t) + 1) * t.element_size()) for t in (a, b)]
-    if _known(ha <= lb) or _known(hb <= la):
+    if surely(ha <= lb) or surely(hb <= la):
         return False
     for x, y, (lx, hx), (ly, hy) in ((a, b, (la, ha), (lb, hb)), (b, a, (lb, hb), (la, ha))):
-        inside = _known(lx <= ly) and _known(hy <= hx) and _known(y.numel() > 0)
+        inside = surely(lx <= ly) and surely(hy <= hx) and surely(y.numel() > 0)
         if inside and is_non_overlapping_and_dense(x):
             return True  # (y lies inside x, which covers every element of its range: `x[p, :]` and `x[p, 0]`)
     apart = (ha <= lb) | (hb <= la)
@@ -118,11 +114,6 @@ def _overlaps_symbolically(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _last(t: torch.Tensor) -> Any:
     """The storage position of a non-empty tensor's last element (strides are never negative)."""
     return t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-
-
-def _known(cond: Any) -> bool:
-    """True only if `cond` holds for every value of its symbols (no guard is added)."""
-    return statically_known_true(cond) if isinstance(cond, torch.SymBool) else bool(cond)
 
 
 def find_groups(tensors: list[torch.Tensor]) -> list[AliasGroup]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch._ops import OpOverload
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
 
 from ..errors import UnsupportedError
@@ -237,6 +238,17 @@ def _as_strided_inverse(
         # (a uniform write through `expand`): scatter by explicit positions instead.
         return call(index_scatter_rel, base_node, value_node, *args)
     return call(as_strided_scatter_rel, base_node, value_node, *args)
+
+
+def surely(cond: Any) -> bool:
+    """True only if `cond` holds for every value of its symbols (no guard is added); plain bools as they are."""
+    return statically_known_true(cond) if isinstance(cond, torch.SymBool) else bool(cond)
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors have the same sizes, strides and storage offset, for every value of their symbols."""
+    la, lb = (*a.shape, *a.stride(), a.storage_offset()), (*b.shape, *b.stride(), b.storage_offset())
+    return a.dim() == b.dim() and all(surely(x == y) for x, y in zip(la, lb))
 
 
 def extent(t: torch.Tensor) -> tuple[Any, Any]:

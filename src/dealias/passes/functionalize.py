@@ -18,7 +18,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
 
 from ..errors import EagerSemanticsError, OverlapError, UnsupportedError, located, node_location
@@ -58,6 +57,7 @@ from ..ir.viewops import (
     map_chain_args,
     replay,
     replay_chain,
+    same_layout,
 )
 from .alias import AliasInfo, Storage, Value, resizes_nothing
 from .autograd_facts import AutogradFacts
@@ -297,7 +297,7 @@ class _Functionalizer:
                     continue  # (`slice_scatter(x, s, out=x.view(..))`: eager copies x first, as copies would)
                 raise OverlapError(f"{node.target} reads memory it writes, through another argument")
             for o in shared:
-                if _same_layout(o.meta, v.meta):
+                if same_layout(o.meta, v.meta):
                     continue  # the same elements: a pointwise kernel reads each before writing it
                 if not _partial_overlap(v.meta, o.meta):
                     # Eager's check cannot tell (non-dense layouts) and it reads elements it may already have
@@ -804,14 +804,6 @@ def _eager_overlap_error(node: fx.Node) -> str | None:
 
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:
     return tuple(t.shape), t.stride(), t.storage_offset()
-
-
-def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors have the same sizes, strides and offset, for every value of their symbols."""
-    la, lb = (*a.shape, *a.stride(), a.storage_offset()), (*b.shape, *b.stride(), b.storage_offset())
-    return a.dim() == b.dim() and all(
-        statically_known_true(x == y) if isinstance(x == y, torch.SymBool) else x == y for x, y in zip(la, lb)
-    )
 
 
 def _to_call(

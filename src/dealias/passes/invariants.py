@@ -25,7 +25,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._ops import OpOverload
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
 
 from ..errors import InvariantError, node_location, with_location
@@ -34,7 +33,7 @@ from ..ir.gradops import bump_version, caller_after, caller_tensor, grad_leaf, k
 from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
 from ..ir.plan import RefKind, ResultArg, root_node
 from ..ir.regions import is_region_write, region_write
-from ..ir.viewops import as_strided_rel, as_strided_scatter_rel, chain_args, index_scatter_rel, op_name
+from ..ir.viewops import as_strided_rel, as_strided_scatter_rel, chain_args, index_scatter_rel, op_name, surely
 
 aten = torch.ops.aten
 
@@ -311,11 +310,6 @@ def _extent(t: torch.Tensor) -> tuple[Any, Any]:
     return t.storage_offset() * size, last * size + size - 1
 
 
-def _surely(cond: Any) -> bool:
-    """True only when `cond` holds for every value of its symbols (no guard is added)."""
-    return statically_known_true(cond) if isinstance(cond, torch.SymBool) else bool(cond)
-
-
 def writes_inside_memory(
     gm: fx.GraphModule, stage: str = "lower", aliases: dict[fx.Node, list[fx.Node]] | None = None
 ) -> None:
@@ -330,12 +324,12 @@ def writes_inside_memory(
             t, r = a.meta.get("val"), root.meta.get("val")
             if not isinstance(t, torch.Tensor) or not isinstance(r, torch.Tensor):
                 continue
-            if _surely(t.numel() == 0):
+            if surely(t.numel() == 0):
                 continue
             if a is not root and not _same_storage(t, r):
                 _fail("write regions lie inside their memory", stage, n, f"{a.name} is not in {root.name}'s storage")
             (lo, hi), (rlo, rhi) = _extent(t), _extent(r)
-            if _surely(lo < rlo) or _surely(hi > rhi) or _surely(r.numel() == 0):
+            if surely(lo < rlo) or surely(hi > rhi) or surely(r.numel() == 0):
                 _fail(
                     "write regions lie inside their memory",
                     stage,
@@ -431,7 +425,7 @@ def matches_plan(fp: Any, stage: str) -> None:
             _fail("output count matches the plan", stage, out, f"write-back {i} writes {wb.target}: no such tensor")
         got, want = results[i].meta.get("val"), target.meta.get("val")
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
-            same_shape = got.dim() == want.dim() and all(_surely(x == y) for x, y in zip(got.shape, want.shape))
+            same_shape = got.dim() == want.dim() and all(surely(x == y) for x, y in zip(got.shape, want.shape))
             if got.dtype != want.dtype or not same_shape:
                 _fail(
                     "output count matches the plan",

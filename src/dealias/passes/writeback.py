@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..ir.checks import guard_index_writes, indexed_write
 from ..ir.emitter import Emitter
@@ -46,7 +45,16 @@ from ..ir.plan import (
     root_node,
 )
 from ..ir.regions import decompose, is_region_write, region_views, step_of
-from ..ir.viewops import ViewStep, chain_args, chain_text, internal_overlap, map_chain_args, op_name, repeated_dims
+from ..ir.viewops import (
+    ViewStep,
+    chain_args,
+    chain_text,
+    internal_overlap,
+    map_chain_args,
+    op_name,
+    repeated_dims,
+    surely,
+)
 
 aten = torch.ops.aten
 
@@ -69,11 +77,6 @@ def region_parts(node: fx.Node) -> tuple[fx.Node, tuple[ViewStep, ...], fx.Node]
     return node.args[0], tuple(step_of(v) for v in views), node.args[2]
 
 
-def _known(cond: Any) -> bool:
-    """True only if `cond` holds for every value of its symbols (no guard added); plain bools as they are."""
-    return statically_known_true(cond) if isinstance(cond, torch.SymBool) else bool(cond)
-
-
 def _updated_in_place(node: fx.Node) -> fx.Node | None:
     """For `op(B, ...)` of B's shape and dtype where `op` has an in-place form (`add(x, 1)` for `x.add_(1)`,
     `index_copy(x, ...)`, `copy(x, src)`): B. Such a node is a full write of B's memory when B is dead
@@ -86,10 +89,10 @@ def _updated_in_place(node: fx.Node) -> fx.Node | None:
     bv, nv = b.meta.get("val"), node.meta.get("val")
     if not isinstance(bv, torch.Tensor) or not isinstance(nv, torch.Tensor):
         return None
-    # An optimization's question: asked without guards on symbolic sizes (`_known`), so that it never narrows
+    # An optimization's question: asked without guards on symbolic sizes (`surely`), so that it never narrows
     # the values a program holds for; where it cannot tell, the write stays a copy.
-    same_shape = bv.dim() == nv.dim() and all(_known(x == y) for x, y in zip(bv.shape, nv.shape))
-    same_layout = all(_known(x == y) for n, x, y in zip(bv.shape, bv.stride(), nv.stride()) if not _known(n <= 1))
+    same_shape = bv.dim() == nv.dim() and all(surely(x == y) for x, y in zip(bv.shape, nv.shape))
+    same_layout = all(surely(x == y) for n, x, y in zip(bv.shape, bv.stride(), nv.stride()) if not surely(n <= 1))
     # (the layout too: running `cumsum` in place on a transposed buffer would return eager's fresh,
     # contiguous result with the buffer's strides)
     return b if same_shape and bv.dtype == nv.dtype and same_layout else None
