@@ -112,3 +112,18 @@ class HalvesGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g * 0.5
+
+
+class AddsItsInput(torch.autograd.Function):
+    """A custom Function whose backward is not zero for a zero gradient (`g * 3 + x`): whether eager runs it (a
+    zero gradient sent into its result) shows in the leaf's gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 + x

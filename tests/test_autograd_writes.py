@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from harness import HalvesGradient, grads_like_eager
+from harness import AddsItsInput, HalvesGradient, grads_like_eager
 
 import dealias
 from dealias.runtime.verify import compare_call
@@ -266,21 +266,9 @@ def overwritten_with_grad_on(x):  # seed 101693
     return y
 
 
-class AffineGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * 3 + x  # not zero for a zero gradient
-
-
 def overwritten_history_gets_zeros(x, y):  # seed 1032924
-    v = AffineGradient.apply(x)[1:].clone()
-    v.copy_(y)  # eager's copy_ sends v's old value a zero gradient: AffineGradient's backward runs, x gets x
+    v = AddsItsInput.apply(x)[1:].clone()
+    v.copy_(y)  # eager's copy_ sends v's old value a zero gradient: AddsItsInput's backward runs, x gets x
     return v
 
 

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from harness import HalvesGradient, check
+from harness import AddsItsInput, HalvesGradient, check
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import dealias
@@ -177,18 +177,6 @@ def test_an_op_under_no_grad_in_a_graph_autograd_records_is_not_fused():
     # AOTAutograd records every op in the call's mode: the doubled result required grad (fuzz seed 962133).
     jf = check(doubled_under_no_grad, torch.randn(5, 5, requires_grad=True) * 1, executor="inductor")
     assert "runs in another grad mode than the call" in str(dealias.last_traces(jf)[3])
-
-
-class AddsItsInput(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * 3 + x  # not zero for a zero gradient
 
 
 def unused_function_result(x0):
