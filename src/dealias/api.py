@@ -52,6 +52,7 @@ class JitFunction:
         verify: bool = False,
         executor: str = "torch",
         cache_limit: int = 8,
+        dynamic: bool | None = None,
     ) -> None:
         self.options = Options(executor=executor, verify=verify, strict=strict, cache_limit=cache_limit)
         if not isinstance(fn, torch.nn.Module):
@@ -59,13 +60,13 @@ class JitFunction:
         self.fn = fn
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
         self.stats = Stats(name=name)
-        # dynamic=None: dynamo's automatic dynamic. A Python int that changes between calls (a position, a step
-        # count) becomes a symbol after its second value, and the backend compiles one program for all values its
-        # shape guard accepts. Tensor sizes that change are still specialized by the backend, per layout.
+        # dynamic=None: dynamo's automatic dynamic. A Python int or a tensor size that changes between calls (a
+        # position, a step count, a sequence length) becomes a symbol after its second value, and the backend
+        # compiles one program for all values its shape guard accepts. dynamic=True: symbols from the first call.
         self.compiled = torch.compile(
             fn,
             backend=Backend(self.options, self.stats),
-            dynamic=None,
+            dynamic=dynamic,
             fullgraph=strict,
             recompile_limit=cache_limit,
             isolate_recompiles=True,
@@ -240,6 +241,7 @@ def jit(
     verify: bool = False,
     executor: str = "torch",
     cache_limit: int = 8,
+    dynamic: bool | None = None,
 ) -> Any:
     """Compile `fn` (a function or an nn.Module) with exact in-place and alias semantics.
 
@@ -250,10 +252,12 @@ def jit(
     graph, its writes into the caller's memory included, to inductor (fused kernels, not bit-equal to eager's)
     instead of running it op by op with eager's kernels; `executor="tiered"` runs each program op by op first
     and fuses it once it has run 16 times (an inductor compile costs seconds). `cache_info(f).tiers` says
-    where each program runs."""
+    where each program runs. `dynamic` is torch.compile's: None holds an int or a size symbolic once it has
+    changed between calls, True from the first call, False never."""
+    options = dict(strict=strict, verify=verify, executor=executor, cache_limit=cache_limit, dynamic=dynamic)
     if fn is None:
-        return functools.partial(jit, strict=strict, verify=verify, executor=executor, cache_limit=cache_limit)
-    return JitFunction(fn, strict=strict, verify=verify, executor=executor, cache_limit=cache_limit)
+        return functools.partial(jit, **options)
+    return JitFunction(fn, **options)
 
 
 def explain(jf: JitFunction) -> list[WriteBackReport]:

@@ -23,13 +23,17 @@ def main(argv: list[str] | None = None) -> int:
         help="only programs on inputs that require grad (no_grad regions, autograd.Function, hooks, detach writes)",
     )
     fz.add_argument("--executor", default="torch", choices=["torch", "inductor"])
+    fz.add_argument(
+        "--dynamic", action="store_true", help="every size symbolic from the first call (dealias.jit(dynamic=True))"
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo.run()
     if args.command == "fuzz":
         from .fuzz import fuzz
 
-        s = fuzz(args.seed, args.count, args.time, autograd=True if args.autograd else None, executor=args.executor)
+        autograd = True if args.autograd else None
+        s = fuzz(args.seed, args.count, args.time, autograd=autograd, executor=args.executor, dynamic=args.dynamic)
         print(
             f"{s['programs']} programs in {s['seconds']} s: {s['ok']} matched eager, {s['error-matched']} raised "
             f"as eager did, {s['fallback']} ran a graph eagerly (fallback), {s['overlap']} ran a write whose elements "

@@ -519,7 +519,7 @@ class Outcome:
 _DYNAMO_TRACING_ERRORS = ("dealias raised TorchRuntimeError", "dealias raised InternalTorchDynamoError")
 
 
-def run_program(prog: Program, executor: str = "torch") -> Outcome:
+def run_program(prog: Program, executor: str = "torch", dynamic: bool = False) -> Outcome:
     import dealias
 
     try:
@@ -528,7 +528,7 @@ def run_program(prog: Program, executor: str = "torch") -> Outcome:
         return Outcome("ok", f"does not load: {e}")
     from ..runtime.verify import ULP_TOLERANT
 
-    jitted = dealias.jit(program, executor=executor)
+    jitted = dealias.jit(program, executor=executor, dynamic=True if dynamic else None)
     tolerant = ULP_TOLERANT.set(executor != "torch")
     try:
         return _run_calls(prog, program, make_args, jitted)
@@ -683,10 +683,12 @@ def fuzz(
     progress: bool = True,
     autograd: bool | None = None,
     executor: str = "torch",
+    dynamic: bool = False,
 ) -> dict[str, Any]:
     """Run `count` programs from `seed` (or until `seconds` pass); `autograd` True makes every program an
     autograd one (None: one in five). Returns a summary; mismatches are shrunk and printed. With the fused
-    executor (`executor="inductor"`), float values compare with a tolerance (verify's)."""
+    executor (`executor="inductor"`), float values compare with a tolerance (verify's). `dynamic`: every size
+    symbolic from the first call (the same programs through the passes' and executors' symbolic paths)."""
     start = time.monotonic()
     summary: dict[str, Any] = {
         "ok": 0,
@@ -704,12 +706,12 @@ def fuzz(
         if seconds is not None and time.monotonic() - start > seconds:
             break
         prog = generate(seed + i, autograd=autograd)
-        outcome = run_program(prog, executor)
+        outcome = run_program(prog, executor, dynamic)
         summary[outcome.status] += 1
         summary["programs"] += 1
         if outcome.status == "mismatch":
-            small = shrink(prog, lambda p: run_program(p, executor).status == "mismatch")
-            detail = run_program(small, executor).detail
+            small = shrink(prog, lambda p: run_program(p, executor, dynamic).status == "mismatch")
+            detail = run_program(small, executor, dynamic).detail
             summary["failures"].append((small, detail))
             print(f"\nMISMATCH (seed {prog.seed}): {detail}\n{small.source()}", file=out)
         if progress:
