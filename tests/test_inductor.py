@@ -371,3 +371,108 @@ def test_short_attention_runs_by_matmuls_and_long_attention_by_the_flash_kernel(
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     assert (flash in targets(fused_graph(jf))) == (keys > 1024)
     assert [r.mode for r in dealias.explain(jf)] == ["in place", "in place"]
+
+
+def decode_prefix(kc, vc, q, k, v, pos: int):
+    kc[:, :, pos] = k
+    vc[:, :, pos] = v
+    return torch.nn.functional.scaled_dot_product_attention(q, kc[:, :, : pos + 1], vc[:, :, : pos + 1])
+
+
+def test_a_decode_loop_over_int_positions_is_fused_for_every_position():
+    # pos changes every call: after its first value, one program over a symbolic pos serves every position,
+    # fused, writing one row of each cache in place.
+    jf = dealias.jit(decode_prefix, executor="inductor")
+    caches, eager_caches = [torch.zeros(1, 2, 16, 8) for _ in range(2)], [torch.zeros(1, 2, 16, 8) for _ in range(2)]
+    for pos in range(8):
+        q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+        got = jf(*caches, q, k, v, pos)
+        expected = decode_prefix(*eager_caches, q, k, v, pos)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(caches, eager_caches)
+        assert got.stride() == expected.stride()
+    info = dealias.cache_info(jf)
+    assert (info.misses, info.dynamic, info.tiers) == (2, ("pos",), ("fused", "fused"))
+    assert [(r.mode, r.nbytes) for r in dealias.explain(jf)] == [("in place", 64), ("in place", 64)]
+    assert "pos <= 15" in jf.last.shape_guard.text
+
+
+def double_then_add(x, y):
+    x.mul_(2)
+    return x + y
+
+
+def double_then_add_transposed(x, y):
+    x.mul_(2)
+    return x.t() * 3 + y.t()  # eager lays the result out as x.t(): not dense for symbolic sizes
+
+
+@pytest.mark.parametrize("fn", [double_then_add, double_then_add_transposed])
+def test_a_program_over_symbolic_sizes_is_fused_when_its_results_are_dense(fn):
+    jf = dealias.jit(fn, executor="inductor", dynamic=True)
+    for n in (3, 5, 9):
+        x, y = torch.randn(n, 4), torch.randn(n, 4)
+        x_eager = x.clone()
+        got, expected = jf(x, y), fn(x_eager, y)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(x, x_eager)
+        assert got.stride() == expected.stride()
+    info = dealias.cache_info(jf)
+    assert info.misses == 1 and "x.size(0)" in info.dynamic
+    if fn is double_then_add:
+        assert info.tiers == ("fused",)
+    else:
+        assert info.tiers == ("torch",)
+        assert "not fused, result 0 has symbolic sizes and a layout other than a dense one" in str(
+            dealias.last_traces(jf)[3]
+        )
+
+
+def test_a_tiered_program_runs_on_the_torch_executor_where_the_fused_ones_guard_fails(monkeypatch):
+    # Inductor's decisions about a program's symbols may add guards to it: the fused program then holds for fewer
+    # calls than the cache entry (made with the torch executor's guard) lets in. Those calls run the first program.
+    from dealias.frontend import backend
+
+    monkeypatch.setattr(backend, "PROMOTE_AFTER", 2)
+    compile_program = backend.compile_program
+
+    def narrowed(gm, leaves, names, executor, symbolic=None):
+        program = compile_program(gm, leaves, names, executor, symbolic)
+        if executor == "inductor":
+            guard = program.shape_guard
+            pos = lambda call: next(x for x in call if isinstance(x, int))
+            program.shape_guard = lambda call: guard(call) and pos(call) <= 5
+            program.shape_guard.text = f"{guard.text} and pos <= 5"
+        return program
+
+    monkeypatch.setattr(backend, "compile_program", narrowed)
+    jf = dealias.jit(decode_prefix, executor="tiered")
+    caches, eager_caches = [torch.zeros(1, 2, 16, 8) for _ in range(2)], [torch.zeros(1, 2, 16, 8) for _ in range(2)]
+    ran_first = []
+    for pos in range(9):
+        q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+        torch.testing.assert_close(jf(*caches, q, k, v, pos), decode_prefix(*eager_caches, q, k, v, pos))
+        torch.testing.assert_close(caches, eager_caches)
+        tiered = jf.last
+        if tiered.tier == "fused" and not hasattr(tiered, "spied"):
+            first = tiered.first
+            tiered.first = lambda leaves, first=first: ran_first.append(len(ran_first)) or first(leaves)
+            tiered.spied = True
+    assert dealias.cache_info(jf).tiers == ("torch", "fused")  # (pos 0 specialized: one call, never promoted)
+    assert len(ran_first) == 3  # pos 6, 7 and 8
+
+
+def scaled_sin(x, n: int):
+    return (x * n).sin()
+
+
+def test_a_program_over_symbols_that_autograd_records_runs_on_the_torch_executor():
+    jf = dealias.jit(scaled_sin, executor="inductor")
+    for n in (2, 3, 4):
+        x = torch.randn(5, requires_grad=True)
+        x_eager = x.detach().clone().requires_grad_()
+        jf(x, n).sum().backward()
+        scaled_sin(x_eager, n).sum().backward()
+        torch.testing.assert_close(x.grad, x_eager.grad)  # (n=2, static, is fused)
+    assert dealias.cache_info(jf).dynamic == ("n",)
+    assert "not fused, autograd records a graph over symbols" in str(dealias.last_traces(jf)[3])

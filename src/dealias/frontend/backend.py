@@ -437,12 +437,18 @@ class _Tiered:
         self.calls = 0
         self.spent = 0.0  # seconds the program ran on the torch executor
         self.tier = "torch"
+        self.first = program  # the torch executor's program
+        # The fused program's shape guard where it may hold for fewer calls than the first's, which the cache entry
+        # checks (inductor's decisions on a program over symbols add guards): calls outside it run the first.
+        self.narrower: Callable[[list[Any]], bool] | None = None
 
     def __getattr__(self, name: str) -> Any:  # traces, reports, layouts, shape_guard: the current program's
         return getattr(self.program, name)
 
     def __call__(self, leaves: list[Any]) -> Any:
         if self.tier != "torch":
+            if self.narrower is not None and not self.narrower(leaves):
+                return self.first(leaves)
             return self.program(leaves)
         self.calls += 1
         if self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS:
@@ -460,6 +466,9 @@ class _Tiered:
         try:
             with COMPILE_LOCK:
                 self.program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
+            guard, entry_guard = self.program.shape_guard, self.first.shape_guard
+            if guard is not None and (entry_guard is None or guard.text != entry_guard.text):
+                self.narrower = guard
             self.tier = "fused" if self.program.tier == "fused" else "torch (not fusable)"
         except InvariantError:
             raise

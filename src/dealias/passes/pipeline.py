@@ -172,7 +172,7 @@ def compile_program(
                 trial, reports = lower(trial, aliases, fused=True)
             check("lower", trial, functional_gm, aliases)
             with clock("inductor"):
-                run = fused_executor(trial.gm, [leaves[p] for p in captured.tensor_positions])
+                run = fused_executor(trial.gm, _examples(captured, leaves))
             fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), "fused"
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
         except Unfusable as e:
@@ -203,6 +203,15 @@ def compile_program(
     return CompiledProgram(
         captured, fp, run, traces, functional_gm, reports, _shape_guard(captured), tensor_layouts(captured), tier
     )
+
+
+def _examples(captured: Any, leaves: list[Any]) -> list[Any]:
+    """What the fused executor compiles the graph for: the call's tensors; for a program over symbols, the fake
+    tensors and symbols it was captured with (inductor then generates code for every value of them, and the guards
+    its decisions add go into the program's `shape_guard`)."""
+    if captured.fake_mode.shape_env is None:
+        return [leaves[p] for p in captured.tensor_positions]
+    return [*captured.fakes, *captured.symbols]
 
 
 def _no_loose_symbols(gm: fx.GraphModule) -> None:

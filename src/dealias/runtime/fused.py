@@ -38,6 +38,7 @@ from ..ir.checks import bounds_check, index_args, index_policy, indexed_write
 from ..ir.gradops import bump_version
 from ..ir.opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise, op_name
 from ..ir.plan import alias_group_of
+from ..ir.viewops import same_layout, surely
 
 aten = torch.ops.aten
 
@@ -88,16 +89,15 @@ _TWINS = {op: _aten_twin(op) for op in KEEP_ATEN}
 def unfusable(gm: fx.GraphModule) -> str | None:
     """Why the fused executor cannot run `gm` exactly, or None. "autograd records the graph" is returned only
     when no other reason holds (`fused_autograd_executor` can run such a graph)."""
-    records = False
+    records = symbolic = False
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             if alias_group_of(n) is not None:
                 return "inputs share memory (an alias group)"
-            if not isinstance(n.meta.get("val"), torch.Tensor):
-                return "a symbolic scalar input"
-            t = n.meta["val"]
-            if any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset())):
-                return "symbolic sizes"
+            val = n.meta.get("val")
+            if not isinstance(val, (torch.Tensor, torch.SymInt)):
+                return f"a symbolic {type(val).__name__} input"
+            symbolic = symbolic or isinstance(val, torch.SymInt) or _symbolic(val)
         if n.op != "call_function":
             continue
         records = records or bool(n.meta.get("rg"))  # (without it, grad mode switches change nothing)
@@ -106,7 +106,13 @@ def unfusable(gm: fx.GraphModule) -> str | None:
             return f"{op} draws random numbers (inductor's generator is not eager's)"
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _in_prologue(n):
             return f"{op_name(op)} runs in Python"
+    if records and symbolic:  # (AOTAutograd would be handed the call's tensors, and specialize to their sizes)
+        return "autograd records a graph over symbols"
     return AUTOGRAD if records else None
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 AUTOGRAD = "autograd records the graph"
@@ -273,7 +279,7 @@ def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node, bool]]:
         for a in w.all_input_nodes:
             if a is written or m not in reads[a]:
                 continue
-            if w.target is not aten.copy_.default or not _aligned(a, _layout(written), m, reads, root):
+            if w.target is not aten.copy_.default or not _aligned(a, written.meta["val"], m, reads, root):
                 found.append((a, w, True))
     for n in gm.graph.nodes:  # a functional scatter of a caller's memory from a decomposition: inductor may
         if n.op == "call_function" and _scatter(n.target) and n.args and n.args[0] in root:  # run it in place
@@ -282,18 +288,24 @@ def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node, bool]]:
     return found
 
 
-def _layout(n: fx.Node) -> tuple[Any, ...]:
-    t = n.meta["val"]
-    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+# Layouts and shapes are compared for every value of the program's symbols (`surely`): a comparison that held only
+# for the compiling call would add a guard to the program, or decide for calls it does not hold for.
+def _same_layout(a: fx.Node, b: fx.Node) -> bool:
+    return same_layout(a.meta["val"], b.meta["val"])
+
+
+def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dim() == b.dim() and all(surely(x == y) for x, y in zip(a.shape, b.shape))
 
 
 def _aligned(
-    n: fx.Node, layout: tuple[Any, ...], m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict
+    n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict
 ) -> bool:
-    """Whether each element of `n` reads memory `m` only at the element of `layout` it is stored to: `n` is a
-    view of `m` laid out as the written region, or an elementwise op (no broadcast of such a read) of such."""
+    """Whether each element of `n` reads memory `m` only at the element of `layout` (the written region's value)
+    it is stored to: `n` is a view of `m` laid out as the written region, or an elementwise op (no broadcast of
+    such a read) of such."""
     if root.get(n) is m:
-        return _layout(n) == layout
+        return same_layout(n.meta["val"], layout)
     if m not in reads[n]:
         return True
     op = n.target
@@ -303,9 +315,8 @@ def _aligned(
         inputs = n.all_input_nodes
     else:
         return False
-    shape = tuple(n.meta["val"].shape)
     return all(
-        m not in reads[a] or (tuple(a.meta["val"].shape) == shape and _aligned(a, layout, m, reads, root))
+        m not in reads[a] or (_same_shape(a.meta["val"], n.meta["val"]) and _aligned(a, layout, m, reads, root))
         for a in inputs
         if isinstance(a, fx.Node)
     )
@@ -336,7 +347,7 @@ def merge_full_writes(gm: fx.GraphModule) -> int:
             readers = [n for n in between if any(root.get(a) is m1 for a in n.all_input_nodes)]
             if any(_alias(n) or n.op != "call_function" for n in readers):
                 continue
-            if any(_layout(a) != _layout(m1) for n in readers for a in n.all_input_nodes if root.get(a) is m1):
+            if not all(_same_layout(a, m1) for n in readers for a in n.all_input_nodes if root.get(a) is m1):
                 continue
             value = w1.args[1]
             for n in readers:
@@ -355,7 +366,7 @@ def _stores_whole(w: fx.Node, m: fx.Node) -> bool:
     if w.target is not aten.copy_.default:
         return False
     dst, src = w.args[0].meta["val"], w.args[1].meta["val"]
-    return _layout(w.args[0]) == _layout(m) and src.dtype == dst.dtype and src.shape == dst.shape
+    return _same_layout(w.args[0], m) and src.dtype == dst.dtype and _same_shape(src, dst)
 
 
 def insert_snapshots(gm: fx.GraphModule) -> int:
@@ -384,7 +395,7 @@ def _stored_whole(gm: fx.GraphModule, value: fx.Node, write: fx.Node) -> bool:
     if write.target is not aten.copy_.default or write.args[1] is not value:
         return False
     dst, src = write.args[0].meta["val"], value.meta["val"]
-    if dst.shape != src.shape or dst.dtype != src.dtype:
+    if not _same_shape(dst, src) or dst.dtype != src.dtype:
         return False
     writes = _writes(gm)
     root = next(m for w, m in writes if w is write)
@@ -409,9 +420,10 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
 
+    result_layouts(gm)  # (raises Unfusable before inductor's compile, not after)
     check = _prologue(gm)
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _TWINS and n.meta["val"].numel() >= KEEP_ATEN_MIN_NUMEL:
+        if n.op == "call_function" and n.target in _TWINS and surely(n.meta["val"].numel() >= KEEP_ATEN_MIN_NUMEL):
             n.target = _TWINS[n.target]
         if _short_attention(n):
             n.target = _attention_by_matmuls
@@ -466,7 +478,7 @@ def _short_attention(n: fx.Node) -> bool:
         return False
     q, k = n.args[0].meta["val"], n.args[1].meta["val"]
     used = all(u.target is getitem and u.args[1] == 0 for u in n.users)
-    return used and q.shape[-2] <= SHORT_ATTENTION_QUERIES and k.shape[-2] <= SHORT_ATTENTION_KEYS
+    return used and surely(q.shape[-2] <= SHORT_ATTENTION_QUERIES) and surely(k.shape[-2] <= SHORT_ATTENTION_KEYS)
 
 
 def _attention_by_matmuls(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -485,30 +497,34 @@ def runner(
     """The call of a compiled graph: prologue, inductor's callable (without autograd, unless it is AOTAutograd's
     and records it), the version counters of the inputs it wrote (`written`) moved, results in eager's layout and
     in memory of their own."""
-    # Eager's layout of each result, from the lowered graph (inductor's decompositions may change it: a constant
-    # came back as an expanded tensor, strides (0, 1, 0)). Sizes are static (`unfusable`), so inductor gives each
-    # result the same layout on every call: whether one must be restrided is learned on the first call.
+    layouts, dense = result_layouts(gm)
     out_node = gm.graph.output_node()
-    layouts = [
-        (i, tuple(v.shape), tuple(v.stride()))
-        for i, a in enumerate(out_node.args[0])
-        if isinstance(a, fx.Node) and isinstance(v := a.meta.get("val"), torch.Tensor)
-    ]
-    state: dict[str, Any] = {"call": None, "restride": layouts}  # call: None until the first call returned
     # Results the graph computes (not an input or a view of one) that came back in an input's memory are copied too:
     # inductor simplifies `ones * x` to `x`, and AOTAutograd then returns x's memory, as a view of x (fuzz seed
-    # 995738: `v = x.new_ones(..); v.mul_(x); return v`; torch.compile returns it so). Learned on the first call too.
+    # 995738: `v = x.new_ones(..); v.mul_(x); return v`; torch.compile returns it so). Learned on the first call
+    # (for a result of symbolic sizes, on the first call it is not empty: which memory inductor returns for it is
+    # decided when it compiles, not by the sizes).
     made = {i for i, a in enumerate(out_node.args[0]) if isinstance(a, fx.Node) and _made_by_the_graph(a)}
+    # call: None until the first call returned; restride: (result, sizes, strides) to copy into; copied: results of
+    # symbolic sizes that come back in an input's memory; pending: those not yet seen non-empty.
+    state: dict[str, Any] = {"call": None, "restride": layouts, "copied": set(), "pending": made.intersection(dense)}
 
     def restrided(outs: list[Any]) -> Any:
         fixed = list(outs)
         for i, shape, stride in state["restride"]:  # (only results whose layout differs, since the first call)
             t = fixed[i]
             fixed[i] = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+        for i in dense:
+            t = fixed[i]
+            if i in state["copied"] or not t.is_contiguous():
+                fixed[i] = t.clone(memory_format=torch.contiguous_format)
         return tuple(fixed)
 
+    def inputs_memory(args: Any) -> set[int]:
+        return {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
+
     def first(outs: list[Any], args: Any) -> None:
-        inputs = {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
+        inputs = inputs_memory(args)
         state["restride"] = [
             (i, shape, stride)
             for i, shape, stride in layouts
@@ -522,8 +538,15 @@ def runner(
         # comes back as a plain function.)
         state["call"] = compiled if autograd else getattr(compiled, "current_callable", None) or compiled
 
+    def learn(outs: list[Any], args: Any) -> None:
+        inputs = inputs_memory(args)
+        for i in [i for i in state["pending"] if outs[i].numel()]:
+            state["pending"].discard(i)
+            if outs[i].untyped_storage()._cdata in inputs:
+                state["copied"].add(i)
+
     def run(*args: Any) -> Any:
-        if autograd:
+        if autograd:  # (sizes are static: `unfusable`)
             outs = compiled(args)
             if state["call"] is None:
                 first(outs, args)
@@ -544,9 +567,41 @@ def runner(
             torch._C._increment_version(tuple(args[i] for i in written))
         if call is None:
             first(outs, args)
-        return restrided(outs) if state["restride"] else tuple(outs)
+        if state["pending"]:
+            learn(outs, args)
+        return restrided(outs) if state["restride"] or dense else tuple(outs)
 
     return run
+
+
+def result_layouts(gm: fx.GraphModule) -> tuple[list[tuple[int, tuple[int, ...], tuple[int, ...]]], list[int]]:
+    """Eager's layout of each result, from the lowered graph (inductor's decompositions may change it: a constant
+    came back as an expanded tensor, strides (0, 1, 0)): (result, sizes, strides) for those of static sizes, and
+    the results of symbolic sizes, each dense. A result of static sizes comes back from inductor in the same
+    layout on every call, so whether it must be restrided is learned on its first call; one of symbolic sizes
+    (its layout a function of the call's symbols) is checked on each call, which only a dense one can be cheaply:
+    Unfusable for any other."""
+    layouts, dense = [], []
+    for i, a in enumerate(gm.graph.output_node().args[0]):
+        if not isinstance(a, fx.Node) or not isinstance(v := a.meta.get("val"), torch.Tensor):
+            continue
+        if not _symbolic(v):
+            layouts.append((i, tuple(v.shape), tuple(v.stride())))
+        elif _surely_dense(v):
+            dense.append(i)
+        else:
+            raise Unfusable(f"result {i} has symbolic sizes and a layout other than a dense one")
+    return layouts, dense
+
+
+def _surely_dense(t: torch.Tensor) -> bool:
+    """Whether `t` is contiguous for every value of its symbols (as `is_contiguous()`: dims of size 1 aside)."""
+    expected: Any = 1
+    for n, st in reversed(list(zip(t.shape, t.stride()))):
+        if not (surely(n == 1) or surely(st == expected)):
+            return False
+        expected = expected * n
+    return True
 
 
 def _made_by_the_graph(n: fx.Node) -> bool:
