@@ -114,13 +114,40 @@ def mul_then_relu_(x, w):
     return h
 
 
-@pytest.mark.parametrize("fn", [exp_then_add_, mul_then_add_])
-def test_modified_by_inplace_raises_at_backward_as_in_eager(fn):
+def cholesky_then_scale_(a):
+    factor = torch.linalg.cholesky(a)  # saves its result (one of two: linalg_cholesky_ex returns info too)
+    factor.mul_(2)
+    return factor
+
+
+def topk_then_shift_(x):
+    values, indices = x.topk(2, dim=1)  # saves the indices it returns
+    indices.add_(1)
+    return values, indices
+
+
+def _positive_definite():
+    m = torch.randn(4, 4)
+    return (m @ m.mT + torch.eye(4)).requires_grad_()
+
+
+SAVED_THEN_WRITTEN = [
+    (exp_then_add_, lambda: (torch.randn(3, requires_grad=True),)),
+    (mul_then_add_, lambda: (torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))),
+    # over the 16 MB a probe on real zeros may take: asked on meta tensors
+    (exp_then_add_, lambda: (torch.randn(1 << 23, requires_grad=True),)),
+    # the saved tensor is one result of a multi-output op
+    (cholesky_then_scale_, lambda: (_positive_definite(),)),
+    (topk_then_shift_, lambda: (torch.randn(3, 5, requires_grad=True),)),
+]
+
+
+@pytest.mark.parametrize("fn,make", SAVED_THEN_WRITTEN, ids=["exp", "mul", "exp_32MB", "cholesky", "topk"])
+def test_modified_by_inplace_raises_at_backward_as_in_eager(fn, make):
     """Eager's backward raises "modified by an inplace operation" when a tensor an op saved for backward was
     written afterwards. dealias finds it when compiling (which tensors each op saves is asked of eager) and runs
     the graph eagerly, so backward raises eager's own error when eager does; forward values are eager's."""
-    n = 2 if fn is mul_then_add_ else 1
-    args = [torch.randn(3, requires_grad=True) for _ in range(n)]
+    args = make()
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out = fn(*args)
         (out[0] if isinstance(out, tuple) else out).sum().backward()
@@ -129,6 +156,24 @@ def test_modified_by_inplace_raises_at_backward_as_in_eager(fn):
         out = jf(*args)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (out[0] if isinstance(out, tuple) else out).sum().backward()
+
+
+def test_what_eager_cannot_be_asked_about_runs_eagerly(monkeypatch):
+    # Where no probe runs (an op with no kernel for zero-filled or meta tensors), "nothing saved" would be a guess:
+    # the graph runs eagerly, named.
+    from dealias.passes import saved
+
+    def no_probe(*args):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(saved, "_probe", no_probe)
+    x = torch.randn(3, requires_grad=True)
+    jf = dealias.jit(exp_then_add_)
+    with pytest.warns(dealias.FallbackWarning, match="eager cannot be asked what aten.exp.default saves"):
+        out = jf(x)
+    torch.testing.assert_close(out, exp_then_add_(x), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
 
 
 def test_saved_tensors_left_alone_still_compile():

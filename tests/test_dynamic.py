@@ -434,3 +434,54 @@ def test_symbolic_position_with_the_inductor_executor():
         decode_write, [(torch.randn(2, 3, 12, 4), torch.randn(2, 3, 4), p) for p in (1, 4, 6, 9)], executor="inductor"
     )
     assert info.misses <= 2, info
+    assert info.tiers[-1] == "fused", info  # (the program over a symbolic position)
+
+
+def cumsum_exp_relu_(x):  # fuzz seed 1100010 --dynamic
+    v = x.cumsum(2).exp()
+    v.relu_()  # exp saved its result
+    return v
+
+
+def row_squared_(x):  # fuzz seed 1100060 --dynamic
+    row = x[:, :, 1]
+    row.mul_(row)  # mul saves both factors, which it writes
+    return x
+
+
+@pytest.mark.parametrize("fn", [cumsum_exp_relu_, row_squared_])
+def test_saved_then_written_is_found_over_symbolic_sizes(fn):
+    # What an op saves is asked of eager on tensors of the compiling call's sizes; a symbolic size used to skip the
+    # question, and backward gave gradients where eager's raises.
+    jf = dealias.jit(fn, dynamic=True)
+    for shape in ((3, 4, 2), (2, 3, 4), (4, 5, 3)):
+        x = torch.randn(shape, requires_grad=True)
+        expected = fn(x * 1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            expected.sum().backward()
+        with pytest.warns(dealias.FallbackWarning, match="saves a tensor for backward"):
+            got = jf(x * 1)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            got.sum().backward()
+
+
+def relu_of_the_callers_(x):
+    x.mul_(2)
+    x.relu_()  # relu_ saves its result, which is the caller's tensor
+    return x * 3
+
+
+def test_a_result_saved_then_written_by_the_caller_over_symbolic_sizes():
+    # relu_ runs in place on the caller's tensor, as eager's, so a write of it after the call makes backward raise;
+    # one program serves every size.
+    jf = dealias.jit(relu_of_the_callers_, dynamic=True)
+    for shape in ((2, 3), (4, 5), (3, 7)):
+        for f in (relu_of_the_callers_, jf):
+            x = torch.randn(shape, requires_grad=True) * 1
+            y = f(x)
+            with torch.no_grad():
+                x.add_(1)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.sum().backward()
+    assert dealias.cache_info(jf).misses == 1

@@ -8,12 +8,14 @@ break without it. This pass finds such programs when compiling, and the graph th
 raises eager's own error at the moment eager raises it.
 
 Which arguments (or result) an op saves is asked of eager: the op runs once on zero-filled tensors of the traced
-sizes and strides, and its grad_fn's saved tensors are matched to them. Only ops that read a storage the program
-later writes are asked, so programs without such writes cost nothing.
+sizes and strides (meta tensors where real ones cannot be used), and its grad_fn's saved tensors are matched to
+them. Only ops that read a storage the program later writes are asked, so programs without such writes cost
+nothing. Where eager cannot be asked, the graph runs eagerly.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -21,7 +23,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from ..errors import EagerRaisesError, node_location, with_location
+from ..errors import EagerRaisesError, UnsupportedError, node_location, with_location
 from ..ir.opfacts import OpKind, bind_args, facts
 from .alias import AliasInfo, Storage, Value
 
@@ -51,9 +53,17 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
         result = info.values.get(n)
         if isinstance(result, Value) and result.storage in later[n]:
             candidates.append(n)
+        for u in n.users:  # the results of a multi-output op (`vals, idx = x.topk(k)`, then `idx += 1`)
+            if u.target is operator.getitem and isinstance(v := info.values.get(u), Value) and v.storage in later[n]:
+                candidates.append(u)
         if not candidates and not _saves_what_it_writes(n, writes[n], args, info):
             continue
-        saved, own = _saved(n, rg, candidates, bool(writes[n]))
+        try:
+            saved, own = _saved(n, rg, candidates, bool(writes[n]))
+        except UnknownSaved as e:
+            raise UnknownSaved(
+                with_location(f"{e}, and the program writes what it reads later", node_location(n))
+            ) from None
         if own:
             writer = n
         elif saved:
@@ -145,9 +155,25 @@ def _requires_grad(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool
 def _saved(
     node: fx.Node, rg: dict[fx.Node, bool], candidates: list[fx.Node], writes: bool
 ) -> tuple[list[fx.Node], bool]:
-    """The nodes among `candidates` (arguments of `node`, or `node` itself for its result) whose tensors eager's
+    """The nodes among `candidates` (arguments of `node`, `node` itself for its result, or the `getitem`s of its
+    results) whose tensors eager's
     grad_fn for `node` saves; and, for an op that `writes`, whether its own write invalidates what it saved
-    (eager's backward of the probe raises)."""
+    (eager's backward of the probe raises). Asked of eager on zero-filled CPU tensors of the traced sizes (symbolic
+    ones at their values in this call: what an op saves does not depend on them); where that cannot run (over
+    `_PROBE_LIMIT` bytes, another device, an op refusing zeros such as a Cholesky factorization), on meta tensors
+    of those sizes, whose autograd saves and checks as eager's does. Raises UnknownSaved if neither runs."""
+    for device in ("cpu", "meta"):
+        try:
+            return _probe(node, rg, candidates, writes, device)
+        except Exception:  # noqa: BLE001 - this probe cannot run: the next one, or nothing learned
+            continue
+    raise UnknownSaved(f"eager cannot be asked what {node.target} saves for backward")
+
+
+def _probe(
+    node: fx.Node, rg: dict[fx.Node, bool], candidates: list[fx.Node], writes: bool, device: str
+) -> tuple[list[fx.Node], bool]:
+    """`_saved`, asked with tensors on `device`; raises where that probe cannot run."""
     real: dict[fx.Node, torch.Tensor] = {}
     leaves: list[torch.Tensor] = []
     bases: dict[Any, torch.Tensor] = {}  # fake storage -> one flat non-leaf tensor standing for it
@@ -163,21 +189,18 @@ def _saved(
         meta = x.meta.get("val")
         if not isinstance(meta, torch.Tensor):
             return _concrete(meta)
-        if any(isinstance(s, torch.SymInt) for s in (*meta.shape, *meta.stride())):
-            raise _NoProbe
-        if meta.untyped_storage().nbytes() > _PROBE_LIMIT:
-            raise _NoProbe
-        if meta.device.type != "cpu":
+        shape, stride = [_concrete(n) for n in meta.shape], [_concrete(n) for n in meta.stride()]
+        if device == "cpu" and (meta.device.type != "cpu" or _concrete(meta.untyped_storage().nbytes()) > _PROBE_LIMIT):
             raise _NoProbe
         floating = meta.dtype.is_floating_point or meta.dtype.is_complex
         if StorageWeakRef(meta.untyped_storage()) in shared and floating:
             # Arguments sharing memory (`x.mul_(x.detach())`) are views of one tensor, as in eager: they share
             # its version counter, so a write through one invalidates what was saved of another.
-            t = _view_of_shared(meta, bases, leaves)
+            t = _view_of_shared(meta, shape, stride, bases, leaves, device)
             if t is not None:
                 real[x] = t if rg.get(x) else t.detach()
                 return real[x]
-        t = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype).zero_()
+        t = torch.empty_strided(shape, stride, dtype=meta.dtype, device=device).zero_()
         if rg.get(x) and floating:
             leaves.append(t.requires_grad_())
             t = t.clone()  # a non-leaf, so in-place ops may write it
@@ -189,15 +212,14 @@ def _saved(
         with torch.enable_grad():  # the probe records autograd whatever the caller's mode
             args, kwargs = pytree.tree_map_only(fx.Node, make, (node.args, node.kwargs))
             out = node.target(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - nothing learned (a probe eager refuses, or one too large): no refusal
-        return [], False
     finally:
         torch.set_rng_state(rng)
     result = out[0] if isinstance(out, (list, tuple)) and out else out
     grad_fn = getattr(result, "grad_fn", None)
     if grad_fn is None:
         return [], False
-    saved_ptrs = set()
+    # Saved tensors are matched to the probe's by storage (a meta tensor has no data pointer to compare).
+    saved_storages = set()
     for name in dir(grad_fn):
         if name.startswith("_saved_"):
             try:
@@ -206,11 +228,16 @@ def _saved(
                 continue
             for t in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(t, torch.Tensor) and t.numel():
-                    saved_ptrs.add(t.untyped_storage().data_ptr())
+                    saved_storages.add(t.untyped_storage()._cdata)
     found = []
     for x in candidates:
-        t = result if x is node else real.get(x)
-        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in saved_ptrs:
+        if x is node:
+            t = result
+        elif x.target is operator.getitem and x.args[0] is node:
+            t = out[x.args[1]]
+        else:
+            t = real.get(x)
+        if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage()._cdata in saved_storages:
             found.append(x)
     return found, writes and _backward_raises(out, leaves)
 
@@ -228,25 +255,32 @@ def _backward_raises(out: Any, leaves: list[torch.Tensor]) -> bool:
     return False
 
 
-def _view_of_shared(meta: torch.Tensor, bases: dict[Any, torch.Tensor], leaves: list[torch.Tensor]) -> Any:
-    """`meta` as a view of the one flat tensor (requiring grad, a non-leaf) standing for its fake storage; None
-    when that storage already stands for another dtype."""
+def _view_of_shared(
+    meta: torch.Tensor,
+    shape: list[int],
+    stride: list[int],
+    bases: dict[Any, torch.Tensor],
+    leaves: list[torch.Tensor],
+    device: str,
+) -> Any:
+    """`meta` (laid out as `shape`, `stride`) as a view of the one flat tensor (requiring grad, a non-leaf)
+    standing for its fake storage; None when that storage already stands for another dtype."""
     key = StorageWeakRef(meta.untyped_storage())
-    size = meta.untyped_storage().nbytes() // meta.element_size()
+    size = _concrete(meta.untyped_storage().nbytes()) // meta.element_size()
     if key not in bases:
-        leaf = torch.zeros(size, dtype=meta.dtype).requires_grad_()
+        leaf = torch.zeros(size, dtype=meta.dtype, device=device).requires_grad_()
         leaves.append(leaf)
         bases[key] = leaf.clone()
     base = bases[key]
     if base.dtype != meta.dtype:
         return None
-    return base.as_strided(meta.shape, meta.stride(), _concrete(meta.storage_offset()))
+    return base.as_strided(shape, stride, _concrete(meta.storage_offset()))
 
 
 def _concrete(value: Any) -> Any:
     """A symbol's value in the compiling call. What an op saves for backward, and whether a later write makes
-    its backward raise, do not depend on a position's value; a symbol handed to a real op would be specialized
-    by it (a guard `pos == 7`, and a compile for every position)."""
+    its backward raise, do not depend on a position's or a size's value; a symbol handed to a real op would be
+    specialized by it (a guard `pos == 7`, and a compile for every position)."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         hint = value.node.hint
         if not isinstance(hint, (int, float, bool)):
@@ -256,4 +290,8 @@ def _concrete(value: Any) -> Any:
 
 
 class _NoProbe(Exception):
-    pass
+    """This probe cannot run (the next one may)."""
+
+
+class UnknownSaved(UnsupportedError):
+    """Eager cannot be asked what an op saves for backward: the graph runs eagerly (exact) rather than guess."""

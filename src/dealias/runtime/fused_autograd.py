@@ -265,14 +265,20 @@ def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int,
     the call and a gradient then flows through the op; AOTAutograd's partition may save something else instead (a
     mask for relu) and would go on. With the op that saves it (for the message), and the results computed from
     it: a gradient into one of them flows through the op in eager."""
-    from ..passes.saved import saves_its_result
+    from ..passes.saved import UnknownSaved, saves_its_result
 
     out = []
     for i in rg_results:
         n = results[i]
         while is_view_node(n) and isinstance(n.args[0], fx.Node):
             n = n.args[0]
-        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and saves_its_result(n):
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        try:
+            saves = saves_its_result(n)
+        except UnknownSaved as e:
+            raise Unfusable(str(e)) from None
+        if saves:
             after = _computed_from(n)
             out.append((i, n, frozenset(j for j in rg_results if results[j] in after)))
     return out
