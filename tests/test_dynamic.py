@@ -485,3 +485,20 @@ def test_a_result_saved_then_written_by_the_caller_over_symbolic_sizes():
             with pytest.raises(RuntimeError, match="modified by an inplace operation"):
                 y.sum().backward()
     assert dealias.cache_info(jf).misses == 1
+
+
+def returns_a_base_written_through_its_transpose(x):
+    v = torch.zeros_like(x)
+    v.transpose(0, 1)[0:] = 3.0
+    torch.mul(v, -2.0, out=x)
+    return v
+
+
+@pytest.mark.parametrize("dynamic, sizes", [(True, (5,)), (None, (5, 6, 7))])
+def test_a_returned_base_written_through_a_view_is_no_view_over_symbolic_sizes(dynamic, sizes):
+    # (fuzz --dynamic seed 1100051) The write's decomposition ends in `transpose`, and eager's `v` is a tensor of
+    # its own: over symbolic sizes it was returned as that transpose, a view.
+    info = run_calls(
+        returns_a_base_written_through_its_transpose, [(torch.randn(n, n),) for n in sizes], dynamic=dynamic
+    )
+    assert info.dynamic, info  # (held symbolic, not specialized)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._prims_common import is_contiguous_or_false
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
 from ..errors import UnsupportedError
@@ -163,10 +164,13 @@ def owning_node(emit: Emitter, node: fx.Node) -> fx.Node:
     t = node.meta.get("val")
     if not is_view_node(node) or not isinstance(t, torch.Tensor):
         return node
-    if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride())):
-        return node  # (`_unsafe_view` takes static sizes; as before region writes were nodes, it stays a view)
-    if t.is_contiguous():
+    # Both layout questions are asked without guards (False where symbols leave them open); symbolic sizes of the
+    # `_unsafe_view` become graph values (Emitter.symbolic).
+    if is_contiguous_or_false(t):
         return emit.call(aten._unsafe_view.default, node, list(t.shape))
     if is_non_overlapping_and_dense(t):
         return emit.call(aten.clone.default, node, memory_format=torch.preserve_format)
+    if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride())):
+        # Returned as it is, it would be a view where eager's tensor is not one (fuzz --dynamic seed 1100051).
+        raise UnsupportedError("a returned tensor written through a view, in a layout its symbolic sizes leave open")
     return node
