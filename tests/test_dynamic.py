@@ -502,3 +502,22 @@ def test_a_returned_base_written_through_a_view_is_no_view_over_symbolic_sizes(d
         returns_a_base_written_through_its_transpose, [(torch.randn(n, n),) for n in sizes], dynamic=dynamic
     )
     assert info.dynamic, info  # (held symbolic, not specialized)
+
+
+def diagonal_of_a_member_then_write_the_group(x0, x1):  # fuzz --dynamic seed 1200296
+    v = x1.diagonal(-1)
+    out = v.expand(2, *v.shape)
+    with torch.no_grad():
+        x0.sin_()  # x1 is x0[::2]: the output is rebuilt from the alias group's base
+    return out
+
+
+def test_inputs_sharing_memory_over_symbolic_sizes():
+    # The graph takes the tensors, then the symbols, then the alias groups' bases; the program looked the bases up
+    # among the symbols' values (an int where the group's base was: AttributeError, or an int returned).
+    calls = []
+    for n in (5, 7):
+        x = torch.randn(n, n, requires_grad=True) * 1
+        calls.append((x, x[::2]))
+    info = run_calls(diagonal_of_a_member_then_write_the_group, calls, dynamic=True)
+    assert "x0.size(0)" in info.dynamic, info  # (the group key changes with the sizes: one compile each)

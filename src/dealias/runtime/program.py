@@ -203,17 +203,18 @@ class CompiledProgram:
     def __call__(self, leaves: list[Any]) -> Any:
         tensors = leaves if self._all_tensors else [leaves[p] for p in self._positions]
         bases = self._group_bases(tensors) if self.captured.groups else []
-        if self._symbols:
-            bases = [*(leaves[p] for p in self._symbols), *bases]
+        # The graph's inputs: the tensors, the symbols' values, the alias groups' bases (`bases` stays the groups'
+        # alone: a GROUP ref indexes it).
+        symbols = [leaves[p] for p in self._symbols]
         grad = torch.is_grad_enabled()
         early = {i: self._output(i, tensors, bases, (), grad) for i in self._early}  # (OutputSlot.early)
         if self._switches_grad:
             try:
-                results = self.run_graph(*tensors, *bases)
+                results = self.run_graph(*tensors, *symbols, *bases)
             finally:
                 torch._C._set_grad_enabled(grad)  # the graph switches it around no_grad regions
         else:
-            results = self.run_graph(*tensors, *bases)
+            results = self.run_graph(*tensors, *symbols, *bases)
         for i, (get, k, with_grad) in enumerate(self._writebacks):
             target, value = get(tensors, bases, results), results[k]
             for d in self._repeated.get(i, ()):
