@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import types
 
 import pytest
@@ -466,13 +467,33 @@ def scaled_sin(x, n: int):
     return (x * n).sin()
 
 
-def test_a_program_over_symbols_that_autograd_records_runs_on_the_torch_executor():
+def test_a_graph_autograd_records_over_a_symbol_is_fused_with_double_backward():
     jf = dealias.jit(scaled_sin, executor="inductor")
     for n in (2, 3, 4):
         x = torch.randn(5, requires_grad=True)
         x_eager = x.detach().clone().requires_grad_()
-        jf(x, n).sum().backward()
-        scaled_sin(x_eager, n).sum().backward()
-        torch.testing.assert_close(x.grad, x_eager.grad)  # (n=2, static, is fused)
-    assert dealias.cache_info(jf).dynamic == ("n",)
-    assert "not fused, autograd records a graph over symbols" in str(dealias.last_traces(jf)[3])
+        got, expected = jf(x, n), scaled_sin(x_eager, n)
+        torch.testing.assert_close(got, expected)
+        (g,) = torch.autograd.grad(got.sum(), x, create_graph=True)
+        (g_eager,) = torch.autograd.grad(expected.sum(), x_eager, create_graph=True)
+        torch.testing.assert_close(g, g_eager)
+        torch.testing.assert_close(torch.autograd.grad(g.sum(), x), torch.autograd.grad(g_eager.sum(), x_eager))
+    info = dealias.cache_info(jf)
+    assert (info.misses, info.dynamic, info.tiers) == (2, ("n",), ("fused", "fused"))
+
+
+def test_batchnorm_training_over_a_changing_batch_size_is_fused():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(inplace=True))
+    ref = copy.deepcopy(net)
+    jnet = dealias.jit(net, executor="inductor")
+    for batch in (3, 16, 5, 9):
+        x = torch.randn(batch, 4)
+        jnet(x).pow(2).mean().backward()
+        ref(x).pow(2).mean().backward()
+        torch.testing.assert_close(net.state_dict(), ref.state_dict())
+        torch.testing.assert_close([p.grad for p in net.parameters()], [p.grad for p in ref.parameters()])
+        net.zero_grad()
+        ref.zero_grad()
+    info = dealias.cache_info(jnet)
+    assert (info.misses, info.dynamic, info.tiers) == (2, ("args[0].size(0)",), ("fused", "fused"))

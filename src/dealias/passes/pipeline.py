@@ -156,7 +156,8 @@ def compile_program(
             written = frozenset(placeholders.index(root_node(trial.gm, wb.target)) for wb in trial.writebacks)
             written |= in_graph
             with clock("AOTAutograd and inductor"):
-                run = fused_autograd_executor(trial.gm, [leaves[p] for p in captured.tensor_positions], written)
+                call = [leaves[p] for p in (*captured.tensor_positions, *captured.sym_positions)]
+                run = fused_autograd_executor(trial.gm, _examples(captured, leaves), written, call)
             fp, shown, tier = trial, trial, "fused"
             name = "execution trace (fused with autograd: AOTAutograd and inductor compile this graph)"
         except Unfusable as e:

@@ -89,7 +89,7 @@ _TWINS = {op: _aten_twin(op) for op in KEEP_ATEN}
 def unfusable(gm: fx.GraphModule) -> str | None:
     """Why the fused executor cannot run `gm` exactly, or None. "autograd records the graph" is returned only
     when no other reason holds (`fused_autograd_executor` can run such a graph)."""
-    records = symbolic = False
+    records = False
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             if alias_group_of(n) is not None:
@@ -97,7 +97,6 @@ def unfusable(gm: fx.GraphModule) -> str | None:
             val = n.meta.get("val")
             if not isinstance(val, (torch.Tensor, torch.SymInt)):
                 return f"a symbolic {type(val).__name__} input"
-            symbolic = symbolic or isinstance(val, torch.SymInt) or _symbolic(val)
         if n.op != "call_function":
             continue
         records = records or bool(n.meta.get("rg"))  # (without it, grad mode switches change nothing)
@@ -106,8 +105,6 @@ def unfusable(gm: fx.GraphModule) -> str | None:
             return f"{op} draws random numbers (inductor's generator is not eager's)"
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _in_prologue(n):
             return f"{op_name(op)} runs in Python"
-    if records and symbolic:  # (AOTAutograd would be handed the call's tensors, and specialize to their sizes)
-        return "autograd records a graph over symbols"
     return AUTOGRAD if records else None
 
 
@@ -546,11 +543,13 @@ def runner(
                 state["copied"].add(i)
 
     def run(*args: Any) -> Any:
-        if autograd:  # (sizes are static: `unfusable`)
+        if autograd:
             outs = compiled(args)
             if state["call"] is None:
                 first(outs, args)
-            return restrided(outs) if state["restride"] else tuple(outs)
+            if state["pending"]:
+                learn(outs, args)
+            return restrided(outs) if state["restride"] or dense else tuple(outs)
         if check is not None:
             check(args)
         # Autograd records nothing here (`unfusable`), but the aten kernels inductor falls back to would record

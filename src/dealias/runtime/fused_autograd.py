@@ -91,6 +91,9 @@ def _partition_saving_no_written_input(written: frozenset[int], copy_saved_resul
             _unsaved_snapshots_plain(fw)
             return fw, bw
 
+        def __reduce__(self) -> Any:  # (inductor pickles its config into some cache keys: made again from these)
+            return _partition_saving_no_written_input, (written, copy_saved_results)
+
         def uuid(self) -> Any:  # inductor's graph cache key: a cached graph passed this check when compiled
             return (
                 "dealias partition saving the inputs eager saves, unsaved snapshots plain clones, none of",
@@ -145,10 +148,13 @@ def _save_copies_of_results(fw: fx.GraphModule, num_fwd_outputs: int) -> None:
     fw.recompile()
 
 
-def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: frozenset[int]) -> Callable[..., Any]:
-    """Compile the functional graph `gm`, which autograd records, with AOTAutograd and inductor; `written`: the
-    placeholders written, by the epilogue after the graph or by a `copy_` at the graph's end (which AOTAutograd
-    keeps in the compiled graph). Raises Unfusable."""
+def fused_autograd_executor(
+    gm: fx.GraphModule, example: list[Any], written: frozenset[int], call: list[Any] | None = None
+) -> Callable[..., Any]:
+    """Compile the functional graph `gm`, which autograd records, with AOTAutograd and inductor, for `example`
+    (the call's tensors; for a program over symbols, the capture's fake tensors and symbols, and `call` the call's
+    own inputs, which a run on copies needs); `written`: the placeholders written, by the epilogue after the graph
+    or by a `copy_` at the graph's end (which AOTAutograd keeps in the compiled graph). Raises Unfusable."""
     from torch._inductor.compile_fx import compile_fx
 
     if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
@@ -183,6 +189,7 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
         i for i, a in enumerate(example) if isinstance(a, torch.Tensor) and a.requires_grad and not reaching[i]
     )
     example = [a.detach() if i in cut else a for i, a in enumerate(example)]
+    call = example if call is None else [a.detach() if i in cut else a for i, a in enumerate(call)]
     try:
         partition = _partition_saving_no_written_input(written, copy_saved_results=len(rg_results) > 1)
         with torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition):
@@ -211,7 +218,7 @@ def fused_autograd_executor(gm: fx.GraphModule, example: list[Any], written: fro
     # inside a _TwiceDifferentiable, which costs more.
     reads = _written_inputs_read(gm, written)
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
-    own, first = _double_backward_of_its_own(compiled, example)
+    own, first = _double_backward_of_its_own(compiled, call)
     watched = _results_eager_saves(results, rg_results)
     # (every input's gradient coming from every result: nothing to set to None)
     partly = None if all(r == frozenset(rg_results) for i, r in enumerate(reaching) if i not in cut) else reaching
@@ -368,8 +375,8 @@ def _double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool
     return _takes_double_backward(outs[first].grad_fn, copies, outs), first
 
 
-def _versions(args: Any) -> list[int]:
-    return [a._version for a in args]  # (a fused graph's inputs are tensors)
+def _versions(args: Any) -> list[int | None]:
+    return [a._version if isinstance(a, torch.Tensor) else None for a in args]  # (None: a symbol's value)
 
 
 def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
@@ -423,7 +430,7 @@ def _recompute_double_backward(
     AOTAutograd's compiled backward is not. The graph runs again with eager's ops, from the call's inputs (of those
     written since by the epilogue, the copies taken before), and is differentiated with create_graph. An input
     written in place since the call makes it raise, naming the input: never a gradient of other values."""
-    moved = next((i for i, a in enumerate(args) if i not in written and a._version != versions[i]), None)
+    moved = next((i for i, a in enumerate(args) if i not in written and versions[i] not in (None, a._version)), None)
     if moved is not None:
         raise RuntimeError(
             f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and input "
