@@ -12,9 +12,14 @@ its own, in program order. `check_hazards` verifies the rule on every graph hand
 
 Index bounds are checked in a prologue, before any write: eager's error, the caller's tensors untouched.
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
-(`unfusable` before lowering, `Unfusable` after): alias groups, random draws, symbolic sizes, ops that may raise
+(`unfusable` before lowering, `Unfusable` after): alias groups, random draws, results of symbolic sizes in a layout
+other than a dense one, index checks against symbolic sizes, ops that may raise
 on their values, functional scatters and dtype views and `as_strided` (three things inductor gets wrong or ties
 to one placement of the inputs), writes to memory that is not an input.
+
+A program over symbols (a position, a sequence length) is compiled for the capture's fake tensors and symbols:
+the guards inductor's decisions add go into the program's ShapeEnv, and from there into its shape guard; the
+decisions taken here hold for every value of the symbols (`surely`), so they add none.
 
 A graph autograd records goes to inductor another way (fused_autograd.py).
 
@@ -168,8 +173,8 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
             checks.append((n.target, placeholders.index(n.args[0]), ()))
         else:
             index, size, dim = n.args
-            if index not in placeholders or isinstance(size, fx.Node):
-                raise Unfusable("an index checked before any write is computed inside the graph")
+            if index not in placeholders or not isinstance(size, int):
+                raise Unfusable("an index checked before any write is computed inside the graph, or a symbolic size")
             checks.append((n.target, placeholders.index(index), (size, dim)))
         gm.graph.erase_node(n)
 
