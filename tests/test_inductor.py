@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from harness import check
+from harness import check, grads_like_eager
 
 import dealias
 from dealias.errors import InternalError
@@ -497,3 +497,15 @@ def test_batchnorm_training_over_a_changing_batch_size_is_fused():
         ref.zero_grad()
     info = dealias.cache_info(jnet)
     assert (info.misses, info.dynamic, info.tiers) == (2, ("args[0].size(0)",), ("fused", "fused"))
+
+
+def expand_of_input(x):
+    return x.expand(2, *x.shape)
+
+
+def test_a_fused_graph_over_symbols_returning_sizes_records_autograd():
+    # (fuzz seed 1220032) The graph returns the symbolic sizes of its result's view besides tensors; the Function
+    # wrapping AOTAutograd's detached every result.
+    jf = dealias.jit(expand_of_input, executor="inductor", dynamic=True)
+    assert grads_like_eager(expand_of_input, jf, lambda: (torch.randn(5, 5, requires_grad=True) * 1,)) == []
+    assert dealias.cache_info(jf).tiers == ("fused",)

@@ -395,7 +395,9 @@ def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
         return False
     if len(meta.output_info) != len(outs) or any(o.output_type.name != "non_alias" for o in meta.output_info):
         return False
-    if any(o.requires_grad and o.grad_fn is not node for o in outs) or len(node.next_functions) != len(args):
+    if any(isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not node for o in outs) or len(
+        node.next_functions
+    ) != len(args):
         return False
     for (fn, _), a in zip(node.next_functions, args):  # input i's gradient goes to args[i]'s history
         if not isinstance(a, torch.Tensor) or not a.requires_grad:
@@ -538,8 +540,11 @@ class _TwiceDifferentiable(torch.autograd.Function):
             for i, a in enumerate(args)
         ]
         ctx.versions = [(i, a._version) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in written]
-        returned = tuple(o.detach() for o in outs)
-        ctx.mark_non_differentiable(*[r for r, o in zip(returned, outs) if not o.requires_grad])
+        # (A graph over symbols also returns ints: the sizes of its results' views, `OutputSlot.chain`.)
+        returned = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
+        ctx.mark_non_differentiable(
+            *[r for r, o in zip(returned, outs) if isinstance(o, torch.Tensor) and not o.requires_grad]
+        )
         return returned
 
     @staticmethod
@@ -550,7 +555,7 @@ class _TwiceDifferentiable(torch.autograd.Function):
                 "have already been freed). Specify retain_graph=True if you need to backward a second time."
             )
         ctx.freed = not torch._C._autograd._get_current_graph_task_keep_graph()
-        diff = [i for i, o in enumerate(ctx.outs) if o.requires_grad]
+        diff = [i for i, o in enumerate(ctx.outs) if isinstance(o, torch.Tensor) and o.requires_grad]
         wrt = [i for i, a in enumerate(ctx.leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
         given = [grads[i] for i in diff]
         if torch.is_grad_enabled():  # create_graph=True: the gradient must be differentiable in turn
