@@ -157,10 +157,11 @@ def _saved(
 ) -> tuple[list[fx.Node], bool]:
     """The nodes among `candidates` (arguments of `node`, `node` itself for its result, or the `getitem`s of its
     results) whose tensors eager's grad_fn for `node` saves; and, for an op that `writes`, whether its own write
-    invalidates what it saved (eager's backward of the probe raises). Asked of eager on zero-filled CPU tensors of the traced sizes (symbolic
-    ones at their values in this call: what an op saves does not depend on them); where that cannot run (over
-    `_PROBE_LIMIT` bytes, another device, an op refusing zeros such as a Cholesky factorization), on meta tensors
-    of those sizes, whose autograd saves and checks as eager's does. Raises UnknownSaved if neither runs."""
+    invalidates what it saved (eager's backward of the probe raises). Asked of eager on zero-filled CPU tensors
+    of the traced sizes (symbolic ones at their values in this call: what an op saves does not depend on them);
+    where that cannot run (over `_PROBE_LIMIT` bytes, another device, an op refusing zeros such as a Cholesky
+    factorization), on meta tensors of those sizes, whose autograd saves and checks as eager's does. Raises
+    UnknownSaved if neither runs."""
     for device in ("cpu", "meta"):
         try:
             return _probe(node, rg, candidates, writes, device)
