@@ -43,6 +43,16 @@ def test_bounded_fuzz_of_the_fused_executor():
     assert summary["ok"] >= 20, summary
 
 
+def test_bounded_fuzz_over_symbolic_sizes():
+    # The same programs with every size a symbol from the first call (dealias.jit(dynamic=True)): the passes' and
+    # executors' symbolic paths. Larger runs (seeds 1100000-1230199, both executors, with and without autograd)
+    # found the defects tested in test_dynamic.py and test_inductor.py.
+    out = io.StringIO()
+    summary = fuzz(1200000, 150, out=out, progress=False, dynamic=True)
+    assert summary["mismatch"] == 0, out.getvalue()
+    assert summary["ok"] >= 90, summary
+
+
 def test_programs_are_runnable_python():
     prog = generate(7)
     program, make_args = prog.load()
