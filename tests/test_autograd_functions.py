@@ -368,7 +368,15 @@ def function_result_transposed_then_relu(x):  # fuzz seed 978719 (autograd run)
     return torch.where(v > 0, v, v)
 
 
+def function_of_a_view_whose_base_comes_to_require_grad(x):  # fuzz seed 1220114
+    t = torch.linspace(-1, 1, 24).view(2, 3, 4)
+    v = t.diagonal()  # made before t requires grad: dynamo kept v's requires_grad False after the write below,
+    t.mul_(x)  # so the branch took 3 and Half.apply(v) was traced as its forward alone (x's gradient not halved)
+    return Half.apply(v) * (2 if v.requires_grad else 3)
+
+
 FUZZ_CASES = [
+    (function_of_a_view_whose_base_comes_to_require_grad, _args((1, 3, 4))),
     (function_result_transposed_then_relu, _args((5, 5))),
     (hook_between_a_no_grad_write_and_a_grad_write, _args((4, 3))),
     (hook_on_a_tensor_whose_view_is_written, lambda: (lambda x: (x, x[::2]))(torch.randn(6, requires_grad=True) * 1)),

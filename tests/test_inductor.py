@@ -509,3 +509,30 @@ def test_a_fused_graph_over_symbols_returning_sizes_records_autograd():
     jf = dealias.jit(expand_of_input, executor="inductor", dynamic=True)
     assert grads_like_eager(expand_of_input, jf, lambda: (torch.randn(5, 5, requires_grad=True) * 1,)) == []
     assert dealias.cache_info(jf).tiers == ("fused",)
+
+
+class TripledPlusInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 + x
+
+
+def function_of_a_view_of_a_written_base(x):
+    t = torch.linspace(-1, 1, 24).view(2, 3, 4)
+    v = t.diagonal()  # made before the write makes t, and so v, require grad
+    t.mul_(x + x)
+    return TripledPlusInput.apply(v)
+
+
+def test_a_function_of_a_view_whose_base_comes_to_require_grad_keeps_its_backward():
+    # (fuzz seed 1220114, here fused over symbols) dynamo traced the Function's forward alone: wrong gradients.
+    jf = dealias.jit(function_of_a_view_of_a_written_base, executor="inductor", dynamic=True)
+    make_args = lambda: (torch.randn(1, 3, 4, requires_grad=True) * 1,)  # noqa: E731
+    assert grads_like_eager(function_of_a_view_of_a_written_base, jf, make_args) == []
+    assert dealias.cache_info(jf).tiers == ("fused",)

@@ -39,6 +39,14 @@ takes negative positions and raises IndexError out of range, as indexing does); 
 `view[...] = value` into that view, so eager's assignment rules (a scalar fills, leading 1-dims of the value
 are dropped, then it broadcasts) still apply.
 
+Autograd facts of a view after a write into its base (`v = t.diagonal()`, then `t.mul_(w)` with w requiring
+grad): the write runs on fake values, so v's fake value requires grad, as eager's v does; but dynamo keeps a
+variable's `requires_grad` and `has_grad_fn` as they were when it was made, and re-reads them after a write only
+on the variable written (t). Code reading `v.requires_grad` then takes the other branch, and `F.apply(v)` of an
+autograd.Function is traced as its forward alone, without its backward: a wrong gradient, with every backend
+(fuzz seed 1220114). For dealias's compiles the two facts are re-read from the fake value where dynamo consults
+them: reads of a tensor's `requires_grad`, `grad_fn` and `grad`, and the arguments of `Function.apply`.
+
 The corrections are installed on import of the backend and apply only while dynamo traces for a dealias
 backend; other backends see dynamo unchanged.
 """
@@ -130,6 +138,7 @@ def install() -> None:
     _install_write_break()
     _install_resume_fallback()
     _install_symbolic_indexing()
+    _install_autograd_facts()
 
 
 def _hooked_before(tracer: Any) -> list[Any]:
@@ -316,3 +325,43 @@ def _install_symbolic_indexing() -> None:
     TensorVariable.method___getitem__ = getitem
     TensorVariable.method___setitem__ = setitem
     BuiltinVariable._handle_insert_op_in_graph = insert_op
+
+
+def _reread_autograd_facts(var: Any) -> None:
+    """A TensorVariable's `requires_grad` and `has_grad_fn` as its fake value has them now (other variables, and
+    tensors without a fake value, are left alone)."""
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    if not isinstance(var, TensorVariable):
+        return
+    value = var.proxy.node.meta.get("example_value")
+    if isinstance(value, torch.Tensor):
+        var.requires_grad = value.requires_grad
+        var.has_grad_fn = value.grad_fn is not None
+
+
+def _install_autograd_facts() -> None:
+    """Wrap `TensorVariable.var_getattr` and `AutogradFunctionVariable.call_apply` to re-read the autograd facts
+    they consult (the module's docstring)."""
+    try:
+        from torch._dynamo.variables import VariableTracker
+        from torch._dynamo.variables.misc import AutogradFunctionVariable
+        from torch._dynamo.variables.tensor import TensorVariable
+    except ImportError:  # dynamo's internals moved: its cached facts are read, as before
+        return
+    get, apply = TensorVariable.var_getattr, AutogradFunctionVariable.call_apply
+
+    @functools.wraps(get)
+    def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        if name in ("requires_grad", "grad_fn", "grad") and for_dealias(getattr(tx.output, "compiler_fn", None)):
+            _reread_autograd_facts(self)
+        return get(self, tx, name)
+
+    @functools.wraps(apply)
+    def call_apply(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
+        if for_dealias(getattr(tx.output, "compiler_fn", None)):
+            VariableTracker.visit(_reread_autograd_facts, (args, kwargs))
+        return apply(self, tx, args, kwargs)
+
+    TensorVariable.var_getattr = var_getattr
+    AutogradFunctionVariable.call_apply = call_apply
