@@ -521,3 +521,22 @@ def test_inputs_sharing_memory_over_symbolic_sizes():
         calls.append((x, x[::2]))
     info = run_calls(diagonal_of_a_member_then_write_the_group, calls, dynamic=True)
     assert "x0.size(0)" in info.dynamic, info  # (the group key changes with the sizes: one compile each)
+
+
+def scatter_then_double(x, idx, src):
+    x.scatter_(0, idx, src)
+    return x * 2
+
+
+def test_an_index_out_of_range_over_symbolic_sizes_raises_eagers_error():
+    # Which error eager raises (scatter_: RuntimeError, not IndexError) is asked of eager at the symbols' values in
+    # the compiling call; it used to be a guess where a size was symbolic. The size in its message is the call's.
+    calls = []
+    for n in (5, 7):
+        calls += [(torch.zeros(n, 3), torch.tensor([[0, 1, 2]]), torch.ones(1, 3))]
+        calls += [(torch.zeros(n, 3), torch.tensor([[0, 1, n]]), torch.ones(1, 3))]
+    run_calls(scatter_then_double, calls, dynamic=True)
+    jf = dealias.jit(scatter_then_double, dynamic=True)
+    jf(torch.zeros(5, 3), torch.tensor([[0, 1, 2]]), torch.ones(1, 3))
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds for dimension 0 with size 9"):
+        jf(torch.zeros(9, 3), torch.tensor([[0, 1, 9]]), torch.ones(1, 3))

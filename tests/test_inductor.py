@@ -137,19 +137,23 @@ def kv_write(kc, vc, k, v, pos):
     vc.index_copy_(2, pos, v)
 
 
-def test_index_bounds_checked_before_any_write():
-    def args(p):
-        return torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), p
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_index_bounds_checked_before_any_write(dynamic):
+    # With dynamic=True the caches' length is a symbol: the check reads it from the call's cache tensor.
+    def args(p, n=8):
+        return torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), p
 
-    jf = check(kv_write, *args(torch.tensor([3])), executor="inductor")
-    assert "fused" in str(dealias.last_traces(jf)[3])
+    fn = types.FunctionType(kv_write.__code__.replace(co_name=f"kv_write_{dynamic}"), globals())
+    jf = check(fn, *args(torch.tensor([3])), executor="inductor", dynamic=dynamic)
+    assert jf.last.tier == "fused"
     assert [r.mode for r in dealias.explain(jf)] == ["in place", "in place"]
-    kc, vc, k, v, pos = args(torch.tensor([9]))
-    with pytest.raises(IndexError):
-        kv_write(kc.clone(), vc.clone(), k, v, pos)
-    with pytest.raises(IndexError, match="index_copy_"):
-        jf(kc, vc, k, v, pos)
-    assert not kc.any() and not vc.any()
+    for n in (8, 11):
+        kc, vc, k, v, pos = args(torch.tensor([n + 1]), n)
+        with pytest.raises(IndexError):
+            kv_write(kc.clone(), vc.clone(), k, v, pos)
+        with pytest.raises(IndexError, match="index_copy_"):
+            jf(kc, vc, k, v, pos)
+        assert not kc.any() and not vc.any()
 
 
 def embed_and_cache(w, tok, cache, pos, x, g):
@@ -157,13 +161,17 @@ def embed_and_cache(w, tok, cache, pos, x, g):
     return torch.embedding(w, tok) + x.index_select(0, tok) + x.gather(0, g)
 
 
-def test_indices_read_from_inputs_are_checked_before_any_write():
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_indices_read_from_inputs_are_checked_before_any_write(dynamic):
     # Inductor checks them inside its kernels (after the cache write, with its own error): a read index that is a
-    # graph input is checked in the prologue instead, with eager's error, and the graph stays fused.
+    # graph input is checked in the prologue instead, with eager's error, and the graph stays fused. (dynamic=True:
+    # against the symbolic sizes of the tensors read, taken from the call's.)
     def args(tok, g):
         return torch.randn(10, 3), tok, torch.zeros(5, 3), torch.tensor([1, 3]), torch.randn(10, 3), g
 
-    jf = check(embed_and_cache, *args(torch.tensor([1, 9]), torch.tensor([[0, 9, 2]])), executor="inductor")
+    fn = types.FunctionType(embed_and_cache.__code__.replace(co_name=f"embed_and_cache_{dynamic}"), globals())
+    ok = args(torch.tensor([1, 9]), torch.tensor([[0, 9, 2]]))
+    jf = check(fn, *ok, executor="inductor", dynamic=dynamic)
     assert jf.last.tier == "fused"
     ok_tok, ok_g = torch.tensor([1, 2]), torch.tensor([[0, 1, 2]])
     bad = [(torch.tensor([1, 10]), ok_g), (torch.tensor([-1, 2]), ok_g), (ok_tok, torch.tensor([[0, 10, 2]]))]

@@ -13,6 +13,7 @@ eager when compiling (`probe`): the op runs on zero-filled memory laid out like 
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -39,19 +40,33 @@ class _Memory:
     and strides, so aliasing between them is kept. Raises NoProbe where nothing can be learned: memory larger
     than _PROBE_LIMIT, or symbolic."""
 
-    def __init__(self) -> None:
+    def __init__(self, at_hints: bool = False) -> None:
         self.buffers: dict[Any, torch.Tensor] = {}
+        # Symbolic sizes at their values in the compiling call: only for questions whose answer does not depend
+        # on the sizes (which error an out-of-range index raises), never for how an op treats overlapping memory.
+        self.at_hints = at_hints
 
     def like(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        nbytes = storage.nbytes()
-        if not isinstance(nbytes, int) or nbytes > _PROBE_LIMIT or isinstance(t.storage_offset(), torch.SymInt):
+        nbytes, offset = _value(storage.nbytes(), self.at_hints), _value(t.storage_offset(), self.at_hints)
+        shape, stride = [_value(n, self.at_hints) for n in t.shape], [_value(n, self.at_hints) for n in t.stride()]
+        if nbytes > _PROBE_LIMIT:
             raise NoProbe
         key = StorageWeakRef(storage)
         if key not in self.buffers:
             self.buffers[key] = torch.zeros(nbytes, dtype=torch.uint8)
         out = torch.empty(0, dtype=t.dtype)
-        return out.set_(self.buffers[key].untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        return out.set_(self.buffers[key].untyped_storage(), offset, shape, stride)
+
+
+def _value(x: Any, at_hints: bool) -> Any:
+    """`x`, a symbol given its value in the compiling call where `at_hints`; NoProbe for a symbol otherwise."""
+    if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return x
+    hint = x.node.hint if at_hints else None
+    if hint is None:
+        raise NoProbe
+    return hint
 
 
 def _run_quietly(node: fx.Node, *calls: tuple[Any, Any]) -> None:
@@ -66,18 +81,20 @@ def _run_quietly(node: fx.Node, *calls: tuple[Any, Any]) -> None:
         torch.set_rng_state(rng)
 
 
-def probe(node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None) -> Exception | None:
-    """Run `node`'s op eagerly on zero-filled memory laid out like its traced arguments (`_Memory`), with the
-    arguments in `replace` given real values; return what it raises (None if it returns). Raises NoProbe where
-    nothing can be learned."""
-    memory = _Memory()
+def probe(
+    node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None, at_hints: bool = False
+) -> Exception | None:
+    """Run `node`'s op eagerly on zero-filled memory laid out like its traced arguments (`_Memory`; symbolic sizes
+    at their values in the compiling call where `at_hints`), with the arguments in `replace` given real values;
+    return what it raises (None if it returns). Raises NoProbe where nothing can be learned."""
+    memory = _Memory(at_hints)
     replace = replace or {}
 
     def value(n: fx.Node) -> Any:
         if n in replace:
             return replace[n]
         t = n.meta.get("val")
-        return memory.like(t) if isinstance(t, torch.Tensor) else t
+        return memory.like(t) if isinstance(t, torch.Tensor) else _value(t, at_hints)
 
     call = pytree.tree_map_only(fx.Node, value, (node.args, node.kwargs))
     try:
@@ -154,17 +171,19 @@ def index_policy(node: fx.Node, index: fx.Node, allow_negative: bool) -> IndexPo
     """Eager's policy for `index` of the write `node`, learned by probing it with -1 and with an index past the
     end; where it cannot be probed, `allow_negative` and IndexError."""
     val = index.meta.get("val")
-    others = {
-        a: torch.zeros(a.meta["val"].shape, dtype=a.meta["val"].dtype)
-        for a in _index_nodes(node)
-        if a is not index and not isinstance(a.meta["val"].numel(), torch.SymInt)
-    }
     try:
-        if not isinstance(val, torch.Tensor) or isinstance(val.numel(), torch.SymInt) or val.numel() == 0:
+        # (What an op raises on an index out of range does not depend on the sizes: symbols at their values.)
+        others = {
+            a: torch.zeros([_value(n, True) for n in a.meta["val"].shape], dtype=a.meta["val"].dtype)
+            for a in _index_nodes(node)
+            if a is not index
+        }
+        if not isinstance(val, torch.Tensor) or _value(val.numel(), True) == 0:
             raise NoProbe
-        negative = probe(node, {**others, index: torch.full(val.shape, -1, dtype=val.dtype)})
+        shape = [_value(n, True) for n in val.shape]
+        negative = probe(node, {**others, index: torch.full(shape, -1, dtype=val.dtype)}, at_hints=True)
         bad = 1_000_003  # past any traced size, and a number no message contains otherwise
-        past = probe(node, {**others, index: torch.full(val.shape, bad, dtype=val.dtype)})
+        past = probe(node, {**others, index: torch.full(shape, bad, dtype=val.dtype)}, at_hints=True)
     except NoProbe:
         return IndexPolicy(allow_negative)
     if past is None or not isinstance(past, (IndexError, RuntimeError)):
@@ -176,6 +195,8 @@ def index_policy(node: fx.Node, index: fx.Node, allow_negative: bool) -> IndexPo
         .replace("}", "}}")
         .replace("{{bad}}", "{bad}")
     )
+    # The size eager names is the checked dimension's, which differs between calls where it is symbolic.
+    message = re.sub(r"with size \d+", "with size {size}", message)
     return IndexPolicy(negative is None, type(past), message)
 
 

@@ -13,7 +13,7 @@ its own, in program order. `check_hazards` verifies the rule on every graph hand
 Index bounds are checked in a prologue, before any write: eager's error, the caller's tensors untouched.
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
 (`unfusable` before lowering, `Unfusable` after): alias groups, random draws, results of symbolic sizes in a layout
-other than a dense one, index checks against symbolic sizes, ops that may raise
+other than a dense one, index checks against sizes computed in the graph, ops that may raise
 on their values, functional scatters and dtype views and `as_strided` (three things inductor gets wrong or ties
 to one placement of the inputs), writes to memory that is not an input.
 
@@ -152,7 +152,8 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
     """The graph's Python steps (`_in_prologue`), taken out of it, as one function of the call's inputs (None if
     it has none)."""
     placeholders = gm.graph.find_nodes(op="placeholder")
-    checks = []
+    checks: list[tuple[Any, int, tuple[Any, ...]]] = []  # (check, index input, (size, dim))
+    sized: list[tuple[Any, int, tuple[int, int], int]] = []  # (check, index input, (tensor input, its dim), dim)
     for n in list(gm.graph.nodes):
         if n.op == "call_function" and _scatter(n.target):
             # Inductor re-inplaces a functional scatter into its base and may read the base elsewhere in the
@@ -163,7 +164,11 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
             # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory, and
             # raises its own error. An index read from a graph input (`embedding(w, token)`, `x[idx]`) is checked
             # here instead, with eager's error, before anything runs; other value checks keep the graph unfused.
-            checks += _read_checks(n, placeholders)
+            for fn, i, (size, dim) in _read_checks(n, placeholders):
+                if isinstance(size, tuple):
+                    sized.append((fn, i, size, dim))
+                else:
+                    checks.append((fn, i, (size, dim)))
             continue
         if n.op != "call_function" or not _in_prologue(n):
             continue
@@ -173,25 +178,42 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
             checks.append((n.target, placeholders.index(n.args[0]), ()))
         else:
             index, size, dim = n.args
-            if index not in placeholders or not isinstance(size, int):
-                raise Unfusable("an index checked before any write is computed inside the graph, or a symbolic size")
-            checks.append((n.target, placeholders.index(index), (size, dim)))
+            if index not in placeholders:
+                raise Unfusable("an index checked before any write is computed inside the graph")
+            i, of = placeholders.index(index), _size_of(size, placeholders)
+            if of is None:
+                checks.append((n.target, i, (size, dim)))
+            else:
+                sized.append((n.target, i, of, dim))
         gm.graph.erase_node(n)
 
-    if not checks:
+    if not checks and not sized:
         return None
 
     def check(args: tuple[Any, ...]) -> None:
         for fn, i, rest in checks:
             fn(args[i], *rest)
+        for fn, i, (t, d), dim in sized:  # (against a symbolic size: the call's input tensor `t` has it)
+            fn(args[i], args[t].shape[d], dim)
 
     return check
 
 
+def _size_of(size: Any, placeholders: list[fx.Node]) -> tuple[int, int] | None:
+    """A size a bounds check compares with: None if static; (input, dim) for a symbolic one, the size of an
+    input's dim (read from the call's tensor); Unfusable for another (computed inside the graph)."""
+    if not isinstance(size, fx.Node):
+        return None
+    if size.target is aten.sym_size.int and size.args[0] in placeholders:
+        return placeholders.index(size.args[0]), size.args[1]
+    raise Unfusable("an index is checked against a size computed inside the graph")
+
+
 def _read_checks(n: fx.Node, placeholders: list[fx.Node]) -> list[tuple[Any, int, tuple[Any, ...]]]:
     """Bounds checks of the index arguments of a read that raises on an index out of range (`checks.index_args`),
-    each as (check, placeholder position, (size, dim)). Raises Unfusable where an index is computed inside the
-    graph, a size is symbolic, or the op may raise on other values."""
+    each as (check, placeholder position, (size, dim)), the size a symbolic one as (input, dim) of the tensor
+    indexed. Raises Unfusable where an index is computed inside the graph, a symbolic size is not an input's, or
+    the op may raise on other values."""
     reads = index_args(n)
     if not reads or any(index not in placeholders for index, _, _ in reads):
         raise Unfusable(f"{n.target} may raise on values computed inside the graph (eager's error is not kept yet)")
@@ -200,7 +222,9 @@ def _read_checks(n: fx.Node, placeholders: list[fx.Node]) -> list[tuple[Any, int
         indexed = n.args[0].meta["val"]
         size = indexed.shape[dim] if indexed.dim() > 0 else 1
         if not isinstance(size, int):
-            raise Unfusable(f"{n.target} indexes a dimension of symbolic size")
+            if n.args[0] not in placeholders:
+                raise Unfusable(f"{n.target} indexes a dimension of symbolic size of a tensor made in the graph")
+            size = (placeholders.index(n.args[0]), dim)
         where = with_location(f" ({n.target})", node_location(n))
         out.append((bounds_check(index_policy(n, index, negative), where), placeholders.index(index), (size, dim)))
     return out
