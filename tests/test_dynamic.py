@@ -540,3 +540,26 @@ def test_an_index_out_of_range_over_symbolic_sizes_raises_eagers_error():
     jf(torch.zeros(5, 3), torch.tensor([[0, 1, 2]]), torch.ones(1, 3))
     with pytest.raises(RuntimeError, match="index 9 is out of bounds for dimension 0 with size 9"):
         jf(torch.zeros(9, 3), torch.tensor([[0, 1, 9]]), torch.ones(1, 3))
+
+
+def write_a_member_through_a_view_then_the_group(x0, x1):  # fuzz --dynamic seed 1230072
+    x1[2] = 1.5
+    x1.expand(2, *x1.shape).zero_()  # x1 is x0[1:]: this write reaches the group's base at x1's offset
+    x0.clamp_(-1, 1)
+    return x0.select(0, 4)
+
+
+def a_matrix_and_its_tail_rows(pad):
+    x = torch.randn(pad + 25)[pad:].view(5, 5)
+    return x, x[1:]
+
+
+@pytest.mark.parametrize("dynamic, pads", [(True, (0, 0, 5)), (True, (2,)), (None, (3,))])
+def test_a_write_into_a_group_whose_base_does_not_start_its_storage(dynamic, pads):
+    # The second write's scatter offset was the difference of two fake storage offsets that disagreed: its view's,
+    # computed before the first write was decomposed, and the decomposition's (the group's start, on a fake-tensor
+    # cache miss). The write landed `start` elements early. The cache is cleared so that it misses.
+    torch._subclasses.fake_tensor.FakeTensorMode.cache_clear()
+    run_calls(
+        write_a_member_through_a_view_then_the_group, [a_matrix_and_its_tail_rows(p) for p in pads], dynamic=dynamic
+    )

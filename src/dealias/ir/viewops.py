@@ -221,16 +221,35 @@ def check_inverse(step: ViewStep, base: torch.Tensor, view: torch.Tensor) -> Non
             f"writing through {step.describe()} of a non-contiguous tensor is not supported; "
             "call .contiguous() first or write through slicing"
         )
-    first, last = (position - base.storage_offset() for position in extent(view))
+    low, high = extent(view)
+    first = _fake_value(offset_in_base(step, base, view))
+    last = first + (high - low)
     if view.numel() > 0 and (first < 0 or last >= base.numel()):
         raise UnsupportedError(f"writing through {step.describe()} that reaches outside its base is not supported")
+
+
+def offset_in_base(step: ViewStep, base: torch.Tensor, view: torch.Tensor) -> Any:
+    """Where the view `step(base)` starts, in elements from `base`'s first element. An `as_strided_rel` step
+    carries it (its `rel`, what runs). The fake values' storage offsets may disagree with it: a region write
+    replaced by its decomposition (`regions.decompose`) may have another fake offset than the value its views'
+    fakes were computed from (fake `as_strided_scatter` keeps its input's offset on a fake-tensor cache miss, not
+    on a hit), and a write into an alias group whose base does not start its storage landed `start` elements
+    early (fuzz --dynamic seed 1230072, diagnosed by a helper)."""
+    if step.op is as_strided_rel:
+        return step.args[2]
+    return view.storage_offset() - base.storage_offset()
+
+
+def _fake_value(x: Any) -> Any:
+    """A graph node (a symbolic offset the graph computes) as its fake value; anything else as it is."""
+    return x.meta["val"] if isinstance(getattr(x, "meta", None), dict) and "val" in x.meta else x
 
 
 def _as_strided_inverse(
     step: ViewStep, base: torch.Tensor, view: torch.Tensor, base_node: Any, value_node: Any, call: Callable[..., Any]
 ) -> Any:
     check_inverse(step, base, view)
-    args = (list(view.shape), list(view.stride()), view.storage_offset() - base.storage_offset())
+    args = (list(view.shape), list(view.stride()), offset_in_base(step, base, view))
     grad = getattr(base_node, "meta", {}).get("rg") or getattr(value_node, "meta", {}).get("rg")
     if grad or internal_overlap(view) != "no":
         # as_strided_scatter's backward returns zero gradients when its source is computed from a view of
