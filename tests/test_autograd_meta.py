@@ -158,6 +158,22 @@ def test_modified_by_inplace_raises_at_backward_as_in_eager(fn, make):
         (out[0] if isinstance(out, tuple) else out).sum().backward()
 
 
+def abs_out_then_written(x0):  # autograd fuzz seed 1040693
+    with torch.no_grad():
+        x0.sin_()
+    v2 = torch.ones_like(x0)
+    v3 = v2.unsafe_chunk(2, 0)[0]
+    torch.abs(v3, out=v3)  # an out= op records no autograd graph: it saves nothing (its probe raises)
+    v2.add_(1.5)
+    v3.mul_(x0.unsafe_chunk(2, 0)[0])
+    return v3
+
+
+def test_an_out_op_saves_nothing_for_backward():
+    jf = dealias.jit(abs_out_then_written)
+    assert grads_like_eager(abs_out_then_written, jf, lambda: (torch.randn(6, requires_grad=True) * 1,)) == []
+
+
 def test_what_eager_cannot_be_asked_about_runs_eagerly(monkeypatch):
     # Where no probe runs (an op with no kernel for zero-filled or meta tensors), "nothing saved" would be a guess:
     # the graph runs eagerly, named.

@@ -162,6 +162,10 @@ def _saved(
     where that cannot run (over `_PROBE_LIMIT` bytes, another device, an op refusing zeros such as a Cholesky
     factorization), on meta tensors of those sizes, whose autograd saves and checks as eager's does. Raises
     UnknownSaved if neither runs."""
+    if facts(node.target).kind is OpKind.OUT:
+        # An op writing `out=` records no autograd graph (eager raises if an argument requires grad), so it saves
+        # nothing; its probe would raise on the arguments made to require grad.
+        return [], False
     for device in ("cpu", "meta"):
         try:
             return _probe(node, rg, candidates, writes, device)
