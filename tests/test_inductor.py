@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from harness import check, grads_like_eager
+from harness import AddsItsInput, check, grads_like_eager
 
 import dealias
 from dealias.errors import InternalError
@@ -519,23 +519,11 @@ def test_a_fused_graph_over_symbols_returning_sizes_records_autograd():
     assert dealias.cache_info(jf).tiers == ("fused",)
 
 
-class TripledPlusInput(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * 3 + x
-
-
 def function_of_a_view_of_a_written_base(x):
     t = torch.linspace(-1, 1, 24).view(2, 3, 4)
     v = t.diagonal()  # made before the write makes t, and so v, require grad
     t.mul_(x + x)
-    return TripledPlusInput.apply(v)
+    return AddsItsInput.apply(v)  # (its backward, g * 3 + x, is not its forward's derivative)
 
 
 def test_a_function_of_a_view_whose_base_comes_to_require_grad_keeps_its_backward():
