@@ -48,8 +48,8 @@ class _Memory:
 
     def like(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        nbytes, offset = _value(storage.nbytes(), self.at_hints), _value(t.storage_offset(), self.at_hints)
-        shape, stride = [_value(n, self.at_hints) for n in t.shape], [_value(n, self.at_hints) for n in t.stride()]
+        nbytes, offset = concrete(storage.nbytes(), self.at_hints), concrete(t.storage_offset(), self.at_hints)
+        shape, stride = [concrete(n, self.at_hints) for n in t.shape], [concrete(n, self.at_hints) for n in t.stride()]
         if nbytes > _PROBE_LIMIT:
             raise NoProbe
         key = StorageWeakRef(storage)
@@ -59,12 +59,14 @@ class _Memory:
         return out.set_(self.buffers[key].untyped_storage(), offset, shape, stride)
 
 
-def _value(x: Any, at_hints: bool) -> Any:
-    """`x`, a symbol given its value in the compiling call where `at_hints`; NoProbe for a symbol otherwise."""
+def concrete(x: Any, at_hints: bool = True) -> Any:
+    """`x`, a symbol given its value in the compiling call where `at_hints` (a probe handed the symbol itself would
+    specialize it: a guard `pos == 7`, a compile per position); NoProbe for a symbol otherwise, or one without a
+    value (data-dependent)."""
     if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return x
     hint = x.node.hint if at_hints else None
-    if hint is None:
+    if not isinstance(hint, (int, float, bool)):
         raise NoProbe
     return hint
 
@@ -94,7 +96,7 @@ def probe(
         if n in replace:
             return replace[n]
         t = n.meta.get("val")
-        return memory.like(t) if isinstance(t, torch.Tensor) else _value(t, at_hints)
+        return memory.like(t) if isinstance(t, torch.Tensor) else concrete(t, at_hints)
 
     call = pytree.tree_map_only(fx.Node, value, (node.args, node.kwargs))
     try:
@@ -174,13 +176,13 @@ def index_policy(node: fx.Node, index: fx.Node, allow_negative: bool) -> IndexPo
     try:
         # (What an op raises on an index out of range does not depend on the sizes: symbols at their values.)
         others = {
-            a: torch.zeros([_value(n, True) for n in a.meta["val"].shape], dtype=a.meta["val"].dtype)
+            a: torch.zeros([concrete(n) for n in a.meta["val"].shape], dtype=a.meta["val"].dtype)
             for a in _index_nodes(node)
             if a is not index
         }
-        if not isinstance(val, torch.Tensor) or _value(val.numel(), True) == 0:
+        if not isinstance(val, torch.Tensor) or concrete(val.numel()) == 0:
             raise NoProbe
-        shape = [_value(n, True) for n in val.shape]
+        shape = [concrete(n) for n in val.shape]
         negative = probe(node, {**others, index: torch.full(shape, -1, dtype=val.dtype)}, at_hints=True)
         bad = 1_000_003  # past any traced size, and a number no message contains otherwise
         past = probe(node, {**others, index: torch.full(shape, bad, dtype=val.dtype)}, at_hints=True)

@@ -164,8 +164,8 @@ def owning_node(emit: Emitter, node: fx.Node) -> fx.Node:
     t = node.meta.get("val")
     if not is_view_node(node) or not isinstance(t, torch.Tensor):
         return node
-    # Both layout questions are asked without guards (False where symbols leave them open); symbolic sizes of the
-    # `_unsafe_view` become graph values (Emitter.symbolic).
+    # Both layout questions are False where a data-dependent size leaves them open, and decided under a guard
+    # for other symbols; symbolic sizes of the `_unsafe_view` become graph values (Emitter.symbolic).
     if is_contiguous_or_false(t):
         return emit.call(aten._unsafe_view.default, node, list(t.shape))
     if is_non_overlapping_and_dense(t):

@@ -264,6 +264,11 @@ def surely(cond: Any) -> bool:
     return statically_known_true(cond) if isinstance(cond, torch.SymBool) else bool(cond)
 
 
+def symbolic_layout(t: torch.Tensor) -> bool:
+    """Whether any of `t`'s sizes, strides or its storage offset is a symbol."""
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
+
+
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors have the same sizes, strides and storage offset, for every value of their symbols."""
     la, lb = (*a.shape, *a.stride(), a.storage_offset()), (*b.shape, *b.stride(), b.storage_offset())

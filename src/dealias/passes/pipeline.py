@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from ..errors import UnsupportedError
 from ..ir.plan import FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
 from ..ir.traces import Trace, format_graph
-from ..ir.viewops import chain_text
+from ..ir.viewops import chain_text, symbolic_layout
 from ..runtime.executor import torch_executor
 from ..runtime.fused import AUTOGRAD, Unfusable, fused_executor, unfusable
 from ..runtime.fused_autograd import fused_autograd_executor
@@ -236,7 +236,7 @@ def _shape_guard(captured: Any) -> Any:
     shape_env = captured.fake_mode.shape_env
     if shape_env is None:
         return None
-    tensors = [(p, f) for p, f in zip(captured.tensor_positions, captured.fakes) if _symbolic(f)]
+    tensors = [(p, f) for p, f in zip(captured.tensor_positions, captured.fakes) if symbolic_layout(f)]
     positions = [p for p, _ in tensors] + captured.sym_positions
     placeholders = [f for _, f in tensors] + captured.symbols
     code = shape_env.produce_guards_expression(placeholders)
@@ -249,10 +249,6 @@ def _shape_guard(captured: Any) -> Any:
     for name, p in zip(names, positions):
         guard.text = re.sub(rf"\b{name}\b", captured.names[p], guard.text)
     return guard
-
-
-def _symbolic(t: torch.Tensor) -> bool:
-    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def tensor_layouts(captured: Any) -> list[tuple[list[Any], list[Any]]]:

@@ -24,6 +24,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from ..errors import EagerRaisesError, UnsupportedError, node_location, with_location
+from ..ir.checks import NoProbe, concrete
 from ..ir.opfacts import OpKind, bind_args, facts
 from .alias import AliasInfo, Storage, Value
 
@@ -192,10 +193,10 @@ def _probe(
             return real[x]
         meta = x.meta.get("val")
         if not isinstance(meta, torch.Tensor):
-            return _concrete(meta)
-        shape, stride = [_concrete(n) for n in meta.shape], [_concrete(n) for n in meta.stride()]
-        if device == "cpu" and (meta.device.type != "cpu" or _concrete(meta.untyped_storage().nbytes()) > _PROBE_LIMIT):
-            raise _NoProbe
+            return concrete(meta)
+        shape, stride = [concrete(n) for n in meta.shape], [concrete(n) for n in meta.stride()]
+        if device == "cpu" and (meta.device.type != "cpu" or concrete(meta.untyped_storage().nbytes()) > _PROBE_LIMIT):
+            raise NoProbe
         floating = meta.dtype.is_floating_point or meta.dtype.is_complex
         if StorageWeakRef(meta.untyped_storage()) in shared and floating:
             # Arguments sharing memory (`x.mul_(x.detach())`) are views of one tensor, as in eager: they share
@@ -270,7 +271,7 @@ def _view_of_shared(
     """`meta` (laid out as `shape`, `stride`) as a view of the one flat tensor (requiring grad, a non-leaf)
     standing for its fake storage; None when that storage already stands for another dtype."""
     key = StorageWeakRef(meta.untyped_storage())
-    size = _concrete(meta.untyped_storage().nbytes()) // meta.element_size()
+    size = concrete(meta.untyped_storage().nbytes()) // meta.element_size()
     if key not in bases:
         leaf = torch.zeros(size, dtype=meta.dtype, device=device).requires_grad_()
         leaves.append(leaf)
@@ -278,23 +279,7 @@ def _view_of_shared(
     base = bases[key]
     if base.dtype != meta.dtype:
         return None
-    return base.as_strided(shape, stride, _concrete(meta.storage_offset()))
-
-
-def _concrete(value: Any) -> Any:
-    """A symbol's value in the compiling call. What an op saves for backward, and whether a later write makes
-    its backward raise, do not depend on a position's or a size's value; a symbol handed to a real op would be
-    specialized by it (a guard `pos == 7`, and a compile for every position)."""
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        hint = value.node.hint
-        if not isinstance(hint, (int, float, bool)):
-            raise _NoProbe  # a symbol without a value (data-dependent): nothing learned
-        return hint
-    return value
-
-
-class _NoProbe(Exception):
-    """This probe cannot run (the next one may)."""
+    return base.as_strided(shape, stride, concrete(meta.storage_offset()))
 
 
 class UnknownSaved(UnsupportedError):

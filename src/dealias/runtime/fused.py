@@ -43,7 +43,7 @@ from ..ir.checks import bounds_check, index_args, index_policy, indexed_write
 from ..ir.gradops import bump_version
 from ..ir.opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise, op_name
 from ..ir.plan import alias_group_of
-from ..ir.viewops import same_layout, surely
+from ..ir.viewops import same_layout, surely, symbolic_layout
 
 aten = torch.ops.aten
 
@@ -111,10 +111,6 @@ def unfusable(gm: fx.GraphModule) -> str | None:
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _in_prologue(n):
             return f"{op_name(op)} runs in Python"
     return AUTOGRAD if records else None
-
-
-def _symbolic(t: torch.Tensor) -> bool:
-    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 AUTOGRAD = "autograd records the graph"
@@ -613,7 +609,7 @@ def result_layouts(gm: fx.GraphModule) -> tuple[list[tuple[int, tuple[int, ...],
     for i, a in enumerate(gm.graph.output_node().args[0]):
         if not isinstance(a, fx.Node) or not isinstance(v := a.meta.get("val"), torch.Tensor):
             continue
-        if not _symbolic(v):
+        if not symbolic_layout(v):
             layouts.append((i, tuple(v.shape), tuple(v.stride())))
         elif _surely_dense(v):
             dense.append(i)
