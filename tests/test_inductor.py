@@ -185,6 +185,99 @@ def test_indices_read_from_inputs_are_checked_before_any_write(dynamic):
     assert dealias.cache_info(jf).misses == 1
 
 
+class StaticLayer:
+    """HF transformers' StaticLayer.update (5.x): the write position is computed inside the step, from a count the
+    step itself moves before writing."""
+
+    def __init__(self, n=8):
+        self.keys, self.values, self.cumulative_length = (
+            torch.zeros(1, 2, n, 4),
+            torch.zeros(1, 2, n, 4),
+            torch.zeros(1, dtype=torch.long),
+        )
+
+    def update(self, k, v):
+        cache_position = torch.arange(k.shape[-2]) + self.cumulative_length
+        self.cumulative_length.add_(k.shape[-2])
+        self.keys.index_copy_(2, cache_position, k)
+        self.values.index_copy_(2, cache_position, v)
+        return self.keys, self.values
+
+
+def decode_step(layer, k, v):
+    keys, values = layer.update(k, v)
+    return (keys * values).sum(-1)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_an_index_computed_in_the_graph_is_computed_and_checked_before_any_write(dynamic):
+    # The position is computed in the prologue (from memory no earlier write of the graph touched) and handed to
+    # the fused graph as an input: the cache writes stay in place, and a position out of range raises eager's
+    # error with every caller tensor untouched.
+    fn = types.FunctionType(decode_step.__code__.replace(co_name=f"decode_step_{dynamic}"), globals())
+    ours, eagers = StaticLayer(), StaticLayer()
+    jf = dealias.jit(fn, executor="inductor", dynamic=dynamic)
+    for _ in range(8):
+        k, v = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+        torch.testing.assert_close(jf(ours, k, v), decode_step(eagers, k, v), rtol=0, atol=1e-6)
+        for a, b in zip(vars(ours).values(), vars(eagers).values()):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert jf.last.tier == "fused", dealias.last_traces(jf)[3].text.splitlines()[0]
+    assert [r.mode for r in dealias.explain(jf)] == ["in place"] * 3
+    assert dealias.cache_info(jf).misses == 1
+    saved = [t.clone() for t in vars(ours).values()]
+    with pytest.raises(IndexError):
+        decode_step(eagers, k, v)
+    with pytest.raises(IndexError, match=r"index_copy_"):
+        jf(ours, k, v)
+    for a, b in zip(vars(ours).values(), saved):
+        assert torch.equal(a, b)  # (eager's own code moved the count before its write raised: see the README)
+
+
+def write_at_a_view_then_move_it(cache, pos, v):
+    cache.index_copy_(0, pos[1:], v)  # (a view of an input: computed first as a copy, not as the input's memory)
+    pos.add_(1)
+
+
+def read_at_a_computed_index(w, tok, cache, x):
+    cache.index_copy_(0, tok % 4, x)
+    return torch.embedding(w, tok + 1)
+
+
+def write_at_an_index_written_before(cache, pos, v):
+    pos.add_(1)
+    cache.index_copy_(0, pos * 1, v)  # (its value is known only after the graph's own write)
+
+
+@pytest.mark.parametrize(
+    "fn, args, tier",
+    [
+        (write_at_a_view_then_move_it, (torch.zeros(5, 2), torch.tensor([0, 3, 1]), torch.randn(2, 2)), "fused"),
+        (
+            read_at_a_computed_index,
+            (torch.randn(9, 2), torch.tensor([7, 2]), torch.zeros(4, 2), torch.randn(2, 2)),
+            "fused",
+        ),
+        (write_at_an_index_written_before, (torch.zeros(5, 2), torch.tensor([0, 3]), torch.randn(2, 2)), "torch"),
+    ],
+)
+def test_indices_computed_in_the_graph(fn, args, tier):
+    jf = check(fn, *args, executor="inductor")
+    assert jf.last.tier == tier
+    if tier == "torch":
+        assert "computed from pos after a write to it" in dealias.last_traces(jf)[3].text.splitlines()[0]
+    bad = [a.clone() for a in args]
+    bad[1].fill_(8)
+    eagers = [a.clone() for a in bad]
+    with pytest.raises(Exception) as expected:
+        fn(*eagers)
+    before = [a.clone() for a in bad]
+    with pytest.raises(type(expected.value), match=r"\(aten\.\w+\.\w+\)\n.*test_inductor.py:\d+"):
+        jf(*bad)
+    # Fused: checked before any write. The torch executor leaves the writes before the failing op done, as eager.
+    assert all(torch.equal(a, b) for a, b in zip(bad, before if tier == "fused" else eagers))
+
+
 def test_seed_program_and_kv_cache_write_match_eager():
     check(seed_program, torch.randn(8, 8), torch.randn(8, 8), executor="inductor")
     jk = check(

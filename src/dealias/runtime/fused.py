@@ -10,7 +10,9 @@ then read the new contents (`t = buf[0].clone(); buf[0] = buf[1]; buf[1] = t` gi
 rule: such a value is materialized by `dealias::snapshot`, an op inductor cannot see into and runs as a kernel of
 its own, in program order. `check_hazards` verifies the rule on every graph handed to inductor.
 
-Index bounds are checked in a prologue, before any write: eager's error, the caller's tensors untouched.
+Index bounds are checked in a prologue, before any write: eager's error, the caller's tensors untouched. An index
+the graph computes (HF's static cache: `torch.arange(n) + self.cumulative_length`) is computed there too, when its
+inputs are memory no earlier write of the graph touched, and handed to the graph as an input.
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
 (`unfusable` before lowering, `Unfusable` after): alias groups, random draws, results of symbolic sizes in a layout
 other than a dense one, index checks against sizes computed in the graph, ops that may raise
@@ -36,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import InternalError, node_location, with_location
@@ -144,10 +147,13 @@ class Unfusable(Exception):
     """The lowered graph holds what the fused executor cannot run exactly; the torch executor runs it."""
 
 
-def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
+def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
     """The graph's Python steps (`_in_prologue`), taken out of it, as one function of the call's inputs (None if
-    it has none)."""
+    it has none). An index computed inside the graph (`torch.arange(n) + self.cumulative_length`, as HF's static
+    cache computes its write position) is computed there too, before any write, and becomes an input of the graph
+    (`_Hoisted`): the function returns the values of those inputs, to pass after the call's own."""
     placeholders = gm.graph.find_nodes(op="placeholder")
+    hoisted = _Hoisted(gm, placeholders)
     checks: list[tuple[Any, int, tuple[Any, ...]]] = []  # (check, index input, (size, dim))
     sized: list[tuple[Any, int, tuple[int, int], int]] = []  # (check, index input, (tensor input, its dim), dim)
     for n in list(gm.graph.nodes):
@@ -160,7 +166,7 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
             # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory, and
             # raises its own error. An index read from a graph input (`embedding(w, token)`, `x[idx]`) is checked
             # here instead, with eager's error, before anything runs; other value checks keep the graph unfused.
-            for fn, i, (size, dim) in _read_checks(n, placeholders):
+            for fn, i, (size, dim) in _read_checks(n, placeholders, hoisted):
                 if isinstance(size, tuple):
                     sized.append((fn, i, size, dim))
                 else:
@@ -174,25 +180,119 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], None] | None:
             checks.append((n.target, placeholders.index(n.args[0]), ()))
         else:
             index, size, dim = n.args
-            if index not in placeholders:
-                raise Unfusable("an index checked before any write is computed inside the graph")
-            i, of = placeholders.index(index), _size_of(size, placeholders)
+            i, of = hoisted.position(index), _size_of(size, placeholders)
             if of is None:
                 checks.append((n.target, i, (size, dim)))
             else:
                 sized.append((n.target, i, of, dim))
         gm.graph.erase_node(n)
+    compute = hoisted.finish()
 
     if not checks and not sized:
         return None
 
-    def check(args: tuple[Any, ...]) -> None:
+    def prologue(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        extra = compute(*args) if compute is not None else ()
+        args = (*args, *extra)
         for fn, i, rest in checks:
             fn(args[i], *rest)
         for fn, i, (t, d), dim in sized:  # (against a symbolic size: the call's input tensor `t` has it)
             fn(args[i], args[t].shape[d], dim)
+        return extra
 
-    return check
+    return prologue
+
+
+class _Hoisted:
+    """Indices computed inside the graph, computed before its call instead, and handed to it as inputs after the
+    call's own. Only an index computed by pure ops from memory no earlier write of the graph touched: computed
+    first, it has the value the program gives it. A view of a caller's tensor is copied (the graph must not see
+    the caller's memory as two inputs)."""
+
+    def __init__(self, gm: fx.GraphModule, placeholders: list[fx.Node]) -> None:
+        self.gm, self.placeholders = gm, placeholders
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.writes, self.root = _memory(gm)
+        self.indices: list[fx.Node] = []  # in the order of their inputs
+
+    def position(self, index: fx.Node) -> int:
+        """The input position of `index` in the call's inputs followed by the hoisted ones."""
+        if index in self.placeholders:
+            return self.placeholders.index(index)
+        if index not in self.indices:
+            self._cone(index)  # (raises Unfusable)
+            self.indices.append(index)
+        return len(self.placeholders) + self.indices.index(index)
+
+    def _cone(self, index: fx.Node) -> list[fx.Node]:
+        """The nodes computing `index`, in graph order."""
+        seen: set[fx.Node] = set()
+        stack = [index]
+        while stack:
+            n = stack.pop()
+            if n in seen or n.op in ("placeholder", "get_attr"):
+                continue
+            if n.op != "call_function" or not _pure(n.target):
+                what = op_name(n.target) if n.op == "call_function" else n.op
+                raise Unfusable(f"an index checked before any write is computed inside the graph by {what}")
+            for a in n.all_input_nodes:
+                m = self.root.get(a)
+                if m is not None and any(w_m is m and self.order[w] < self.order[n] for w, w_m in self.writes):
+                    raise Unfusable(f"an index checked before any write is computed from {m.name} after a write to it")
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+        return sorted(seen, key=self.order.__getitem__)
+
+    def finish(self) -> Callable[..., tuple[Any, ...]] | None:
+        """Make the hoisted indices inputs of the graph; returns the function computing them from the call's."""
+        if not self.indices:
+            return None
+        graph, env = fx.Graph(), {}
+        for ph in self.placeholders:
+            env[ph] = graph.placeholder(ph.name)
+        cone = sorted(set().union(*(self._cone(i) for i in self.indices)), key=self.order.__getitem__)
+        for n in cone:
+            env[n] = graph.node_copy(n, env.__getitem__)
+        outs = []
+        for i in self.indices:
+            out = env.get(i, env[i])
+            if i in self.root:  # (a view of a caller's tensor)
+                out = graph.call_function(aten.clone.default, (out,))
+            outs.append(out)
+        graph.output(tuple(outs))
+        compute = fx.GraphModule(self.gm, graph)
+        last = self.placeholders[-1]
+        for i in self.indices:
+            with self.gm.graph.inserting_after(last):
+                last = self.gm.graph.placeholder(f"{i.name}_computed_first")
+            last.meta = dict(i.meta)
+            i.replace_all_uses_with(last)
+        for n in reversed(cone):
+            if not n.users:
+                self.gm.graph.erase_node(n)
+        no_grad = torch.no_grad()
+
+        def run(*args: Any) -> tuple[Any, ...]:
+            with no_grad:  # (nothing in the fused graph records autograd: `unfusable`)
+                return compute.forward(*args)
+
+        return run
+
+
+def _like(val: torch.Tensor, example: list[Any]) -> torch.Tensor:
+    """An example for a hoisted input: its fake value in a program over symbols (compiled for fakes), else a real
+    tensor of its layout (inductor compiles for the call's tensors; their values are not read)."""
+    if any(isinstance(e, FakeTensor) for e in example):
+        return val
+    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device)
+
+
+def _pure(target: Any) -> bool:
+    """An op computing its result from its arguments alone: no write, no random draw, no Python effect."""
+    if isinstance(target, torch._ops.OpOverload):
+        f = facts(target)
+        return not f.mutated and not f.nondeterministic
+    return target is getitem
 
 
 def _size_of(size: Any, placeholders: list[fx.Node]) -> tuple[int, int] | None:
@@ -205,13 +305,13 @@ def _size_of(size: Any, placeholders: list[fx.Node]) -> tuple[int, int] | None:
     raise Unfusable("an index is checked against a size computed inside the graph")
 
 
-def _read_checks(n: fx.Node, placeholders: list[fx.Node]) -> list[tuple[Any, int, tuple[Any, ...]]]:
+def _read_checks(n: fx.Node, placeholders: list[fx.Node], hoisted: _Hoisted) -> list[tuple[Any, int, tuple[Any, ...]]]:
     """Bounds checks of the index arguments of a read that raises on an index out of range (`checks.index_args`),
     each as (check, placeholder position, (size, dim)), the size a symbolic one as (input, dim) of the tensor
-    indexed. Raises Unfusable where an index is computed inside the graph, a symbolic size is not an input's, or
-    the op may raise on other values."""
+    indexed. An index computed inside the graph is computed before it (`_Hoisted`). Raises Unfusable where it
+    cannot be, a symbolic size is not an input's, or the op may raise on other values."""
     reads = index_args(n)
-    if not reads or any(index not in placeholders for index, _, _ in reads):
+    if not reads:
         raise Unfusable(f"{n.target} may raise on values computed inside the graph (eager's error is not kept yet)")
     out = []
     for index, dim, negative in reads:
@@ -222,7 +322,7 @@ def _read_checks(n: fx.Node, placeholders: list[fx.Node]) -> list[tuple[Any, int
                 raise Unfusable(f"{n.target} indexes a dimension of symbolic size of a tensor made in the graph")
             size = (placeholders.index(n.args[0]), dim)
         where = with_location(f" ({n.target})", node_location(n))
-        out.append((bounds_check(index_policy(n, index, negative), where), placeholders.index(index), (size, dim)))
+        out.append((bounds_check(index_policy(n, index, negative), where), hoisted.position(index), (size, dim)))
     return out
 
 
@@ -443,7 +543,11 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     from torch._inductor.decomposition import select_decomp_table
 
     result_layouts(gm)  # (raises Unfusable before inductor's compile, not after)
-    check = _prologue(gm)
+    prologue = _prologue(gm)
+    example = [
+        *example,
+        *(_like(ph.meta["val"], example) for ph in gm.graph.find_nodes(op="placeholder")[len(example) :]),
+    ]
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _TWINS and surely(n.meta["val"].numel() >= KEEP_ATEN_MIN_NUMEL):
             n.target = _TWINS[n.target]
@@ -481,7 +585,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
             compiled = compile_fx_inner(traced, list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    run = runner(gm, compiled, check, written=written)
+    run = runner(gm, compiled, prologue, written=written)
     run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
     return run
 
@@ -512,13 +616,13 @@ def _attention_by_matmuls(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torc
 def runner(
     gm: fx.GraphModule,
     compiled: Any,
-    check: Callable[[tuple[Any, ...]], None] | None,
+    prologue: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None,
     autograd: bool = False,
     written: tuple[int, ...] = (),
 ) -> Callable[..., Any]:
-    """The call of a compiled graph: prologue, inductor's callable (without autograd, unless it is AOTAutograd's
-    and records it), the version counters of the inputs it wrote (`written`) moved, results in eager's layout and
-    in memory of their own."""
+    """The call of a compiled graph: prologue (its checks, and the inputs it computes), inductor's callable (without
+    autograd, unless it is AOTAutograd's and records it), the version counters of the inputs it wrote (`written`)
+    moved, results in eager's layout and in memory of their own."""
     layouts, dense = result_layouts(gm)
     out_node = gm.graph.output_node()
     # Results the graph computes (not an input or a view of one) that came back in an input's memory are copied too:
@@ -575,8 +679,8 @@ def runner(
             if state["pending"]:
                 learn(outs, args)
             return restrided(outs) if state["restride"] or dense else tuple(outs)
-        if check is not None:
-            check(args)
+        if prologue is not None:
+            args = (*args, *prologue(args))
         # Autograd records nothing here (`unfusable`), but the aten kernels inductor falls back to would record
         # on inputs that require grad, through the detach() its decompositions dropped.
         grad = torch.is_grad_enabled()
