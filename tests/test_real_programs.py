@@ -1,6 +1,7 @@
 """Real programs end to end, each against eager PyTorch on identical copies: every torch.optim optimizer with
-an LR scheduler, a greedy decoder with a KV cache kept in a plain Python object, and BatchNorm training
-with backward. Values are compared exactly wherever eager and the compiled program run the same kernels."""
+an LR scheduler, a greedy decoder with a KV cache kept in a plain Python object, HF transformers' Llama with its
+StaticCache, and BatchNorm training with backward. Values are compared exactly wherever eager and the compiled
+program run the same kernels."""
 
 from __future__ import annotations
 
@@ -426,3 +427,55 @@ def test_conv_bn_training_fused_with_autograd():
             torch.testing.assert_close(b, e, **close, msg=f"step {i}: {name}")
     assert dealias.cache_info(jloss).tiers == ("fused",)
     assert "fused with autograd" in str(dealias.last_traces(jloss)[3])
+
+
+@pytest.mark.parametrize("executor", ["torch", "inductor"])
+def test_transformers_llama_greedy_decode_with_a_static_cache(executor):
+    # HF's StaticCache (the canonical compiled decode): each layer computes its write position inside the step,
+    # from a count it moves first, and writes keys and values with index_copy_. Prefill and decode steps are
+    # compiled; the decode steps reuse one program, fused with executor="inductor".
+    import transformers  # (a dev dependency: installed by the README's set-up)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+
+    def step(model, ids, pos, cache):
+        return model(input_ids=ids, cache_position=pos, cache=cache, use_cache=True).logits
+
+    # Under dynamo, this model's results differ from eager's by rounding (dynamo's graph run eagerly too,
+    # backend="eager"): the torch executor is compared exactly with that run, and every run with eager's within a
+    # tolerance.
+    jstep = dealias.jit(step, executor=executor)
+    runs = [jstep, torch.compile(step, backend="eager"), step]
+    caches = [transformers.StaticCache(config=config, max_cache_len=16) for _ in runs]
+    compares = [(2, {})] + ([(1, {"rtol": 0, "atol": 0})] if executor == "torch" else [])  # (run, tolerance)
+    ids = torch.randint(0, 64, (1, 5))
+    pos = torch.arange(5)
+    with torch.no_grad(), no_fallback():
+        for _ in range(6):
+            results = [run(model, ids, pos, cache) for run, cache in zip(runs, caches)]
+            for other, tolerance in compares:
+                torch.testing.assert_close(results[0], results[other], **tolerance)
+                for mine, theirs in zip(caches[0].layers, caches[other].layers):
+                    for name in ("keys", "values", "cumulative_length"):
+                        torch.testing.assert_close(getattr(mine, name), getattr(theirs, name), **tolerance)
+            assert torch.equal(results[0][:, -1].argmax(-1), results[2][:, -1].argmax(-1))
+            ids, pos = results[2][:, -1:].argmax(-1), pos[-1:] + 1
+    info = dealias.cache_info(jstep)
+    assert (info.misses, info.hits) == (2, 4)  # prefill, then one program for every decode step
+    assert info.tiers[-1] == ("fused" if executor == "inductor" else "torch")
+    # Each step writes one position of each cache (2 heads of 8 floats: 64 bytes) and the count, in place.
+    written = {r.target: (r.mode, r.nbytes) for r in dealias.explain(jstep)}
+    assert written == {
+        f"cache_layers_{i}_{name}": ("in place", 8 if name == "cumulative_length" else 64)
+        for i in range(2)
+        for name in ("keys", "values", "cumulative_length")
+    }
