@@ -244,6 +244,10 @@ def read_at_a_computed_index(w, tok, cache, x):
     return torch.embedding(w, tok + 1)
 
 
+def write_at_a_constant_index_plus_one(cache, pos, v):
+    cache.index_copy_(0, torch.tensor([1, 2]) + pos, v)  # (a constant of the graph, computed first with pos)
+
+
 def write_at_an_index_written_before(cache, pos, v):
     pos.add_(1)
     cache.index_copy_(0, pos * 1, v)  # (its value is known only after the graph's own write)
@@ -258,6 +262,7 @@ def write_at_an_index_written_before(cache, pos, v):
             (torch.randn(9, 2), torch.tensor([7, 2]), torch.zeros(4, 2), torch.randn(2, 2)),
             "fused",
         ),
+        (write_at_a_constant_index_plus_one, (torch.zeros(5, 2), torch.tensor([1]), torch.randn(2, 2)), "fused"),
         (write_at_an_index_written_before, (torch.zeros(5, 2), torch.tensor([0, 3]), torch.randn(2, 2)), "torch"),
     ],
 )

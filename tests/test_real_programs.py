@@ -435,6 +435,7 @@ def test_transformers_llama_greedy_decode_with_a_static_cache(executor):
     # from a count it moves first, and writes keys and values with index_copy_. Prefill and decode steps are
     # compiled; the decode steps reuse one program, fused with executor="inductor".
     import transformers  # (a dev dependency: installed by the README's set-up)
+
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=64,

@@ -32,6 +32,7 @@ that inductor fuses, not by ATen's flash kernel, which is faster only on longer 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from operator import getitem
 from typing import Any
@@ -211,9 +212,15 @@ class _Hoisted:
 
     def __init__(self, gm: fx.GraphModule, placeholders: list[fx.Node]) -> None:
         self.gm, self.placeholders = gm, placeholders
-        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        self.writes, self.root = _memory(gm)
         self.indices: list[fx.Node] = []  # in the order of their inputs
+
+    @functools.cached_property
+    def _order(self) -> dict[fx.Node, int]:
+        return {n: i for i, n in enumerate(self.gm.graph.nodes)}
+
+    @functools.cached_property
+    def _memory(self) -> tuple[list[tuple[fx.Node, fx.Node]], dict[fx.Node, fx.Node]]:
+        return _memory(self.gm)
 
     def position(self, index: fx.Node) -> int:
         """The input position of `index` in the call's inputs followed by the hoisted ones."""
@@ -225,23 +232,24 @@ class _Hoisted:
         return len(self.placeholders) + self.indices.index(index)
 
     def _cone(self, index: fx.Node) -> list[fx.Node]:
-        """The nodes computing `index`, in graph order."""
+        """The nodes computing `index` (constants included), in graph order."""
+        writes, root = self._memory
         seen: set[fx.Node] = set()
         stack = [index]
         while stack:
             n = stack.pop()
-            if n in seen or n.op in ("placeholder", "get_attr"):
+            if n in seen or n.op == "placeholder":
                 continue
-            if n.op != "call_function" or not _pure(n.target):
+            if n.op != "get_attr" and (n.op != "call_function" or not _pure(n.target)):
                 what = op_name(n.target) if n.op == "call_function" else n.op
                 raise Unfusable(f"an index checked before any write is computed inside the graph by {what}")
             for a in n.all_input_nodes:
-                m = self.root.get(a)
-                if m is not None and any(w_m is m and self.order[w] < self.order[n] for w, w_m in self.writes):
+                m = root.get(a)
+                if m is not None and any(w_m is m and self._order[w] < self._order[n] for w, w_m in writes):
                     raise Unfusable(f"an index checked before any write is computed from {m.name} after a write to it")
             seen.add(n)
             stack.extend(n.all_input_nodes)
-        return sorted(seen, key=self.order.__getitem__)
+        return sorted(seen, key=self._order.__getitem__)
 
     def finish(self) -> Callable[..., tuple[Any, ...]] | None:
         """Make the hoisted indices inputs of the graph; returns the function computing them from the call's."""
@@ -250,31 +258,31 @@ class _Hoisted:
         graph, env = fx.Graph(), {}
         for ph in self.placeholders:
             env[ph] = graph.placeholder(ph.name)
-        cone = sorted(set().union(*(self._cone(i) for i in self.indices)), key=self.order.__getitem__)
+        cone = sorted(set().union(*(self._cone(i) for i in self.indices)), key=self._order.__getitem__)
         for n in cone:
             env[n] = graph.node_copy(n, env.__getitem__)
-        outs = []
-        for i in self.indices:
-            out = env.get(i, env[i])
-            if i in self.root:  # (a view of a caller's tensor)
-                out = graph.call_function(aten.clone.default, (out,))
-            outs.append(out)
+        root = self._memory[1]
+        outs = [graph.call_function(aten.clone.default, (env[i],)) if i in root else env[i] for i in self.indices]
         graph.output(tuple(outs))
         compute = fx.GraphModule(self.gm, graph)
-        last = self.placeholders[-1]
-        for i in self.indices:
-            with self.gm.graph.inserting_after(last):
-                last = self.gm.graph.placeholder(f"{i.name}_computed_first")
-            last.meta = dict(i.meta)
-            i.replace_all_uses_with(last)
+        for i in self.indices:  # (placeholders come first: each new one after the last)
+            last = self.gm.graph.find_nodes(op="placeholder")
+            where = self.gm.graph.inserting_after(last[-1]) if last else self.gm.graph.inserting_before()
+            with where:
+                ph = self.gm.graph.placeholder(f"{i.name}_computed_first")
+            ph.meta = dict(i.meta)
+            i.replace_all_uses_with(ph)
         for n in reversed(cone):
             if not n.users:
                 self.gm.graph.erase_node(n)
-        no_grad = torch.no_grad()
 
         def run(*args: Any) -> tuple[Any, ...]:
-            with no_grad:  # (nothing in the fused graph records autograd: `unfusable`)
+            grad = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)  # (nothing in the fused graph records autograd: `unfusable`)
+            try:
                 return compute.forward(*args)
+            finally:
+                torch._C._set_grad_enabled(grad)
 
         return run
 
