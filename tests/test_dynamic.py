@@ -86,6 +86,26 @@ def test_absolute_offsets_stay_keyed():
     assert info.entries == 3, info
 
 
+def window_at_its_own_offset(x):
+    v = x[1]
+    return v.as_strided((3,), (1,), v.storage_offset())
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_storage_offset_of_an_input_is_read_at_each_call(dynamic):
+    # With dynamic shapes dynamo computes v.storage_offset() from x's offset at the first call (0) without a guard,
+    # with every backend (fuzz seeds 1290232, 1320641): dealias's compiles break the graph there, as static ones do.
+    flat = torch.randn(40)
+    jf = dealias.jit(window_at_its_own_offset, dynamic=dynamic)
+    for off in (0, 0, 5, 7):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            diff = compare_call(window_at_its_own_offset, jf, (flat[off : off + 12].view(4, 3),))
+        assert diff is None, f"offset {off}: {diff}"
+        falls = [w for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+        assert all("storage_offset()" in str(w.message) for w in falls), falls  # (a graph break: nothing else)
+
+
 # --- Python ints that change every call: positions, step counts ------------------------------------------------
 
 

@@ -47,6 +47,12 @@ autograd.Function is traced as its forward alone, without its backward: a wrong 
 (fuzz seed 1220114). For dealias's compiles the two facts are re-read from the fake value where dynamo consults
 them: reads of a tensor's `requires_grad`, `grad_fn` and `grad`, and the arguments of `Function.apply`.
 
+`t.storage_offset()` under dynamic shapes: dynamo computes it as an expression of sizes that assumes each input
+tensor's storage offset at the first call (0 there), and no guard checks that offset: a later call whose input
+starts elsewhere in its storage gets the first call's offset (`v = x[1]; v.as_strided(.., v.storage_offset())`
+read the wrong elements, with every backend; fuzz seeds 1290232, 1320641). With static shapes dynamo breaks the
+graph there (the call returns an int); for dealias's compiles it breaks there with dynamic shapes too.
+
 The corrections are installed on import of the backend and apply only while dynamo traces for a dealias
 backend; other backends see dynamo unchanged.
 """
@@ -120,6 +126,16 @@ def install() -> None:
 
     @functools.wraps(original)
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
+        if name == "storage_offset" and for_dealias(getattr(tx.output, "compiler_fn", None)):
+            from torch._dynamo.exc import unimplemented
+
+            unimplemented(
+                gb_type="dealias: storage_offset() (dynamo assumes the input's first placement, unguarded)",
+                context=f"{self.proxy.node.name}.storage_offset()",
+                explanation="under dynamic shapes dynamo computes it from the input's storage offset at the first "
+                "call without guarding that: it runs eagerly, as dynamo runs it with static shapes",
+                hints=[],
+            )
         if name in _HOOKS and for_dealias(getattr(tx.output, "compiler_fn", None)):
             node = self.proxy.node
             if HOOKED_AFTER not in node.meta:  # the first registration: the earliest version hooked
