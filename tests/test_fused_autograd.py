@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from harness import AddsItsInput, HalvesGradient, check
+from harness import AddsItsInput, HalvesGradient, check, grads_like_eager
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import dealias
@@ -446,4 +446,23 @@ def test_fused_double_backward_never_differentiates_new_input_values():
         else:
             with pytest.raises(RuntimeError, match="recomputes this fused graph from its inputs, and input 1"):
                 torch.autograd.grad(y.sum(), x, create_graph=True)
+    assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+
+
+def weighted_by_a_constant(x, w, count):
+    c = torch.tensor([1.0, -2.0, 3.0])  # a constant of the graph (AOTAutograd would lift it before the inputs)
+    count.add_(1)
+    return (x * w * c).sum(), torch.tensor([]).numel() + w * c
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_constants_of_a_graph_autograd_records_are_inputs_after_the_calls(dynamic):
+    # HF's training forward makes `torch.tensor([])` (its cache's empty keys): the constants are handed to
+    # AOTAutograd as inputs after the call's, and the graph stays fused.
+    def make_args(n=3):
+        return torch.randn(4, n), torch.randn(n, requires_grad=True), torch.zeros(())
+
+    jf = dealias.jit(weighted_by_a_constant, executor="inductor", dynamic=dynamic)
+    assert grads_like_eager(weighted_by_a_constant, jf, make_args, calls=3) == []
+    assert dealias.cache_info(jf).tiers == ("fused",)
     assert "fused with autograd" in str(dealias.last_traces(jf)[3])

@@ -16,12 +16,14 @@ is recomputed with eager's ops.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from operator import getitem
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import node_location, with_location
@@ -159,10 +161,21 @@ def fused_autograd_executor(
 
     if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
         raise Unfusable("an input that requires grad is written (a double backward could not recompute from it)")
+    if gm.graph.find_nodes(op="get_attr"):  # (inputs after the call's: compiled for them, passed on every call)
+        gm, constants = _constants_as_inputs(gm)
+        symbolic = any(isinstance(a, FakeTensor) for a in example)
+        example = [*example, *(n.meta["val"] if symbolic else c for n, c in constants)]
+        call = None if call is None else [*call, *(c for _, c in constants)]
+        run = fused_autograd_executor(gm, example, written, call)
+        values = tuple(c for _, c in constants)
+
+        def with_constants(*args: Any) -> Any:
+            return run(*args, *values)
+
+        with_constants.graph = run.graph  # type: ignore[attr-defined]
+        return with_constants
     mode = torch.is_grad_enabled()  # the mode the program's calls enter with (keyed)
     for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            raise Unfusable("a constant of the program (AOTAutograd would lift it before the inputs)")
         if n.op == "call_function" and n.meta.get("grad", mode) != mode:
             # AOTAutograd records every op of the graph in the call's mode: an op eager ran under no_grad (or
             # enable_grad) would be recorded as the others (fuzz seed 962133: a result required grad).
@@ -350,6 +363,33 @@ def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: An
     node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
     if node is not None:  # (one node for every result requiring grad)
         node.register_hook(post)
+
+
+def _constants_as_inputs(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[tuple[fx.Node, torch.Tensor]]]:
+    """A copy of `gm` with each tensor constant (a `get_attr`: `torch.tensor([])` in the user's code) an input
+    after the call's, and (its placeholder, its value) for each. AOTAutograd would lift them itself, before the
+    call's inputs, where the positions this module keeps would no longer find them. Unfusable where a result is a
+    constant's own memory (each call would return the same tensor)."""
+    gm = copy.deepcopy(gm)
+    for a in gm.graph.output_node().args[0]:
+        while isinstance(a, fx.Node) and is_view_node(a):
+            a = a.args[0]
+        if isinstance(a, fx.Node) and a.op == "get_attr":
+            raise Unfusable("a result is the memory of a constant of the program")
+    lifted = []
+    for n in list(gm.graph.find_nodes(op="get_attr")):
+        value = functools.reduce(getattr, n.target.split("."), gm)
+        if not isinstance(value, torch.Tensor) or value.requires_grad:
+            raise Unfusable(f"a constant of the program ({type(value).__name__}) AOTAutograd would lift")
+        last = gm.graph.find_nodes(op="placeholder")
+        with gm.graph.inserting_after(last[-1]) if last else gm.graph.inserting_before():
+            ph = gm.graph.placeholder(f"{n.name}_input")
+        ph.meta = dict(n.meta)
+        n.replace_all_uses_with(ph)
+        gm.graph.erase_node(n)
+        lifted.append((ph, value))
+    gm.recompile()
+    return gm, lifted
 
 
 def _without_input_writes(gm: fx.GraphModule) -> fx.GraphModule:
