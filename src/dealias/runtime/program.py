@@ -231,7 +231,12 @@ class CompiledProgram:
             else:
                 outs.append(early[i] if i in early else self._output(i, tensors, bases, results, grad))
         for i, (size, stride, rel) in self._restrides:  # once every output is made: other outputs may view outs[i]
+            # Without moving the version counter: eager's moved at the change itself (for a caller's memory, the
+            # graph's bump_version moved it there), before the outputs made after it, whose grad_fn would raise
+            # (a split's element, a no_grad view) and what the graph saved stale at backward (fuzz seed 1310504).
+            version = outs[i]._version
             outs[i].as_strided_(size, stride, outs[i].storage_offset() + rel)
+            torch._C._autograd._unsafe_set_version_counter((outs[i],), (version,))
         for get, m in self._metadata:
             t = get(tensors, bases, results)
             # The graph moved the version counter where eager's in-place metadata change did (bump_version), before
