@@ -134,6 +134,35 @@ def _decoder_args():
     return (model, KVCache(4, 4, 512, 64), torch.tensor([[7]]), torch.tensor([300]))
 
 
+def hf_static_decode(model, cache, token, pos):
+    """One decode step of HF transformers' Llama over its StaticCache (each layer computes its write position from
+    the count it keeps, then index_copy_), the count moved back after it so that every call writes one slot."""
+    with torch.no_grad():
+        logits = model(input_ids=token, cache_position=pos, cache=cache, use_cache=True).logits
+    for layer in cache.layers:
+        layer.cumulative_length.sub_(1)
+    return logits.argmax(-1)
+
+
+def _hf_decode_args():
+    import transformers  # (a dev dependency, as the tests')
+
+    config = transformers.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    cache = transformers.StaticCache(config=config, max_cache_len=512)
+    with torch.no_grad():  # a prefill of 300 tokens, eagerly
+        model(input_ids=torch.randint(0, 1000, (1, 300)), cache_position=torch.arange(300), cache=cache)
+    return (model, cache, torch.tensor([[7]]), torch.tensor([300]))
+
+
 def _kv_args():
     pos = torch.tensor([1234])
     return (
@@ -186,6 +215,7 @@ WORKLOADS = [
     Workload("tiny_call", tiny, lambda: (torch.randn(8),), 1.5, memory=False),
     Workload("bn_train", bn_train, _bn_args, 1.05, memory=False),
     Workload("decoder_step", decode_step, _decoder_args, 1.05, memory=False),
+    Workload("hf_static_decode", hf_static_decode, _hf_decode_args, 1.05, memory=False),
 ]
 
 
