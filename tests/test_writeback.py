@@ -185,3 +185,8 @@ def test_index_out_of_range_leaves_inputs_untouched():
     check(f, torch.zeros(4, 3), torch.tensor([1, 9]), torch.ones(2, 3))
     with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 4"):
         dealias.jit(f)(torch.zeros(4, 3), torch.tensor([1, 9]), torch.ones(2, 3))
+    # Several out of range: eager names the first, in order (not the largest), and so does the check.
+    with pytest.raises(IndexError, match="index 6 is out of bounds for dimension 0 with size 4"):
+        dealias.jit(f)(torch.zeros(4, 3), torch.tensor([1, 6, 9]), torch.ones(3, 3))
+    with pytest.raises(IndexError, match="index 6 is out of bounds for dimension 0 with size 4"):
+        f(torch.zeros(4, 3), torch.tensor([1, 6, 9]), torch.ones(3, 3))

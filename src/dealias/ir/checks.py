@@ -217,7 +217,8 @@ def _check(index: torch.Tensor, size: int, dim: int, policy: IndexPolicy, where:
     else:
         small, large = (int(v) for v in torch.aminmax(index))
     if small < lo or large >= size:
-        bad = small if small < lo else large
+        flat = index.reshape(-1)  # (eager's kernels name the first entry out of range, in order)
+        bad = int(flat[(flat < lo) | (flat >= size)][0])
         raise policy.error(policy.message.format(bad=bad, dim=dim, size=size) + where)
 
 
