@@ -283,6 +283,56 @@ def test_indices_computed_in_the_graph(fn, args, tier):
     assert all(torch.equal(a, b) for a, b in zip(bad, before if tier == "fused" else eagers))
 
 
+def rows_into_zeros(x, idx, acc):
+    out = torch.zeros(5, 3)
+    out[idx] = x  # (a functional index_put into memory the graph made)
+    acc.add_(out.sum(0))
+    return out * 2
+
+
+def one_hot_rows(idx, w):
+    hot = torch.zeros(4, 6).scatter_(1, idx, 1.0)
+    w.add_(hot.t() @ torch.ones(4, 1))
+    return hot
+
+
+def windows_into_a_new_buffer(x, y):
+    buf = torch.zeros(6, 3)
+    buf[1:4] = x
+    buf[2:5] += buf[1:4].flip(0) * y  # reads of the buffer at other rows than the ones it writes
+    x.add_(1)  # and a write of the caller's memory the first write read
+    return buf
+
+
+def scatter_into_a_copy_of_an_input(x, y):
+    c = x.clone()  # inductor may drop the clone: the scatter would run in place into x
+    c[1:3] = y
+    return c + x
+
+
+@pytest.mark.parametrize(
+    "fn, args, tier",
+    [
+        (rows_into_zeros, (torch.randn(2, 3), torch.tensor([4, 1]), torch.zeros(3)), "fused"),
+        (one_hot_rows, (torch.tensor([[1], [5], [0], [5]]), torch.zeros(6, 1)), "fused"),
+        (windows_into_a_new_buffer, (torch.randn(3, 3), torch.randn(3, 3)), "fused"),
+        (scatter_into_a_copy_of_an_input, (torch.randn(4, 3), torch.randn(2, 3)), "torch"),
+    ],
+)
+def test_scatters_into_memory_the_graph_made_are_fused(fn, args, tier):
+    jf = check(fn, *args, executor="inductor")
+    assert jf.last.tier == tier, dealias.last_traces(jf)[3].text.splitlines()[0]
+    if fn in (rows_into_zeros, one_hot_rows):  # an index out of range: eager's error, before any write
+        bad = [a.clone() for a in args]
+        bad[0 if fn is one_hot_rows else 1].fill_(9)
+        before = [a.clone() for a in bad]
+        with pytest.raises(Exception) as expected:
+            fn(*(a.clone() for a in bad))
+        with pytest.raises(type(expected.value), match=r"\(aten\.\w+\.\w+\)\n.*test_inductor.py:\d+"):
+            jf(*bad)
+        assert all(torch.equal(a, b) for a, b in zip(bad, before))
+
+
 def test_seed_program_and_kv_cache_write_match_eager():
     check(seed_program, torch.randn(8, 8), torch.randn(8, 8), executor="inductor")
     jk = check(

@@ -245,21 +245,22 @@ _INDEXED = ("aten::index_put_", "aten::_index_put_impl_", "aten::index_copy_", "
 def indexed_write(op: Any) -> bool:
     """An in-place op writing at positions an index tensor gives (bounds-checked by `guard_index_writes`)."""
     name = op._schema.name if isinstance(op, torch._ops.OpOverload) else ""
-    return name in (*_INDEXED, "aten::index_reduce_") or name.startswith("aten::scatter")
+    return name in (*_INDEXED, "aten::index_reduce_") or (name.startswith("aten::scatter") and name.endswith("_"))
 
 
 def index_args(node: fx.Node) -> list[tuple[fx.Node, int, bool]]:
     """(index tensor, dimension of the first argument it addresses, negative allowed) of an op that takes
-    positions from an index tensor: the indexed writes, and the reads `embedding`, `index_select`, `gather` and
-    `x[idx]` (aten.index). Empty for other ops, and for boolean masks (their shape was checked when tracing)."""
+    positions from an index tensor: the indexed writes (in place, and functional into a tensor the graph made), and
+    the reads `embedding`, `index_select`, `gather` and `x[idx]` (aten.index). Empty for other ops, and for boolean
+    masks (their shape was checked when tracing)."""
     name = node.target._schema.name if isinstance(node.target, torch._ops.OpOverload) else ""
     args = node.args
-    if name in ("aten::index_put_", "aten::_index_put_impl_", "aten::index"):
+    if name in ("aten::index_put_", "aten::_index_put_impl_", "aten::index_put", "aten::index"):
         indices = args[1]
         if any(isinstance(i, fx.Node) and i.meta["val"].dtype in (torch.bool, torch.uint8) for i in indices):
             return []
         return [(i, d, True) for d, i in enumerate(indices) if isinstance(i, fx.Node)]
-    if name in ("aten::index_copy_", "aten::index_add_", "aten::index_fill_", "aten::index_reduce_"):
+    if name.removesuffix("_") in ("aten::index_copy", "aten::index_add", "aten::index_fill", "aten::index_reduce"):
         return [(args[2], args[1], False)]
     if name.startswith(("aten::scatter", "aten::scatter_add_", "aten::scatter_reduce_")):
         return [(args[2], args[1], False)]

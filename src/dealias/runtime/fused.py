@@ -16,8 +16,9 @@ inputs are memory no earlier write of the graph touched, and handed to the graph
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
 (`unfusable` before lowering, `Unfusable` after): alias groups, random draws, results of symbolic sizes in a layout
 other than a dense one, index checks against sizes computed in the graph, ops that may raise
-on their values, functional scatters and dtype views and `as_strided` (three things inductor gets wrong or ties
-to one placement of the inputs), writes to memory that is not an input.
+on their values, functional scatters into memory of the caller's and dtype views and `as_strided` (three things
+inductor gets wrong or ties to one placement of the inputs), writes to memory that is not an input. (A functional
+scatter into memory the graph made, `out = torch.zeros(..); out[idx] = x`, is inductor's own buffer: fused.)
 
 A program over symbols (a position, a sequence length) is compiled for the capture's fake tensors and symbols:
 the guards inductor's decisions add go into the program's ShapeEnv, and from there into its shape guard; the
@@ -155,13 +156,16 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], tuple[Any, ...]
     (`_Hoisted`): the function returns the values of those inputs, to pass after the call's own."""
     placeholders = gm.graph.find_nodes(op="placeholder")
     hoisted = _Hoisted(gm, placeholders)
+    reads = _reads(gm)
     checks: list[tuple[Any, int, tuple[Any, ...]]] = []  # (check, index input, (size, dim))
     sized: list[tuple[Any, int, tuple[int, int], int]] = []  # (check, index input, (tensor input, its dim), dim)
     for n in list(gm.graph.nodes):
-        if n.op == "call_function" and _scatter(n.target):
+        if n.op == "call_function" and _scatter(n.target) and not _into_fresh_memory(n, reads):
             # Inductor re-inplaces a functional scatter into its base and may read the base elsewhere in the
             # same kernel (`v.addcmul_(v.flip(0), ..)` over a scattered base read the flipped elements already
-            # written). Only writes dealias lowered in place (checked by the hazard rule) are handed over.
+            # written). Only writes dealias lowered in place (checked by the hazard rule) are handed over, and
+            # scatters into memory the graph made from nothing of the caller's (`out = torch.zeros(..);
+            # out[idx] = x`): inductor's own buffers, which it re-inplaces as it does torch.compile's.
             raise Unfusable(f"{n.target} writes a region functionally (a write not lowered in place)")
         if n.op == "call_function" and may_raise(n.target) and not indexed_write(n.target):
             # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory, and
@@ -301,6 +305,15 @@ def _pure(target: Any) -> bool:
         f = facts(target)
         return not f.mutated and not f.nondeterministic
     return target is getitem
+
+
+def _into_fresh_memory(n: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]]) -> bool:
+    """Whether the functional scatter `n` writes into a tensor the graph made without reading a caller's memory
+    (through views and earlier scatters: `torch.zeros(..)`, `torch.full(..)`), which inductor cannot turn into an
+    input by removing a no-op (`x.clone()` may go, and its scatter would run in place into x)."""
+    while is_view_node(n) or (n.op == "call_function" and _scatter(n.target)):
+        n = n.args[0]
+    return n.op == "call_function" and not reads[n]
 
 
 def _size_of(size: Any, placeholders: list[fx.Node]) -> tuple[int, int] | None:
