@@ -291,7 +291,7 @@ def rows_into_zeros(x, idx, acc):
 
 
 def one_hot_rows(idx, w):
-    hot = torch.zeros(4, 6).scatter_(1, idx, 1.0)
+    hot = w.new_zeros(4, 6).scatter_(1, idx, 1.0)  # (w for its dtype only)
     w.add_(hot.t() @ torch.ones(4, 1))
     return hot
 

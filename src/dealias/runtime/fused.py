@@ -309,11 +309,18 @@ def _pure(target: Any) -> bool:
 
 def _into_fresh_memory(n: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]]) -> bool:
     """Whether the functional scatter `n` writes into a tensor the graph made without reading a caller's memory
-    (through views and earlier scatters: `torch.zeros(..)`, `torch.full(..)`), which inductor cannot turn into an
+    (through views and earlier scatters: `torch.zeros(..)`, `x.new_zeros(..)`), which inductor cannot turn into an
     input by removing a no-op (`x.clone()` may go, and its scatter would run in place into x)."""
     while is_view_node(n) or (n.op == "call_function" and _scatter(n.target)):
         n = n.args[0]
-    return n.op == "call_function" and not reads[n]
+    return n.op == "call_function" and (not reads[n] or _takes_only_metadata(n.target))
+
+
+def _takes_only_metadata(op: Any) -> bool:
+    """A factory taking a tensor for its dtype, device or sizes only (`x.new_zeros(..)`, `torch.zeros_like(x)`)."""
+    name = op._schema.name if isinstance(op, torch._ops.OpOverload) else ""
+    tensors = [a for a in op._schema.arguments if a.type.isSubtypeOf(torch._C.TensorType.get())] if name else []
+    return len(tensors) == 1 and (name.startswith("aten::new_") or name.endswith("_like"))
 
 
 def _size_of(size: Any, placeholders: list[fx.Node]) -> tuple[int, int] | None:
