@@ -466,3 +466,28 @@ def test_constants_of_a_graph_autograd_records_are_inputs_after_the_calls(dynami
     assert grads_like_eager(weighted_by_a_constant, jf, make_args, calls=3) == []
     assert dealias.cache_info(jf).tiers == ("fused",)
     assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+
+
+def embed_and_store(w, tok, cache, x):
+    h = torch.embedding(w, tok) * x
+    cache.index_copy_(0, tok % 4, h.detach())
+    return h
+
+
+def test_indices_of_a_graph_autograd_records_are_checked_before_the_call():
+    # Inductor checks them inside its kernels, with its own error (a RuntimeError naming its kernel's source):
+    # they are checked before the call, with eager's error, and nothing is written.
+    def make_args(tok=(1, 2)):
+        return torch.randn(10, 3, requires_grad=True), torch.tensor(tok), torch.zeros(4, 3), torch.randn(2, 3)
+
+    jf = dealias.jit(embed_and_store, executor="inductor")
+    assert grads_like_eager(embed_and_store, jf, make_args) == []
+    assert "fused with autograd" in str(dealias.last_traces(jf)[3])
+    for tok in ((1, 10), (-1, 2)):
+        args = make_args(tok)
+        with pytest.raises(IndexError) as expected:
+            embed_and_store(*args)
+        with pytest.raises(IndexError, match=rf"{expected.value}.*\(aten.embedding.default\)\n.*test_fused_autograd"):
+            jf(*args)
+        assert not args[2].any()
+    assert dealias.cache_info(jf).misses == 1

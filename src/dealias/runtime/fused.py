@@ -149,18 +149,20 @@ class Unfusable(Exception):
     """The lowered graph holds what the fused executor cannot run exactly; the torch executor runs it."""
 
 
-def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
+def _prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
     """The graph's Python steps (`_in_prologue`), taken out of it, as one function of the call's inputs (None if
     it has none). An index computed inside the graph (`torch.arange(n) + self.cumulative_length`, as HF's static
     cache computes its write position) is computed there too, before any write, and becomes an input of the graph
-    (`_Hoisted`): the function returns the values of those inputs, to pass after the call's own."""
+    (`_Hoisted`): the function returns the values of those inputs, to pass after the call's own. `autograd`: for a
+    functional graph AOTAutograd compiles (fused_autograd.py): its scatters are AOTAutograd's to run, its version
+    bumps stay in it (where they happen is observable there), and only index reads are checked."""
     placeholders = gm.graph.find_nodes(op="placeholder")
     hoisted = _Hoisted(gm, placeholders)
     reads = _reads(gm)
     checks: list[tuple[Any, int, tuple[Any, ...]]] = []  # (check, index input, (size, dim))
     sized: list[tuple[Any, int, tuple[int, int], int]] = []  # (check, index input, (tensor input, its dim), dim)
     for n in list(gm.graph.nodes):
-        if n.op == "call_function" and _scatter(n.target) and not _into_fresh_memory(n, reads):
+        if n.op == "call_function" and _scatter(n.target) and not autograd and not _into_fresh_memory(n, reads):
             # Inductor re-inplaces a functional scatter into its base and may read the base elsewhere in the
             # same kernel (`v.addcmul_(v.flip(0), ..)` over a scattered base read the flipped elements already
             # written). Only writes dealias lowered in place (checked by the hazard rule) are handed over, and
@@ -171,6 +173,8 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], tuple[Any, ...]
             # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory, and
             # raises its own error. An index read from a graph input (`embedding(w, token)`, `x[idx]`) is checked
             # here instead, with eager's error, before anything runs; other value checks keep the graph unfused.
+            if autograd and not index_args(n):
+                continue  # (other value checks, nll_loss's target, stay inductor's: they would need rules of their own)
             for fn, i, (size, dim) in _read_checks(n, placeholders, hoisted):
                 if isinstance(size, tuple):
                     sized.append((fn, i, size, dim))
@@ -180,6 +184,8 @@ def _prologue(gm: fx.GraphModule) -> Callable[[tuple[Any, ...]], tuple[Any, ...]
         if n.op != "call_function" or not _in_prologue(n):
             continue
         if n.target is bump_version:
+            if autograd:
+                continue
             if n.args[0] not in placeholders:
                 raise Unfusable("a version bump of a tensor made inside the graph")
             checks.append((n.target, placeholders.index(n.args[0]), ()))

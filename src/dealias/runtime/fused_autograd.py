@@ -27,8 +27,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import node_location, with_location
-from ..ir.opfacts import is_view_node, op_name
-from .fused import _SNAPSHOT, Unfusable, runner
+from ..ir.opfacts import is_view_node, may_raise, op_name
+from .fused import _SNAPSHOT, Unfusable, _is_bounds_check, _prologue, runner
 
 aten = torch.ops.aten
 
@@ -157,23 +157,45 @@ def fused_autograd_executor(
     (the call's tensors; for a program over symbols, the capture's fake tensors and symbols, and `call` the call's
     own inputs, which a run on copies needs); `written`: the placeholders written, by the epilogue after the graph
     or by a `copy_` at the graph's end (which AOTAutograd keeps in the compiled graph). Raises Unfusable."""
-    from torch._inductor.compile_fx import compile_fx
-
     if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
         raise Unfusable("an input that requires grad is written (a double backward could not recompute from it)")
-    if gm.graph.find_nodes(op="get_attr"):  # (inputs after the call's: compiled for them, passed on every call)
-        gm, constants = _constants_as_inputs(gm)
-        symbolic = any(isinstance(a, FakeTensor) for a in example)
-        example = [*example, *(n.meta["val"] if symbolic else c for n, c in constants)]
-        call = None if call is None else [*call, *(c for _, c in constants)]
-        run = fused_autograd_executor(gm, example, written, call)
-        values = tuple(c for _, c in constants)
+    symbolic = any(isinstance(a, FakeTensor) for a in example)
+    constants: tuple[torch.Tensor, ...] = ()  # passed after the call's inputs on every call
+    if gm.graph.find_nodes(op="get_attr"):
+        gm, lifted = _constants_as_inputs(gm)
+        constants = tuple(c for _, c in lifted)
+        example = [*example, *(n.meta["val"] if symbolic else c for n, c in lifted)]
+        call = None if call is None else [*call, *constants]
+    prologue = None
+    if any(n.op == "call_function" and (may_raise(n.target) or _is_bounds_check(n)) for n in gm.graph.nodes):
+        # Inductor checks indices inside its kernels, with its own error: they are checked before the call
+        # instead, with eager's (fused.py's prologue; an index the graph computes is computed there too).
+        gm = copy.deepcopy(gm)
+        prologue = _prologue(gm, autograd=True)
+        if prologue is not None:
+            try:
+                computed = prologue(tuple(call if call is not None else example))
+            except Exception as e:  # noqa: BLE001 - the compiling call's own error: it raises on the torch executor
+                raise Unfusable(f"the compiling call's indices raise {type(e).__name__}") from None
+            hoisted = gm.graph.find_nodes(op="placeholder")[len(example) :]
+            example = [*example, *(ph.meta["val"] if symbolic else v for ph, v in zip(hoisted, computed))]
+            call = None if call is None else [*call, *computed]
+    run = _compile(gm, example, written, call)
+    if not constants and prologue is None:
+        return run
 
-        def with_constants(*args: Any) -> Any:
-            return run(*args, *values)
+    def with_inputs(*args: Any) -> Any:
+        args = (*args, *constants)
+        return run(*args, *prologue(args)) if prologue is not None else run(*args)
 
-        with_constants.graph = run.graph  # type: ignore[attr-defined]
-        return with_constants
+    with_inputs.graph = run.graph  # type: ignore[attr-defined]
+    return with_inputs
+
+
+def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], call: list[Any] | None) -> Any:
+    """`fused_autograd_executor` for a graph whose inputs are all passed by the caller."""
+    from torch._inductor.compile_fx import compile_fx
+
     mode = torch.is_grad_enabled()  # the mode the program's calls enter with (keyed)
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.meta.get("grad", mode) != mode:
