@@ -491,3 +491,36 @@ def test_indices_of_a_graph_autograd_records_are_checked_before_the_call():
             jf(*args)
         assert not args[2].any()
     assert dealias.cache_info(jf).misses == 1
+
+
+def cross_entropy(x, target):
+    return torch.nn.functional.cross_entropy(x, target)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("shape", [(4, 5), (2, 5, 3, 3)])
+def test_targets_of_a_loss_are_checked_with_eagers_error(grad, shape):
+    # nll_loss's targets address its classes, except ignore_index (-100) wherever it is; inductor checks them in
+    # its kernel with its own error. Both paths (with autograd and without) check them before the call.
+    def make_args(bad=None):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(*shape, generator=g, requires_grad=grad)
+        target = torch.randint(0, 5, (shape[0], *shape[2:]), generator=g)
+        target.view(-1)[1] = -100
+        if bad is not None:
+            target.view(-1)[2] = bad
+        return x, target
+
+    torch._dynamo.reset()  # (another shape's compile of this function would make this one's sizes symbolic)
+    jf = dealias.jit(cross_entropy, executor="inductor")
+    if grad:
+        assert grads_like_eager(cross_entropy, jf, make_args) == []
+    else:
+        check(cross_entropy, *make_args(), executor="inductor")
+        jf(*make_args())
+    assert dealias.last_traces(jf)[3].text.startswith("# execution trace (fused")
+    for bad in (5, -1):
+        with pytest.raises(IndexError) as expected:
+            cross_entropy(*make_args(bad))
+        with pytest.raises(IndexError, match=rf"{expected.value} \(aten.nll_loss"):
+            jf(*make_args(bad))

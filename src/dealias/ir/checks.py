@@ -24,6 +24,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from ..errors import UnsupportedError, node_location, with_location
+from .opfacts import bind_args
 
 aten = torch.ops.aten
 
@@ -167,6 +168,7 @@ class IndexPolicy:
     allow_negative: bool
     error: type[Exception] = IndexError
     message: str = "index {bad} is out of bounds for dimension {dim} with size {size}"
+    ignored: int | None = None  # a value eager skips wherever it is (nll_loss's ignore_index)
 
 
 def index_policy(node: fx.Node, index: fx.Node, allow_negative: bool) -> IndexPolicy:
@@ -199,7 +201,8 @@ def index_policy(node: fx.Node, index: fx.Node, allow_negative: bool) -> IndexPo
     )
     # The size eager names is the checked dimension's, which differs between calls where it is symbolic.
     message = re.sub(r"with size \d+", "with size {size}", message)
-    return IndexPolicy(negative is None, type(past), message)
+    ignored = bind_args(node.target._schema, node.args, node.kwargs, defaults=True).get("ignore_index")
+    return IndexPolicy(negative is None, type(past), message, ignored if isinstance(ignored, int) else None)
 
 
 def _check(index: torch.Tensor, size: int, dim: int, policy: IndexPolicy, where: str) -> None:
@@ -218,8 +221,12 @@ def _check(index: torch.Tensor, size: int, dim: int, policy: IndexPolicy, where:
         small, large = (int(v) for v in torch.aminmax(index))
     if small < lo or large >= size:
         flat = index.reshape(-1)  # (eager's kernels name the first entry out of range, in order)
-        bad = int(flat[(flat < lo) | (flat >= size)][0])
-        raise policy.error(policy.message.format(bad=bad, dim=dim, size=size) + where)
+        out = (flat < lo) | (flat >= size)
+        if policy.ignored is not None:
+            out &= flat != policy.ignored
+        if out.any():
+            bad = int(flat[out][0])
+            raise policy.error(policy.message.format(bad=bad, dim=dim, size=size) + where)
 
 
 def bounds_check(policy: IndexPolicy, where: str) -> Any:
@@ -268,6 +275,8 @@ def index_args(node: fx.Node) -> list[tuple[fx.Node, int, bool]]:
         return [(args[2], args[1], False)]
     if name == "aten::embedding":
         return [(args[1], 0, False)]
+    if name in ("aten::nll_loss_forward", "aten::nll_loss2d_forward"):  # a class per target (ignore_index aside)
+        return [(args[1], 1 if args[0].meta["val"].dim() >= 2 else 0, False)]
     return []
 
 
