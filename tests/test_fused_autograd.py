@@ -524,3 +524,33 @@ def test_targets_of_a_loss_are_checked_with_eagers_error(grad, shape):
             cross_entropy(*make_args(bad))
         with pytest.raises(IndexError, match=rf"{expected.value} \(aten.nll_loss"):
             jf(*make_args(bad))
+
+
+def shifted_loss(h, w, labels):
+    logits = (h @ w)[:, torch.arange(labels.shape[1])]  # an index into a tensor the graph made, at its length
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 6), labels[:, 1:].reshape(-1))
+
+
+def test_a_training_step_over_changing_lengths_is_fused_with_eagers_errors():
+    # A causal LM's loss over sequence lengths that change between calls (HF's training forward, in small): over
+    # the length symbol, an index into a tensor the graph made is checked against the call's own length, and the
+    # graph computes `length - 1` (Python arithmetic of sizes, which AOTAutograd traces through).
+    torch._dynamo.reset()
+    jf = dealias.jit(shifted_loss, executor="inductor")
+    for length in (5, 8, 6, 7):
+
+        def make_args(length=length):
+            g = torch.Generator().manual_seed(length)
+            labels = torch.randint(0, 6, (2, length), generator=g)
+            labels[0, 2] = -100
+            return torch.randn(2, length, 4, generator=g), torch.randn(4, 6, generator=g, requires_grad=True), labels
+
+        assert grads_like_eager(shifted_loss, jf, make_args, calls=1) == []
+        assert jf.last.tier == "fused", dealias.last_traces(jf)[3].text.splitlines()[0]
+    assert dealias.cache_info(jf).misses == 2  # (the second length makes it symbolic)
+    h, w, labels = make_args()
+    labels[1, 3] = 6
+    with pytest.raises(IndexError) as expected:
+        shifted_loss(h, w, labels)
+    with pytest.raises(IndexError, match=rf"{expected.value} \(aten.nll_loss"):
+        jf(h, w, labels)

@@ -160,7 +160,7 @@ def _prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple[Any
     hoisted = _Hoisted(gm, placeholders)
     reads = _reads(gm)
     checks: list[tuple[Any, int, tuple[Any, ...]]] = []  # (check, index input, (size, dim))
-    sized: list[tuple[Any, int, tuple[int, int], int]] = []  # (check, index input, (tensor input, its dim), dim)
+    sized: list[tuple[Any, int, tuple[int, int | None], int]] = []  # (check, index input, (input, its dim), dim)
     for n in list(gm.graph.nodes):
         if n.op == "call_function" and _scatter(n.target) and not autograd and not _into_fresh_memory(n, reads):
             # Inductor re-inplaces a functional scatter into its base and may read the base elsewhere in the
@@ -207,8 +207,8 @@ def _prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple[Any
         args = (*args, *extra)
         for fn, i, rest in checks:
             fn(args[i], *rest)
-        for fn, i, (t, d), dim in sized:  # (against a symbolic size: the call's input tensor `t` has it)
-            fn(args[i], args[t].shape[d], dim)
+        for fn, i, (t, d), dim in sized:  # (against a symbolic size: the call's input `t` has it, or is it)
+            fn(args[i], args[t] if d is None else args[t].shape[d], dim)
         return extra
 
     return prologue
@@ -250,7 +250,7 @@ class _Hoisted:
             n = stack.pop()
             if n in seen or n.op == "placeholder":
                 continue
-            if n.op != "get_attr" and (n.op != "call_function" or not _pure(n.target)):
+            if n.op != "get_attr" and (n.op != "call_function" or not _pure(n)):
                 what = op_name(n.target) if n.op == "call_function" else n.op
                 raise Unfusable(f"an index checked before any write is computed inside the graph by {what}")
             for a in n.all_input_nodes:
@@ -305,12 +305,20 @@ def _like(val: torch.Tensor, example: list[Any]) -> torch.Tensor:
     return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device)
 
 
-def _pure(target: Any) -> bool:
-    """An op computing its result from its arguments alone: no write, no random draw, no Python effect."""
-    if isinstance(target, torch._ops.OpOverload):
-        f = facts(target)
+def _pure(n: fx.Node) -> bool:
+    """A node computing its result from its arguments alone: no write, no random draw, no Python effect."""
+    if isinstance(n.target, torch._ops.OpOverload):
+        f = facts(n.target)
         return not f.mutated and not f.nondeterministic
-    return target is getitem
+    return n.target is getitem or sizes_arithmetic(n)
+
+
+SYMBOLIC = (torch.SymInt, torch.SymBool, torch.SymFloat)
+
+
+def sizes_arithmetic(n: fx.Node) -> bool:
+    """Python arithmetic of symbolic sizes (`s0 - 1`, `s0 // 2`), as dynamo records it."""
+    return isinstance(n.meta.get("val"), SYMBOLIC) and not has_effect(n.target)
 
 
 def _into_fresh_memory(n: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]]) -> bool:
@@ -329,14 +337,29 @@ def _takes_only_metadata(op: Any) -> bool:
     return len(tensors) == 1 and (name.startswith("aten::new_") or name.endswith("_like"))
 
 
-def _size_of(size: Any, placeholders: list[fx.Node]) -> tuple[int, int] | None:
-    """A size a bounds check compares with: None if static; (input, dim) for a symbolic one, the size of an
-    input's dim (read from the call's tensor); Unfusable for another (computed inside the graph)."""
+def _size_of(size: Any, placeholders: list[fx.Node]) -> tuple[int, int | None] | None:
+    """A size a bounds check compares with: None if static; for a symbolic one, where the call has it (`_symbol_in`);
+    Unfusable for another (computed inside the graph)."""
     if not isinstance(size, fx.Node):
         return None
     if size.target is aten.sym_size.int and size.args[0] in placeholders:
         return placeholders.index(size.args[0]), size.args[1]
-    raise Unfusable("an index is checked against a size computed inside the graph")
+    return _symbol_in(size.meta.get("val"), placeholders)
+
+
+def _symbol_in(size: Any, placeholders: list[fx.Node]) -> tuple[int, int | None]:
+    """Where the call's inputs hold the symbolic size `size`: (input, dim) for a dimension of an input tensor of
+    that size, (input, None) for an int input that is it. Unfusable if none is (`s0 - 1`)."""
+    expr = size.node.expr if isinstance(size, torch.SymInt) else None
+    for i, ph in enumerate(placeholders):
+        v = ph.meta.get("val")
+        if isinstance(v, torch.SymInt) and v.node.expr == expr:
+            return i, None
+        if isinstance(v, torch.Tensor):
+            for d, n in enumerate(v.shape):
+                if isinstance(n, torch.SymInt) and n.node.expr == expr:
+                    return i, d
+    raise Unfusable(f"an index is checked against a size computed inside the graph ({size})")
 
 
 def _read_checks(n: fx.Node, placeholders: list[fx.Node], hoisted: _Hoisted) -> list[tuple[Any, int, tuple[Any, ...]]]:
@@ -351,10 +374,8 @@ def _read_checks(n: fx.Node, placeholders: list[fx.Node], hoisted: _Hoisted) -> 
     for index, dim, negative in reads:
         indexed = n.args[0].meta["val"]
         size = indexed.shape[dim] if indexed.dim() > 0 else 1
-        if not isinstance(size, int):
-            if n.args[0] not in placeholders:
-                raise Unfusable(f"{n.target} indexes a dimension of symbolic size of a tensor made in the graph")
-            size = (placeholders.index(n.args[0]), dim)
+        if not isinstance(size, int):  # (read from the call's inputs)
+            size = (placeholders.index(n.args[0]), dim) if n.args[0] in placeholders else _symbol_in(size, placeholders)
         where = with_location(f" ({n.target})", node_location(n))
         out.append((bounds_check(index_policy(n, index, negative), where), hoisted.position(index), (size, dim)))
     return out

@@ -28,7 +28,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import node_location, with_location
 from ..ir.opfacts import is_view_node, may_raise, op_name
-from .fused import _SNAPSHOT, Unfusable, _is_bounds_check, _prologue, runner
+from .fused import _SNAPSHOT, Unfusable, _is_bounds_check, _prologue, runner, sizes_arithmetic
 
 aten = torch.ops.aten
 
@@ -203,7 +203,8 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
             # enable_grad) would be recorded as the others (fuzz seed 962133: a result required grad).
             raise Unfusable(f"{op_name(n.target)} runs in another grad mode than the call")
         if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
-            raise Unfusable(f"{op_name(n.target)} runs in Python")
+            if not sizes_arithmetic(n):  # (`s0 - 1`, which AOTAutograd traces through)
+                raise Unfusable(f"{op_name(n.target)} runs in Python")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
     results = gm.graph.output_node().args[0]
     # (A result the passes did not mark is taken to require grad: an input it reads is then never handed over
