@@ -480,3 +480,45 @@ def test_transformers_llama_greedy_decode_with_a_static_cache(executor):
         for i in range(2)
         for name in ("keys", "values", "cumulative_length")
     }
+
+
+def test_transformers_training_over_changing_lengths_is_fused():
+    # HF's Mistral trained on batches whose sequence length changes (8, then 12 and 5 over one program over the
+    # length symbol): its loss graph holds tensor constants, index reads into masks it builds, a loss whose
+    # targets carry ignore_index, and arithmetic of the length; all of it fused with autograd, with eager's
+    # gradients (within fused kernels' rounding) and eager's error for a label out of range.
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = transformers.MistralForCausalLM(config).train()  # (use_cache: the step makes a DynamicCache too)
+    ours = copy.deepcopy(model)
+
+    def loss_of(model, ids, labels):
+        return model(input_ids=ids, labels=labels).loss
+
+    jloss = dealias.jit(loss_of, executor="inductor")
+    with no_fallback():
+        for length in (8, 12, 5):
+            ids = torch.randint(0, 64, (2, length))
+            labels = ids.masked_fill(torch.rand(2, length) < 0.2, -100)
+            expected, got = loss_of(model, ids, labels), jloss(ours, ids, labels)
+            expected.backward()
+            got.backward()  # (a backward of the program over the length: AOTAutograd's donated buffers, kept once)
+            torch.testing.assert_close(got, expected)
+            for (name, a), b in zip(model.named_parameters(), ours.parameters()):
+                torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+            assert jloss.last.tier == "fused", dealias.last_traces(jloss)[3].text.splitlines()[0]
+    assert dealias.cache_info(jloss).misses == 2
+    labels[0, 1] = 64
+    with pytest.raises(IndexError) as raised:
+        loss_of(model, ids, labels)
+    with pytest.raises(IndexError, match=rf"{raised.value} \(aten.nll_loss_forward.default\)"):
+        jloss(ours, ids, labels)

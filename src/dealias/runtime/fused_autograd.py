@@ -634,9 +634,10 @@ class _TwiceDifferentiable(torch.autograd.Function):
             got = torch.autograd.grad(
                 [outs[i] for i in diff], [ctx.args[i] for i in wrt], given, create_graph=True, allow_unused=True
             )
-        else:  # (the compiled graph is kept: backward may be called again with retain_graph)
+        else:  # (the compiled graph is kept only if this backward keeps it, as AOTAutograd's donated buffers need)
             outs = [ctx.outs[i] for i in diff]
-            got = torch.autograd.grad(outs, [ctx.leaves[i] for i in wrt], given, retain_graph=True, allow_unused=True)
+            keep = not ctx.freed
+            got = torch.autograd.grad(outs, [ctx.leaves[i] for i in wrt], given, retain_graph=keep, allow_unused=True)
         result: list[Any] = [None] * len(ctx.leaves)
         for k, i in enumerate(wrt):
             result[i] = got[k]
