@@ -49,8 +49,25 @@ def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
             source = source.args[0]
         if source.op == "placeholder":
             n.target, n.kwargs = _SNAPSHOT, {}
+    _views_of_intermediates_as_reshapes(out)
     out.recompile()
     return out
+
+
+def _views_of_intermediates_as_reshapes(gm: fx.GraphModule) -> None:
+    """`view` of a tensor the graph computed becomes `reshape`. The capture chose a view where eager's layout of
+    that tensor allowed one; AOTAutograd traces the graph again with inductor's decompositions, which may lay it
+    out otherwise (HF's T5 attention: `view` of a transposed product, 'Cannot view a tensor with shape ...'), and
+    a reshape is that view wherever one exists. Nothing writes through an intermediate's view in a functional
+    graph, so a copy changes no value; views of inputs, whose layouts are the caller's, stay views."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not aten.view.default:
+            continue
+        source = n.args[0]
+        while is_view_node(source) and isinstance(source.args[0], fx.Node):
+            source = source.args[0]
+        if source.op != "placeholder":
+            n.target = aten.reshape.default
 
 
 def _partition_saving_no_written_input(written: frozenset[int], copy_saved_results: bool) -> Any:
