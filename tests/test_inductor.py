@@ -11,7 +11,8 @@ from harness import AddsItsInput, check, grads_like_eager
 
 import dealias
 from dealias.errors import InternalError
-from dealias.runtime.fused import _SNAPSHOT, KEEP_ATEN_MIN_NUMEL, check_hazards
+from dealias.runtime.fused import KEEP_ATEN_MIN_NUMEL
+from dealias.runtime.hazards import SNAPSHOT, check_hazards
 from dealias.tools.demo import kv_cache_write, seed_program
 
 
@@ -25,7 +26,7 @@ def targets(gm) -> list:
 
 def remove_snapshots(gm) -> None:
     for n in list(gm.graph.nodes):
-        if n.target is _SNAPSHOT:
+        if n.target is SNAPSHOT:
             n.replace_all_uses_with(n.args[0])
             gm.graph.erase_node(n)
 
@@ -63,7 +64,7 @@ def test_read_before_a_write_is_snapshotted(fn):
     # rejects the graph without it.
     jf = check(fn, torch.randn(4, 3), executor="inductor")
     gm = fused_graph(jf)
-    assert _SNAPSHOT in targets(gm)
+    assert SNAPSHOT in targets(gm)
     check_hazards(gm)
     remove_snapshots(gm)
     with pytest.raises(InternalError, match="after .* overwrote"):
@@ -114,7 +115,7 @@ def test_stored_value_is_read_back_not_snapshotted():
     # m's new value is read again by p's update: it is read from where it was stored, no extra copy.
     jf = check(momentum, torch.randn(64), torch.randn(64), torch.randn(64), executor="inductor")
     gm = fused_graph(jf)
-    assert _SNAPSHOT not in targets(gm)
+    assert SNAPSHOT not in targets(gm)
     check_hazards(gm)
 
 
@@ -373,7 +374,7 @@ def test_a_tensor_written_whole_twice_is_stored_once():
     jf = check(second_moment, torch.rand(64), torch.randn(64), executor="inductor")
     gm = fused_graph(jf)
     assert targets(gm).count(torch.ops.aten.copy_.default) == 1
-    assert _SNAPSHOT not in targets(gm)
+    assert SNAPSHOT not in targets(gm)
 
 
 def scale_rows(x):

@@ -4,15 +4,9 @@ Inductor fuses a write's value into its store, so `buf[123] = row` becomes one k
 `p.copy_(p - lr * g)` one kernel updating `p` in place. It is given the graph directly (no functionalization of
 its own, which would turn the row write into a copy of the whole buffer).
 
-Inductor alone is not safe on a graph that writes: it may compute a value where it is used rather than where
-the program computed it. A value read from memory before a write to that memory and used after the write would
-then read the new contents (`t = buf[0].clone(); buf[0] = buf[1]; buf[1] = t` gives two equal rows). The hazard
-rule: such a value is materialized by `dealias::snapshot`, an op inductor cannot see into and runs as a kernel of
-its own, in program order. `check_hazards` verifies the rule on every graph handed to inductor.
-
-Index bounds are checked in a prologue, before any write: eager's error, the caller's tensors untouched. An index
-the graph computes (HF's static cache: `torch.arange(n) + self.cumulative_length`) is computed there too, when its
-inputs are memory no earlier write of the graph touched, and handed to the graph as an input.
+Inductor alone is not safe on a graph that writes: it may compute a value where it is used rather than where the
+program computed it. The hazard rule and the snapshots that keep it are in hazards.py. Index bounds are checked,
+and indices the graph computes are computed, in a prologue before any write (prologue.py).
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
 (`unfusable` before lowering, `Unfusable` after): alias groups, random draws, results of symbolic sizes in a layout
 other than a dense one, index checks against sizes computed in the graph, ops that may raise
@@ -33,44 +27,22 @@ that inductor fuses, not by ATen's flash kernel, which is faster only on longer 
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable
 from operator import getitem
 from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..errors import InternalError, node_location, with_location
-from ..ir.checks import bounds_check, index_args, index_policy, indexed_write
-from ..ir.gradops import bump_version
-from ..ir.opfacts import OpKind, bind_args, facts, has_effect, is_view_node, may_raise, op_name
+from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
-from ..ir.viewops import same_layout, surely, symbolic_layout
-from .executor import torch_executor
+from ..ir.viewops import surely, symbolic_layout
+from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
+from .prologue import example_like, in_prologue, make_prologue
 
 aten = torch.ops.aten
 
-
-@torch.library.custom_op("dealias::snapshot", mutates_args=())
-def snapshot(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` made where the program made `t`: inductor cannot move it past a later write."""
-    return t.clone()
-
-
-@snapshot.register_fake
-def _(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(t)
-
-
-@snapshot.register_autograd
-def _(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-    return grad  # (a copy: fused_autograd keeps a clone of an input as one, for what backward saves)
-
-
-_SNAPSHOT = torch.ops.dealias.snapshot.default
 
 # Ops inductor generates slower code for than ATen's kernel on this machine (`python bench/keep_aten.py`: each op
 # alone on 1M floats; on the list when inductor/ATen >= 1.15 at 1 and 2 threads). Measured 2026-12-02 (an AVX-512
@@ -114,7 +86,7 @@ def unfusable(gm: fx.GraphModule) -> str | None:
         op = n.target
         if isinstance(op, torch._ops.OpOverload) and facts(op).nondeterministic and not _no_dropout(n):
             return f"{op} draws random numbers (inductor's generator is not eager's)"
-        if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not _in_prologue(n):
+        if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not in_prologue(n):
             return f"{op_name(op)} runs in Python"
     return AUTOGRAD if records else None
 
@@ -128,484 +100,16 @@ def _no_dropout(n: fx.Node) -> bool:
     return p is not None and p == 0
 
 
-def _scatter(op: Any) -> bool:
-    """A functional op computing its first argument with some elements replaced (`slice_scatter`, `index_put`,
-    dealias's `as_strided_scatter_rel`), which inductor may run in place."""
-    name = op_name(op)
-    return name.endswith("scatter") or name.endswith("scatter_rel") or name in ("index_put", "index_copy")
-
-
-def _in_prologue(n: fx.Node) -> bool:
-    """Python steps of a graph that run before its compiled call: index bounds checks, and version bumps
-    (`x.copy_(x)`: with no autograd recording in the graph, when the bump happens inside the call is not
-    observable)."""
-    return _is_bounds_check(n) or n.target is bump_version
-
-
-def _is_bounds_check(n: fx.Node) -> bool:
-    return getattr(n.target, "__name__", "") == "check_index_bounds"
-
-
-class Unfusable(Exception):
-    """The lowered graph holds what the fused executor cannot run exactly; the torch executor runs it."""
-
-
-def _prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
-    """The graph's Python steps (`_in_prologue`), taken out of it, as one function of the call's inputs (None if
-    it has none). An index computed inside the graph (`torch.arange(n) + self.cumulative_length`, as HF's static
-    cache computes its write position) is computed there too, before any write, and becomes an input of the graph
-    (`_Hoisted`): the function returns the values of those inputs, to pass after the call's own. `autograd`: for a
-    functional graph AOTAutograd compiles (fused_autograd.py): its scatters are AOTAutograd's to run, its version
-    bumps stay in it (where they happen is observable there), and only index reads are checked."""
-    placeholders = gm.graph.find_nodes(op="placeholder")
-    hoisted = _Hoisted(gm, placeholders)
-    reads = _reads(gm)
-    checks: list[tuple[Any, int, tuple[Any, ...]]] = []  # (check, index input, (size, dim))
-    sized: list[tuple[Any, int, tuple[int, int | None], int]] = []  # (check, index input, (input, its dim), dim)
-    for n in list(gm.graph.nodes):
-        if n.op == "call_function" and _scatter(n.target) and not autograd and not _into_fresh_memory(n, reads):
-            # Inductor re-inplaces a functional scatter into its base and may read the base elsewhere in the
-            # same kernel (`v.addcmul_(v.flip(0), ..)` over a scattered base read the flipped elements already
-            # written). Only writes dealias lowered in place (checked by the hazard rule) are handed over, and
-            # scatters into memory the graph made from nothing of the caller's (`out = torch.zeros(..);
-            # out[idx] = x`): inductor's own buffers, which it re-inplaces as it does torch.compile's.
-            raise Unfusable(f"{n.target} writes a region functionally (a write not lowered in place)")
-        if n.op == "call_function" and may_raise(n.target) and not indexed_write(n.target):
-            # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory, and
-            # raises its own error. An index read from a graph input (`embedding(w, token)`, `x[idx]`) is checked
-            # here instead, with eager's error, before anything runs; other value checks keep the graph unfused.
-            if autograd and not index_args(n):
-                continue  # (other value checks, nll_loss's target, stay inductor's: they would need rules of their own)
-            for fn, i, (size, dim) in _read_checks(n, placeholders, hoisted):
-                if isinstance(size, tuple):
-                    sized.append((fn, i, size, dim))
-                else:
-                    checks.append((fn, i, (size, dim)))
-            continue
-        if n.op != "call_function" or not _in_prologue(n):
-            continue
-        if n.target is bump_version:
-            if autograd:
-                continue
-            if n.args[0] not in placeholders:
-                raise Unfusable("a version bump of a tensor made inside the graph")
-            checks.append((n.target, placeholders.index(n.args[0]), ()))
-        else:
-            index, size, dim = n.args
-            i, of = hoisted.position(index), _size_of(size, placeholders)
-            if of is None:
-                checks.append((n.target, i, (size, dim)))
-            else:
-                sized.append((n.target, i, of, dim))
-        gm.graph.erase_node(n)
-    compute = hoisted.finish()
-
-    if not checks and not sized:
-        return None
-
-    def prologue(args: tuple[Any, ...]) -> tuple[Any, ...]:
-        extra = compute(*args) if compute is not None else ()
-        args = (*args, *extra)
-        for fn, i, rest in checks:
-            fn(args[i], *rest)
-        for fn, i, (t, d), dim in sized:  # (against a symbolic size: the call's input `t` has it, or is it)
-            fn(args[i], args[t] if d is None else args[t].shape[d], dim)
-        return extra
-
-    return prologue
-
-
-class _Hoisted:
-    """Indices computed inside the graph, computed before its call instead, and handed to it as inputs after the
-    call's own. Only an index computed by pure ops from memory no earlier write of the graph touched: computed
-    first, it has the value the program gives it. A view of a caller's tensor is copied (the graph must not see
-    the caller's memory as two inputs)."""
-
-    def __init__(self, gm: fx.GraphModule, placeholders: list[fx.Node]) -> None:
-        self.gm, self.placeholders = gm, placeholders
-        self.indices: list[fx.Node] = []  # in the order of their inputs
-
-    @functools.cached_property
-    def _order(self) -> dict[fx.Node, int]:
-        return {n: i for i, n in enumerate(self.gm.graph.nodes)}
-
-    @functools.cached_property
-    def _memory(self) -> tuple[list[tuple[fx.Node, fx.Node]], dict[fx.Node, fx.Node]]:
-        return _memory(self.gm)
-
-    def position(self, index: fx.Node) -> int:
-        """The input position of `index` in the call's inputs followed by the hoisted ones."""
-        if index in self.placeholders:
-            return self.placeholders.index(index)
-        if index not in self.indices:
-            self._cone(index)  # (raises Unfusable)
-            self.indices.append(index)
-        return len(self.placeholders) + self.indices.index(index)
-
-    def _cone(self, index: fx.Node) -> list[fx.Node]:
-        """The nodes computing `index` (constants included), in graph order."""
-        writes, root = self._memory
-        seen: set[fx.Node] = set()
-        stack = [index]
-        while stack:
-            n = stack.pop()
-            if n in seen or n.op == "placeholder":
-                continue
-            if n.op != "get_attr" and (n.op != "call_function" or not _pure(n)):
-                what = op_name(n.target) if n.op == "call_function" else n.op
-                raise Unfusable(f"an index checked before any write is computed inside the graph by {what}")
-            for a in n.all_input_nodes:
-                m = root.get(a)
-                if m is not None and any(w_m is m and self._order[w] < self._order[n] for w, w_m in writes):
-                    raise Unfusable(f"an index checked before any write is computed from {m.name} after a write to it")
-            seen.add(n)
-            stack.extend(n.all_input_nodes)
-        return sorted(seen, key=self._order.__getitem__)
-
-    def finish(self) -> Callable[..., tuple[Any, ...]] | None:
-        """Make the hoisted indices inputs of the graph; returns the function computing them from the call's."""
-        if not self.indices:
-            return None
-        graph, env = fx.Graph(), {}
-        for ph in self.placeholders:
-            env[ph] = graph.placeholder(ph.name)
-            env[ph].meta = dict(ph.meta)  # (fake values: what torch_executor checks a method call against)
-        cone = sorted(set().union(*(self._cone(i) for i in self.indices)), key=self._order.__getitem__)
-        for n in cone:
-            env[n] = graph.node_copy(n, env.__getitem__)
-        root = self._memory[1]
-        outs = [graph.call_function(aten.clone.default, (env[i],)) if i in root else env[i] for i in self.indices]
-        graph.output(tuple(outs))
-        # (Run as the torch executor runs a graph: Tensor methods where they are the same aten overloads, whose
-        # calls cost half of an OpOverload's: HF's four layers' positions took 33 us a call as aten calls.)
-        compute = torch_executor(fx.GraphModule(self.gm, graph), grad=False)
-        for i in self.indices:  # (placeholders come first: each new one after the last)
-            last = self.gm.graph.find_nodes(op="placeholder")
-            where = self.gm.graph.inserting_after(last[-1]) if last else self.gm.graph.inserting_before()
-            with where:
-                ph = self.gm.graph.placeholder(f"{i.name}_computed_first")
-            ph.meta = dict(i.meta)
-            i.replace_all_uses_with(ph)
-        for n in reversed(cone):
-            if not n.users:
-                self.gm.graph.erase_node(n)
-
-        def run(*args: Any) -> tuple[Any, ...]:
-            grad = torch.is_grad_enabled()
-            torch._C._set_grad_enabled(False)  # (nothing in the fused graph records autograd: `unfusable`)
-            try:
-                return compute(*args)
-            finally:
-                torch._C._set_grad_enabled(grad)
-
-        return run
-
-
-def _like(val: torch.Tensor, example: list[Any]) -> torch.Tensor:
-    """An example for a hoisted input: its fake value in a program over symbols (compiled for fakes), else a real
-    tensor of its layout (inductor compiles for the call's tensors; their values are not read)."""
-    if any(isinstance(e, FakeTensor) for e in example):
-        return val
-    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device)
-
-
-def _pure(n: fx.Node) -> bool:
-    """A node computing its result from its arguments alone: no write, no random draw, no Python effect."""
-    if isinstance(n.target, torch._ops.OpOverload):
-        f = facts(n.target)
-        return not f.mutated and not f.nondeterministic
-    return n.target is getitem or sizes_arithmetic(n)
-
-
-SYMBOLIC = (torch.SymInt, torch.SymBool, torch.SymFloat)
-
-
-def sizes_arithmetic(n: fx.Node) -> bool:
-    """Python arithmetic of symbolic sizes (`s0 - 1`, `s0 // 2`), as dynamo records it."""
-    return isinstance(n.meta.get("val"), SYMBOLIC) and not has_effect(n.target)
-
-
-def _into_fresh_memory(n: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]]) -> bool:
-    """Whether the functional scatter `n` writes into a tensor the graph made without reading a caller's memory
-    (through views and earlier scatters: `torch.zeros(..)`, `x.new_zeros(..)`), which inductor cannot turn into an
-    input by removing a no-op (`x.clone()` may go, and its scatter would run in place into x)."""
-    while is_view_node(n) or (n.op == "call_function" and _scatter(n.target)):
-        n = n.args[0]
-    return n.op == "call_function" and (not reads[n] or _takes_only_metadata(n.target))
-
-
-def _takes_only_metadata(op: Any) -> bool:
-    """A factory taking a tensor for its dtype, device or sizes only (`x.new_zeros(..)`, `torch.zeros_like(x)`)."""
-    name = op._schema.name if isinstance(op, torch._ops.OpOverload) else ""
-    tensors = [a for a in op._schema.arguments if a.type.isSubtypeOf(torch._C.TensorType.get())] if name else []
-    return len(tensors) == 1 and (name.startswith("aten::new_") or name.endswith("_like"))
-
-
-def _size_of(size: Any, placeholders: list[fx.Node]) -> tuple[int, int | None] | None:
-    """A size a bounds check compares with: None if static; for a symbolic one, where the call has it (`_symbol_in`);
-    Unfusable for another (computed inside the graph)."""
-    if not isinstance(size, fx.Node):
-        return None
-    if size.target is aten.sym_size.int and size.args[0] in placeholders:
-        return placeholders.index(size.args[0]), size.args[1]
-    return _symbol_in(size.meta.get("val"), placeholders)
-
-
-def _symbol_in(size: Any, placeholders: list[fx.Node]) -> tuple[int, int | None]:
-    """Where the call's inputs hold the symbolic size `size`: (input, dim) for a dimension of an input tensor of
-    that size, (input, None) for an int input that is it. Unfusable if none is (`s0 - 1`)."""
-    expr = size.node.expr if isinstance(size, torch.SymInt) else None
-    for i, ph in enumerate(placeholders):
-        v = ph.meta.get("val")
-        if isinstance(v, torch.SymInt) and v.node.expr == expr:
-            return i, None
-        if isinstance(v, torch.Tensor):
-            for d, n in enumerate(v.shape):
-                if isinstance(n, torch.SymInt) and n.node.expr == expr:
-                    return i, d
-    raise Unfusable(f"an index is checked against a size computed inside the graph ({size})")
-
-
-def _read_checks(n: fx.Node, placeholders: list[fx.Node], hoisted: _Hoisted) -> list[tuple[Any, int, tuple[Any, ...]]]:
-    """Bounds checks of the index arguments of a read that raises on an index out of range (`checks.index_args`),
-    each as (check, placeholder position, (size, dim)), the size a symbolic one as (input, dim) of the tensor
-    indexed. An index computed inside the graph is computed before it (`_Hoisted`). Raises Unfusable where it
-    cannot be, a symbolic size is not an input's, or the op may raise on other values."""
-    reads = index_args(n)
-    if not reads:
-        raise Unfusable(f"{n.target} may raise on values computed inside the graph (eager's error is not kept yet)")
-    out = []
-    for index, dim, negative in reads:
-        indexed = n.args[0].meta["val"]
-        size = indexed.shape[dim] if indexed.dim() > 0 else 1
-        if not isinstance(size, int):  # (read from the call's inputs)
-            size = (placeholders.index(n.args[0]), dim) if n.args[0] in placeholders else _symbol_in(size, placeholders)
-        where = with_location(f" ({n.target})", node_location(n))
-        out.append((bounds_check(index_policy(n, index, negative), where), hoisted.position(index), (size, dim)))
-    return out
-
-
-def _reads(gm: fx.GraphModule) -> dict[fx.Node, frozenset[fx.Node]]:
-    """For each node, the placeholders whose memory its value may be computed from when inductor recomputes
-    it at a use: through views and through values it may inline (anything but a snapshot)."""
-    reads: dict[fx.Node, frozenset[fx.Node]] = {}
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            reads[n] = frozenset([n])
-        elif n.op == "call_function" and n.target is not _SNAPSHOT:
-            reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
-        else:
-            reads[n] = frozenset()
-    return reads
-
-
-def _writes(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
-    """(write, placeholder written) for each op writing a caller's memory, in program order."""
-    return _memory(gm)[0]
-
-
-def _memory(gm: fx.GraphModule) -> tuple[list[tuple[fx.Node, fx.Node]], dict[fx.Node, fx.Node]]:
-    """The writes (see `_writes`), and the placeholder whose memory each alias (view, in-place result) is."""
-    root: dict[fx.Node, fx.Node] = {}
-    out = []
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            root[n] = n
-        elif is_view_node(n) and n.args[0] in root:
-            root[n] = root[n.args[0]]
-        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-            for name in facts(n.target).mutated:
-                arg = _arg(n, name)
-                if arg is None:
-                    continue
-                if arg not in root:  # an attribute (inductor takes those for constants), or a decomposition's buffer
-                    raise Unfusable(f"{n.target} writes {arg.name}, not an input of the graph")
-                out.append((n, root[arg]))
-                if _returns_written(n):
-                    root[n] = root[arg]
-    return out, root
-
-
-def _returns_written(n: fx.Node) -> bool:
-    """An in-place op returning the tensor it wrote (`copy_`, `index_put_`): its result is that memory."""
-    return isinstance(n.target, torch._ops.OpOverload) and facts(n.target).kind is OpKind.INPLACE
-
-
-def _alias(n: fx.Node) -> bool:
-    return is_view_node(n) or _returns_written(n)
-
-
-def _arg(n: fx.Node, name: str) -> fx.Node | None:
-    v = bind_args(n.target._schema, n.args, n.kwargs).get(name)
-    return v if isinstance(v, fx.Node) else None
-
-
-def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node, bool]]:
-    """(value, write, at_write): a value computed, not viewed, from a caller's memory before a write to that memory and
-    used after it; or the write's own source, when it reads that memory anywhere but at the elements each
-    element of the write receives (`x[1:] = x[:-1]`: one kernel would read what it already wrote; `at_write`)."""
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    reads = _reads(gm)
-    writes, root = _memory(gm)
-    found = []
-    for w, m in writes:
-        for n in gm.graph.nodes:
-            if order[n] >= order[w]:
-                break
-            if n.op != "call_function" or _alias(n) or n.target is _SNAPSHOT or m not in reads[n]:
-                continue
-            if any(order[u] > order[w] for u in n.users):
-                found.append((n, w, False))
-        written = _arg(w, facts(w.target).mutated[0])
-        for a in w.all_input_nodes:
-            if a is written or m not in reads[a]:
-                continue
-            if w.target is not aten.copy_.default or not _aligned(a, written.meta["val"], m, reads, root):
-                found.append((a, w, True))
-    for n in gm.graph.nodes:  # a functional scatter of a caller's memory from a decomposition: inductor may
-        if n.op == "call_function" and _scatter(n.target) and n.args and n.args[0] in root:  # run it in place
-            m = root[n.args[0]]
-            found += [(a, n, True) for a in n.all_input_nodes if a is not n.args[0] and m in reads[a]]
-    return found
-
-
-# Layouts and shapes are compared for every value of the program's symbols (`surely`): a comparison that held only
-# for the compiling call would add a guard to the program, or decide for calls it does not hold for.
-def _same_layout(a: fx.Node, b: fx.Node) -> bool:
-    return same_layout(a.meta["val"], b.meta["val"])
-
-
-def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dim() == b.dim() and all(surely(x == y) for x, y in zip(a.shape, b.shape))
-
-
-def _aligned(
-    n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict
-) -> bool:
-    """Whether each element of `n` reads memory `m` only at the element of `layout` (the written region's value)
-    it is stored to: `n` is a view of `m` laid out as the written region, or an elementwise op (no broadcast of
-    such a read) of such."""
-    if root.get(n) is m:
-        return same_layout(n.meta["val"], layout)
-    if m not in reads[n]:
-        return True
-    op = n.target
-    if op is aten.copy.default:  # functional setitem: the values of its source, in its first argument's layout
-        inputs = [n.args[1]]
-    elif op is aten._to_copy.default or (isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags):
-        inputs = n.all_input_nodes
-    else:
-        return False
-    return all(
-        m not in reads[a] or (_same_shape(a.meta["val"], n.meta["val"]) and _aligned(a, layout, m, reads, root))
-        for a in inputs
-        if isinstance(a, fx.Node)
-    )
-
-
-def merge_full_writes(gm: fx.GraphModule) -> int:
-    """A caller's tensor written whole twice (`v.mul_(b2).addcmul_(g, g)`) gets one store of its final value:
-    reads of the memory between the two writes read the first value instead, and the first store goes.
-    Only when every such read is of the whole tensor by an op that computes (not a view, not a write).
-    Returns how many stores were removed."""
-    removed = 0
-    changed = True
-    while changed:
-        changed = False
-        writes, root = _memory(gm)
-        nodes = list(gm.graph.nodes)
-        order = {n: i for i, n in enumerate(nodes)}
-        per_memory: dict[fx.Node, list[fx.Node]] = {}
-        for w, m in writes:
-            per_memory.setdefault(m, []).append(w)
-        # Successive writes of one memory (writes of other tensors may come between: an optimizer updates a
-        # parameter, then its moments, then the parameter again).
-        pairs = [(w1, w2, m) for m, ws in per_memory.items() for w1, w2 in zip(ws, ws[1:])]
-        for w1, w2, m1 in pairs:
-            if not (_stores_whole(w1, m1) and _stores_whole(w2, m1)):
-                continue
-            between = nodes[order[w1] + 1 : order[w2]]
-            readers = [n for n in between if any(root.get(a) is m1 for a in n.all_input_nodes)]
-            if any(_alias(n) or n.op != "call_function" for n in readers):
-                continue
-            if not all(_same_layout(a, m1) for n in readers for a in n.all_input_nodes if root.get(a) is m1):
-                continue
-            value = w1.args[1]
-            for n in readers:
-                for a in [a for a in n.all_input_nodes if root.get(a) is m1]:
-                    n.replace_input_with(a, value)
-            w1.replace_all_uses_with(w1.args[0])
-            gm.graph.erase_node(w1)
-            removed += 1
-            changed = True
-            break
-    return removed
-
-
-def _stores_whole(w: fx.Node, m: fx.Node) -> bool:
-    """`w` copies a value of `m`'s dtype and shape over all of `m`."""
-    if w.target is not aten.copy_.default:
-        return False
-    dst, src = w.args[0].meta["val"], w.args[1].meta["val"]
-    return _same_layout(w.args[0], m) and src.dtype == dst.dtype and _same_shape(src, dst)
-
-
-def insert_snapshots(gm: fx.GraphModule) -> int:
-    """Remove each hazard: a value stored whole by the write it precedes (`m.copy_(m * b + g)`, then `m * b +
-    g` read again) is read back from where it was stored, when nothing writes there later; any other is
-    materialized where the program computed it. Returns how many snapshots were inserted."""
-    count = 0
-    while found := hazards(gm):
-        value, write, at_write = found[0]
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        later = [u for u in value.users if order[u] > order[write]]
-        if not at_write and _stored_whole(gm, value, write) and all(u.op != "output" for u in later):
-            for u in later:
-                u.replace_input_with(value, write.args[0])
-            continue
-        with gm.graph.inserting_after(value):
-            snap = gm.graph.call_function(_SNAPSHOT, (value,))
-        snap.meta["val"] = value.meta.get("val")
-        value.replace_all_uses_with(snap, delete_user_cb=lambda u, s=snap: u is not s)
-        count += 1
-    return count
-
-
-def _stored_whole(gm: fx.GraphModule, value: fx.Node, write: fx.Node) -> bool:
-    """`write` copies all of `value`, unconverted, into memory no later op writes."""
-    if write.target is not aten.copy_.default or write.args[1] is not value:
-        return False
-    dst, src = write.args[0].meta["val"], value.meta["val"]
-    if not _same_shape(dst, src) or dst.dtype != src.dtype:
-        return False
-    writes = _writes(gm)
-    root = next(m for w, m in writes if w is write)
-    after = False
-    for w, m in writes:
-        if after and m is root:
-            return False
-        after = after or w is write
-    return True
-
-
-def check_hazards(gm: fx.GraphModule) -> None:
-    """The invariant the fused executor relies on (see the module's docstring)."""
-    found = hazards(gm)
-    if found:
-        value, write, _ = found[0]
-        raise InternalError(f"fused graph reads {value.name} after {write.name} overwrote the memory it came from")
-
-
 def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
     """Compile the lowered graph `gm` (called with tensors like `example`) with inductor. Raises Unfusable."""
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
 
     result_layouts(gm)  # (raises Unfusable before inductor's compile, not after)
-    prologue = _prologue(gm)
+    prologue = make_prologue(gm)
     example = [
         *example,
-        *(_like(ph.meta["val"], example) for ph in gm.graph.find_nodes(op="placeholder")[len(example) :]),
+        *(example_like(ph.meta["val"], example) for ph in gm.graph.find_nodes(op="placeholder")[len(example) :]),
     ]
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _TWINS and surely(n.meta["val"].numel() >= KEEP_ATEN_MIN_NUMEL):
@@ -631,7 +135,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     # Inductor's kernels write the caller's tensors through pointers, which moves no version counter: the call
     # moves each written one itself, or what autograd saved of it before would be read as if unchanged.
     traced_inputs = traced.graph.find_nodes(op="placeholder")
-    written = tuple(sorted({traced_inputs.index(ph) for _, ph in _writes(traced)}))  # (only inputs are written)
+    written = tuple(sorted({traced_inputs.index(ph) for _, ph in writes_of(traced)}))  # (only inputs are written)
     merge_full_writes(traced)
     insert_snapshots(traced)
     check_hazards(traced)

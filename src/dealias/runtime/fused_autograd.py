@@ -27,8 +27,11 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import node_location, with_location
+from ..ir.checks import is_bounds_check
 from ..ir.opfacts import is_view_node, may_raise, op_name
-from .fused import _SNAPSHOT, Unfusable, _is_bounds_check, _prologue, runner, sizes_arithmetic
+from .fused import runner
+from .hazards import SNAPSHOT, Unfusable
+from .prologue import make_prologue, sizes_arithmetic
 
 aten = torch.ops.aten
 
@@ -48,7 +51,7 @@ def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
         while is_view_node(source) and isinstance(source.args[0], fx.Node):
             source = source.args[0]
         if source.op == "placeholder":
-            n.target, n.kwargs = _SNAPSHOT, {}
+            n.target, n.kwargs = SNAPSHOT, {}
     _views_of_intermediates_as_reshapes(out)
     out.recompile()
     return out
@@ -135,7 +138,7 @@ def _unsaved_snapshots_plain(fw: fx.GraphModule) -> None:
         kept.add(s)
     changed = False
     for n in fw.graph.nodes:
-        if n.op == "call_function" and n.target is _SNAPSHOT and n not in kept:
+        if n.op == "call_function" and n.target is SNAPSHOT and n not in kept:
             n.target = aten.clone.default
             changed = True
     if changed:
@@ -184,11 +187,11 @@ def fused_autograd_executor(
         example = [*example, *(n.meta["val"] if symbolic else c for n, c in lifted)]
         call = None if call is None else [*call, *constants]
     prologue = None
-    if any(n.op == "call_function" and (may_raise(n.target) or _is_bounds_check(n)) for n in gm.graph.nodes):
+    if any(n.op == "call_function" and (may_raise(n.target) or is_bounds_check(n.target)) for n in gm.graph.nodes):
         # Inductor checks indices inside its kernels, with its own error: they are checked before the call
-        # instead, with eager's (fused.py's prologue; an index the graph computes is computed there too).
+        # instead, with eager's (prologue.py; an index the graph computes is computed there too).
         gm = copy.deepcopy(gm)
-        prologue = _prologue(gm, autograd=True)
+        prologue = make_prologue(gm, autograd=True)
         if prologue is not None:
             try:
                 computed = prologue(tuple(call if call is not None else example))

@@ -1,0 +1,265 @@
+"""The hazard rule of the fused executor: what inductor may not be handed as it is, and the snapshots that make it
+safe.
+
+Inductor alone is not safe on a graph that writes: it may compute a value where it is used rather than where
+the program computed it. A value read from memory before a write to that memory and used after the write would
+then read the new contents (`t = buf[0].clone(); buf[0] = buf[1]; buf[1] = t` gives two equal rows). The hazard
+rule: such a value is materialized by `dealias::snapshot`, an op inductor cannot see into and runs as a kernel of
+its own, in program order. `check_hazards` verifies the rule on every graph handed to inductor. Here too: which
+memory each node is (`memory_of`), what it is computed from (`reads_of`), and one store for a tensor written whole
+twice (`merge_full_writes`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..errors import InternalError
+from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, op_name
+from ..ir.viewops import same_layout, surely
+
+aten = torch.ops.aten
+
+
+@torch.library.custom_op("dealias::snapshot", mutates_args=())
+def snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` made where the program made `t`: inductor cannot move it past a later write."""
+    return t.clone()
+
+
+@snapshot.register_fake
+def _(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+@snapshot.register_autograd
+def _(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    return grad  # (a copy: fused_autograd keeps a clone of an input as one, for what backward saves)
+
+
+SNAPSHOT = torch.ops.dealias.snapshot.default
+
+
+class Unfusable(Exception):
+    """The lowered graph holds what the fused executor cannot run exactly; the torch executor runs it."""
+
+
+def is_scatter(op: Any) -> bool:
+    """A functional op computing its first argument with some elements replaced (`slice_scatter`, `index_put`,
+    dealias's `as_strided_scatter_rel`), which inductor may run in place."""
+    name = op_name(op)
+    return name.endswith("scatter") or name.endswith("scatter_rel") or name in ("index_put", "index_copy")
+
+
+def reads_of(gm: fx.GraphModule) -> dict[fx.Node, frozenset[fx.Node]]:
+    """For each node, the placeholders whose memory its value may be computed from when inductor recomputes
+    it at a use: through views and through values it may inline (anything but a snapshot)."""
+    reads: dict[fx.Node, frozenset[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            reads[n] = frozenset([n])
+        elif n.op == "call_function" and n.target is not SNAPSHOT:
+            reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
+        else:
+            reads[n] = frozenset()
+    return reads
+
+
+def writes_of(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
+    """(write, placeholder written) for each op writing a caller's memory, in program order."""
+    return memory_of(gm)[0]
+
+
+def memory_of(gm: fx.GraphModule) -> tuple[list[tuple[fx.Node, fx.Node]], dict[fx.Node, fx.Node]]:
+    """The writes (see `writes_of`), and the placeholder whose memory each alias (view, in-place result) is."""
+    root: dict[fx.Node, fx.Node] = {}
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            root[n] = n
+        elif is_view_node(n) and n.args[0] in root:
+            root[n] = root[n.args[0]]
+        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            for name in facts(n.target).mutated:
+                arg = _arg(n, name)
+                if arg is None:
+                    continue
+                if arg not in root:  # an attribute (inductor takes those for constants), or a decomposition's buffer
+                    raise Unfusable(f"{n.target} writes {arg.name}, not an input of the graph")
+                out.append((n, root[arg]))
+                if _returns_written(n):
+                    root[n] = root[arg]
+    return out, root
+
+
+def _returns_written(n: fx.Node) -> bool:
+    """An in-place op returning the tensor it wrote (`copy_`, `index_put_`): its result is that memory."""
+    return isinstance(n.target, torch._ops.OpOverload) and facts(n.target).kind is OpKind.INPLACE
+
+
+def _alias(n: fx.Node) -> bool:
+    return is_view_node(n) or _returns_written(n)
+
+
+def _arg(n: fx.Node, name: str) -> fx.Node | None:
+    v = bind_args(n.target._schema, n.args, n.kwargs).get(name)
+    return v if isinstance(v, fx.Node) else None
+
+
+def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node, bool]]:
+    """(value, write, at_write): a value computed, not viewed, from a caller's memory before a write to that memory and
+    used after it; or the write's own source, when it reads that memory anywhere but at the elements each
+    element of the write receives (`x[1:] = x[:-1]`: one kernel would read what it already wrote; `at_write`)."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    reads = reads_of(gm)
+    writes, root = memory_of(gm)
+    found = []
+    for w, m in writes:
+        for n in gm.graph.nodes:
+            if order[n] >= order[w]:
+                break
+            if n.op != "call_function" or _alias(n) or n.target is SNAPSHOT or m not in reads[n]:
+                continue
+            if any(order[u] > order[w] for u in n.users):
+                found.append((n, w, False))
+        written = _arg(w, facts(w.target).mutated[0])
+        for a in w.all_input_nodes:
+            if a is written or m not in reads[a]:
+                continue
+            if w.target is not aten.copy_.default or not _aligned(a, written.meta["val"], m, reads, root):
+                found.append((a, w, True))
+    for n in gm.graph.nodes:  # a functional scatter of a caller's memory from a decomposition: inductor may
+        if n.op == "call_function" and is_scatter(n.target) and n.args and n.args[0] in root:  # run it in place
+            m = root[n.args[0]]
+            found += [(a, n, True) for a in n.all_input_nodes if a is not n.args[0] and m in reads[a]]
+    return found
+
+
+# Layouts and shapes are compared for every value of the program's symbols (`surely`): a comparison that held only
+# for the compiling call would add a guard to the program, or decide for calls it does not hold for.
+def _same_layout(a: fx.Node, b: fx.Node) -> bool:
+    return same_layout(a.meta["val"], b.meta["val"])
+
+
+def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dim() == b.dim() and all(surely(x == y) for x, y in zip(a.shape, b.shape))
+
+
+def _aligned(
+    n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict
+) -> bool:
+    """Whether each element of `n` reads memory `m` only at the element of `layout` (the written region's value)
+    it is stored to: `n` is a view of `m` laid out as the written region, or an elementwise op (no broadcast of
+    such a read) of such."""
+    if root.get(n) is m:
+        return same_layout(n.meta["val"], layout)
+    if m not in reads[n]:
+        return True
+    op = n.target
+    if op is aten.copy.default:  # functional setitem: the values of its source, in its first argument's layout
+        inputs = [n.args[1]]
+    elif op is aten._to_copy.default or (isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags):
+        inputs = n.all_input_nodes
+    else:
+        return False
+    return all(
+        m not in reads[a] or (_same_shape(a.meta["val"], n.meta["val"]) and _aligned(a, layout, m, reads, root))
+        for a in inputs
+        if isinstance(a, fx.Node)
+    )
+
+
+def merge_full_writes(gm: fx.GraphModule) -> int:
+    """A caller's tensor written whole twice (`v.mul_(b2).addcmul_(g, g)`) gets one store of its final value:
+    reads of the memory between the two writes read the first value instead, and the first store goes.
+    Only when every such read is of the whole tensor by an op that computes (not a view, not a write).
+    Returns how many stores were removed."""
+    removed = 0
+    changed = True
+    while changed:
+        changed = False
+        writes, root = memory_of(gm)
+        nodes = list(gm.graph.nodes)
+        order = {n: i for i, n in enumerate(nodes)}
+        per_memory: dict[fx.Node, list[fx.Node]] = {}
+        for w, m in writes:
+            per_memory.setdefault(m, []).append(w)
+        # Successive writes of one memory (writes of other tensors may come between: an optimizer updates a
+        # parameter, then its moments, then the parameter again).
+        pairs = [(w1, w2, m) for m, ws in per_memory.items() for w1, w2 in zip(ws, ws[1:])]
+        for w1, w2, m1 in pairs:
+            if not (_stores_whole(w1, m1) and _stores_whole(w2, m1)):
+                continue
+            between = nodes[order[w1] + 1 : order[w2]]
+            readers = [n for n in between if any(root.get(a) is m1 for a in n.all_input_nodes)]
+            if any(_alias(n) or n.op != "call_function" for n in readers):
+                continue
+            if not all(_same_layout(a, m1) for n in readers for a in n.all_input_nodes if root.get(a) is m1):
+                continue
+            value = w1.args[1]
+            for n in readers:
+                for a in [a for a in n.all_input_nodes if root.get(a) is m1]:
+                    n.replace_input_with(a, value)
+            w1.replace_all_uses_with(w1.args[0])
+            gm.graph.erase_node(w1)
+            removed += 1
+            changed = True
+            break
+    return removed
+
+
+def _stores_whole(w: fx.Node, m: fx.Node) -> bool:
+    """`w` copies a value of `m`'s dtype and shape over all of `m`."""
+    if w.target is not aten.copy_.default:
+        return False
+    dst, src = w.args[0].meta["val"], w.args[1].meta["val"]
+    return _same_layout(w.args[0], m) and src.dtype == dst.dtype and _same_shape(src, dst)
+
+
+def insert_snapshots(gm: fx.GraphModule) -> int:
+    """Remove each hazard: a value stored whole by the write it precedes (`m.copy_(m * b + g)`, then `m * b +
+    g` read again) is read back from where it was stored, when nothing writes there later; any other is
+    materialized where the program computed it. Returns how many snapshots were inserted."""
+    count = 0
+    while found := hazards(gm):
+        value, write, at_write = found[0]
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        later = [u for u in value.users if order[u] > order[write]]
+        if not at_write and _stored_whole(gm, value, write) and all(u.op != "output" for u in later):
+            for u in later:
+                u.replace_input_with(value, write.args[0])
+            continue
+        with gm.graph.inserting_after(value):
+            snap = gm.graph.call_function(SNAPSHOT, (value,))
+        snap.meta["val"] = value.meta.get("val")
+        value.replace_all_uses_with(snap, delete_user_cb=lambda u, s=snap: u is not s)
+        count += 1
+    return count
+
+
+def _stored_whole(gm: fx.GraphModule, value: fx.Node, write: fx.Node) -> bool:
+    """`write` copies all of `value`, unconverted, into memory no later op writes."""
+    if write.target is not aten.copy_.default or write.args[1] is not value:
+        return False
+    dst, src = write.args[0].meta["val"], value.meta["val"]
+    if not _same_shape(dst, src) or dst.dtype != src.dtype:
+        return False
+    writes = writes_of(gm)
+    root = next(m for w, m in writes if w is write)
+    after = False
+    for w, m in writes:
+        if after and m is root:
+            return False
+        after = after or w is write
+    return True
+
+
+def check_hazards(gm: fx.GraphModule) -> None:
+    """The invariant the fused executor relies on (see the module's docstring)."""
+    found = hazards(gm)
+    if found:
+        value, write, _ = found[0]
+        raise InternalError(f"fused graph reads {value.name} after {write.name} overwrote the memory it came from")

@@ -1,0 +1,270 @@
+"""The fused executors' prologue: what a compiled call does in Python before its kernels run.
+
+Index bounds are checked before any write: eager's error, the caller's tensors untouched (inductor checks indices
+inside its kernels, after earlier kernels wrote, with an error of its own naming its C++ source). An index the
+graph computes (HF's static cache: `torch.arange(n) + self.cumulative_length`) is computed here too, when its
+inputs are memory no earlier write of the graph touched, and handed to the graph as an input (`_Hoisted`).
+Version bumps of inputs run here for a graph that records no autograd (when they happen inside the call is not
+observable then).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from operator import getitem
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..errors import node_location, with_location
+from ..ir.checks import bounds_check, index_args, index_policy, indexed_write, is_bounds_check
+from ..ir.gradops import bump_version
+from ..ir.opfacts import facts, has_effect, is_view_node, may_raise, op_name
+from .hazards import Unfusable, is_scatter, memory_of, reads_of
+
+aten = torch.ops.aten
+
+
+def in_prologue(n: fx.Node) -> bool:
+    """Python steps of a graph that run before its compiled call: index bounds checks, and version bumps
+    (`x.copy_(x)`: with no autograd recording in the graph, when the bump happens inside the call is not
+    observable)."""
+    return is_bounds_check(n.target) or n.target is bump_version
+
+
+def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
+    """The graph's Python steps (`in_prologue`), taken out of it, as one function of the call's inputs (None if
+    it has none). An index computed inside the graph (`torch.arange(n) + self.cumulative_length`, as HF's static
+    cache computes its write position) is computed there too, before any write, and becomes an input of the graph
+    (`_Hoisted`): the function returns the values of those inputs, to pass after the call's own. `autograd`: for a
+    functional graph AOTAutograd compiles (fused_autograd.py): its scatters are AOTAutograd's to run, its version
+    bumps stay in it (where they happen is observable there), and only index reads are checked."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    hoisted = _Hoisted(gm, placeholders)
+    reads = reads_of(gm)
+    checks: list[tuple[Any, int, tuple[Any, ...]]] = []  # (check, index input, (size, dim))
+    sized: list[tuple[Any, int, tuple[int, int | None], int]] = []  # (check, index input, (input, its dim), dim)
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and is_scatter(n.target) and not autograd and not _into_fresh_memory(n, reads):
+            # Inductor re-inplaces a functional scatter into its base and may read the base elsewhere in the
+            # same kernel (`v.addcmul_(v.flip(0), ..)` over a scattered base read the flipped elements already
+            # written). Only writes dealias lowered in place (checked by the hazard rule) are handed over, and
+            # scatters into memory the graph made from nothing of the caller's (`out = torch.zeros(..);
+            # out[idx] = x`): inductor's own buffers, which it re-inplaces as it does torch.compile's.
+            raise Unfusable(f"{n.target} writes a region functionally (a write not lowered in place)")
+        if n.op == "call_function" and may_raise(n.target) and not indexed_write(n.target):
+            # Inductor checks indices inside its kernels, after earlier kernels wrote the caller's memory, and
+            # raises its own error. An index read from a graph input (`embedding(w, token)`, `x[idx]`) is checked
+            # here instead, with eager's error, before anything runs; other value checks keep the graph unfused.
+            if autograd and not index_args(n):
+                continue  # (other value checks, nll_loss's target, stay inductor's: they would need rules of their own)
+            for fn, i, (size, dim) in _read_checks(n, placeholders, hoisted):
+                if isinstance(size, tuple):
+                    sized.append((fn, i, size, dim))
+                else:
+                    checks.append((fn, i, (size, dim)))
+            continue
+        if n.op != "call_function" or not in_prologue(n):
+            continue
+        if n.target is bump_version:
+            if autograd:
+                continue
+            if n.args[0] not in placeholders:
+                raise Unfusable("a version bump of a tensor made inside the graph")
+            checks.append((n.target, placeholders.index(n.args[0]), ()))
+        else:
+            index, size, dim = n.args
+            i, of = hoisted.position(index), _size_of(size, placeholders)
+            if of is None:
+                checks.append((n.target, i, (size, dim)))
+            else:
+                sized.append((n.target, i, of, dim))
+        gm.graph.erase_node(n)
+    compute = hoisted.finish()
+
+    if not checks and not sized:
+        return None
+
+    def prologue(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        extra = compute(*args) if compute is not None else ()
+        args = (*args, *extra)
+        for fn, i, rest in checks:
+            fn(args[i], *rest)
+        for fn, i, (t, d), dim in sized:  # (against a symbolic size: the call's input `t` has it, or is it)
+            fn(args[i], args[t] if d is None else args[t].shape[d], dim)
+        return extra
+
+    return prologue
+
+
+class _Hoisted:
+    """Indices computed inside the graph, computed before its call instead, and handed to it as inputs after the
+    call's own. Only an index computed by pure ops from memory no earlier write of the graph touched: computed
+    first, it has the value the program gives it. A view of a caller's tensor is copied (the graph must not see
+    the caller's memory as two inputs)."""
+
+    def __init__(self, gm: fx.GraphModule, placeholders: list[fx.Node]) -> None:
+        self.gm, self.placeholders = gm, placeholders
+        self.indices: list[fx.Node] = []  # in the order of their inputs
+
+    @functools.cached_property
+    def _order(self) -> dict[fx.Node, int]:
+        return {n: i for i, n in enumerate(self.gm.graph.nodes)}
+
+    @functools.cached_property
+    def _memory(self) -> tuple[list[tuple[fx.Node, fx.Node]], dict[fx.Node, fx.Node]]:
+        return memory_of(self.gm)
+
+    def position(self, index: fx.Node) -> int:
+        """The input position of `index` in the call's inputs followed by the hoisted ones."""
+        if index in self.placeholders:
+            return self.placeholders.index(index)
+        if index not in self.indices:
+            self._cone(index)  # (raises Unfusable)
+            self.indices.append(index)
+        return len(self.placeholders) + self.indices.index(index)
+
+    def _cone(self, index: fx.Node) -> list[fx.Node]:
+        """The nodes computing `index` (constants included), in graph order."""
+        writes, root = self._memory
+        seen: set[fx.Node] = set()
+        stack = [index]
+        while stack:
+            n = stack.pop()
+            if n in seen or n.op == "placeholder":
+                continue
+            if n.op != "get_attr" and (n.op != "call_function" or not _pure(n)):
+                what = op_name(n.target) if n.op == "call_function" else n.op
+                raise Unfusable(f"an index checked before any write is computed inside the graph by {what}")
+            for a in n.all_input_nodes:
+                m = root.get(a)
+                if m is not None and any(w_m is m and self._order[w] < self._order[n] for w, w_m in writes):
+                    raise Unfusable(f"an index checked before any write is computed from {m.name} after a write to it")
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+        return sorted(seen, key=self._order.__getitem__)
+
+    def finish(self) -> Callable[..., tuple[Any, ...]] | None:
+        """Make the hoisted indices inputs of the graph; returns the function computing them from the call's."""
+        if not self.indices:
+            return None
+        graph, env = fx.Graph(), {}
+        for ph in self.placeholders:
+            env[ph] = graph.placeholder(ph.name)
+        cone = sorted(set().union(*(self._cone(i) for i in self.indices)), key=self._order.__getitem__)
+        for n in cone:
+            env[n] = graph.node_copy(n, env.__getitem__)
+        root = self._memory[1]
+        outs = [graph.call_function(aten.clone.default, (env[i],)) if i in root else env[i] for i in self.indices]
+        graph.output(tuple(outs))
+        # (Aten calls, not torch_executor's Tensor methods, which cost half as much: choosing them runs each op on
+        # the fake values, which over symbols decided sizes inductor's program then assumed: HF's Mistral trained
+        # at a third length indexed out of bounds inside its kernels.)
+        compute = fx.GraphModule(self.gm, graph).forward
+        for i in self.indices:  # (placeholders come first: each new one after the last)
+            last = self.gm.graph.find_nodes(op="placeholder")
+            where = self.gm.graph.inserting_after(last[-1]) if last else self.gm.graph.inserting_before()
+            with where:
+                ph = self.gm.graph.placeholder(f"{i.name}_computed_first")
+            ph.meta = dict(i.meta)
+            i.replace_all_uses_with(ph)
+        for n in reversed(cone):
+            if not n.users:
+                self.gm.graph.erase_node(n)
+
+        def run(*args: Any) -> tuple[Any, ...]:
+            grad = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)  # (nothing in the fused graph records autograd: `unfusable`)
+            try:
+                return compute(*args)
+            finally:
+                torch._C._set_grad_enabled(grad)
+
+        return run
+
+
+def example_like(val: torch.Tensor, example: list[Any]) -> torch.Tensor:
+    """An example for a hoisted input: its fake value in a program over symbols (compiled for fakes), else a real
+    tensor of its layout (inductor compiles for the call's tensors; their values are not read)."""
+    if any(isinstance(e, FakeTensor) for e in example):
+        return val
+    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device)
+
+
+def _pure(n: fx.Node) -> bool:
+    """A node computing its result from its arguments alone: no write, no random draw, no Python effect."""
+    if isinstance(n.target, torch._ops.OpOverload):
+        f = facts(n.target)
+        return not f.mutated and not f.nondeterministic
+    return n.target is getitem or sizes_arithmetic(n)
+
+
+SYMBOLIC = (torch.SymInt, torch.SymBool, torch.SymFloat)
+
+
+def sizes_arithmetic(n: fx.Node) -> bool:
+    """Python arithmetic of symbolic sizes (`s0 - 1`, `s0 // 2`), as dynamo records it."""
+    return isinstance(n.meta.get("val"), SYMBOLIC) and not has_effect(n.target)
+
+
+def _into_fresh_memory(n: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]]) -> bool:
+    """Whether the functional scatter `n` writes into a tensor the graph made without reading a caller's memory
+    (through views and earlier scatters: `torch.zeros(..)`, `x.new_zeros(..)`), which inductor cannot turn into an
+    input by removing a no-op (`x.clone()` may go, and its scatter would run in place into x)."""
+    while is_view_node(n) or (n.op == "call_function" and is_scatter(n.target)):
+        n = n.args[0]
+    return n.op == "call_function" and (not reads[n] or _takes_only_metadata(n.target))
+
+
+def _takes_only_metadata(op: Any) -> bool:
+    """A factory taking a tensor for its dtype, device or sizes only (`x.new_zeros(..)`, `torch.zeros_like(x)`)."""
+    name = op._schema.name if isinstance(op, torch._ops.OpOverload) else ""
+    tensors = [a for a in op._schema.arguments if a.type.isSubtypeOf(torch._C.TensorType.get())] if name else []
+    return len(tensors) == 1 and (name.startswith("aten::new_") or name.endswith("_like"))
+
+
+def _size_of(size: Any, placeholders: list[fx.Node]) -> tuple[int, int | None] | None:
+    """A size a bounds check compares with: None if static; for a symbolic one, where the call has it (`_symbol_in`);
+    Unfusable for another (computed inside the graph)."""
+    if not isinstance(size, fx.Node):
+        return None
+    if size.target is aten.sym_size.int and size.args[0] in placeholders:
+        return placeholders.index(size.args[0]), size.args[1]
+    return _symbol_in(size.meta.get("val"), placeholders)
+
+
+def _symbol_in(size: Any, placeholders: list[fx.Node]) -> tuple[int, int | None]:
+    """Where the call's inputs hold the symbolic size `size`: (input, dim) for a dimension of an input tensor of
+    that size, (input, None) for an int input that is it. Unfusable if none is (`s0 - 1`)."""
+    expr = size.node.expr if isinstance(size, torch.SymInt) else None
+    for i, ph in enumerate(placeholders):
+        v = ph.meta.get("val")
+        if isinstance(v, torch.SymInt) and v.node.expr == expr:
+            return i, None
+        if isinstance(v, torch.Tensor):
+            for d, n in enumerate(v.shape):
+                if isinstance(n, torch.SymInt) and n.node.expr == expr:
+                    return i, d
+    raise Unfusable(f"an index is checked against a size computed inside the graph ({size})")
+
+
+def _read_checks(n: fx.Node, placeholders: list[fx.Node], hoisted: _Hoisted) -> list[tuple[Any, int, tuple[Any, ...]]]:
+    """Bounds checks of the index arguments of a read that raises on an index out of range (`checks.index_args`),
+    each as (check, placeholder position, (size, dim)), the size a symbolic one as (input, dim) of the tensor
+    indexed. An index computed inside the graph is computed before it (`_Hoisted`). Raises Unfusable where it
+    cannot be, a symbolic size is not an input's, or the op may raise on other values."""
+    reads = index_args(n)
+    if not reads:
+        raise Unfusable(f"{n.target} may raise on values computed inside the graph (eager's error is not kept yet)")
+    out = []
+    for index, dim, negative in reads:
+        indexed = n.args[0].meta["val"]
+        size = indexed.shape[dim] if indexed.dim() > 0 else 1
+        if not isinstance(size, int):  # (read from the call's inputs)
+            size = (placeholders.index(n.args[0]), dim) if n.args[0] in placeholders else _symbol_in(size, placeholders)
+        where = with_location(f" ({n.target})", node_location(n))
+        out.append((bounds_check(index_policy(n, index, negative), where), hoisted.position(index), (size, dim)))
+    return out
