@@ -106,6 +106,25 @@ def test_storage_offset_of_an_input_is_read_at_each_call(dynamic):
         assert all("storage_offset()" in str(w.message) for w in falls), falls  # (a graph break: nothing else)
 
 
+def pad_then_unify(x, y):
+    p = torch.nn.functional.pad(x, (0, 1), value=-1.0)  # x's length is a symbol of its own here
+    return p[:, 1:] * (x + y)  # and is unified with y's after
+
+
+def test_choosing_tensor_methods_leaves_the_programs_symbols_alone():
+    # The torch executor chooses a Tensor method for an aten call by running it on the capture's fake values; the
+    # pad's C++ kernel read concrete sizes (a fake-tensor cache miss, as the symbols were unified after the
+    # capture ran it), which pinned the length symbols to the compiling call's values and emptied the program's
+    # shape guard to `True` (inductor, compiling over the same ShapeEnv, then assumed that length).
+    jf = dealias.jit(pad_then_unify, dynamic=True)
+    for n in (8, 12, 5, 3):
+        x, y = torch.randn(2, n), torch.randn(2, n)
+        assert torch.equal(jf(x, y), pad_then_unify(x, y))
+    guard = jf.last.shape_guard.text
+    assert "y.size()[1] == x.size()[1]" in guard and "2 <= x.size()[1]" in guard, guard
+    assert dealias.cache_info(jf).misses == 1
+
+
 # --- Python ints that change every call: positions, step counts ------------------------------------------------
 
 

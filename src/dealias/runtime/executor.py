@@ -8,13 +8,14 @@ no overload is ever guessed), the node is emitted as a method call.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, disable_fake_tensor_cache
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -67,14 +68,22 @@ def _binding_for(node: fx.Node) -> tuple[str, Any] | None:
 
 
 def _dispatches_exactly(op: Any, call: Callable[..., Any], fargs: Any, fkwargs: Any, mode: Any) -> bool:
-    with mode:  # a binding that writes must not touch the nodes' own fake values
-        fargs, fkwargs = pytree.tree_map_only(FakeTensor, lambda t: t.clone(), (fargs, fkwargs))
-    rec = _Calls()
-    try:
-        with quiet_fake_tensor_log(), mode, rec:  # a binding rejecting these arguments is expected here
-            call(fargs, fkwargs)
-    except Exception:  # noqa: BLE001 - the binding does not take these arguments
-        return False
+    # The probe must leave the program's ShapeEnv as it was: a binding runs a C++ kernel that reads concrete
+    # sizes (`torch.constant_pad_nd` after two lengths were unified: a fake-cache miss), which would pin a length
+    # symbol to the compiling call's value and drop its clauses from the shape guard (inductor, compiling over
+    # the same ShapeEnv after, then assumed that length). No guard is recorded and no result is cached under
+    # the symbolic key.
+    shape_env = getattr(mode, "shape_env", None)
+    quiet = shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext()
+    with quiet, disable_fake_tensor_cache(mode):
+        with mode:  # a binding that writes must not touch the nodes' own fake values
+            fargs, fkwargs = pytree.tree_map_only(FakeTensor, lambda t: t.clone(), (fargs, fkwargs))
+        rec = _Calls()
+        try:
+            with quiet_fake_tensor_log(), mode, rec:  # a binding rejecting these arguments is expected here
+                call(fargs, fkwargs)
+        except Exception:  # noqa: BLE001 - the binding does not take these arguments
+            return False
     if len(rec.calls) != 1 or rec.calls[0][0] is not op:
         return False
     # The same overload is not enough: the binding must also pass the same arguments in the same places
