@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..errors import node_location, with_location
+from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.opfacts import is_view_node, may_raise, op_name
 from .fused import runner
@@ -291,7 +291,7 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
             outs = compiled(*args)
         _check_saved_results_at_backward(outs, watched)
         if partly is not None:
-            _no_gradient_where_none_comes(outs, rg_results, partly, len(args))
+            _no_gradient_where_none_comes(outs, rg_results, partly, args)
         if own:
             # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
             # counters of the others.
@@ -393,15 +393,22 @@ def _computed_from(n: fx.Node) -> set[fx.Node]:
     return after
 
 
-def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: Any, num_args: int) -> None:
+def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: Any, args: Any) -> None:
     """An input none of whose results received a gradient gets None from this call's backward node, as from
     eager's: the compiled backward, one node for all results, gives it zeros (fuzz seed 964788: with
-    `allow_unused`, a leaf's gradient was zeros where eager's is None)."""
+    `allow_unused`, a leaf's gradient was zeros where eager's is None). The node has a gradient input for each
+    tensor among its arguments only, in order (none for a symbol's value, nor for _TwiceDifferentiable's own
+    arguments): over symbols the ints after the tensors shifted a count-based match by one, and a leaf lost the
+    gradient of a result computed from it (fuzz --dynamic seed 1610117, silently)."""
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
     def post(grad_inputs: Any, grad_outputs: Any) -> Any:
+        if len(grad_inputs) != len(tensors):
+            raise InternalError(
+                f"fused backward node has {len(grad_inputs)} gradient inputs for {len(tensors)} tensors"
+            )
         given = {j for j in rg_results if grad_outputs[j] is not None}
-        shift = len(grad_inputs) - num_args  # (_TwiceDifferentiable's own arguments come first)
-        return tuple(None if k >= shift and not (reaching[k - shift] & given) else g for k, g in enumerate(grad_inputs))
+        return tuple(None if not (reaching[i] & given) else g for i, g in zip(tensors, grad_inputs))
 
     node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
     if node is not None:  # (one node for every result requiring grad)
