@@ -429,6 +429,19 @@ def test_conv_bn_training_fused_with_autograd():
     assert "fused with autograd" in str(dealias.last_traces(jloss)[3])
 
 
+def tiny_decoder_config(config_class, **extra):
+    """An HF decoder-only config (Llama's family) at test size: 2 layers, width 32, 4 heads over 2 key/value heads."""
+    return config_class(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **extra,
+    )
+
+
 @pytest.mark.parametrize("executor", ["torch", "inductor"])
 def test_transformers_llama_greedy_decode_with_a_static_cache(executor):
     # HF's StaticCache (the canonical compiled decode): each layer computes its write position inside the step,
@@ -437,15 +450,7 @@ def test_transformers_llama_greedy_decode_with_a_static_cache(executor):
     import transformers  # (a dev dependency: installed by the README's set-up)
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
+    config = tiny_decoder_config(transformers.LlamaConfig, max_position_embeddings=32)
     model = transformers.LlamaForCausalLM(config).eval()
 
     def step(model, ids, pos, cache):
@@ -493,14 +498,7 @@ def test_transformers_training_over_changing_lengths_is_fused(arch):
 
     torch.manual_seed(0)
     if arch == "mistral":
-        config = transformers.MistralConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
+        config = tiny_decoder_config(transformers.MistralConfig)
         model = transformers.MistralForCausalLM(config).train()  # (use_cache: the step makes a DynamicCache too)
     else:
         config = transformers.T5Config(
