@@ -135,7 +135,8 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
     # the backend lifted the graph's tensor attributes to inputs, so every tensor here is a fake.
     shape_env = ShapeEnv() if symbolic else None
     mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=shape_env)
-    fakes = [_fake(mode, leaves[p], symbolic.dims.get(p), names[p]) for p in positions]
+    inputs = [leaves[p] for p in positions]
+    fakes = [_fake(mode, t, symbolic.dims.get(p), names[p], inputs) for p, t in zip(positions, inputs)]
     syms = [
         shape_env.create_unspecified_symint_and_symbol(leaves[p], ConstantSource(names[p]), DimDynamic.DYNAMIC)
         for p in sym_positions
@@ -183,12 +184,21 @@ def _drop_unused(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _fake(mode: FakeTensorMode, t: torch.Tensor, dims: frozenset[int] | None, name: str) -> torch.Tensor:
+def _fake(
+    mode: FakeTensorMode, t: torch.Tensor, dims: frozenset[int] | None, name: str, inputs: list[torch.Tensor]
+) -> torch.Tensor:
     """A fake of `t` with the sizes of `dims` as symbols (their strides follow), the rest static."""
     if not dims:
         return mode.from_tensor(t, static_shapes=True)
     dynamic = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())]
-    return mode.from_tensor(t, source=LocalSource(name), symbolic_context=StatelessSymbolicContext(dynamic))
+    base = None
+    if t._is_view() and not any(t._base is x for x in inputs):
+        # The fake of a view comes with a fake of its base, by default with every size a symbol. A base that is
+        # no input of the graph has no name the shape guard could read it by (`L['x']._base`), so its sizes are
+        # the compile's: the guard then bounds the view by that storage, and a larger one recompiles.
+        base = StatelessSymbolicContext([DimDynamic.STATIC] * t._base.dim())
+    context = StatelessSymbolicContext(dynamic, view_base_context=base)
+    return mode.from_tensor(t, source=LocalSource(name), symbolic_context=context)
 
 
 class _AutogradMetadata(TorchFunctionMode):

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dynamo.source import LocalSource
 from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 from torch.utils import _pytree as pytree
 
@@ -239,10 +240,13 @@ def _shape_guard(captured: Any) -> Any:
     tensors = [(p, f) for p, f in zip(captured.tensor_positions, captured.fakes) if symbolic_layout(f)]
     positions = [p for p, _ in tensors] + captured.sym_positions
     placeholders = [f for _, f in tensors] + captured.symbols
-    code = shape_env.produce_guards_expression(placeholders)
     names = [f"t{i}" for i in range(len(positions))]
+    # torch's produce_guards_expression joins its guards with a bare " and ": a guard that is a disjunction
+    # (`a == 1 or b == c`) then swallows the guards before it. Each guard is parenthesized here.
+    guards = shape_env.produce_guards(placeholders, [LocalSource(name) for name in names])
+    code = " and ".join(f"({g})" for g in guards)
     for name in names:
-        code = code.replace(f"L['{name}']", name) if code else code
+        code = code.replace(f"L['{name}']", name)
     check = eval(f"lambda {', '.join(names)}: {code or True}", dict(SYMPY_INTERP))  # noqa: S307 - torch's guard
     guard = lambda leaves: check(*(leaves[p] for p in positions))
     guard.text = code or "True"  # for explaining a miss, in the user's names
