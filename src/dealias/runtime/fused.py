@@ -39,34 +39,10 @@ from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
 from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
+from .keep_aten import twin_for
 from .prologue import example_like, in_prologue, make_prologue
 
 aten = torch.ops.aten
-
-
-# Ops inductor generates slower code for than ATen's kernel on this machine (`python bench/keep_aten.py`: each op
-# alone on 1M floats; on the list when inductor/ATen >= 1.15 at 1 and 2 threads). Measured 2026-12-02 (an AVX-512
-# host, where ATen's transcendental kernels are MKL's and inductor's are Sleef's): tanh 3.4-3.7, atan 2.5-2.6,
-# log 2.0-2.3, gelu 1.7-2.1, asin 1.6-1.7, exp 1.4-1.75, softmax 1.16-1.21; every other op measured (unary ops,
-# log_softmax, layer_norm, sum) below the threshold at some thread count. The list depends on the host: on the
-# previous one only gelu and digamma were on it. Each is handed to inductor as an opaque twin that calls the ATen
-# op, so inductor runs ATen's kernel for it (bit-equal to eager) and fuses the ops around it; only on tensors of
-# KEEP_ATEN_MIN_NUMEL elements or more: on small ones a kernel of its own costs more than it saves (the
-# decoder_step workload, MLP width 1024: 0.99x eager with ATen's gelu, 0.71x with inductor's).
-KEEP_ATEN = tuple(getattr(aten, name).default for name in ("tanh", "atan", "log", "gelu", "asin", "exp", "_softmax"))
-KEEP_ATEN_MIN_NUMEL = 1 << 16
-_LIB = torch.library.Library("dealias", "FRAGMENT")
-
-
-def _aten_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
-    """`dealias::aten_<name>`, with `op`'s schema and `op` as its kernel (for fake tensors too)."""
-    name = f"aten_{op_name(op)}"
-    _LIB.define(f"{name}{str(op._schema)[len(op._schema.name) :]}")
-    _LIB.impl(name, op, "CompositeExplicitAutograd")
-    return getattr(torch.ops.dealias, name).default
-
-
-_TWINS = {op: _aten_twin(op) for op in KEEP_ATEN}
 
 
 def unfusable(gm: fx.GraphModule) -> str | None:
@@ -112,8 +88,9 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         *(example_like(ph.meta["val"], example) for ph in gm.graph.find_nodes(op="placeholder")[len(example) :]),
     ]
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _TWINS and surely(n.meta["val"].numel() >= KEEP_ATEN_MIN_NUMEL):
-            n.target = _TWINS[n.target]
+        twin = twin_for(n)  # (ATen's kernel, where it is faster here than inductor's code: keep_aten.py)
+        if twin is not None:
+            n.target = twin
         if _short_attention(n):
             n.target = _attention_by_matmuls
     gm.recompile()

@@ -1,0 +1,200 @@
+"""Which ops the fused executor leaves to ATen's kernel inside its fused graphs, measured on this host.
+
+Inductor generates its own code for transcendental ops (Sleef's vector math on CPU); ATen runs its own kernels,
+MKL's vector math where torch was built with it. Which is faster depends on the host, by large factors both ways
+(`python bench/keep_aten.py`): on one AVX-512 host ATen's tanh was 3.5x faster than inductor's and exp 1.5x; on
+the next, inductor's tanh was 2x faster than ATen's and exp 3x, and only gelu and digamma were faster in ATen. A
+table written on one machine is wrong on the next, so each candidate op is timed here, on the first graph that
+uses it: ATen's kernel against inductor's code for it alone, on a 1M-element tensor of the node's dtype, with the
+node's own other arguments, at the current thread count. An op inductor runs at least THRESHOLD times slower is
+handed to inductor as an opaque twin that calls ATen's op (bit-equal to eager), and inductor fuses the ops
+around it. Verdicts are kept on disk per host (CPU, torch build) so that only the first process measures (each
+measurement compiles one small inductor kernel: about a second).
+
+`DEALIAS_KEEP_ATEN` overrides the measurement: `none`, or op names (`tanh,gelu`) kept wherever they occur, for
+reproducible graphs (the test suite pins it). `DEALIAS_CACHE_DIR` moves the verdicts (default
+`~/.cache/dealias`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils import _pytree as pytree
+
+from ..ir.opfacts import op_name
+from ..ir.viewops import surely
+
+aten = torch.ops.aten
+
+# The ops worth asking about: those whose code is vector math that differs between libraries (and the row
+# reductions around exp). Cheap arithmetic is always inductor's, fused into its neighbours.
+CANDIDATES = frozenset(
+    getattr(aten, name).default
+    for name in (
+        "tanh exp exp2 expm1 log log1p log2 log10 sigmoid erf erfc sin cos tan asin acos atan sinh cosh asinh "
+        "acosh atanh gelu silu mish lgamma digamma _softmax _log_softmax"
+    ).split()
+)
+THRESHOLD = 1.15  # inductor/ATen time from which ATen's kernel is kept: below it, fusing wins on memory traffic
+MIN_NUMEL = 1 << 16
+# ...only on tensors this large or larger: on small ones a kernel of its own costs more than it saves (the
+# decoder_step workload, MLP width 1024: 0.99x eager with ATen's gelu, 0.71x with inductor's).
+_NUMEL = 1 << 20  # the measured tensor's size
+
+_LIB = torch.library.Library("dealias", "FRAGMENT")
+_lock = threading.Lock()
+
+
+def twin_for(node: fx.Node) -> torch._ops.OpOverload | None:
+    """`dealias::aten_<name>` if `node` runs faster as ATen's kernel than as inductor's code here, else None."""
+    op = node.target
+    if node.op != "call_function" or op not in CANDIDATES:
+        return None
+    val, x = node.meta.get("val"), node.args[0] if node.args else None
+    if (
+        not isinstance(val, torch.Tensor)
+        or not isinstance(x, fx.Node)
+        or not isinstance(x.meta.get("val"), torch.Tensor)
+    ):
+        return None
+    if val.device.type != "cpu" or not surely(val.numel() >= MIN_NUMEL):
+        return None
+    rest = (node.args[1:], dict(node.kwargs))
+    if any(isinstance(a, (fx.Node, torch.SymInt, torch.SymFloat, torch.SymBool)) for a in pytree.tree_leaves(rest)):
+        return None  # (measured with the node's own other arguments: they must be constants)
+    pinned = _pinned()
+    if pinned is not None:
+        keep = op_name(op) in pinned
+    else:
+        # An op over a `dim` (softmax) is measured at the node's rank, so that its dimension means the same; a
+        # pointwise one at rank 1.
+        rank = x.meta["val"].dim() if any(a.name == "dim" for a in op._schema.arguments) else 1
+        keep = _verdict(op, x.meta["val"].dtype, rank, rest)
+    return _twin(op) if keep else None
+
+
+def _pinned() -> frozenset[str] | None:
+    setting = os.environ.get("DEALIAS_KEEP_ATEN", "measure").strip()
+    if setting == "measure":
+        return None
+    return frozenset() if setting == "none" else frozenset(s.strip() for s in setting.split(",") if s.strip())
+
+
+@functools.cache
+def _twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
+    """`dealias::aten_<name>`, with `op`'s schema and `op` as its kernel (for fake tensors too): opaque to
+    inductor, which calls it as an extern kernel."""
+    name = f"aten_{op_name(op)}"
+    _LIB.define(f"{name}{str(op._schema)[len(op._schema.name) :]}")
+    _LIB.impl(name, op, "CompositeExplicitAutograd")
+    return getattr(torch.ops.dealias, name).default
+
+
+def _verdict(op: torch._ops.OpOverload, dtype: torch.dtype, rank: int, rest: tuple[Any, ...]) -> bool:
+    key = f"{op}|{dtype}|rank={rank}|{rest!r}|threads={torch.get_num_threads()}"
+    with _lock:
+        verdicts = _load()
+        if key not in verdicts:
+            try:
+                aten_s, inductor_s = measure(op, dtype, rank, rest)
+            except Exception:  # noqa: BLE001 - an op that cannot be measured alone stays inductor's
+                aten_s, inductor_s = 1.0, 1.0
+            verdicts[key] = [aten_s, inductor_s]
+            _save(verdicts)
+        aten_s, inductor_s = verdicts[key]
+    return inductor_s >= THRESHOLD * aten_s
+
+
+def measure(
+    op: torch._ops.OpOverload, dtype: torch.dtype, rank: int = 1, rest: tuple[Any, ...] = ((), {})
+) -> tuple[float, float]:
+    """Seconds per call of `op(x, *args, **kwargs)` (`rest`) on a 1M-element `x` (rows of 1,024 for rank >= 2):
+    ATen's kernel, and inductor's code for it alone. Best of interleaved rounds."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    args, kwargs = rest
+    shape = (_NUMEL,) if rank < 2 else (1,) * (rank - 2) + (1024, _NUMEL // 1024)
+    with unset_fake_temporarily():
+        x = (torch.rand(shape) * 0.9 + 0.05).to(dtype)  # inside every candidate's domain
+    run_aten = lambda: op(x, *args, **kwargs)  # noqa: E731
+    # A clean context: this may run inside dynamo's backend call, whose tracing context would claim the inputs.
+    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad():
+        gm = make_fx(lambda t: (op(t, *args, **kwargs),), decomposition_table=select_decomp_table())(x)
+        compiled = compile_fx_inner(gm, [x])
+    run_inductor = lambda: compiled([x])  # noqa: E731
+    with unset_fake_temporarily(), torch.no_grad():
+        return _best_of(run_aten, run_inductor)
+
+
+def _best_of(*fns: Callable[[], Any], rounds: int = 5, seconds: float = 0.01) -> tuple[float, ...]:
+    iters = []
+    for fn in fns:
+        fn()  # (warm)
+        start = time.perf_counter()
+        fn()
+        iters.append(max(2, int(seconds / max(time.perf_counter() - start, 1e-7))))
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, (fn, n) in enumerate(zip(fns, iters)):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best[i] = min(best[i], (time.perf_counter() - start) / n)
+    return tuple(best)
+
+
+def _path() -> Path:
+    root = Path(os.environ.get("DEALIAS_CACHE_DIR") or Path.home() / ".cache" / "dealias")
+    return root / f"keep_aten-{_host_key()}.json"
+
+
+@functools.cache
+def _host_key() -> str:
+    """The host's CPU and torch build: what the verdicts depend on besides the op."""
+    try:
+        cpu = next(
+            (line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), ""
+        )
+    except OSError:
+        cpu = ""
+    parts = [torch.__version__, platform.machine(), platform.processor(), cpu, torch.backends.cpu.get_cpu_capability()]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+_memory: dict[str, dict[str, list[float]]] = {}  # path -> verdicts, read once per process
+
+
+def _load() -> dict[str, list[float]]:
+    path = str(_path())
+    if path not in _memory:
+        try:
+            _memory[path] = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            _memory[path] = {}
+    return _memory[path]
+
+
+def _save(verdicts: dict[str, list[float]]) -> None:
+    path = _path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # (another process may write the same file: each write is whole)
+    except OSError:
+        pass  # a read-only home: measured again by the next process
