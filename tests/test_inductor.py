@@ -11,8 +11,8 @@ from harness import AddsItsInput, check, grads_like_eager
 
 import dealias
 from dealias.errors import InternalError
-from dealias.runtime.keep_aten import MIN_NUMEL as KEEP_ATEN_MIN_NUMEL
 from dealias.runtime.hazards import SNAPSHOT, check_hazards
+from dealias.runtime.keep_aten import MIN_NUMEL as KEEP_ATEN_MIN_NUMEL
 from dealias.tools.demo import kv_cache_write, seed_program
 
 
