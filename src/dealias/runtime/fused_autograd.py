@@ -276,8 +276,10 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
     own, first = _double_backward_of_its_own(compiled, call)
     watched = _results_eager_saves(results, rg_results)
-    # (every input's gradient coming from every result: nothing to set to None)
-    partly = None if all(r == frozenset(rg_results) for i, r in enumerate(reaching) if i not in cut) else reaching
+    # (every input requiring grad reached by every result: nothing to set to None. An input requiring no grad gets
+    # None from the compiled backward already: BatchNorm's running statistics then cost no hook per call.)
+    differentiable = [i for i, a in enumerate(example) if isinstance(a, torch.Tensor) and a.requires_grad]
+    partly = None if all(reaching[i] == frozenset(rg_results) for i in differentiable) else reaching
 
     def call(args: Any) -> Any:
         if cut:
