@@ -15,6 +15,7 @@ For a graph dynamo guards fully, the first layout's key is also written out as o
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -101,19 +102,21 @@ def lookup_key(
     come (computed only then). Leaves at the positions `symbolic` are Python scalars the program takes as
     symbols: their values are checked by the program's shape guards, not keyed."""
     tensors: list[torch.Tensor] = []
-    layout: list[tuple[int, int | None, bool]] = []
     values: list[Any] = []
-    first: dict[int, int] = {}
-    shared = False
     for i, x in enumerate(leaves):
         if isinstance(x, torch.Tensor):
-            sharer = first.setdefault(x.untyped_storage()._cdata, len(tensors))
-            shared = shared or sharer != len(tensors)
-            layout.append((sharer, x.storage_offset() if offsets else None, _grad_kind(x)))
             tensors.append(x)
         elif i not in symbolic:
             values.append(_leaf_key(x))
-    key = (structure, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), tuple(layout), *values)
+    # Per tensor (the first tensor sharing its storage, its offset, its grad kind), one comprehension per field: an
+    # optimizer step passes 200 tensors (its state lifted from the graph), and this runs on every call.
+    first: dict[int, int] = {}
+    sharers = [first.setdefault(t.untyped_storage()._cdata, k) for k, t in enumerate(tensors)]
+    shared = len(first) != len(tensors)
+    places = [t.storage_offset() for t in tensors] if offsets else itertools.repeat(None)
+    kinds = [t.requires_grad and _grad_kind(t) for t in tensors]
+    layout = tuple(zip(sharers, places, kinds))
+    key = (structure, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), layout, *values)
     if shared and not offsets:
         key += (overlap_structure(tensors),)
     return key, tensors

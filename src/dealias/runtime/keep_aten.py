@@ -93,14 +93,19 @@ def _pinned() -> frozenset[str] | None:
     return frozenset() if setting == "none" else frozenset(s.strip() for s in setting.split(",") if s.strip())
 
 
-@functools.cache
 def _twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
     """`dealias::aten_<name>`, with `op`'s schema and `op` as its kernel (for fake tensors too): opaque to
-    inductor, which calls it as an extern kernel."""
-    name = f"aten_{op_name(op)}"
-    _LIB.define(f"{name}{str(op._schema)[len(op._schema.name) :]}")
-    _LIB.impl(name, op, "CompositeExplicitAutograd")
-    return getattr(torch.ops.dealias, name).default
+    inductor, which calls it as an extern kernel. Defined once per process (compiles may run in threads)."""
+    with _lock:
+        if op not in _twins:
+            name = f"aten_{op_name(op)}"
+            _LIB.define(f"{name}{str(op._schema)[len(op._schema.name) :]}")
+            _LIB.impl(name, op, "CompositeExplicitAutograd")
+            _twins[op] = getattr(torch.ops.dealias, name).default
+        return _twins[op]
+
+
+_twins: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {}
 
 
 def _verdict(op: torch._ops.OpOverload, dtype: torch.dtype, rank: int, rest: tuple[Any, ...]) -> bool:
