@@ -572,3 +572,29 @@ def test_a_gradient_through_a_written_input_reaches_a_view_over_symbols():
     jf = dealias.jit(add_into_a_copy, executor="inductor", dynamic=True)
     assert grads_like_eager(add_into_a_copy, jf, make_args) == []
     assert dealias.cache_info(jf).tiers == ("fused",)
+
+
+def mlp_loss(net, x):
+    h = net(x).softmax(-1)
+    return (h * h).sum() / x.shape[0]
+
+
+def test_backward_with_retain_graph_twice_over_changing_lengths():
+    # AOTAutograd's donated buffers (saved tensors its backward frees) made the second backward of a graph over
+    # symbols raise "compiled with non-empty donated buffers"; eager computes both, and so does dealias.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    ours = copy.deepcopy(net)
+    jf = dealias.jit(mlp_loss, executor="inductor")
+    for n in (3, 5, 7):
+        x = torch.randn(n, 8)
+        expected, got = mlp_loss(net, x), jf(ours, x)
+        for loss in (expected, got):
+            loss.backward(retain_graph=True)
+            loss.backward()
+            with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+                loss.backward()
+        assert jf.last.tier == "fused"
+        for (name, a), b in zip(net.named_parameters(), ours.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert dealias.cache_info(jf).dynamic == ("x.size(0)",)

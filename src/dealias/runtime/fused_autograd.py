@@ -15,9 +15,11 @@ is recomputed with eager's ops.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-from collections.abc import Callable
+import unittest.mock
+from collections.abc import Callable, Iterator
 from operator import getitem
 from typing import Any
 
@@ -117,8 +119,11 @@ def _partition_saving_no_written_input(written: frozenset[int], copy_saved_resul
             return _partition_saving_no_written_input, (written, copy_saved_results)
 
         def uuid(self) -> Any:  # inductor's graph cache key: a cached graph passed this check when compiled
+            # (and was compiled with no donated buffer: see _no_donated_buffers; AOTAutograd's cache keeps the
+            # list of them with the compiled graph)
             return (
-                "dealias partition saving the inputs eager saves, unsaved snapshots plain clones, none of",
+                "dealias partition saving the inputs eager saves, unsaved snapshots plain clones, no donated "
+                "buffers, none of",
                 tuple(sorted(written)),
                 copy_saved_results,
             )
@@ -248,7 +253,10 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
     call = example if call is None else [a.detach() if i in cut else a for i, a in enumerate(call)]
     try:
         partition = _partition_saving_no_written_input(written, copy_saved_results=len(rg_results) > 1)
-        with torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition):
+        with (
+            torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition),
+            _no_donated_buffers(),
+        ):
             compiled = compile_fx(_clones_of_inputs_kept(gm), list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         cause = e
@@ -322,6 +330,20 @@ class _OwnNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
         return g
+
+
+@contextlib.contextmanager
+def _no_donated_buffers() -> Iterator[None]:
+    """AOTAutograd compiles with no saved tensor "donated" to the backward. A donated buffer is freed (reused) by
+    the backward, so torch raises at every `backward(retain_graph=True)` after the first backward, which eager
+    allows (a training step over changing lengths, HF's Mistral). `config.donated_buffer=False` cannot do it for
+    dealias's compiles alone: the flag is read again at each backward, where the compile's missing list of
+    donated buffers (None, not []) then raises. The list is made empty instead, by torch's own function for it
+    patched during the compile (a compile of torch.compile's in another thread meanwhile only donates nothing)."""
+    from torch._functorch._aot_autograd import graph_compile
+
+    with unittest.mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", lambda *args, **kwargs: []):
+        yield
 
 
 def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int, fx.Node, frozenset[int]]]:
