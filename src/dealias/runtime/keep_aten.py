@@ -135,7 +135,7 @@ def measure(
     args, kwargs = rest
     shape = (_NUMEL,) if rank < 2 else (1,) * (rank - 2) + (1024, _NUMEL // 1024)
     with unset_fake_temporarily():
-        x = (torch.rand(shape) * 0.9 + 0.05).to(dtype)  # inside every candidate's domain
+        x = (torch.rand(shape, device="cpu") * 0.9 + 0.05).to(dtype)  # inside every candidate's domain
     run_aten = lambda: op(x, *args, **kwargs)  # noqa: E731
     # A clean context: this may run inside dynamo's backend call, whose tracing context would claim the inputs.
     with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad():
