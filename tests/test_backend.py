@@ -398,3 +398,57 @@ def test_whole_write_backs_are_copies_in_the_generated_call():
     with torch.no_grad():  # another grad mode than the write-back's: the general call does the copy
         out = program.lean_call([n, w])
     assert n.eq(1).all() and torch.equal(out[0], w * 2)
+
+
+def sgd_pair():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4)) for _ in range(2)]
+    for p in params:
+        p.grad = torch.randn(4)
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
+    opt.step()  # (eagerly: the momentum buffers exist before the compiled steps)
+    return params, opt
+
+
+def _share_first_buffer(opt, params):
+    a, b = (opt.state[p]["momentum_buffer"] for p in params)
+    b.set_(a.untyped_storage(), a.storage_offset(), a.shape, a.stride())
+
+
+def _double_first_buffer(opt, params):
+    buf = opt.state[params[0]]["momentum_buffer"]
+    buf.data = buf.data.double()
+
+
+def _gap_first_buffer(opt, params):
+    buf = opt.state[params[0]]["momentum_buffer"]
+    buf.data = torch.empty_strided((4,), (2,)).copy_(buf.data)  # the same values in a gapped layout
+
+
+@pytest.mark.parametrize("change", [None, _share_first_buffer, _double_first_buffer, _gap_first_buffer])
+def test_lean_lookup_of_an_optimizer_step_checks_the_state_it_holds(change, monkeypatch):
+    # Dynamo holds a non-foreach optimizer's state as graph attributes, guarded by identity only: the lean lookup
+    # checks their layouts, dtypes and storages itself. A change dynamo does not see (a buffer now sharing another's
+    # memory, another dtype or layout behind the same tensor object) must not take the first layout's program.
+    (params, opt), (ref_params, ref_opt) = sgd_pair(), sgd_pair()
+    jstep = dealias.jit(lambda: opt.step())
+    for call in range(4):
+        if call == 2 and change is not None:
+            change(opt, params)
+            change(ref_opt, ref_params)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)  # (the optimizer's own graph break)
+            jstep()
+        ref_opt.step()
+        for p, q in zip(params, ref_params):
+            assert torch.equal(p, q), (call, change)
+            assert torch.equal(opt.state[p]["momentum_buffer"], ref_opt.state[q]["momentum_buffer"]), (call, change)
+        if call == 1:
+            (graph,) = [g for g in jstep.stats.graphs if g.attributes]
+            assert graph.lean is not None
+    assert graph.entries == (1 if change is None else 2), change  # (each change compiled anew)
+    if change is None:  # every hit took the lean lookup
+        monkeypatch.setattr("dealias.frontend.backend.lookup_key", lambda *a, **k: pytest.fail("general lookup"))
+        jstep()
+        ref_opt.step()
+        assert all(torch.equal(p, q) for p, q in zip(params, ref_params))

@@ -18,6 +18,7 @@ programs per graph; past that, the graph runs eagerly.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -138,9 +139,13 @@ class GraphProgram:
         # compile serves every value its shape guard accepts, and the values are not part of the key.
         self.symbolic = _symbolic_inputs(placeholders)
         self.unkeyed = frozenset((*self.symbolic.scalars, *self.symbolic.sizes))  # values the shape guard checks
-        self.dynamo_guarded = not self.attributes and all(
-            _statically_guarded(n) or i in self.symbolic.scalars for i, n in enumerate(placeholders)
+        args_guarded = all(
+            _statically_guarded(n) or i in self.symbolic.scalars
+            for i, n in enumerate(placeholders[: len(placeholders) - len(self.attributes)])
         )
+        self.dynamo_guarded = not self.attributes and args_guarded
+        # (a lean lookup, guards.lean_check, checks the attributes itself: dynamo guards only their identity)
+        self.lean_possible = args_guarded
         # Programs are relative to their inputs' first elements; only an explicit `as_strided` offset (or a read
         # of `storage_offset()`) makes one depend on where an input sits in its storage.
         self.offsets = _reads_offsets(self.gm)
@@ -208,10 +213,12 @@ class GraphProgram:
                 shape_guard = self._same_values(leaves)  # compiled with the values specialized
             layouts = entry.layouts if entry is not _EAGER else None
             self.cache.setdefault(key, []).append((tensor_check(tensors, layouts), shape_guard, entry, described))
-            if self.lean is None and self.dynamo_guarded and not self.offsets and entry is not _EAGER:
+            if self.lean is None and self.lean_possible and not self.offsets and entry is not _EAGER:
                 if not self.options.verify:
-                    check = lean_check(leaves, self.unkeyed, shape_guard)
+                    check = lean_check(leaves, self.unkeyed, shape_guard, len(self.attributes), layouts)
                     run = entry.lean_call if isinstance(entry, CompiledProgram) else entry
+                    if self.attributes:
+                        run = functools.partial(_with_attributes, run, tuple(self.attributes))
                     self.lean = None if check is None else (check, entry, run)
             self.entries += 1
             self.stats.compiles += 1
@@ -481,6 +488,10 @@ class _Tiered:
 
 def _leaf_value(x: Any) -> tuple[type, Any]:
     return (type(x), x)
+
+
+def _with_attributes(run: Callable[[list[Any]], Any], attributes: tuple[Any, ...], args: list[Any]) -> Any:
+    return run([*args, *attributes])
 
 
 def _statically_guarded(node: fx.Node) -> bool:

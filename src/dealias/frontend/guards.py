@@ -15,6 +15,7 @@ For a graph dynamo guards fully, the first layout's key is also written out as o
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -123,17 +124,26 @@ def lookup_key(
 
 
 def lean_check(
-    leaves: list[Any], symbolic: frozenset[int], shape_guard: Any
+    leaves: list[Any],
+    symbolic: frozenset[int],
+    shape_guard: Any,
+    held: int = 0,
+    layouts: list[tuple[list[Any], list[Any]]] | None = None,
 ) -> Callable[[tuple[Any, ...]], bool] | None:
     """A generated `holds(args)`: whether `lookup_key(args)` equals the key of `leaves` and the shape guard, if
     any, holds. The cache lookup of the common call as one expression. Only for graphs dynamo fully guards
     (types, shapes, strides, dtypes, devices, requires_grad of every input; the values of specialized
     scalars), so the tensor check is dynamo's; and only for a layout whose tensors all have storages of their
     own and whose program ignores offsets, so that the sharing part of the key is "all storages distinct".
-    None for other layouts (the general lookup serves them)."""
+    None for other layouts (the general lookup serves them).
+
+    The last `held` leaves are tensors the graph holds (its lifted attributes: an optimizer's parameters and
+    state), the same objects at every call, which dynamo guards by identity only: their sizes, strides, dtypes
+    and requires_grad are checked here by a tensor check (`layouts`: the program's, per tensor of `leaves`)."""
     tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     if len({leaves[i].untyped_storage()._cdata for i in tensors}) != len(tensors):
         return None
+    passed = len(leaves) - held
     env: dict[str, Any] = {
         "grad": torch.is_grad_enabled,
         "inference": torch.is_inference_mode_enabled,
@@ -143,6 +153,16 @@ def lean_check(
     }
     conds = [f"grad() is {torch.is_grad_enabled()}"]
     conds.append(f"inference() is {torch.is_inference_mode_enabled()}")
+    if held:
+        attributes = leaves[passed:]
+        if not all(isinstance(x, torch.Tensor) for x in attributes):
+            return None
+        env.update({f"a{i}": x for i, x in enumerate(attributes, start=passed)})
+        env["held"] = tuple(attributes)
+        env["held_check"] = functools.partial(
+            tensor_check(attributes, layouts[-held:] if layouts else None), *attributes
+        )
+        conds.append("held_check()")
     if len(tensors) > 1:
         storages = ", ".join(f"a{i}.untyped_storage()._cdata" for i in tensors)
         conds.append(f"len({{{storages}}}) == {len(tensors)}")
@@ -155,10 +175,10 @@ def lean_check(
             env[f"v{i}"] = _leaf_key(x)
             conds.append(f"leaf(a{i}) == v{i}")
     if shape_guard is not None:
-        conds.append("guard(list(args))")
-    unpack = f"    {''.join(f'a{i}, ' for i in range(len(leaves)))}= args\n" if leaves else ""
+        conds.append("guard([*args, *held])" if held else "guard(list(args))")
+    unpack = f"    {''.join(f'a{i}, ' for i in range(passed))}= args\n" if passed else ""
     src = (
-        f"def holds(args):\n    if len(args) != {len(leaves)}:\n        return False\n"
+        f"def holds(args):\n    if len(args) != {passed}:\n        return False\n"
         + unpack
         + f"    return {' and '.join(conds)}\n"
     )
