@@ -682,3 +682,28 @@ def test_a_function_of_a_view_whose_base_comes_to_require_grad_keeps_its_backwar
     make_args = lambda: (torch.randn(1, 3, 4, requires_grad=True) * 1,)  # noqa: E731
     assert grads_like_eager(function_of_a_view_of_a_written_base, jf, make_args) == []
     assert dealias.cache_info(jf).tiers == ("fused",)
+
+
+def real_part_add_(c, x):
+    c.real.add_(x)
+    return c
+
+
+def view_as_real_column_add_(c, x):
+    torch.view_as_real(c)[:, 0].add_(x)
+    return c
+
+
+def imag_zeroed_then_abs(c, x):
+    c.imag.zero_()
+    return c.abs() + x
+
+
+@pytest.mark.parametrize("fn", [real_part_add_, view_as_real_column_add_, imag_zeroed_then_abs])
+def test_writes_through_real_views_of_complex_tensors_stay_on_the_torch_executor(fn):
+    # Inductor generates no code for complex ops and falls back to ATen's: a write through `view_as_real(c)`
+    # then never reached the caller's tensor (silently: `c` came back unchanged, `c.abs()` read the old values).
+    c = torch.tensor([1 + 2j, 3 + 4j, -5 + 1j], dtype=torch.complex64)
+    jf = check(fn, c, torch.tensor([10.0, 20.0, 30.0]), executor="inductor")
+    assert jf.last.tier == "torch"
+    assert "complex" in dealias.last_traces(jf)[-1].text

@@ -8,7 +8,8 @@ Inductor alone is not safe on a graph that writes: it may compute a value where 
 program computed it. The hazard rule and the snapshots that keep it are in hazards.py. Index bounds are checked,
 and indices the graph computes are computed, in a prologue before any write (prologue.py).
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
-(`unfusable` before lowering, `Unfusable` after): alias groups, random draws, results of symbolic sizes in a layout
+(`unfusable` before lowering, `Unfusable` after): alias groups, random draws, complex tensors, results of symbolic
+sizes in a layout
 other than a dense one, index checks against sizes computed in the graph, ops that may raise
 on their values, functional scatters into memory of the caller's and dtype views and `as_strided` (three things
 inductor gets wrong or ties to one placement of the inputs), writes to memory that is not an input. (A functional
@@ -50,10 +51,14 @@ def unfusable(gm: fx.GraphModule) -> str | None:
     when no other reason holds (`fused_autograd_executor` can run such a graph)."""
     records = False
     for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.is_complex():
+            # Inductor generates no code for complex ops: it falls back to ATen's, and a write through
+            # `view_as_real(c)` (`c.real.add_(x)`) then never reached the caller's tensor.
+            return "complex tensors (inductor has no code generation for them)"
         if n.op == "placeholder":
             if alias_group_of(n) is not None:
                 return "inputs share memory (an alias group)"
-            val = n.meta.get("val")
             if not isinstance(val, (torch.Tensor, torch.SymInt)):
                 return f"a symbolic {type(val).__name__} input"
         if n.op != "call_function":
