@@ -498,3 +498,34 @@ def test_self_copy_as_the_last_write_writes_back_there(fn):
     # the caller's history, and the hook dynamo registers on x after the graph never saw its gradient (every
     # element's gradient 1 where eager's is 2).
     assert_matches_eager(fn, _args((6,)))  # (the Function runs eagerly between two compiled pieces)
+
+
+class DoublesInPlace(torch.autograd.Function):  # writes its input and marks it dirty
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def backward_inside(w):
+    z = DoublesInPlace.apply(w * 1)
+    z.add_(1)
+    z.sum().backward()  # (the Function's backward runs while the jitted function does)
+    return z
+
+
+def test_a_functions_backward_run_inside_the_program_compiles_once():
+    # The operator's Function class is made per call; dynamo traced its backward when the program ran it, guarded
+    # on that class: a recompile at every call, until dynamo's limit (found in review of real code).
+    jf = dealias.jit(backward_inside)
+    for _ in range(6):
+        w, w2 = torch.ones(4, requires_grad=True), torch.ones(4, requires_grad=True)
+        expected, got = backward_inside(w), jf(w2)
+        assert torch.equal(got, expected) and torch.equal(w2.grad, w.grad)
+    info = dealias.cache_info(jf)
+    assert info.misses == 1 and info.hits == 5, info

@@ -102,7 +102,10 @@ def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any
             return output
 
         @staticmethod
+        @torch._dynamo.disable
         def backward(ctx: Any, *grads: Any) -> Any:
+            # (A backward the program runs inside a jitted function would be traced by dynamo, guarded on this
+            # call's own class: a recompile at every call. The user's backward `bwd` is dynamo's graph already.)
             checked_values = iter(ctx.saved_tensors)
             saved = [next(checked_values) if c else t for t, c in zip(ctx.unchecked, ctx.positions)]
             return bwd(*grads, *saved)
