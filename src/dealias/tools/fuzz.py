@@ -184,6 +184,8 @@ def _dim(r: random.Random, x: torch.Tensor) -> int:
 
 
 def _view(r: random.Random, t: str, x: torch.Tensor) -> str | None:
+    if x.is_complex() and r.random() < 0.5:  # (most ops below reject complex tensors: back to real memory)
+        return r.choice([f"torch.view_as_real({t})", f"{t}.real", f"{t}.imag"])
     if x.dim() == 0:
         return r.choice([f"{t}.view(1)", f"{t}.unsqueeze(0)", f"{t}.detach()"])
     d = _dim(r, x)
@@ -211,6 +213,8 @@ def _view(r: random.Random, t: str, x: torch.Tensor) -> str | None:
         lambda: f"{t}.unfold({d}, 2, {r.choice([1, 2, 3])})" if size >= 2 else None,
         lambda: f"{t}.view(torch.int32)" if x.dtype == torch.float32 and x.is_contiguous() else None,
         lambda: f"{t}.view(torch.float32)" if x.dtype == torch.int32 and x.is_contiguous() else None,
+        # complex views of float memory and back (`c.real.add_(x)`: a write through a view of another dtype)
+        lambda: f"torch.view_as_complex({t})" if x.dtype == torch.float32 and x.dim() and x.shape[-1] == 2 else None,
         lambda: f"{t}.detach()",
         lambda: f"{t}.expand(2, *{t}.shape)",
         lambda: (
