@@ -391,13 +391,23 @@ def _not_compiled(target: Any) -> bool:
 
 def _reads_offsets(gm: fx.GraphModule) -> bool:
     """Whether a graph may depend on its inputs' absolute storage offsets: it calls an `as_strided` op (whose
-    offset argument is absolute) or reads `storage_offset()`."""
+    offset argument is absolute), reads `storage_offset()`, or views memory as a wider dtype (`view_as_complex`,
+    `x.view(torch.float64)` of float32 memory), which eager refuses at an offset not a multiple of the ratio."""
     for n in gm.graph.nodes:
         if n.op in ("call_function", "call_method"):
             name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
-            if "as_strided" in name or "storage_offset" in name:
+            if "as_strided" in name or "storage_offset" in name or name == "view_as_complex":
+                return True
+            if name == "view" and _widens(n):
                 return True
     return False
+
+
+def _widens(n: fx.Node) -> bool:
+    """`x.view(dtype)` to a dtype of larger elements than x's."""
+    x = n.args[0].meta.get("example_value") if n.args and isinstance(n.args[0], fx.Node) else None
+    dtypes = [a for a in (*n.args[1:], *n.kwargs.values()) if isinstance(a, torch.dtype)]
+    return isinstance(x, torch.Tensor) and any(d.itemsize > x.dtype.itemsize for d in dtypes)
 
 
 def _symbolic_inputs(placeholders: list[fx.Node]) -> Symbolic:

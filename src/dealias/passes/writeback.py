@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..errors import UnsupportedError
 from ..ir.checks import guard_index_writes, indexed_write
 from ..ir.emitter import Emitter
 from ..ir.gradops import bump_version
@@ -170,6 +171,8 @@ def lower(
     out_node = graph.output_node()
     results = list(out_node.args[0])
     if _builds_autograd(gm):
+        for wb in fp.writebacks:
+            _refuse_whole_copy_into_overlap(gm, wb, results[wb.output])
         decompose(gm)
         return fp, [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]
 
@@ -184,6 +187,7 @@ def lower(
         # a tensor of its own: run in place, it would come back as the caller's tensor.
         returned = {n for i, n in enumerate(results) if i != wb.output}
         if plan is None or returned & {v for v, _ in plan} or not _safe(plan, root, order, aliases.get(root, [])):
+            _refuse_whole_copy_into_overlap(gm, wb, final)
             reports.append(whole_report(wb.target, final))
             continue
         reports.append(WriteBackReport(wb.target, "in place", *_apply(graph, plan, root, order, fused)))
@@ -444,6 +448,28 @@ def _reinplace_value(
     graph.erase_node(value)
     _erase_dead(graph, {old} if isinstance(old, fx.Node) and old is not root else set())
     return new
+
+
+def _refuse_whole_copy_into_overlap(gm: fx.GraphModule, wb: Any, final: fx.Node) -> None:
+    """A caller's tensor whose elements overlap in memory (an expanded tensor, passed across a graph break) cannot
+    take a value written through a view of it as a whole copy: its functional value holds the aliases of one
+    location apart, and a write through one of them (`v[1].add_(1)`, a write of `v[0]` too) leaves them
+    disagreeing, so the copy would store whichever comes last (fuzz seed 1740219: the old value). Written in
+    place, every read after the write reads the memory itself; a write of the whole tensor (`fill_`, the only
+    kind eager allows on it) gives every alias one value; otherwise the graph runs eagerly."""
+    root = root_node(gm, wb.target)
+    val = root.meta.get("val") if root is not None else None
+    if not isinstance(val, torch.Tensor) or internal_overlap(val) == "no":
+        return
+    todo, seen = [final], {final}
+    while todo:  # (a region write anywhere before the value: conservative, and rare)
+        n = todo.pop()
+        if is_region_write(n):
+            raise UnsupportedError(f"{wb.target} is written through a view, and its elements overlap in memory")
+        for a in n.all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                todo.append(a)
 
 
 def whole_report(target: Ref, final: fx.Node) -> WriteBackReport:
