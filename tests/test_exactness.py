@@ -739,3 +739,29 @@ def test_verify_takes_numpy_arrays_and_iterators():
     it = iter([2.0, 3.0, 4.0])
     got = jf(torch.ones(3), np.ones(3, dtype=np.float32), it)
     assert torch.equal(got, torch.full((3,), 3.0)) and next(it) == 3.0
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda t: t.mul_(1.5),
+        lambda t: t.mul_(torch.tensor(2.5)),
+        lambda t: t.addcmul_(t, torch.tensor(2.5)),
+        lambda t: t.lerp_(t, torch.tensor(2.5)),
+    ],
+)
+def test_in_place_result_of_a_wider_kind_raises_eagers_error_and_writes_nothing(op):
+    # int.mul_(2.5): eager refuses to cast the float result into the int tensor; fake tensors do not check it for
+    # these ops, and dealias cast it down and wrote the truncated value (found in review of real code).
+    def f(t):
+        op(t)
+        return t
+
+    jf = dealias.jit(f)
+    for make in (lambda: torch.ones(3, dtype=torch.int32), lambda: torch.ones(3, dtype=torch.bool)):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type") as raised:
+            f(make())
+        t = make()
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+            jf(t)
+        assert torch.equal(t, make()), raised

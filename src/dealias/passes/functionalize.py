@@ -164,6 +164,13 @@ class _Functionalizer:
                 "pass an argument of the result's shape"
             )
         if new_meta.dtype != meta.dtype:
+            if not torch.can_cast(new_meta.dtype, meta.dtype):
+                # Eager's in-place and out= kernels refuse to cast their result down a kind (`int.mul_(2.5)`);
+                # fake tensors do not check it for every op, and the cast below would write the truncated value.
+                raise EagerSemanticsError(
+                    f"{node.target}: result type {_scalar_name(new_meta.dtype)} can't be cast to the desired "
+                    f"output type {_scalar_name(meta.dtype)}"
+                )
             new = self.emit.call(aten._to_copy.default, new, dtype=meta.dtype)
         # Eager writes through a dtype or detached view without touching the base's autograd history.
         detached = self._through_detached(v)
@@ -844,3 +851,8 @@ def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     if sa == sb and ea == eb and a.stride() == b.stride() and a.shape == b.shape:
         return False
     return sa < eb and sb < ea
+
+
+def _scalar_name(dtype: torch.dtype) -> str:
+    """Eager's name of a dtype in its messages: `Float`, `Int`, `ComplexFloat`."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
