@@ -452,3 +452,21 @@ def test_lean_lookup_of_an_optimizer_step_checks_the_state_it_holds(change, monk
         jstep()
         ref_opt.step()
         assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+
+
+def switches_grad_off(x):
+    torch.set_grad_enabled(False)  # (called, not entered: the caller goes on with grad off, as after eager's call)
+    return x * 2
+
+
+@pytest.mark.parametrize("executor", ["torch", "inductor"])
+def test_grad_mode_a_program_leaves_switched_stays_switched(executor):
+    jf = dealias.jit(switches_grad_off, executor=executor)
+    try:
+        for f in (switches_grad_off, jf, jf):
+            torch.set_grad_enabled(True)
+            x = torch.randn(3, requires_grad=True)
+            y = f(x)
+            assert not torch.is_grad_enabled() and not y.requires_grad and not (x * 3).requires_grad, f
+    finally:
+        torch.set_grad_enabled(True)

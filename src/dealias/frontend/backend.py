@@ -53,7 +53,7 @@ from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
 from .dynamo_fixes import HOOKED_AFTER, REFRESHED, inplace_view_node, install
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, tensor_check
-from .segments import may_write, runs_eagerly, split_around_eager_nodes, touches
+from .segments import grad_mode_at_exit, may_write, runs_eagerly, split_around_eager_nodes, touches
 
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)
@@ -156,6 +156,7 @@ class GraphProgram:
         self.lock = threading.Lock()
         # (holds(args), program): the first compiled layout's lookup as one generated expression (guards.lean_check)
         self.lean: tuple[Callable[[tuple[Any, ...]], bool], Any, Callable[[list[Any]], Any]] | None = None
+        self.grad_at_exit = grad_mode_at_exit(self.gm)
         with stats.lock:
             stats.graphs.append(self)
 
@@ -163,7 +164,16 @@ class GraphProgram:
         lean = self.lean
         if lean is not None and lean[0](args):
             self.stats.last = lean[1]
-            return lean[2](list(args))
+            out = lean[2](list(args))
+        else:
+            out = self._call(args)
+        if self.grad_at_exit is not None:
+            # The graph left grad mode switched (`torch.set_grad_enabled(False)` called as a function): eager's
+            # caller goes on in that mode, and a compiled program restores the mode it was called in.
+            torch._C._set_grad_enabled(self.grad_at_exit)
+        return out
+
+    def _call(self, args: tuple[Any, ...]) -> Any:
         leaves = [*args, *self.attributes] if self.attributes else list(args)
         key, tensors = lookup_key(leaves, len(leaves), self.offsets, self.unkeyed)
         entry = self._find(key, leaves, tensors)

@@ -69,7 +69,7 @@ def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.Gra
             continue
         piece = getattr(parent, node.target)
         if not any(runs_eagerly(n) for n in piece.graph.nodes):
-            setattr(parent, node.target, _Compiled(compile_piece(piece), _grad_mode_at_exit(piece)))
+            setattr(parent, node.target, _Compiled(compile_piece(piece), grad_mode_at_exit(piece)))
             continue
         for n in piece.graph.nodes:
             if runs_eagerly(n) and n.target.name() == "autograd_function_apply":
@@ -140,7 +140,8 @@ class _Compiled(torch.nn.Module):
         return out
 
 
-def _grad_mode_at_exit(piece: fx.GraphModule) -> bool | None:
+def grad_mode_at_exit(piece: fx.GraphModule) -> bool | None:
+    """The grad mode a graph leaves set (its last `_set_grad_enabled`), None if it switches none."""
     switches = [n.args[0] for n in piece.graph.nodes if n.target is torch._C._set_grad_enabled]
     return switches[-1] if switches else None
 
