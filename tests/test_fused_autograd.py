@@ -598,3 +598,25 @@ def test_backward_with_retain_graph_twice_over_changing_lengths():
         for (name, a), b in zip(net.named_parameters(), ours.parameters()):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
     assert dealias.cache_info(jf).dynamic == ("x.size(0)",)
+
+
+def matmul_under_autocast(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ w
+    return y
+
+
+def test_casts_of_autocast_record_autograd():
+    # autocast's `_to_copy` casts have a factory's arguments (layout, pin_memory) and were taken for fresh leaves:
+    # the fused program ran without autograd, and its result did not require grad.
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    jf = dealias.jit(matmul_under_autocast, executor="inductor")
+    expected, got = matmul_under_autocast(x, w), jf(x, w2)
+    assert got.requires_grad and got.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected)
+    expected.float().sum().backward()
+    got.float().sum().backward()
+    torch.testing.assert_close(w2.grad, w.grad)
+    assert jf.last.tier == "fused"

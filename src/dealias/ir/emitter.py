@@ -117,7 +117,12 @@ def _differentiable(op: Any, val: Any) -> bool:
         return False
     schema = getattr(op, "_schema", None)
     if schema is not None and {"layout", "pin_memory"} <= {a.name for a in schema.arguments}:
-        return False  # a factory taking a tensor for its metadata (`zeros_like`, `new_ones`): a fresh leaf
+        # A factory taking a tensor for its metadata (`zeros_like`, `new_ones`): a fresh leaf. `_to_copy` has
+        # the same arguments but is a cast, and differentiable: autocast's casts were taken for fresh leaves, and
+        # the fused executor ran `x @ w` under autocast without autograd (found in a review of real code).
+        return op is aten._to_copy.default and (
+            not isinstance(val, torch.Tensor) or val.dtype.is_floating_point or val.dtype.is_complex
+        )
     if isinstance(val, torch.Tensor):
         return val.dtype.is_floating_point or val.dtype.is_complex
     return True  # a tuple of results, or a Python function's: as their inputs
