@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import threading
+import warnings
 
 import pytest
 import torch
@@ -162,3 +163,27 @@ def test_eager_thread_runs_while_another_thread_compiles(isolated_dynamo):
     info = dealias.cache_info(jf)
     assert info.misses == 1 and info.hits == 1, info
     print(f"eager calls while compiling: {eager_calls[0]}")
+
+
+def scaled_in_place(x):
+    x.mul_(1.5)
+    return x + 1
+
+
+def test_a_call_while_another_thread_traces_runs_eagerly_once(monkeypatch):
+    # dealias's capture traces with make_fx, whose "tracing" flag is process-wide: a call entering dynamo while
+    # another thread compiles is refused by dynamo ("using FX to symbolically trace a dynamo-optimized function").
+    # That call runs eagerly; the function used to be marked eager for good.
+    import torch.fx._symbolic_trace as fx_trace
+
+    jf = dealias.jit(scaled_in_place)
+    monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", True)  # (as while another thread's capture runs)
+    x, y = torch.randn(3), torch.randn(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        assert torch.equal(jf(x.clone()), scaled_in_place(x.clone()))
+        monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", False)
+        for _ in range(2):
+            assert torch.equal(jf(y.clone()), scaled_in_place(y.clone()))
+    assert not jf.eager
+    assert dealias.cache_info(jf).entries == 1

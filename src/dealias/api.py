@@ -111,6 +111,10 @@ class JitFunction:
                     raise cause.with_traceback(None) from None
                 raise
             out = self.fn(*args, **kwargs)  # eager's own error, if the program has one, propagates from here
+            if _FX_TRACING_ELSEWHERE in str(e):
+                # Another thread was compiling (dealias's capture traces with make_fx, whose "tracing" flag is
+                # process-wide) when dynamo entered this call: this call ran eagerly; the next one compiles.
+                return out
             # Eager succeeded where dynamo's tracing failed: from now on the function runs eagerly (tracing it again
             # on every call would fail again, at a tracing's cost).
             self.eager = True
@@ -170,6 +174,9 @@ class JitFunction:
         dynamic = dict.fromkeys(name for p in programs for name in p.symbolic_inputs())
         tiers = tuple(p.tier for p in programs)  # (a tiered program says where it is now)
         return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason, tuple(dynamic), tiers)
+
+
+_FX_TRACING_ELSEWHERE = "Detected that you are using FX to symbolically trace a dynamo-optimized function"
 
 
 def _frames_compiled() -> int:
