@@ -707,3 +707,19 @@ def test_writes_through_real_views_of_complex_tensors_stay_on_the_torch_executor
     jf = check(fn, c, torch.tensor([10.0, 20.0, 30.0]), executor="inductor")
     assert jf.last.tier == "torch"
     assert "complex" in dealias.last_traces(jf)[-1].text
+
+
+def add_to_first_row(x):
+    x[0].add_(1)
+    return x.sum()
+
+
+def test_a_write_of_an_inference_tensor_outside_inference_mode_raises_eagers_error():
+    # Inductor's kernels write through a view of an inference tensor without eager's check; the torch executor's
+    # ops raise it, so such inputs are not fused.
+    jf = dealias.jit(add_to_first_row, executor="inductor")
+    for f in (add_to_first_row, jf, jf):
+        with torch.inference_mode():
+            x = torch.ones(2, 3)
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+            f(x)

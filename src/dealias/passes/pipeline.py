@@ -144,7 +144,12 @@ def compile_program(
         clock.take(),
         functional_gm,
     )
-    run, tier = None, "torch"
+    run, tier, name = None, "torch", "execution trace (torch executor)"
+    if executor == "inductor" and not torch.is_inference_mode_enabled():
+        if any(isinstance(x, torch.Tensor) and x.is_inference() for x in leaves):
+            # Eager raises at a write of an inference tensor outside inference mode; the torch executor's ops
+            # raise it, inductor's kernels would write (a write through a view of one: found in review).
+            executor, name = "torch", "execution trace (torch executor: not fused, an inference tensor input)"
     if executor == "inductor" and unfusable(fp.gm) == AUTOGRAD:
         try:
             trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))
@@ -180,7 +185,6 @@ def compile_program(
         except Unfusable as e:
             name = f"execution trace (torch executor: not fused, {e})"
     if run is None:
-        name = name if executor == "inductor" else "execution trace (torch executor)"
         aliases = _alias_placeholders(fp.gm, captured)
         with clock("write-back lowering"):
             fp, reports = lower(fp, aliases)
