@@ -724,3 +724,31 @@ def test_what_backward_saves_of_an_unsafe_chunk_is_not_stale_after_its_base_is_w
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", dealias.GraphBreakWarning)
                 torch.testing.assert_close(grads(jf, after), grads(fn, after))
+
+
+def unsqueeze_a_chunk(x):
+    c = x.unsafe_chunk(2, 0)[0]
+    c.unsqueeze_(0)  # moves c's version counter, not x's (an unsafe_chunk element has a counter of its own)
+    return c.shape[0]
+
+
+def relu_then_unsqueeze_a_chunk(x):
+    x.relu_()  # saves x for backward
+    y = HalvesGradient.apply(x * 1)  # (a graph break: the next piece only changes the chunk's layout)
+    c = x.unsafe_chunk(2, 0)[0]
+    c.unsqueeze_(0)
+    return (y,)
+
+
+def test_a_layout_change_of_an_unsafe_chunk_moves_its_own_counter_only():
+    # The graph moved x's counter, so what autograd saved of x before it (relu_'s result) was stale and backward
+    # raised "modified by an inplace operation" where eager's runs (fuzz seed 1760323).
+    assert_compiled_like_eager(relu_then_unsqueeze_a_chunk, _non_leaf(6))
+    jf = dealias.jit(unsqueeze_a_chunk)
+    for f in (unsqueeze_a_chunk, jf, jf):
+        x = torch.randn(6)
+        w = torch.ones(6, requires_grad=True)
+        y = w * x  # saves x
+        assert f(x) == 1 and x._version == 0
+        y.sum().backward()
+    assert dealias.cache_info(jf).misses == 1

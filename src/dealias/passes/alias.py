@@ -54,8 +54,10 @@ class Value:
     obj: int  # identity of the Python tensor object
     meta: torch.Tensor  # fake tensor: exact sizes, strides and offset
     node: fx.Node  # the captured node that produced this value
-    # In an alias group only: the member (its object) whose version counter this tensor shares, or None. Members
-    # need not share one (an unsafe_chunk element passed with its base), and the group's base has one member's.
+    # Of a caller's memory: the caller's tensor (its object; in an alias group, the member) whose version counter
+    # this tensor shares; None for a tensor with a counter of its own made in the graph (an unsafe_chunk element,
+    # a view of one) and for memory the program made. Members of a group need not share one (an unsafe_chunk
+    # element passed with its base), and the group's base has one member's.
     counter: int | None = None
 
 
@@ -98,7 +100,8 @@ def analyze(gm: fx.GraphModule, groups: list[AliasGroup] = ()) -> AliasInfo:
     def root(node: fx.Node, kind: StorageKind, meta: torch.Tensor, **kw: Any) -> Value:
         s = Storage(len(info.storages), kind, root_meta=meta, root_obj=next(ids), **kw)
         info.storages.append(s)
-        return Value(s, (), s.root_obj, meta, node)
+        counter = None if kind is StorageKind.INTERMEDIATE else s.root_obj  # (a caller's tensor: its own counter)
+        return Value(s, (), s.root_obj, meta, node, counter)
 
     def fresh(node: fx.Node, meta: Any) -> Any:
         if isinstance(meta, torch.Tensor):

@@ -227,8 +227,11 @@ class _Functionalizer:
         saved of that tensor before is stale. Members of an alias group need not share one counter (an
         unsafe_chunk element passed with its base: fuzz seed 971090), and the write-back into the group's base
         moves one member's, so the member a write went through is moved here, once per graph; a tensor with a
-        counter of its own made in the graph (an unsafe_chunk element of a member) moves no caller's."""
+        counter of its own made in the graph (an unsafe_chunk element of any caller's tensor: its `unsqueeze_`
+        moves the element's counter alone, fuzz seed 1760323) moves no caller's."""
         s = v.storage
+        if v.counter is None:
+            return
         if s.kind is not StorageKind.GROUP:
             self.emit.call(bump_version, self.roots[s])
         elif v.counter is not None and v.counter not in self.counters_moved:
