@@ -500,20 +500,8 @@ def test_self_copy_as_the_last_write_writes_back_there(fn):
     assert_matches_eager(fn, _args((6,)))  # (the Function runs eagerly between two compiled pieces)
 
 
-class DoublesInPlace(torch.autograd.Function):  # writes its input and marks it dirty
-    @staticmethod
-    def forward(ctx, x):
-        x.mul_(2)
-        ctx.mark_dirty(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
 def backward_inside(w):
-    z = DoublesInPlace.apply(w * 1)
+    z = InPlaceForward.apply(w * 1)  # (writes its input and marks it dirty)
     z.add_(1)
     z.sum().backward()  # (the Function's backward runs while the jitted function does)
     return z
