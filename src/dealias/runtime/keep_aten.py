@@ -134,16 +134,13 @@ def measure(
 
     args, kwargs = rest
     shape = (_NUMEL,) if rank < 2 else (1,) * (rank - 2) + (1024, _NUMEL // 1024)
-    with unset_fake_temporarily():
-        x = (torch.rand(shape, device="cpu") * 0.9 + 0.05).to(dtype)  # inside every candidate's domain
-    run_aten = lambda: op(x, *args, **kwargs)  # noqa: E731
-    # A clean context: this may run inside dynamo's backend call, whose tracing context would claim the inputs.
+    # Real tensors in a clean context: this may run inside dynamo's backend call, whose fake mode and tracing
+    # context would claim them.
     with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad():
+        x = (torch.rand(shape, device="cpu") * 0.9 + 0.05).to(dtype)  # inside every candidate's domain
         gm = make_fx(lambda t: (op(t, *args, **kwargs),), decomposition_table=select_decomp_table())(x)
         compiled = compile_fx_inner(gm, [x])
-    run_inductor = lambda: compiled([x])  # noqa: E731
-    with unset_fake_temporarily(), torch.no_grad():
-        return _best_of(run_aten, run_inductor)
+        return _best_of(lambda: op(x, *args, **kwargs), lambda: compiled([x]))
 
 
 def _best_of(*fns: Callable[[], Any], rounds: int = 5, seconds: float = 0.01) -> tuple[float, ...]:
