@@ -511,6 +511,30 @@ def test_data_mutations():
     check(write_through_data, torch.randn(3, requires_grad=True), allow_fallback=True)
 
 
+def sgd_through_data(params, lr):
+    for p in params:
+        p.data.add_(p.grad, alpha=-lr)  # hidden from autograd: no parameter's version counter moves
+
+
+def test_a_step_through_data_leaves_the_parameters_counters():
+    # The write-back moved each parameter's counter, so a backward through a graph made before the step raised
+    # "modified by an inplace operation" where eager's runs (with the new weights, as eager's does).
+    torch.manual_seed(0)
+    jf = dealias.jit(sgd_through_data)
+    for step in (sgd_through_data, jf, jf):
+        lin = torch.nn.Linear(4, 3)
+        x = torch.randn(2, 4)
+        lin(x).sum().backward()
+        pending = lin(x).square().sum()  # saves the weight
+        expected = [p.detach().clone().add_(p.grad, alpha=-0.1) for p in lin.parameters()]
+        versions = [p._version for p in lin.parameters()]
+        step(list(lin.parameters()), 0.1)
+        assert all(torch.equal(p, e) for p, e in zip(lin.parameters(), expected))
+        assert [p._version for p in lin.parameters()] == versions
+        pending.backward()
+    assert dealias.cache_info(jf).misses == 1
+
+
 def test_out_with_wrong_dtype_raises_like_eager():
     def f(x, y, o):
         torch.add(x, y, out=o)

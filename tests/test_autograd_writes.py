@@ -752,3 +752,94 @@ def test_a_layout_change_of_an_unsafe_chunk_moves_its_own_counter_only():
         assert f(x) == 1 and x._version == 0
         y.sum().backward()
     assert dealias.cache_info(jf).misses == 1
+
+
+def double_a_chunk(x):
+    x.unsafe_chunk(2, 0)[0].mul_(2)  # moves the element's own counter, not x's
+    return x.sum()
+
+
+def double_a_chunk_then_x(x):
+    x.unsafe_chunk(2, 0)[0].mul_(2)
+    x[3:].add_(1)  # through x: its counter moves
+    return x.sum()
+
+
+@pytest.mark.parametrize("executor", ["torch", "inductor"])
+def test_a_write_through_an_unsafe_chunk_leaves_the_callers_counter(executor):
+    # The write-back into x moved x's counter, so a backward through what autograd saved of x before the call
+    # raised "modified by an inplace operation" where eager's runs (and reads x's new values, as dealias's must).
+    for fn in (double_a_chunk, double_a_chunk_then_x):
+        expected = torch.arange(6.0)
+        fn(expected)
+        jf = dealias.jit(fn, executor=executor)
+        for f in (fn, jf, jf):
+            x = torch.arange(6.0)
+            w = torch.ones(6, requires_grad=True)
+            y = (w * x).sum()  # saves x
+            f(x)
+            assert torch.equal(x, expected)
+            if fn is double_a_chunk:
+                assert x._version == 0
+                y.backward()
+                assert torch.equal(w.grad, x)
+            else:
+                assert x._version > 0
+                with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                    y.backward()
+        assert dealias.cache_info(jf).misses == 1
+
+
+def double_a_chunk_read_another_member(x, c):
+    x.unsafe_chunk(2)[1].mul_(2)  # moves no member's counter
+    return c + 1
+
+
+def double_through_data_of_a_member(x, c):
+    c.data.mul_(2)  # `.data` has a counter of its own
+    return x + 1
+
+
+def chunk_write_and_a_direct_write(a, b):
+    a.unsafe_chunk(3)[0].mul_(2)  # a's counter stays...
+    b.add_(1)  # ...but b shares it, and eager moves it here
+    return a + 1
+
+
+def _with_chunk():
+    x = torch.randn(6)
+    return x, x.unsafe_chunk(2)[0]
+
+
+def _with_view():
+    x = torch.randn(6)
+    return x, x[:3]
+
+
+def _halves():
+    x = torch.randn(6)
+    return x[:3], x[3:]
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (double_a_chunk_read_another_member, _with_chunk),
+        (double_a_chunk_read_another_member, _with_view),
+        (double_through_data_of_a_member, _with_chunk),
+        (double_through_data_of_a_member, _with_view),
+    ],
+)
+def test_inputs_sharing_memory_keep_the_counters_eager_keeps(fn, make):
+    # The write-back into an alias group's base moved the counter of the member it views, where eager's writes
+    # moved none (compare_call checks counters both ways).
+    assert_compiled_like_eager(fn, make)
+
+
+def test_a_counter_shared_with_a_written_tensor_ends_moved():
+    # a's counter is set back after the call; b shares it (compare_call's copies do not) and eager moved it.
+    jf = dealias.jit(chunk_write_and_a_direct_write)
+    for f in (chunk_write_and_a_direct_write, jf, jf):
+        a, b = _halves()
+        f(a, b)
+        assert a._version == b._version > 0

@@ -47,6 +47,10 @@ class OpFacts:
 # `reshape`'s decomposition); functionalization must treat it as a view.
 _VIEW_WITHOUT_ANNOTATION = {"aten::_unsafe_view"}
 
+# Node meta key: a view node whose result has a version counter of its own though its op's results share their
+# input's (`x.data` traces to aten.detach; capture tags it).
+OWN_COUNTER_KEY = "dealias_own_counter"
+
 # `unsafe_split` returns tensors sharing its input's memory without an alias annotation: autograd does not
 # track them as views (eager lets them be written in place freely), but a write through one is a write of the
 # input's memory.

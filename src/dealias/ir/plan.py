@@ -167,6 +167,12 @@ class FunctionalProgram:
     metadata_writebacks: list[MetadataWriteBack] = field(default_factory=list)
     outputs: list[OutputSlot] = field(default_factory=list)
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # constant name -> the caller's tensor
+    # Caller's tensors whose memory is written only through tensors with version counters of their own
+    # (unsafe_chunk elements, `x.data`): eager's writes leave their counters where they were, the write-back's copy
+    # would move them. When there are any, also the caller's tensors whose counters eager moved: they may share a
+    # counter with one of the former (`x[:2]` and `x[2:]` passed apart), and keep what the call moved it to.
+    unmoved_counters: list[Ref] = field(default_factory=list)
+    moved_counters: list[Ref] = field(default_factory=list)
 
     @property
     def first_output(self) -> int:

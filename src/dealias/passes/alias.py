@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import InternalError, UnsupportedError, located, node_location, with_location
-from ..ir.opfacts import OpKind, bind_args, facts, is_view_target, returned_args
+from ..ir.opfacts import OWN_COUNTER_KEY, OpKind, bind_args, facts, is_view_target, returned_args
 from ..ir.plan import Ref, RefKind, StorageKind
 from ..ir.sharing import AliasGroup
 from ..ir.viewops import ViewStep, as_strided_rel, extent, normalize_multi_output, relative_as_strided
@@ -213,7 +213,7 @@ def _call_value(node: fx.Node, info: AliasInfo, fresh: Any, ids: Any) -> Any:
         if f.multi_output_view:
             return _MultiView(op, tuple(node.args[1:]), parent)
         step = _step(op, node, parent)
-        counter = None if f.own_counter else parent.counter
+        counter = None if f.own_counter or node.meta.get(OWN_COUNTER_KEY) else parent.counter
         return Value(parent.storage, parent.chain + (step,), next(ids), meta, node, counter)
     if f.kind is OpKind.INPLACE:
         # foreach ops write a list and return nothing; the others return `self` itself.

@@ -36,6 +36,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import DataDependentError, UnsupportedError, node_location, quiet_fake_tensor_log, with_location
+from ..ir.opfacts import OWN_COUNTER_KEY
 from ..ir.plan import TENSOR_SLOT, Captured, Symbolic
 from ..ir.sharing import find_groups
 
@@ -50,6 +51,10 @@ class _Replay(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
+        if n.target is torch._C._autograd._get_data_attr:
+            # `x.data` shares x's memory but not its version counter (writes through it are hidden from
+            # autograd); it traces to aten.detach, which shares both. Its node is tagged (see _GradModes).
+            n.meta["custom"] = {**(n.meta.get("custom") or {}), OWN_COUNTER_KEY: True}
         # A single out= tensor (several may be an aten TensorList, whose writes do not bump version counters).
         out = n.kwargs.get("out")
         outs = [out] if isinstance(out, fx.Node) else []
@@ -246,10 +251,12 @@ class _GradModes(TorchDispatchMode):
         grad = torch.is_grad_enabled()
         for node in gm.graph.nodes:
             custom = node.meta.get("custom")
+            if isinstance(custom, dict) and custom.pop(OWN_COUNTER_KEY, False):
+                node.meta[OWN_COUNTER_KEY] = True
             if isinstance(custom, dict) and _GRAD_KEY in custom:
                 grad = custom.pop(_GRAD_KEY)
-                if not custom:
-                    del node.meta["custom"]
+            if isinstance(custom, dict) and not custom:
+                del node.meta["custom"]
             if node.op == "call_function":
                 node.meta["grad"] = grad
 

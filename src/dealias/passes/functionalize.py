@@ -96,6 +96,7 @@ class _Functionalizer:
         self.member_ph: dict[int, fx.Node] = {}  # alias group member (object) -> its placeholder
         self.nograd_members: set[fx.Node] = set()  # placeholders of members made under no_grad (restricted inputs)
         self.counters_moved: set[int] = set()  # members whose version counter the graph moves (move_counter)
+        self.counter_written: set[Storage] = set()  # caller memories written through a tensor sharing its counter
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
         self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
@@ -221,6 +222,8 @@ class _Functionalizer:
         self.autograd.after_write(s, node, bool(hidden), result)
         if s.kind is StorageKind.GROUP:  # (a caller's own tensor: its write-back moves its counter)
             self.move_counter(v)
+        elif v.counter is not None:
+            self.counter_written.add(s)
 
     def move_counter(self, v: Value) -> None:
         """Eager's write of a caller's tensor through `v` moves the version counter `v` shares: what autograd
@@ -232,6 +235,7 @@ class _Functionalizer:
         s = v.storage
         if v.counter is None:
             return
+        self.counter_written.add(s)
         if s.kind is not StorageKind.GROUP:
             self.emit.call(bump_version, self.roots[s])
         elif v.counter is not None and v.counter not in self.counters_moved:
@@ -597,6 +601,7 @@ class _Functionalizer:
         self.check_writable(node, targets, others)
         if f.kind is OpKind.INPLACE and len(targets) == 1 and self.autograd.saves_caller_result(node, targets[0]):
             self.autograd.run_in_place_on_caller(node, targets[0], bound)
+            self.counter_written.add(targets[0].storage)  # (in place on the caller's tensor itself)
             return
         # out= arguments are dropped; the functional schema lists the rest in the same order.
         kept = [a.name for a in schema.arguments if not (a.is_out and a.name in f.mutated)]
@@ -633,6 +638,24 @@ class _Functionalizer:
         for target, new in zip(targets, new_values, strict=True):
             self.write(target, new, node)
 
+    def _counters(self) -> None:
+        """FunctionalProgram.unmoved_counters: the caller's tensors whose memory the graph writes back though
+        eager's writes left their version counters (every write went through a tensor with a counter of its own:
+        an unsafe_chunk element, `x.data`), and, when there are any, the tensors whose counters eager moved (they
+        may share a counter with one of the former, which is set back first)."""
+        unmoved: list[Ref] = []
+        written = {s for s in self.base if s.kind is not StorageKind.INTERMEDIATE and self.version[s] > 0}
+        for s in written:
+            if s.kind is not StorageKind.GROUP and s not in self.counter_written:
+                unmoved.append(s.ref())
+        for obj in self.member_ph:  # (the write-back into a group's base moves the counter of one member)
+            if self.first[obj].storage in written and obj not in self.counters_moved:
+                unmoved.append(self.caller_objs[obj])
+        if unmoved:
+            moved = [s.ref() for s in self.counter_written if s.kind is not StorageKind.GROUP]
+            moved += [self.caller_objs[obj] for obj in self.counters_moved]
+            self.program.unmoved_counters, self.program.moved_counters = unmoved, moved
+
     def _output(self, node: fx.Node) -> None:
         outs: list[fx.Node] = []
         # Write-backs first: every caller-visible storage whose version moved.
@@ -643,6 +666,7 @@ class _Functionalizer:
                 grad = self.autograd.written_with_grad(s)
                 self.program.writebacks.append(WriteBack(s.ref(), len(outs), grad))
                 outs.append(self.base[s])
+        self._counters()
         for obj, ref in self.caller_objs.items():
             first, last = self.first[obj], self.latest[obj]
             if _layout(last.meta) != _layout(first.meta) or obj in self.detached:

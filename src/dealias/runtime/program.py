@@ -90,6 +90,8 @@ class CompiledProgram:
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
+        self._unmoved = [self._getter(ref) for ref in fp.unmoved_counters]
+        self._moved = [self._getter(ref) for ref in fp.moved_counters]
         n = len(cap.out_template)
         all_tensors = all(t is TENSOR_SLOT for t in cap.out_template)
         if all_tensors and cap.out_spec == pytree.tree_structure(tuple(range(n))):
@@ -111,6 +113,8 @@ class CompiledProgram:
         other programs."""
         fp = self.functional
         if self.captured.groups or self._switches_grad or fp.metadata_writebacks or self._repeated or self._early:
+            return None
+        if self._unmoved:
             return None
         if any(slot.chain or slot.restride for slot in fp.outputs):
             return None
@@ -207,6 +211,9 @@ class CompiledProgram:
         # alone: a GROUP ref indexes it).
         symbols = [leaves[p] for p in self._symbols]
         grad = torch.is_grad_enabled()
+        # (FunctionalProgram.unmoved_counters: set back at the end, whatever the executor's writes moved them by)
+        unmoved = [get(tensors, bases, ()) for get in self._unmoved]
+        versions = tuple(t._version for t in unmoved)
         early = {i: self._output(i, tensors, bases, (), grad) for i in self._early}  # (OutputSlot.early)
         if self._switches_grad:
             try:
@@ -247,4 +254,9 @@ class CompiledProgram:
             torch._C._autograd._unsafe_set_version_counter((t,), (version,))
             if m.detach:
                 t.detach_()
+        if unmoved:
+            moved = tuple(get(tensors, bases, ()) for get in self._moved)
+            finals = tuple(t._version for t in moved)
+            torch._C._autograd._unsafe_set_version_counter(tuple(unmoved), versions)
+            torch._C._autograd._unsafe_set_version_counter(moved, finals)
         return self._pack(outs)

@@ -229,7 +229,7 @@ def compare_call(fn: Callable[..., Any], jitted: Callable[..., Any], args: tuple
         return None
     if jit_err is not None:
         return f"dealias raised {type(jit_err).__name__}: {jit_err}; eager returned"
-    return first_difference(expected, got, eager_args, jit_args) or _unmoved_version(start, eager_args, jit_args)
+    return first_difference(expected, got, eager_args, jit_args) or _counter_difference(start, eager_args, jit_args)
 
 
 def _state(leaves: list[Any]) -> tuple[Any, ...]:
@@ -269,10 +269,12 @@ def _eager_states(fn: Callable[..., Any], args: Any, rng: torch.Tensor) -> list[
     return states
 
 
-def _unmoved_version(start: list[Any], eager_args: Any, jit_args: Any) -> str | None:
+def _counter_difference(start: list[Any], eager_args: Any, jit_args: Any) -> str | None:
     """Memory eager wrote (a version counter of it moved) whose counters the compiled call all left where they
     were (`start`: the counters both copies began with): what autograd saved of it before the call would be read
-    at backward as if unchanged, where eager's backward raises. Tensors sharing memory are taken together:
+    at backward as if unchanged, where eager's backward raises; or the other way round, memory whose counters
+    eager left (it wrote through an `unsafe_chunk` element, or not at all) and the compiled call moved: backward
+    through what was saved before raises where eager's runs. Tensors sharing memory are taken together:
     `clone_args` gives each its own counter where the caller's views share one, and a write-back through one of
     them moves that one. (A counter moved by fewer or more steps than eager's is not a difference here.)"""
     groups: dict[int, list[tuple[int, int, int, int]]] = {}  # storage -> (input, start, eager, jit) counters
@@ -284,4 +286,7 @@ def _unmoved_version(start: list[Any], eager_args: Any, jit_args: Any) -> str | 
         if any(e != f for _, f, e, _ in group) and all(j == f for _, f, _, j in group):
             i = next(i for i, f, e, _ in group if e != f)
             return f"input {i}: eager moved its version counter (it wrote it), dealias did not"
+        if all(e == f for _, f, e, _ in group) and any(j != f for _, f, _, j in group):
+            i = next(i for i, f, _, j in group if j != f)
+            return f"input {i}: dealias moved its version counter, eager did not"
     return None
