@@ -535,6 +535,25 @@ def test_a_step_through_data_leaves_the_parameters_counters():
     assert dealias.cache_info(jf).misses == 1
 
 
+def batch_norm_train(bn, x):
+    return bn(x)
+
+
+@pytest.mark.parametrize("executor", ["torch", "inductor"])
+def test_running_statistics_keep_their_counters(executor):
+    # Eager's native_batch_norm writes its running statistics without moving their version counters (a mutable
+    # op, not an in-place one: OpFacts.counted); the write-back moved them, so a backward through a graph that
+    # saved one before the step raised where eager's runs.
+    jf = dealias.jit(batch_norm_train, executor=executor)
+    for f in (batch_norm_train, jf, jf):
+        bn, x, w = torch.nn.BatchNorm1d(3), torch.randn(4, 3), torch.ones(3, requires_grad=True)
+        pending = (bn.running_mean * w).sum()  # saves the running mean
+        f(bn, x)
+        pending.backward()
+        assert torch.equal(w.grad, bn.running_mean)  # (eager's backward reads the new values)
+    assert dealias.cache_info(jf).misses == 1
+
+
 def test_out_with_wrong_dtype_raises_like_eager():
     def f(x, y, o):
         torch.add(x, y, out=o)

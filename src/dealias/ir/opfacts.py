@@ -41,6 +41,9 @@ class OpFacts:
     # A mutable op with out= arguments (`native_batch_norm.out`), called with its other written arguments absent
     # (no running stats): the out= op this makes it, and its functional form (the packet's overload without out=).
     out_only: OpOverload | None = None
+    # The written arguments whose version counters eager moves: autograd's in-place/out= wrapper moves those the
+    # op returns; a mutable op (`native_batch_norm`'s running statistics, `rrelu_with_noise_`'s noise) moves none.
+    counted: tuple[str, ...] = ()
 
 
 # `_unsafe_view` has no alias annotation, but it reinterprets its input's memory (it follows a clone in
@@ -158,7 +161,8 @@ def facts(op: OpOverload) -> OpFacts:
     if schema.name in _MUTATES_WITHOUT_ANNOTATION:
         names = _MUTATES_WITHOUT_ANNOTATION[schema.name] + tuple(a.name for a in written)  # (its .out's out=)
         out_only = _without_out(op) if written else None
-        return OpFacts(op, OpKind.MUTABLE, names, _find_functional(op, OpKind.MUTABLE), out_only=out_only)
+        functional = _find_functional(op, OpKind.MUTABLE)
+        return OpFacts(op, OpKind.MUTABLE, names, functional, out_only=out_only, counted=_counted(schema))
     nondet = torch.Tag.nondeterministic_seeded in tags
     if schema.name in _MULTI_VIEW_WITHOUT_ANNOTATION:
         return OpFacts(op, OpKind.VIEW, (), None, multi_output_view=True, autograd_view=False, own_counter=True)
@@ -171,7 +175,7 @@ def facts(op: OpOverload) -> OpFacts:
         return OpFacts(op, OpKind.FUNCTIONAL, (), None, nondeterministic=nondet)
     names = tuple(a.name for a in written)
     if torch.Tag.inplace_view in tags:
-        return OpFacts(op, OpKind.INPLACE_VIEW, names, None)
+        return OpFacts(op, OpKind.INPLACE_VIEW, names, None, counted=names)
     if all(a.is_out for a in written):
         kind = OpKind.OUT
     elif torch.Tag.inplace in tags or (names == ("self",) and schema.arguments[0].name == "self"):
@@ -179,7 +183,25 @@ def facts(op: OpOverload) -> OpFacts:
     else:
         kind = OpKind.MUTABLE
     out_only = _without_out(op) if kind is OpKind.MUTABLE and any(a.is_out for a in written) else None
-    return OpFacts(op, kind, names, _find_functional(op, kind), nondeterministic=nondet, out_only=out_only)
+    functional = _find_functional(op, kind)
+    return OpFacts(op, kind, names, functional, nondeterministic=nondet, out_only=out_only, counted=_counted(schema))
+
+
+def _counted(schema: torch.FunctionSchema) -> tuple[str, ...]:
+    """The written arguments whose version counters eager moves. torchgen gives in-place (`name_`) and out= ops
+    that return something an ADInplaceOrView kernel moving the counter of each returned argument; other written
+    arguments move only if the kernel writes them through an op that does. Of ops returning nothing, the foreach
+    ops' kernels write tensor by tensor through such ops and the out= ones copy into their outputs (measured);
+    the fused optimizer steps and AMP's unscale write memory directly."""
+    written = [a.name for a in _written(schema)]
+    base = schema.name.split("::")[-1]
+    out_kind = any(a.is_out for a in schema.arguments)
+    if not schema.returns:
+        return tuple(written) if out_kind or base.startswith("_foreach_") else ()
+    if not (out_kind or (base.endswith("_") and not base.endswith("__"))):
+        return ()
+    returned = set(returned_args(schema))
+    return tuple(n for n in written if n in returned)
 
 
 def returned_args(schema: torch.FunctionSchema) -> list[str | None]:

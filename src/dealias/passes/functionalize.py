@@ -146,7 +146,7 @@ class _Functionalizer:
         return a
 
     # -- writing -------------------------------------------------------------------------------------
-    def write(self, v: Value, new: fx.Node, node: fx.Node) -> None:
+    def write(self, v: Value, new: fx.Node, node: fx.Node, counted: bool = True) -> None:
         """`v` now holds `new`: rebuild its storage's base through the inverses of v's view chain."""
         meta = v.meta
         new_meta = new.meta["val"]
@@ -220,7 +220,9 @@ class _Functionalizer:
             new = restride(self.emit, new, s.root_meta)
         self.advance(s, self.autograd.with_history(s, new, bool(hidden)))
         self.autograd.after_write(s, node, bool(hidden), result)
-        if s.kind is StorageKind.GROUP:  # (a caller's own tensor: its write-back moves its counter)
+        if not counted:  # (a write eager's kernel makes without moving the counter: OpFacts.counted)
+            pass
+        elif s.kind is StorageKind.GROUP:  # (a caller's own tensor: its write-back moves its counter)
             self.move_counter(v)
         elif v.counter is not None:
             self.counter_written.add(s)
@@ -585,12 +587,15 @@ class _Functionalizer:
         op = node.target
         schema = op._schema
         targets: list[Value] = []  # every written tensor, list arguments (foreach ops) flattened
+        counted: list[bool] = []  # ...and whether eager moves its version counter (OpFacts.counted)
         for name in f.mutated:
             arg = bound.get(name)
             if isinstance(arg, fx.Node):
                 targets.append(self.info.value(arg))
+                counted.append(name in f.counted)
             elif isinstance(arg, (list, tuple)):
                 targets.extend(self.info.value(a) for a in arg)
+                counted += [name in f.counted] * len(arg)
         others = [
             self.info.values[a]
             for name, arg in bound.items()
@@ -635,8 +640,8 @@ class _Functionalizer:
             new_values = [self.emit.call(operator.getitem, out, k) for k in range(len(targets))]
         else:
             new_values = [out]
-        for target, new in zip(targets, new_values, strict=True):
-            self.write(target, new, node)
+        for target, new, moves in zip(targets, new_values, counted, strict=True):
+            self.write(target, new, node, moves)
 
     def _counters(self) -> None:
         """FunctionalProgram.unmoved_counters: the caller's tensors whose memory the graph writes back though

@@ -114,11 +114,11 @@ class CompiledProgram:
         fp = self.functional
         if self.captured.groups or self._switches_grad or fp.metadata_writebacks or self._repeated or self._early:
             return None
-        if self._unmoved:
-            return None
         if any(slot.chain or slot.restride for slot in fp.outputs):
             return None
-        if any(wb.target.kind is not RefKind.INPUT for wb in fp.writebacks):
+        if any(ref.kind is not RefKind.INPUT for ref in (*(wb.target for wb in fp.writebacks), *fp.unmoved_counters)):
+            return None
+        if any(ref.kind is not RefKind.INPUT for ref in fp.moved_counters):
             return None
         env: dict[str, Any] = {"run": self.run_graph, "pack": self._pack, "constants": fp.constants}
         inputs = [f"leaves[{p}]" for p in (*self._positions, *self._symbols)]
@@ -146,7 +146,17 @@ class CompiledProgram:
                 outs.append(f"constants[{key!r}]")
         listed = ", ".join(outs)
         packed = f"({listed}{',' * (len(outs) == 1)})" if self._pack is tuple else f"pack([{listed}])"
-        src = f"def call(leaves):\n{mode}    r = run({', '.join(inputs)})\n{copies}    return {packed}\n"
+        keep = restore = ""
+        if fp.unmoved_counters:  # (FunctionalProgram.unmoved_counters)
+            env.update(set_versions=torch._C._autograd._unsafe_set_version_counter)
+            unmoved = "".join(f"leaves[{self._positions[ref.key]}], " for ref in fp.unmoved_counters)
+            moved = "".join(f"leaves[{self._positions[ref.key]}], " for ref in fp.moved_counters)
+            keep = f"    kept = ({unmoved})\n    versions = tuple(t._version for t in kept)\n"
+            restore = (
+                f"    moved = ({moved})\n    finals = tuple(t._version for t in moved)\n"
+                "    set_versions(kept, versions)\n    set_versions(moved, finals)\n"
+            )
+        src = f"def call(leaves):\n{mode}{keep}    r = run({', '.join(inputs)})\n{copies}{restore}    return {packed}\n"
         exec(compile(src, "<dealias lean program call>", "exec"), env)  # noqa: S102 - generated from the plan only
         return env["call"]
 
