@@ -620,3 +620,97 @@ def test_casts_of_autocast_record_autograd():
     got.float().sum().backward()
     torch.testing.assert_close(w2.grad, w.grad)
     assert jf.last.tier == "fused"
+
+
+def token_loss(head, h, labels):
+    logits = head(h)
+    return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+
+
+def test_a_loss_over_flattened_symbolic_labels_trains_fused():
+    # AOTAutograd's backward held only tensors of size s0*s1 (the flattened logits; and the prologue's copy of
+    # `labels.view(-1)`, an index it checks) and no input giving s0 and s1 apart: inductor refused to compile it
+    # ("expected [s0, s1] to have been codegen-ed"; HF's GPT-2 and BERT losses with dynamic=True). The size
+    # symbols are now inputs of the graph, as in dynamo's graphs.
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11)
+    ours = copy.deepcopy(head)
+    jf = dealias.jit(token_loss, executor="inductor", dynamic=True)
+    for t in (5, 7):
+        h, labels = torch.randn(2, t, 8), torch.randint(0, 11, (2, t))
+        expected, got = token_loss(head, h, labels), jf(ours, h, labels)
+        torch.testing.assert_close(got, expected)
+        expected.backward()
+        got.backward()
+        assert jf.last.tier == "fused"
+        for a, b in zip(head.parameters(), ours.parameters()):
+            torch.testing.assert_close(b.grad, a.grad)
+    with pytest.raises(IndexError, match="Target 11 is out of bounds"):
+        token_loss(head, h, torch.full((2, 7), 11))
+    with pytest.raises(IndexError, match="out of bounds"):
+        jf(ours, h, torch.full((2, 7), 11))
+    assert dealias.cache_info(jf).misses == 1
+
+
+def tanh_matmul(w, x):
+    return (torch.tanh(x) @ w).sum()  # the backward saves w.t()
+
+
+def mse_of_an_mlp(net, x, y):
+    return torch.nn.functional.mse_loss(net(x), y)  # nn.Linear's backward saves its weight's transpose
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_write_of_an_input_saved_as_a_view_makes_backward_raise(dynamic):
+    # Inductor returned the saved `w.t()` as a tensor of its own, with a version counter of its own: an update
+    # of w between the call and backward (an optimizer step, an EMA write) went unseen and backward used the new
+    # weights (helper review; torch.compile does the same), where eager's raises. The forward saves w itself now.
+    torch.manual_seed(0)
+    jf = dealias.jit(tanh_matmul, executor="inductor", dynamic=dynamic)
+    for n in (4, 6):
+        assert (
+            grads_like_eager(tanh_matmul, jf, lambda: (torch.randn(n, 3, requires_grad=True), torch.randn(5, n))) == []
+        )
+        for f in (tanh_matmul, jf):
+            w = torch.randn(n, 3, requires_grad=True)
+            loss = f(w, torch.randn(5, n, requires_grad=True))
+            with torch.no_grad():
+                w.mul_(2)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                loss.backward()
+        assert jf.last.tier == "fused"
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    jf = dealias.jit(mse_of_an_mlp, executor="inductor", dynamic=dynamic)
+    for f in (mse_of_an_mlp, jf):
+        loss = f(net, torch.randn(5, 4), torch.randn(5, 2))
+        with torch.no_grad():
+            net[2].weight.mul_(0.5)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+
+
+def gradient_penalty(net, x):
+    x = x.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(net(x).sum(), x, create_graph=True)  # (a graph break: runs between two graphs)
+    return net(x).square().mean() + (g.norm(2, dim=1) - 1).pow(2).mean()
+
+
+def test_a_gradient_penalty_recomputes_without_compiling_again():
+    # The double backward's recompute ran in a frame dynamo traces (the user's code between two graphs), so each
+    # call compiled the recomputed graph anew, with inductor: 61 programs for a WGAN-GP step (helper review).
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    ours = copy.deepcopy(net)
+    jf = dealias.jit(gradient_penalty, executor="inductor")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dealias.FallbackWarning)
+        for _ in range(3):
+            x = torch.randn(5, 4)
+            expected, got = gradient_penalty(net, x), jf(ours, x)
+            torch.testing.assert_close(got, expected)
+            expected.backward()
+            got.backward()
+            for a, b in zip(net.parameters(), ours.parameters()):
+                torch.testing.assert_close(b.grad, a.grad)
+    info = dealias.cache_info(jf)
+    assert info.entries <= 3 and info.misses <= 2, info

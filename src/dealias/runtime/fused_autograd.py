@@ -23,8 +23,10 @@ from collections.abc import Callable, Iterator
 from operator import getitem
 from typing import Any
 
+import sympy
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -110,6 +112,7 @@ def _partition_saving_no_written_input(written: frozenset[int], copy_saved_resul
                 (fw, bw), saved = default, by_default
             if saved & written:
                 raise Unfusable(f"backward would save input {min(saved & written)}, which the epilogue writes into")
+            _save_inputs_not_views_of_them(fw, bw, n)
             if copy_saved_results:
                 _save_copies_of_results(fw, n)
             _unsaved_snapshots_plain(fw)
@@ -148,6 +151,50 @@ def _unsaved_snapshots_plain(fw: fx.GraphModule) -> None:
             changed = True
     if changed:
         fw.recompile()
+
+
+def _save_inputs_not_views_of_them(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int) -> None:
+    """Make the forward `fw` save an input itself where it saves a view of it (`w.t()` for `x @ w`), and the
+    backward `bw` take the view again. Inductor returns such a view as a tensor of its own, with a version counter
+    of its own: a write of the input after the call (an optimizer step before backward) then went unseen, and
+    backward read the new values, where eager's (which saved a view sharing the input's counter) raises. Views
+    whose symbolic arguments the backward is given too; a placeholder of `bw` has the name of the forward node
+    saved into it (AOTAutograd's partitioner names them so)."""
+    primals = fw.graph.find_nodes(op="placeholder")
+    outputs = list(fw.graph.output_node().args[0])
+    taking = {n.name: n for n in bw.graph.find_nodes(op="placeholder")}
+    changed = False
+    for k in range(num_fwd_outputs, len(outputs)):
+        chain, n = [], outputs[k]
+        while isinstance(n, fx.Node) and is_view_node(n) and n.target is not getitem:
+            chain.append(n)
+            n = n.args[0]
+        if not chain or n not in primals or chain[0].name not in taking:
+            continue
+        sizes = [a for v in chain for a in pytree.tree_leaves((v.args[1:], v.kwargs)) if isinstance(a, fx.Node)]
+        if any(a.name not in taking for a in sizes):
+            continue  # (a symbolic size the backward is not given)
+
+        def in_bw(a: Any) -> Any:
+            return taking[a.name] if isinstance(a, fx.Node) else a
+
+        ph = taking[chain[0].name]
+        users, node = list(ph.users), ph
+        for v in reversed(chain):  # (after the placeholders, in order)
+            with bw.graph.inserting_after(node if node is not ph else bw.graph.find_nodes(op="placeholder")[-1]):
+                args, kwargs = pytree.tree_map(in_bw, (v.args[1:], dict(v.kwargs)))
+                node = bw.graph.call_function(v.target, (node, *args), kwargs)
+            node.meta = dict(v.meta)
+        for u in users:
+            u.replace_input_with(ph, node)
+        ph.meta = dict(n.meta)
+        outputs[k] = n
+        changed = True
+    if changed:
+        fw.graph.output_node().args = (tuple(outputs),)
+        fw.graph.eliminate_dead_code()
+        fw.recompile()
+        bw.recompile()
 
 
 def _save_copies_of_results(fw: fx.GraphModule, num_fwd_outputs: int) -> None:
@@ -205,13 +252,20 @@ def fused_autograd_executor(
             hoisted = gm.graph.find_nodes(op="placeholder")[len(example) :]
             example = [*example, *(ph.meta["val"] if symbolic else v for ph, v in zip(hoisted, computed))]
             call = None if call is None else [*call, *computed]
+    sizes: list[tuple[int, int]] = []  # (input, dim) of each size symbol handed to the graph as an input
+    if symbolic:
+        gm, sizes = _size_symbols_as_inputs(gm, example)
+        example = [*example, *(example[i].shape[d] for i, d in sizes)]
+        call = None if call is None else [*call, *(call[i].shape[d] for i, d in sizes)]
     run = _compile(gm, example, written, call)
-    if not constants and prologue is None:
+    if not constants and prologue is None and not sizes:
         return run
 
     def with_inputs(*args: Any) -> Any:
         args = (*args, *constants)
-        return run(*args, *prologue(args)) if prologue is not None else run(*args)
+        if prologue is not None:
+            args = (*args, *prologue(args))
+        return run(*args, *(args[i].shape[d] for i, d in sizes))
 
     with_inputs.graph = run.graph  # type: ignore[attr-defined]
     return with_inputs
@@ -439,6 +493,32 @@ def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: An
         node.register_hook(post)
 
 
+def _size_symbols_as_inputs(gm: fx.GraphModule, example: list[Any]) -> tuple[fx.GraphModule, list[tuple[int, int]]]:
+    """A copy of `gm` with each symbol of its inputs' sizes that no input binds (a SymInt placeholder) an input
+    after the others, and (input, dim) of each: where the call has its value. AOTAutograd's partitioner hands the
+    backward the symbols of the tensors it saves only through such inputs, as dynamo's graphs have them; without
+    them a backward holding only `s0*s1`-sized tensors (a loss over `logits.view(-1, V)`) leaves inductor with
+    symbols it cannot bind ("expected [s0, s1] to have been codegen-ed")."""
+    bound = {e.node.expr for e in example if isinstance(e, torch.SymInt)}
+    wanted: dict[Any, tuple[int, int]] = {}
+    for i, e in enumerate(example):
+        if isinstance(e, torch.Tensor):
+            for d, size in enumerate(e.shape):
+                expr = size.node.expr if isinstance(size, torch.SymInt) else None
+                if isinstance(expr, sympy.Symbol) and expr not in bound and expr not in wanted:
+                    wanted[expr] = (i, d)
+    if not wanted:
+        return gm, []
+    gm = copy.deepcopy(gm)
+    for expr, (i, d) in wanted.items():
+        last = gm.graph.find_nodes(op="placeholder")[-1]
+        with gm.graph.inserting_after(last):
+            ph = gm.graph.placeholder(f"size_{expr}")
+        ph.meta["val"] = example[i].shape[d]
+    gm.recompile()
+    return gm, list(wanted.values())
+
+
 def _constants_as_inputs(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[tuple[fx.Node, torch.Tensor]]]:
     """A copy of `gm` with each tensor constant (a `get_attr`: `torch.tensor([])` in the user's code) an input
     after the call's, and (its placeholder, its value) for each. AOTAutograd would lift them itself, before the
@@ -525,6 +605,7 @@ def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
     if not getattr(cls, "dealias_double_backward", False):
         first_order, boxed = cls.backward, getattr(cls, "boxed_grads_call", False)
 
+        @torch._dynamo.disable  # (see _recompute_double_backward)
         def backward(ctx: Any, *grads: Any) -> Any:
             if torch.is_grad_enabled() and hasattr(ctx, "dealias_recompute"):
                 ctx.saved_tensors  # noqa: B018 - raises eager's error if a backward freed the graph
@@ -539,13 +620,17 @@ def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
     return True
 
 
+@torch._dynamo.disable
 def _recompute_double_backward(
     graph: fx.GraphModule, args: Any, copies: dict[int, torch.Tensor], written: Any, versions: Any, grads: Any
 ) -> tuple[Any, ...]:
     """A backward with create_graph=True of a fused graph: the gradient must be differentiable in turn, which
     AOTAutograd's compiled backward is not. The graph runs again with eager's ops, from the call's inputs (of those
     written since by the epilogue, the copies taken before), and is differentiated with create_graph. An input
-    written in place since the call makes it raise, naming the input: never a gradient of other values."""
+    written in place since the call makes it raise, naming the input: never a gradient of other values. (Dynamo
+    must not see it: a backward run from the user's code between two graphs of a jitted function (a gradient
+    penalty's `autograd.grad(.., create_graph=True)`) runs in a frame dynamo traces, and it compiled `graph` anew,
+    with inductor, on every call: 61 programs for a WGAN-GP step.)"""
     moved = next((i for i, a in enumerate(args) if i not in written and versions[i] not in (None, a._version)), None)
     if moved is not None:
         raise RuntimeError(
@@ -662,6 +747,7 @@ class _TwiceDifferentiable(torch.autograd.Function):
         return returned
 
     @staticmethod
+    @torch._dynamo.disable  # (see _recompute_double_backward)
     def backward(ctx: Any, *grads: Any) -> Any:
         if getattr(ctx, "freed", False):  # (nothing is saved with save_for_backward here: say it as autograd does)
             raise RuntimeError(

@@ -88,6 +88,9 @@ def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple
     if not checks and not sized:
         return None
 
+    handed = hoisted.handed
+    every = compute is None or len(handed) == len(hoisted.indices)
+
     def prologue(args: tuple[Any, ...]) -> tuple[Any, ...]:
         extra = compute(*args) if compute is not None else ()
         args = (*args, *extra)
@@ -95,7 +98,7 @@ def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple
             fn(args[i], *rest)
         for fn, i, (t, d), dim in sized:  # (against a symbolic size: the call's input `t` has it, or is it)
             fn(args[i], args[t] if d is None else args[t].shape[d], dim)
-        return extra
+        return extra if every else tuple(extra[k] for k in handed)
 
     return prologue
 
@@ -103,12 +106,14 @@ def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple
 class _Hoisted:
     """Indices computed inside the graph, computed before its call instead, and handed to it as inputs after the
     call's own. Only an index computed by pure ops from memory no earlier write of the graph touched: computed
-    first, it has the value the program gives it. A view of a caller's tensor is copied (the graph must not see
-    the caller's memory as two inputs)."""
+    first, it has the value the program gives it. A view of a caller's tensor is only checked: the graph takes
+    its own view (handed over, it would be a copy, since the graph must not see the caller's memory as two
+    inputs: a clone per call, for a `labels.view(-1)` the view costs nothing)."""
 
     def __init__(self, gm: fx.GraphModule, placeholders: list[fx.Node]) -> None:
         self.gm, self.placeholders = gm, placeholders
-        self.indices: list[fx.Node] = []  # in the order of their inputs
+        self.indices: list[fx.Node] = []  # in the order the prologue computes them
+        self.handed: list[int] = []  # positions in `indices` of those handed to the graph (`finish`)
 
     @functools.cached_property
     def _order(self) -> dict[fx.Node, int]:
@@ -158,13 +163,13 @@ class _Hoisted:
         for n in cone:
             env[n] = graph.node_copy(n, env.__getitem__)
         root = self._memory[1]
-        outs = [graph.call_function(aten.clone.default, (env[i],)) if i in root else env[i] for i in self.indices]
-        graph.output(tuple(outs))
+        graph.output(tuple(env[i] for i in self.indices))
+        self.handed = [k for k, i in enumerate(self.indices) if i not in root]
         # (Aten calls. torch_executor's Tensor methods cost half as much, but choosing them pinned length symbols
         # until executor.py stopped its probe from guarding; HF's Mistral trained at a third length indexed out of
         # bounds inside its kernels. Not taken again here: the gain is a few microseconds a call.)
         compute = fx.GraphModule(self.gm, graph).forward
-        for i in self.indices:  # (placeholders come first: each new one after the last)
+        for i in (self.indices[k] for k in self.handed):  # (placeholders come first: each new one after the last)
             last = self.gm.graph.find_nodes(op="placeholder")
             where = self.gm.graph.inserting_after(last[-1]) if last else self.gm.graph.inserting_before()
             with where:
