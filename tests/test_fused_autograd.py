@@ -668,9 +668,11 @@ def test_a_write_of_an_input_saved_as_a_view_makes_backward_raise(dynamic):
     torch.manual_seed(0)
     jf = dealias.jit(tanh_matmul, executor="inductor", dynamic=dynamic)
     for n in (4, 6):
-        assert (
-            grads_like_eager(tanh_matmul, jf, lambda: (torch.randn(n, 3, requires_grad=True), torch.randn(5, n))) == []
-        )
+
+        def make_args(n=n):
+            return torch.randn(n, 3, requires_grad=True), torch.randn(5, n)
+
+        assert grads_like_eager(tanh_matmul, jf, make_args) == []
         for f in (tanh_matmul, jf):
             w = torch.randn(n, 3, requires_grad=True)
             loss = f(w, torch.randn(5, n, requires_grad=True))
