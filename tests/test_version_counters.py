@@ -304,3 +304,111 @@ def test_a_counter_shared_with_a_written_tensor_ends_moved():
         a, b = _halves()
         f(a, b)
         assert a._version == b._version > 0
+
+
+def shift_indices(idx, s):
+    idx <<= s  # aten.__ilshift__: in place, eager moves idx's counter
+    return idx.sum()
+
+
+def test_a_dunder_in_place_op_moves_the_counter():
+    # OpFacts.counted took `__ilshift__` for no in-place op and the call set idx's counter back: a gather that
+    # saved idx before it then read the shifted indices at backward, a silently wrong gradient (found in review).
+    jf = dealias.jit(shift_indices)
+    for f in (shift_indices, jf, jf):
+        w, idx = torch.zeros(5, requires_grad=True), torch.tensor([0, 1])
+        out = torch.gather(w, 0, idx)  # saves idx
+        f(idx, torch.tensor(1))
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
+def relu_of_a_member(x, y):
+    y.relu_()  # run in place on the caller's tensor (relu_ saves its result)
+    return x.sum()
+
+
+def copy_onto_itself_after_a_data_write(x, w):
+    x.data.add_(1)  # hidden from autograd...
+    x.copy_(x)  # ...but this moves x's counter
+    return (x * w).sum()
+
+
+def test_writes_run_in_place_or_standing_for_a_self_copy_move_the_counter():
+    # Neither path recorded its counter move: the call set the counter back, and a graph made before it read the
+    # new values at backward where eager's raises (found in review).
+    def group_args():
+        b = torch.randn(4, requires_grad=True) * 1
+        return b, b[:2]
+
+    def data_args():
+        return torch.randn(4), torch.randn(4, requires_grad=True)
+
+    for fn, make in ((relu_of_a_member, group_args), (copy_onto_itself_after_a_data_write, data_args)):
+        assert grads_like_eager(fn, dealias.jit(fn), make) == []
+        jf = dealias.jit(fn)
+        for f in (fn, jf, jf):
+            args = make()
+            pending = (args[0] * args[0].detach().clone().requires_grad_()).sum()  # saves args[0]
+            f(*args)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                pending.backward()
+
+
+def data_write_then_saved(x, w):
+    x.data.mul_(w)
+    return (x * x).sum()  # saves x, after its hidden write
+
+
+def chunk_write_then_saved(x, w):
+    x.unsafe_chunk(2)[0].add_(1)
+    return (x * w).sum()
+
+
+def statistics_then_saved(x, mean, var, w):
+    y = torch.nn.functional.batch_norm(x, mean, var, training=True)
+    return (y * mean).sum() + (w * var).sum()
+
+
+def noise_then_saved(x, noise, w):
+    torch.ops.aten.rrelu_with_noise_(x, noise, 0.1, 0.3, True)
+    return (noise * w).sum()
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (data_write_then_saved, lambda: (torch.randn(4, requires_grad=True), torch.randn(4))),
+        (chunk_write_then_saved, lambda: (torch.randn(4), torch.randn(4, requires_grad=True))),
+        (
+            statistics_then_saved,
+            lambda: (
+                torch.randn(3, 4, requires_grad=True),
+                torch.zeros(4),
+                torch.ones(4),
+                torch.randn(4, requires_grad=True),
+            ),
+        ),
+        (noise_then_saved, lambda: (torch.randn(4), torch.randn(4), torch.randn(4, requires_grad=True))),
+    ],
+)
+def test_a_tensor_saved_after_writes_that_keep_its_counter_is_not_stale(fn, make):
+    # The graph wrote the tensor back before the read autograd saves it for (write_back_now), moving its counter,
+    # and the call set the counter back at its end: backward raised where eager's runs (found in review). That
+    # write-back now goes through an alias with a counter of its own.
+    jf = dealias.jit(fn)
+    for _ in range(2):
+        torch.manual_seed(0)
+        expected_args = make()
+        torch.manual_seed(0)
+        args = make()
+        torch.manual_seed(1)
+        expected = fn(*expected_args)
+        torch.manual_seed(1)
+        got = jf(*args)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got, expected)
+        assert [a._version for a in args] == [a._version for a in expected_args]
+        for a, e in zip(args, expected_args):
+            torch.testing.assert_close(a.grad, e.grad)

@@ -57,10 +57,13 @@ def overwritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return _Overwritten.apply(old, new)
 
 
-def write_back_now(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def write_back_now(target: torch.Tensor, value: torch.Tensor, keep_counter: bool = False) -> torch.Tensor:
     """The caller's tensor receives its final value inside the graph, where its last write was; later reads are
-    of the caller's tensor itself (see AutogradFacts._write_back_now)."""
-    target.copy_(value)
+    of the caller's tensor itself (see AutogradFacts._write_back_now). `keep_counter`: through an alias with a
+    version counter of its own (as `x.data`), for a tensor eager's writes leave the counter of (written through
+    `x.data`, an `unsafe_chunk` element, by a mutable op: FunctionalProgram.unmoved_counters); autograd records
+    none of those writes."""
+    (target.data if keep_counter else target).copy_(value)
     return target
 
 

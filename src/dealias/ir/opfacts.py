@@ -188,9 +188,9 @@ def facts(op: OpOverload) -> OpFacts:
 
 
 def _counted(schema: torch.FunctionSchema) -> tuple[str, ...]:
-    """The written arguments whose version counters eager moves. torchgen gives in-place (`name_`) and out= ops
-    that return something an ADInplaceOrView kernel moving the counter of each returned argument; other written
-    arguments move only if the kernel writes them through an op that does. Of ops returning nothing, the foreach
+    """The written arguments whose version counters eager moves. torchgen gives in-place (`name_`, `__iname__`) and
+    out= ops that return something an ADInplaceOrView kernel moving the counter of each returned argument; other
+    written arguments move only if the kernel writes them through an op that does. Of ops returning nothing, the foreach
     ops' kernels write tensor by tensor through such ops and the out= ones copy into their outputs (measured);
     the fused optimizer steps and AMP's unscale write memory directly."""
     written = [a.name for a in _written(schema)]
@@ -198,7 +198,8 @@ def _counted(schema: torch.FunctionSchema) -> tuple[str, ...]:
     out_kind = any(a.is_out for a in schema.arguments)
     if not schema.returns:
         return tuple(written) if out_kind or base.startswith("_foreach_") else ()
-    if not (out_kind or (base.endswith("_") and not base.endswith("__"))):
+    inplace = base.endswith("_") and not base.endswith("__") or base.startswith("__i")  # (`__ilshift__` too)
+    if not (out_kind or inplace):
         return ()
     returned = set(returned_args(schema))
     return tuple(n for n in written if n in returned)

@@ -96,7 +96,10 @@ class _Functionalizer:
         self.member_ph: dict[int, fx.Node] = {}  # alias group member (object) -> its placeholder
         self.nograd_members: set[fx.Node] = set()  # placeholders of members made under no_grad (restricted inputs)
         self.counters_moved: set[int] = set()  # members whose version counter the graph moves (move_counter)
-        self.counter_written: set[Storage] = set()  # caller memories written through a tensor sharing its counter
+        # Caller memories, and alias group members (objects), whose version counters eager's program moves
+        # (record_counter_move): the others keep theirs (FunctionalProgram.unmoved_counters).
+        self.counter_written: set[Storage] = set()
+        self.members_moved: set[int] = set()
         self.program = FunctionalProgram(fx.GraphModule({}, fx.Graph()))
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
         self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
@@ -224,8 +227,8 @@ class _Functionalizer:
             pass
         elif s.kind is StorageKind.GROUP:  # (a caller's own tensor: its write-back moves its counter)
             self.move_counter(v)
-        elif v.counter is not None:
-            self.counter_written.add(s)
+        else:
+            self.record_counter_move(v)
 
     def move_counter(self, v: Value) -> None:
         """Eager's write of a caller's tensor through `v` moves the version counter `v` shares: what autograd
@@ -237,12 +240,20 @@ class _Functionalizer:
         s = v.storage
         if v.counter is None:
             return
-        self.counter_written.add(s)
+        self.record_counter_move(v)
         if s.kind is not StorageKind.GROUP:
             self.emit.call(bump_version, self.roots[s])
         elif v.counter is not None and v.counter not in self.counters_moved:
             self.counters_moved.add(v.counter)
             self.emit.call(bump_version, self.member_ph[v.counter])
+
+    def record_counter_move(self, v: Value) -> None:
+        """Eager's program moves the version counter `v` shares (a write through `v`, an in-place layout change,
+        `x.copy_(x)`), if `v` is of a caller's memory and shares one of the caller's counters."""
+        if v.counter is not None and v.storage.kind is not StorageKind.INTERMEDIATE:
+            self.counter_written.add(v.storage)
+            if v.storage.kind is StorageKind.GROUP:
+                self.members_moved.add(v.counter)
 
     def caller_placeholder(self, s: Storage) -> fx.Node:
         """The placeholder of caller storage `s`: the caller's tensor itself, or its alias group's base (a view of
@@ -545,6 +556,7 @@ class _Functionalizer:
             now = self.autograd.writes_back_at(s, node)
             hidden = self._through_detached(v) and self.base[s].meta.get("rg")
             self.autograd.after_write(s, node, bool(hidden))  # (refuses a write of an unsafe_split element too)
+            self.record_counter_move(v)  # (with `now`, by the write-back that stands for the copy)
             if s.kind is StorageKind.GROUP or (s.kind is not StorageKind.INTERMEDIATE and not now):
                 self.move_counter(v)  # what autograd saved of it is stale
             return
@@ -606,7 +618,7 @@ class _Functionalizer:
         self.check_writable(node, targets, others)
         if f.kind is OpKind.INPLACE and len(targets) == 1 and self.autograd.saves_caller_result(node, targets[0]):
             self.autograd.run_in_place_on_caller(node, targets[0], bound)
-            self.counter_written.add(targets[0].storage)  # (in place on the caller's tensor itself)
+            self.record_counter_move(targets[0])  # (in place on the caller's tensor itself)
             return
         # out= arguments are dropped; the functional schema lists the rest in the same order.
         kept = [a.name for a in schema.arguments if not (a.is_out and a.name in f.mutated)]
@@ -654,12 +666,23 @@ class _Functionalizer:
             if s.kind is not StorageKind.GROUP and s not in self.counter_written:
                 unmoved.append(s.ref())
         for obj in self.member_ph:  # (the write-back into a group's base moves the counter of one member)
-            if self.first[obj].storage in written and obj not in self.counters_moved:
+            if self.first[obj].storage in written and obj not in self.members_moved:
                 unmoved.append(self.caller_objs[obj])
         if unmoved:
             moved = [s.ref() for s in self.counter_written if s.kind is not StorageKind.GROUP]
-            moved += [self.caller_objs[obj] for obj in self.counters_moved]
+            moved += [self.caller_objs[obj] for obj in self.members_moved]
             self.program.unmoved_counters, self.program.moved_counters = unmoved, moved
+        # A write-back inside the graph (AutogradFacts._write_back_now: the tensor is read with grad on after its
+        # last write) of such memory goes through an alias with a counter of its own: what autograd saves of the
+        # tensor after it must not be stale at the end of the call, when the counter is set back.
+        keep = {s.ref() for s in written if s.kind is not StorageKind.GROUP and s not in self.counter_written}
+        keep |= {s.ref() for s in written if s.kind is StorageKind.GROUP and not self._members_moved_of(s)}
+        for n in self.graph.find_nodes(op="call_function", target=write_back_now):
+            if self.placeholder_ref.get(n.args[0]) in keep:
+                n.kwargs = {**n.kwargs, "keep_counter": True}
+
+    def _members_moved_of(self, s: Storage) -> bool:
+        return any(self.first[obj].storage is s for obj in self.members_moved)
 
     def _output(self, node: fx.Node) -> None:
         outs: list[fx.Node] = []
