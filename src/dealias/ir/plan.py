@@ -155,6 +155,9 @@ class OutputSlot:
     # so that the call's writes leave it as eager's (reading its grad_fn raises, as for a no_grad view or a
     # split's element whose base was written since).
     early: bool = False
+    # Made from output k's tensor by the steps of the chain after its first n: a view of a tensor of its own that
+    # the program also returns (`v2 = x.flatten()`, a copy, and `v2.view(-1)`), whose `_base` in eager is it.
+    from_output: tuple[int, int] | None = None
 
 
 @dataclass

@@ -744,7 +744,37 @@ class _Functionalizer:
             self.program.outputs[position] = self.autograd.output_slot(arg, slot, made_from.get(position, ()))
         if self.fake_symbolic:
             self.program.outputs = [self._computed_chain(slot, outs) for slot in self.program.outputs]
+        self._views_of_outputs(node.args[0])
         self.graph.output(tuple(outs))
+
+    def _views_of_outputs(self, args: Any) -> None:
+        """OutputSlot.from_output: an output that is a view of another output, a tensor of its own the graph made
+        (`v2 = x[:, ::3].flatten()`, a copy; `v2.view(-1)`), is made from that output's tensor, as eager's is. Each
+        replayed its chain from the graph's result, so the view was one of a second, hidden copy: a write through
+        it after the call changed that copy's history, not v2's (fuzz seed 1840127: sin_'s gradient lost)."""
+        slots = self.program.outputs
+
+        def plain(slot: OutputSlot) -> bool:  # (a chain replayed whole, in one grad mode)
+            return slot == OutputSlot(slot.source, slot.chain, grad=slot.grad) and slot.source.kind is RefKind.RESULT
+
+        own: dict[int, int] = {}  # object of a returned tensor of its own (made by the graph) -> its position
+        for k, arg in enumerate(args):
+            v = self.info.values.get(arg)
+            if isinstance(v, Value) and plain(slots[k]) and slots[k].chain and not _makes_view(slots[k].chain):
+                own.setdefault(v.obj, k)
+        for p, arg in enumerate(args):
+            v = self.info.values.get(arg)
+            if not (own and isinstance(v, Value) and plain(slots[p])):
+                continue
+            n = v.node
+            while is_view_node(n):  # (eager's views of views are views of the first tensor of its own)
+                n = n.args[0]
+                of = self.info.values.get(n)
+                if isinstance(of, Value) and of.obj in own:
+                    k = own[of.obj]
+                    if k != p and slots[p].chain[: len(slots[k].chain)] == slots[k].chain:
+                        slots[p] = replace(slots[p], from_output=(k, len(slots[k].chain)))
+                    break
 
     def _made_as_view(self, born: Value) -> bool:
         """Whether eager made this tensor as a view: by a view op, not `_unsafe_view` (a reshape's copy) nor as an

@@ -86,6 +86,7 @@ class CompiledProgram:
             for slot in fp.outputs
         ]
         self._early = [i for i, slot in enumerate(fp.outputs) if slot.early]
+        self._from_output = {i: slot.from_output for i, slot in enumerate(fp.outputs) if slot.from_output}
         self._restrides = [(i, slot.restride) for i, slot in enumerate(fp.outputs) if slot.restride is not None]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
@@ -245,8 +246,19 @@ class CompiledProgram:
         for i, (_, _, same_as, *_) in enumerate(self._outputs):
             if same_as is not None:
                 outs.append(outs[same_as])
+            elif i in self._from_output:
+                outs.append(None)  # (made below: the output it is a view of may come after it)
             else:
                 outs.append(early[i] if i in early else self._output(i, tensors, bases, results, grad))
+        if self._from_output:
+            for i, (k, n) in self._from_output.items():
+                chain = self._outputs[i][1]
+                if self._computed:
+                    chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
+                made_with_grad = self._outputs[i][3]
+                with torch.set_grad_enabled(grad if made_with_grad is None else made_with_grad):
+                    outs[i] = replay_chain(chain[n:], outs[k], _torch_call)
+            outs = [outs[same_as] if same_as is not None else o for o, (_, _, same_as, *_) in zip(outs, self._outputs)]
         for i, (size, stride, rel) in self._restrides:  # once every output is made: other outputs may view outs[i]
             # Without moving the version counter: eager's moved at the change itself (for a caller's memory, the
             # graph's bump_version moved it there), before the outputs made after it, whose grad_fn would raise
