@@ -723,3 +723,26 @@ def test_a_write_of_an_inference_tensor_outside_inference_mode_raises_eagers_err
             x = torch.ones(2, 3)
         with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
             f(x)
+
+
+def sgd_through_data(params, lr):
+    for p in params:
+        p.data.add_(p.grad, alpha=-lr)
+
+
+def test_a_step_through_data_fuses():
+    # The graph reads each parameter through a clone that requires grad, so autograd "records" it, but no result
+    # requires grad: nothing recorded is observable, and fused_autograd refuses writes of inputs that require
+    # grad. It ran on the torch executor; it fuses, the parameters' counters left as eager's (x.data).
+    jf = dealias.jit(sgd_through_data, executor="inductor")
+    for _ in range(2):
+        params = [torch.nn.Parameter(torch.randn(64)) for _ in range(3)]
+        for p in params:
+            p.grad = torch.randn(64)
+        expected = [p.detach() + p.grad * -0.1 for p in params]
+        versions = [p._version for p in params]
+        jf(params, 0.1)
+        for p, e in zip(params, expected):
+            torch.testing.assert_close(p.detach(), e)
+        assert [p._version for p in params] == versions
+    assert dealias.cache_info(jf).tiers == ("fused",)

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 from torch.utils import _pytree as pytree
 
 from ..errors import UnsupportedError
-from ..ir.plan import FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
+from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
 from ..ir.traces import Trace, format_graph
 from ..ir.viewops import chain_text, symbolic_layout
 from ..runtime.executor import torch_executor
@@ -150,7 +150,10 @@ def compile_program(
             # Eager raises at a write of an inference tensor outside inference mode; the torch executor's ops
             # raise it, inductor's kernels would write (a write through a view of one: found in review).
             executor, name = "torch", "execution trace (torch executor: not fused, an inference tensor input)"
-    if executor == "inductor" and unfusable(fp.gm) == AUTOGRAD:
+    why = unfusable(fp.gm) if executor == "inductor" else None
+    if why == AUTOGRAD and _hidden_writes_only(fp, captured):
+        why = None
+    if executor == "inductor" and why == AUTOGRAD:
         try:
             trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))
             aliases = _alias_placeholders(trial.gm, captured)
@@ -170,7 +173,6 @@ def compile_program(
             name = f"execution trace (torch executor: not fused, {e})"
     elif executor == "inductor":
         try:
-            why = unfusable(fp.gm)
             if why is not None:
                 raise Unfusable(why)
             trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
@@ -209,6 +211,16 @@ def compile_program(
     return CompiledProgram(
         captured, fp, run, traces, functional_gm, reports, _shape_guard(captured), tensor_layouts(captured), tier
     )
+
+
+def _hidden_writes_only(fp: FunctionalProgram, captured: Captured) -> bool:
+    """A graph autograd records whose results require no grad, writing a caller's tensor that requires grad (a
+    hand-written step `p.data.add_(g, alpha=-lr)`, which reads p through a clone that requires grad): what it
+    records is observable nowhere, and fused_autograd refuses the write; the fused executor runs it unrecorded."""
+    results = fp.gm.graph.output_node().args[0]
+    if any(isinstance(r, fx.Node) and r.meta.get("rg", True) for r in pytree.tree_leaves(results)):
+        return False
+    return any(wb.target.kind is RefKind.INPUT and captured.requires_grad[wb.target.key] for wb in fp.writebacks)
 
 
 def _examples(captured: Any, leaves: list[Any]) -> list[Any]:
