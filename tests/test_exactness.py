@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from harness import check, clone_args
+from harness import check, clone_args, grads_like_eager
 
 import dealias
 from dealias.runtime.verify import compare_call
@@ -765,3 +765,19 @@ def test_in_place_result_of_a_wider_kind_raises_eagers_error_and_writes_nothing(
         with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
             jf(t)
         assert torch.equal(t, make()), raised
+
+
+def zero_a_complex_view(x):
+    torch.view_as_complex(x).zero_()
+    return (x * 3,)
+
+
+def test_zero_of_a_complex_view_under_autograd():
+    # zero_'s functional form aten.zero has no derivative for complex results ("zero does not support automatic
+    # differentiation for outputs with complex dtype") where eager's zero_ has: fill is emitted (fuzz seed 1930400).
+    assert (
+        grads_like_eager(
+            zero_a_complex_view, dealias.jit(zero_a_complex_view), lambda: (torch.randn(3, 2, requires_grad=True) * 1,)
+        )
+        == []
+    )

@@ -630,6 +630,8 @@ class _Functionalizer:
             kwargs.update(dtype=out_meta.dtype, device=out_meta.device)
         if f.functional is aten.copy.default and any(isinstance(a, fx.Node) and a.meta.get("rg") for a in args[:2]):
             out = self.copy_value(args[0], args[1])  # aten.copy has no derivative
+        elif f.functional is aten.zero.default:  # (aten.zero has no derivative for complex results; fill has)
+            out = self.emit.call(aten.fill.Scalar, *args, 0)
         else:
             out = self.emit.call(f.functional, *args, **kwargs)
         if f.kind is OpKind.MUTABLE:
