@@ -312,6 +312,9 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
             _no_donated_buffers(),
         ):
             compiled = compile_fx(_clones_of_inputs_kept(gm), list(example))
+        # compile_fx hands back AOTAutograd's function inside a `torch._dynamo.disable` of its own (~3 us a call):
+        # it is only ever called from a program dynamo already runs under its own disable.
+        compiled = getattr(compiled, "_torchdynamo_orig_callable", compiled)
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         cause = e
         while cause.__cause__ is not None and not isinstance(cause, Unfusable):
