@@ -347,16 +347,16 @@ def execute(x):
 # made by alias analysis (.. ms), functionalize (.. ms), optimize (.. ms)
 def functional(x):
     diagonal = aten.diagonal(x)                                   # float32[3] strides [4]  x.diagonal().zero_()
-    zero = aten.zero(diagonal)                                    # float32[3]  x.diagonal().zero_()
-    region_write = region_write(x, diagonal, zero)                # float32[3, 3]  x.diagonal().zero_()
+    fill = aten.fill.Scalar(diagonal, 0)                          # float32[3]  x.diagonal().zero_()
+    region_write = region_write(x, diagonal, fill)                # float32[3, 3]  x.diagonal().zero_()
     sum_1 = aten.sum.dim_IntList(region_write, [0])               # float32[3]  return x.sum(0)
     return (region_write, sum_1)
 # execution trace (torch executor)
 # made by write-back lowering (.. ms), torch executor (.. ms)
-# write-back to x: in place, 12 bytes: x.diagonal().zero_(..)
+# write-back to x: in place, 12 bytes: x.diagonal().fill_(..)
 def execute(x):
     diagonal_2 = x.diagonal()                                     # float32[3] strides [4]  x.diagonal().zero_()
-    zero_ = diagonal_2.zero_()                                    # float32[3] strides [4]  x.diagonal().zero_()
+    fill_ = diagonal_2.fill_(0)                                   # float32[3] strides [4]  x.diagonal().zero_()
     sum_1 = x.sum([0])                                            # float32[3]  return x.sum(0)
     return (sum_1,)""",
         )
