@@ -223,11 +223,10 @@ class _Functionalizer:
             new = restride(self.emit, new, s.root_meta)
         self.advance(s, self.autograd.with_history(s, new, bool(hidden)))
         self.autograd.after_write(s, node, bool(hidden), result)
-        if not counted:  # (a write eager's kernel makes without moving the counter: OpFacts.counted)
-            pass
-        elif s.kind is StorageKind.GROUP:  # (a caller's own tensor: its write-back moves its counter)
+        # (`counted`: False for a write eager's kernel makes without moving the counter, OpFacts.counted)
+        if counted and s.kind is StorageKind.GROUP:  # (a caller's own tensor: its write-back moves its counter)
             self.move_counter(v)
-        else:
+        elif counted:
             self.record_counter_move(v)
 
     def move_counter(self, v: Value) -> None:
@@ -659,9 +658,10 @@ class _Functionalizer:
 
     def _counters(self) -> None:
         """FunctionalProgram.unmoved_counters: the caller's tensors whose memory the graph writes back though
-        eager's writes left their version counters (every write went through a tensor with a counter of its own:
-        an unsafe_chunk element, `x.data`), and, when there are any, the tensors whose counters eager moved (they
-        may share a counter with one of the former, which is set back first)."""
+        eager's writes left their version counters (every write went through a tensor with a counter of its own,
+        an unsafe_chunk element or `x.data`, or was one a kernel makes without moving it, OpFacts.counted), and,
+        when there are any, the tensors whose counters eager moved (they may share a counter with one of the
+        former, which is set back first)."""
         unmoved: list[Ref] = []
         written = {s for s in self.base if s.kind is not StorageKind.INTERMEDIATE and self.version[s] > 0}
         for s in written:
