@@ -973,8 +973,21 @@ def detached_and_a_view_of_it(x):
     return y, y[1:]
 
 
+def a_view_of_a_detach_of_a_copy(x):
+    y = x.t().reshape(-1)  # a copy
+    d = y.detach()  # made from it
+    return d, d[1:], y  # (the view is made from d, made from y, in turn)
+
+
 @pytest.mark.parametrize(
-    "fn", [flatten_and_a_view_of_it, a_view_of_a_flatten_first, two_flattens, detached_and_a_view_of_it]
+    "fn",
+    [
+        flatten_and_a_view_of_it,
+        a_view_of_a_flatten_first,
+        two_flattens,
+        detached_and_a_view_of_it,
+        a_view_of_a_detach_of_a_copy,
+    ],
 )
 def test_a_view_of_a_returned_tensor_of_its_own_is_made_from_it(fn):
     # Each output replayed its chain from the graph's result: the view was one of a second, hidden copy, so a write

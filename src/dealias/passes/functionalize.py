@@ -777,9 +777,6 @@ class _Functionalizer:
                     if k != p and slots[p].chain[: len(slots[k].chain)] == slots[k].chain:
                         slots[p] = replace(slots[p], from_output=(k, len(slots[k].chain)))
                     break
-        for p, slot in enumerate(slots):  # (one level: an output made from one made so itself keeps its whole chain)
-            if slot.from_output is not None and slots[slot.from_output[0]].from_output is not None:
-                slots[p] = replace(slot, from_output=None)
 
     def _made_as_view(self, born: Value) -> bool:
         """Whether eager made this tensor as a view: by a view op, not `_unsafe_view` (a reshape's copy) nor as an

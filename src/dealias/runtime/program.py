@@ -87,6 +87,8 @@ class CompiledProgram:
         ]
         self._early = [i for i, slot in enumerate(fp.outputs) if slot.early]
         self._from_output = {i: slot.from_output for i, slot in enumerate(fp.outputs) if slot.from_output}
+        # (the output a slot is made from has a shorter chain, a prefix of the slot's: by length, it comes first)
+        self._from_output_order = sorted(self._from_output.items(), key=lambda item: len(fp.outputs[item[0]].chain))
         self._restrides = [(i, slot.restride) for i, slot in enumerate(fp.outputs) if slot.restride is not None]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
@@ -251,7 +253,7 @@ class CompiledProgram:
             else:
                 outs.append(early[i] if i in early else self._output(i, tensors, bases, results, grad))
         if self._from_output:
-            for i, (k, n) in self._from_output.items():
+            for i, (k, n) in self._from_output_order:  # (one made from one made so comes after it)
                 chain = self._outputs[i][1]
                 if self._computed:
                     chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
