@@ -90,9 +90,9 @@ class AutogradFacts:
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.returned_elements: dict[int, fx.Node] = {}  # unsafe_split element object -> the result made from it
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
-        # Caller storages written back where their last write is, under autograd (see _write_back_now).
         if under_autograd:
             _refuse_hidden_write_after_a_read(gm, self.info, walk.requires_grad)
+        # Caller storages written back where their last write is, under autograd (see _write_back_now).
         self.last_write = _last_writes(gm, self.info) if under_autograd else {}
         self.last_input_write = _last_writes(gm, self.info, read_later=False) if under_autograd else {}
         self.written_back: set[Storage] = set()

@@ -662,11 +662,9 @@ class _Functionalizer:
         an unsafe_chunk element or `x.data`, or was one a kernel makes without moving it, OpFacts.counted), and,
         when there are any, the tensors whose counters eager moved (they may share a counter with one of the
         former, which is set back first)."""
-        unmoved: list[Ref] = []
         written = {s for s in self.base if s.kind is not StorageKind.INTERMEDIATE and self.version[s] > 0}
-        for s in written:
-            if s.kind is not StorageKind.GROUP and s not in self.counter_written:
-                unmoved.append(s.ref())
+        kept = [s for s in written if s.kind is not StorageKind.GROUP and s not in self.counter_written]
+        unmoved = [s.ref() for s in kept]
         for obj in self.member_ph:  # (the write-back into a group's base moves the counter of one member)
             if self.first[obj].storage in written and obj not in self.members_moved:
                 unmoved.append(self.caller_objs[obj])
@@ -677,14 +675,12 @@ class _Functionalizer:
         # A write-back inside the graph (AutogradFacts._write_back_now: the tensor is read with grad on after its
         # last write) of such memory goes through an alias with a counter of its own: what autograd saves of the
         # tensor after it must not be stale at the end of the call, when the counter is set back.
-        keep = {s.ref() for s in written if s.kind is not StorageKind.GROUP and s not in self.counter_written}
-        keep |= {s.ref() for s in written if s.kind is StorageKind.GROUP and not self._members_moved_of(s)}
+        moved_groups = {self.first[obj].storage for obj in self.members_moved}
+        keep = {s.ref() for s in kept}
+        keep |= {s.ref() for s in written if s.kind is StorageKind.GROUP and s not in moved_groups}
         for n in self.graph.find_nodes(op="call_function", target=write_back_now):
             if self.placeholder_ref.get(n.args[0]) in keep:
                 n.kwargs = {**n.kwargs, "keep_counter": True}
-
-    def _members_moved_of(self, s: Storage) -> bool:
-        return any(self.first[obj].storage is s for obj in self.members_moved)
 
     def _output(self, node: fx.Node) -> None:
         outs: list[fx.Node] = []

@@ -9,8 +9,7 @@ program computed it. The hazard rule and the snapshots that keep it are in hazar
 and indices the graph computes are computed, in a prologue before any write (prologue.py).
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
 (`unfusable` before lowering, `Unfusable` after): alias groups, random draws, complex tensors, results of symbolic
-sizes in a layout
-other than a dense one, index checks against sizes computed in the graph, ops that may raise
+sizes in a layout other than a dense one, index checks against sizes computed in the graph, ops that may raise
 on their values, functional scatters into memory of the caller's and dtype views and `as_strided` (three things
 inductor gets wrong or ties to one placement of the inputs), writes to memory that is not an input. (A functional
 scatter into memory the graph made, `out = torch.zeros(..); out[idx] = x`, is inductor's own buffer: fused.)

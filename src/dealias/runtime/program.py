@@ -119,9 +119,8 @@ class CompiledProgram:
             return None
         if any(slot.chain or slot.restride for slot in fp.outputs):
             return None
-        if any(ref.kind is not RefKind.INPUT for ref in (*(wb.target for wb in fp.writebacks), *fp.unmoved_counters)):
-            return None
-        if any(ref.kind is not RefKind.INPUT for ref in fp.moved_counters):
+        refs = (*(wb.target for wb in fp.writebacks), *fp.unmoved_counters, *fp.moved_counters)
+        if any(ref.kind is not RefKind.INPUT for ref in refs):
             return None
         env: dict[str, Any] = {"run": self.run_graph, "pack": self._pack, "constants": fp.constants}
         inputs = [f"leaves[{p}]" for p in (*self._positions, *self._symbols)]
