@@ -17,11 +17,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-from torch.utils import _pytree as pytree
 
-from ..errors import EagerSemanticsError, OverlapError, UnsupportedError, located, node_location
-from ..ir.checks import NoProbe, aliasing_is_benign, probe
+from ..errors import EagerSemanticsError, UnsupportedError, located, node_location
 from ..ir.emitter import Emitter
 from ..ir.gradops import bump_version, caller_tensor, write_back_now
 from ..ir.opfacts import (
@@ -46,21 +43,18 @@ from ..ir.plan import (
     group_placeholder,
 )
 from ..ir.regions import emit_region_write, owning_node, restride
-from ..ir.sharing import has_symbols, overlaps
 from ..ir.viewops import (
     ViewStep,
     as_strided_rel,
     chain_args,
-    check_inverse,
-    extent,
     internal_overlap,
     map_chain_args,
     replay,
     replay_chain,
-    same_layout,
 )
 from .alias import AliasInfo, Storage, Value, resizes_nothing
 from .autograd_facts import AutogradFacts
+from .writecheck import check_invertible, check_writable
 
 aten = torch.ops.aten
 
@@ -200,7 +194,7 @@ class _Functionalizer:
             # A view in the chain overlaps itself (`x.expand(2, n)[0] = 1`, `x.expand(2, n).fill_(1)`): its
             # values cannot stand in for memory. Write the rest of the chain, from the last base before it
             # that has the view's dtype, as one strided region of that base (every alias of a location
-            # receives the same value: see _UNIFORM_WRITES).
+            # receives the same value: see writecheck.UNIFORM_WRITES).
             view = bases[-1].meta["val"]
             starts = [
                 i
@@ -217,7 +211,7 @@ class _Functionalizer:
             bases = [*bases[: i + 1], self.emit.call(as_strided_rel, bases[i], *step.args)]
         result = new
         if chain:
-            _check_invertible(chain, bases, node)
+            check_invertible(chain, bases, node)
             new = emit_region_write(self.emit, bases[0], bases[1:], new)
         else:
             new = restride(self.emit, new, s.root_meta)
@@ -282,58 +276,6 @@ class _Functionalizer:
         if tuple(v.shape) != tuple(d.shape):
             src = self.emit.call(aten.expand.default, src, list(d.shape))
         return self.emit.call(aten.clone.default, src)
-
-    def check_writable(self, node: fx.Node, written: list[Value], others: list[Value]) -> None:
-        """Raise where eager raises (or where dealias cannot follow eager) before anything is written."""
-        for v in written:
-            overlap = internal_overlap(v.meta)
-            if overlap != "no" and node.target not in _UNIFORM_WRITES:
-                if overlap == "yes" and torch.Tag.pointwise in node.target.tags:
-                    raise EagerSemanticsError(
-                        f"{node.target}: unsupported operation: more than one element of the written-to "
-                        "tensor refers to a single memory location. Please clone() the tensor before "
-                        "performing the operation."
-                    )
-                # Eager runs some of these (masked_fill_ on an expanded tensor) with results that depend on
-                # which alias it writes last: refuse rather than guess.
-                raise OverlapError(f"{node.target} writes a tensor whose elements overlap in memory")
-            shared = [o for o in others if o.storage is v.storage and overlaps(v.meta, o.meta)]
-            # copy_ is elementwise too (each element read before the same element is written; eager raises on a
-            # partial overlap as pointwise kernels do), but eager, asked below, also runs some non-dense overlaps
-            # exactly: pointwise rules only where it cannot be asked (a view at a symbolic position).
-            elementwise = torch.Tag.pointwise in node.target.tags or (
-                node.target is aten.copy_.default and any(has_symbols(t.meta) for t in (v, *shared))
-            )
-            if shared and not elementwise:
-                # The written tensor is also read through another argument (`index_add_(0, i, x)` on x,
-                # `torch.sum(x, 0, out=x[1])`, `mm(a, x, out=x)`). Pointwise kernels allow an exact alias; other
-                # kernels check it each their own way, or read what they already wrote in an order of their own.
-                # Ask eager (on zeros laid out like these arguments): raise its error, or run the graph eagerly.
-                error = _eager_overlap_error(node)
-                if error is not None:
-                    raise EagerSemanticsError(f"{node.target}: {error}")
-                if facts(node.target).kind is OpKind.MUTABLE:
-                    # Its kernel updates state then computes with it (`_fused_moving_avg_obs_fq_helper(x, .., x[0],
-                    # ..)` quantizes x with its new running minimum), often behind integer flags that the probe
-                    # below fills with zeros: not asked, refused.
-                    raise OverlapError(f"{node.target} reads memory it writes, through another argument")
-                bound = bind_args(node.target._schema, node.args, node.kwargs)
-                targets = [a for name in facts(node.target).mutated for a in pytree.tree_leaves(bound.get(name))]
-                if aliasing_is_benign(node, [a for a in targets if isinstance(a, fx.Node)]):
-                    continue  # (`slice_scatter(x, s, out=x.view(..))`: eager copies x first, as copies would)
-                raise OverlapError(f"{node.target} reads memory it writes, through another argument")
-            for o in shared:
-                if same_layout(o.meta, v.meta):
-                    continue  # the same elements: a pointwise kernel reads each before writing it
-                if not _partial_overlap(v.meta, o.meta):
-                    # Eager's check cannot tell (non-dense layouts) and it reads elements it may already have
-                    # written, in an order it does not promise: refuse rather than guess.
-                    raise OverlapError(f"{node.target} reads memory it writes through another view")
-                raise EagerSemanticsError(
-                    f"{node.target}: unsupported operation: some elements of the input tensor and the "
-                    "written-to tensor refer to a single memory location. Please clone() the tensor "
-                    "before performing the operation."
-                )
 
     # -- the walk ------------------------------------------------------------------------------------
     def run(self) -> FunctionalProgram:
@@ -614,7 +556,7 @@ class _Functionalizer:
             for a in (arg if isinstance(arg, (list, tuple)) else [arg])
             if isinstance(a, fx.Node) and isinstance(self.info.values.get(a), Value)
         ]
-        self.check_writable(node, targets, others)
+        check_writable(node, targets, others)
         if f.kind is OpKind.INPLACE and len(targets) == 1 and self.autograd.saves_caller_result(node, targets[0]):
             self.autograd.run_in_place_on_caller(node, targets[0], bound)
             self.record_counter_move(targets[0])  # (in place on the caller's tensor itself)
@@ -857,39 +799,11 @@ def _read_with_grad(node: fx.Node) -> bool:
     return False
 
 
-# Writes of one value everywhere: eager runs them on tensors whose elements share memory (an expanded
-# tensor), and every alias of a location receives the same value, so the result is well defined.
-# (fill_.Tensor is left out: eager's `x[i] = 3.0` reaches it under tracing but runs copy_, which refuses.)
-_UNIFORM_WRITES = {aten.fill_.Scalar, aten.zero_.default}
-
-
-def _check_invertible(chain: tuple[ViewStep, ...], bases: list[fx.Node], node: fx.Node) -> None:
-    """Raise UnsupportedError, at the user's line, before recording a write of `node` through `chain` that the
-    view inverses cannot push back into its base (bases[i] is the value step i applies to)."""
-    try:
-        for i, step in enumerate(chain):
-            check_inverse(step, bases[i].meta["val"], bases[i + 1].meta["val"])
-    except UnsupportedError as e:
-        raise UnsupportedError(f"{node.target}: {e}") from None
-
-
 def _hides_grad(step: ViewStep, base: fx.Node) -> bool:
     """A view autograd does not differentiate through: detach, or a dtype view leaving floating point."""
     if step.op is aten.detach.default:
         return True
     return step.op is aten.view.dtype and not step.args[0].is_floating_point and not step.args[0].is_complex
-
-
-def _eager_overlap_error(node: fx.Node) -> str | None:
-    """Eager's "unsupported operation: ... refer to a single memory location" for `node`'s op with its arguments'
-    aliasing (checks.probe: overlap checks run before any computation, so zeros tell). None if eager accepts it,
-    or if nothing can be learned (large or symbolic memory)."""
-    try:
-        error = probe(node)
-    except NoProbe:
-        return None
-    message = (str(error).strip().splitlines() or [""])[0] if isinstance(error, RuntimeError) else ""
-    return message if "refer to a single memory location" in message else None
 
 
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:
@@ -920,20 +834,6 @@ def _to_call(
         else:
             kwargs[a.name] = value
     return args, kwargs
-
-
-def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Eager's `assert_no_partial_overlap`: both dense, their byte ranges intersect, yet not identical."""
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    if not (is_non_overlapping_and_dense(a) and is_non_overlapping_and_dense(b)):
-        return False
-    (fa, la), (fb, lb) = extent(a), extent(b)
-    sa, sb = fa * a.element_size(), fb * b.element_size()
-    ea, eb = (la + 1) * a.element_size(), (lb + 1) * b.element_size()
-    if sa == sb and ea == eb and a.stride() == b.stride() and a.shape == b.shape:
-        return False
-    return sa < eb and sb < ea
 
 
 def _scalar_name(dtype: torch.dtype) -> str:
