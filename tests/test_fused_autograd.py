@@ -12,9 +12,10 @@ from harness import AddsItsInput, HalvesGradient, check, grads_like_eager
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import dealias
-from dealias.runtime import fused_autograd
+from dealias.runtime import double_backward, fused_autograd
+from dealias.runtime.double_backward import written_inputs_read
 from dealias.runtime.fused import Unfusable
-from dealias.runtime.fused_autograd import _written_inputs_read, fused_autograd_executor
+from dealias.runtime.fused_autograd import fused_autograd_executor
 
 aten = torch.ops.aten
 
@@ -59,7 +60,7 @@ def test_written_inputs_a_result_reads_follow_the_ops_decomposition(training):
         return new_mean, new_var, out
 
     gm = make_fx(graph)(torch.randn(2, 3, 4), torch.ones(3), torch.zeros(3), torch.zeros(3), torch.ones(3))
-    reads = _written_inputs_read(gm, frozenset({3, 4}))
+    reads = written_inputs_read(gm, frozenset({3, 4}))
     read_by_output = frozenset() if training else frozenset({3, 4})
     assert reads == [frozenset({3}), frozenset({4}), read_by_output], reads
 
@@ -400,7 +401,7 @@ def test_fused_autograd_supports_double_backward_and_retained_graphs(own, monkey
     # AOTAutograd's own Function, given that backward, or (`wrapped`, where its Function could not take it) from
     # a Function of dealias's around it.
     if not own:
-        monkeypatch.setattr(fused_autograd, "_takes_double_backward", lambda *a: False)
+        monkeypatch.setattr(double_backward, "takes_double_backward", lambda *a: False)
     jf = dealias.jit(write_then_cube_sin, executor="inductor")
     results = []
     for fn in (write_then_cube_sin, jf):
@@ -415,7 +416,7 @@ def test_fused_autograd_supports_double_backward_and_retained_graphs(own, monkey
         results.append((g, h, x.grad, s))
     assert "fused with autograd" in str(dealias.last_traces(jf)[3])
     node = jf(x, torch.zeros(5)).grad_fn  # no Function of dealias's around AOTAutograd's (it costs ~35 us a call)
-    assert type(node).__name__ == ("CompiledFunctionBackward" if own else "_TwiceDifferentiableBackward")
+    assert type(node).__name__ == ("CompiledFunctionBackward" if own else "TwiceDifferentiableBackward")
     for got, expected in zip(results[1], results[0]):
         torch.testing.assert_close(got, expected)
 

@@ -10,7 +10,7 @@ afterwards would make backward raise "modified by an inplace operation" where ea
 AOTAutograd's compiled graph has one backward node for all its results, where eager has one per op, and its
 backward is not differentiable again; the rules below give eager's behaviour at backward anyway: which inputs
 get no gradient, which saved results make backward raise after a write, how a backward with create_graph=True
-is recomputed with eager's ops.
+is recomputed with eager's ops (double_backward.py).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.opfacts import is_view_node, may_raise, op_name
+from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_counters, written_inputs_read
 from .fused import runner
 from .hazards import SNAPSHOT, Unfusable
 from .prologue import make_prologue, sizes_arithmetic
@@ -335,11 +335,11 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
         return run
     # The written inputs a result requiring grad is computed from: a double backward recomputes from copies taken
     # before the call writes them. And whether AOTAutograd's own Function can take the double backward (see
-    # _recompute_double_backward), learned from a run on copies of the example inputs; else each call runs
-    # inside a _TwiceDifferentiable, which costs more.
-    reads = _written_inputs_read(gm, written)
+    # recompute_double_backward), learned from a run on copies of the example inputs; else each call runs
+    # inside a TwiceDifferentiable, which costs more.
+    reads = written_inputs_read(gm, written)
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
-    own, first = _double_backward_of_its_own(compiled, call)
+    own, first = double_backward_of_its_own(compiled, call)
     watched = _results_eager_saves(results, rg_results)
     # (every input requiring grad reached by every result: nothing to set to None. An input requiring no grad gets
     # None from the compiled backward already: BatchNorm's running statistics then cost no hook per call.)
@@ -353,7 +353,7 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
             return compiled(*args)
         copies = {i: args[i].clone() for i in kept}
         if not own:
-            outs = _TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
+            outs = TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
         else:
             outs = compiled(*args)
         _check_saved_results_at_backward(outs, watched)
@@ -362,7 +362,7 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
         if own:
             # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
             # counters of the others.
-            outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, _versions(args))
+            outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, version_counters(args))
         if len(rg_results) > 1:
             outs = tuple(_OwnNode.apply(o) if isinstance(o, torch.Tensor) and o.requires_grad else o for o in outs)
         return outs
@@ -478,7 +478,7 @@ def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: An
     """An input none of whose results received a gradient gets None from this call's backward node, as from
     eager's: the compiled backward, one node for all results, gives it zeros (fuzz seed 964788: with
     `allow_unused`, a leaf's gradient was zeros where eager's is None). The node has a gradient input for each
-    tensor among its arguments only, in order (none for a symbol's value, nor for _TwiceDifferentiable's own
+    tensor among its arguments only, in order (none for a symbol's value, nor for TwiceDifferentiable's own
     arguments): over symbols the ints after the tensors shifted a count-based match by one, and a leaf lost the
     gradient of a result computed from it (fuzz --dynamic seed 1610117, silently)."""
     tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
@@ -557,228 +557,3 @@ def _without_input_writes(gm: fx.GraphModule) -> fx.GraphModule:
             out.graph.erase_node(n)
     out.recompile()
     return out
-
-
-def _double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool, int]:
-    """Whether AOTAutograd's Function in `compiled` can take dealias's double backward (`_takes_double_backward`),
-    asked of a run on copies of the example inputs (the graph may write its inputs); and which result's backward
-    node is its own (the first requiring grad)."""
-    copies = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in example]
-    with torch.enable_grad():
-        outs = compiled(*copies)
-    first = next((i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad), None)
-    if first is None:
-        return False, 0
-    return _takes_double_backward(outs[first].grad_fn, copies, outs), first
-
-
-def _versions(args: Any) -> list[int | None]:
-    return [a._version if isinstance(a, torch.Tensor) else None for a in args]  # (None: a symbol's value)
-
-
-def _takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
-    """Whether the backward node `node` of AOTAutograd's Function (outputs `outs`, inputs `args`) is one whose class
-    can run dealias's recompute for a backward with create_graph=True (`_recompute_double_backward`): every result
-    requiring grad is one of its outputs, its inputs are `args` in order, and it mutates and aliases nothing. Its
-    class is then given a backward that does so; its first-order backward stays AOTAutograd's."""
-    cls = getattr(type(node), "_forward_cls", None)
-    meta = getattr(cls, "metadata", None)
-    if meta is None or meta.num_intermediate_bases or meta.tokens:
-        return False
-    # (An input write AOTAutograd keeps in the compiled graph has no output of its own; others would.)
-    if any(
-        i.mutates_metadata or i.mutates_data and i.mutation_type.name != "MUTATED_IN_GRAPH" for i in meta.input_info
-    ):
-        return False
-    if len(meta.output_info) != len(outs) or any(o.output_type.name != "non_alias" for o in meta.output_info):
-        return False
-    if any(isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not node for o in outs) or len(
-        node.next_functions
-    ) != len(args):
-        return False
-    for (fn, _), a in zip(node.next_functions, args):  # input i's gradient goes to args[i]'s history
-        if not isinstance(a, torch.Tensor) or not a.requires_grad:
-            expected = fn is None
-        elif a.grad_fn is not None:
-            expected = fn is a.grad_fn
-        else:  # a leaf: its gradient accumulator
-            expected = getattr(fn, "variable", None) is a
-        if not expected:
-            return False
-    if not getattr(cls, "dealias_double_backward", False):
-        first_order, boxed = cls.backward, getattr(cls, "boxed_grads_call", False)
-
-        @torch._dynamo.disable  # (see _recompute_double_backward)
-        def backward(ctx: Any, *grads: Any) -> Any:
-            if torch.is_grad_enabled() and hasattr(ctx, "dealias_recompute"):
-                ctx.saved_tensors  # noqa: B018 - raises eager's error if a backward freed the graph
-                return _recompute_double_backward(*ctx.dealias_recompute, grads[0] if boxed else grads)
-            result = first_order(ctx, *grads)
-            if not torch._C._autograd._get_current_graph_task_keep_graph():  # the graph is freed: so are the inputs
-                ctx.__dict__.pop("dealias_recompute", None)
-            return result
-
-        cls.backward = staticmethod(backward)
-        cls.dealias_double_backward = True
-    return True
-
-
-@torch._dynamo.disable
-def _recompute_double_backward(
-    graph: fx.GraphModule, args: Any, copies: dict[int, torch.Tensor], written: Any, versions: Any, grads: Any
-) -> tuple[Any, ...]:
-    """A backward with create_graph=True of a fused graph: the gradient must be differentiable in turn, which
-    AOTAutograd's compiled backward is not. The graph runs again with eager's ops, from the call's inputs (of those
-    written since by the epilogue, the copies taken before), and is differentiated with create_graph. An input
-    written in place since the call makes it raise, naming the input: never a gradient of other values. (Dynamo
-    must not see it: a backward run from the user's code between two graphs of a jitted function (a gradient
-    penalty's `autograd.grad(.., create_graph=True)`) runs in a frame dynamo traces, and it compiled `graph` anew,
-    with inductor, on every call: 61 programs for a WGAN-GP step.)"""
-    moved = next((i for i, a in enumerate(args) if i not in written and versions[i] not in (None, a._version)), None)
-    if moved is not None:
-        raise RuntimeError(
-            f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and input "
-            f"{moved} was modified in place since the call; compile with executor='torch' to differentiate it "
-            "twice after such a write"
-        )
-    inputs = [copies.get(i, a) for i, a in enumerate(args)]
-    with torch.enable_grad():
-        outs = graph(*inputs)
-    diff = [i for i, g in enumerate(grads) if g is not None and outs[i].requires_grad]
-    wrt = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and a.requires_grad]
-    differentiated, given = [outs[i] for i in diff], [grads[i] for i in diff]
-    got = torch.autograd.grad(differentiated, [inputs[i] for i in wrt], given, create_graph=True, allow_unused=True)
-    result: list[Any] = [None] * len(inputs)
-    for k, i in enumerate(wrt):
-        result[i] = got[k]
-    return tuple(result)
-
-
-def _written_inputs_read(gm: fx.GraphModule, written: frozenset[int]) -> list[frozenset[int]]:
-    """For each result of `gm`, the `written` placeholders (by position) it is computed from. A result of a
-    multi-output op is computed from the arguments its own output depends on in the op's decomposition (batch
-    norm's output in training does not read the running statistics it updates); of other ops, from all."""
-    placeholders = gm.graph.find_nodes(op="placeholder")
-    reads: dict[fx.Node, frozenset[int]] = {p: frozenset({i} & written) for i, p in enumerate(placeholders)}
-    for n in gm.graph.nodes:
-        if n.op in ("placeholder", "output"):
-            continue
-        source = n.args[0] if n.target is getitem and isinstance(n.args[0], fx.Node) else None
-        if source is not None and any(reads.get(a) for a in source.all_input_nodes):
-            depends = _output_dependence(source)
-            if depends is not None:
-                reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in depends[n.args[1]]))
-                continue
-        reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
-    return [
-        reads.get(a, frozenset()) if isinstance(a, fx.Node) else frozenset() for a in gm.graph.output_node().args[0]
-    ]
-
-
-def _output_dependence(n: fx.Node) -> list[set[fx.Node]] | None:
-    """For each output of the multi-output aten op `n`, the argument nodes it is computed from, read off the
-    op's decomposition traced on meta tensors of the arguments' layouts; None if there is none to trace (no
-    decomposition, symbolic sizes)."""
-    from torch._decomp import decomposition_table
-
-    op = n.target
-    if not isinstance(op, torch._ops.OpOverload) or op not in decomposition_table:
-        return None
-    flat, spec = torch.utils._pytree.tree_flatten((n.args, n.kwargs))
-    nodes = [a for a in flat if isinstance(a, fx.Node)]
-    vals = [a.meta.get("val") for a in nodes]
-    if not all(isinstance(v, torch.Tensor) and not _symbolic(v) for v in vals):
-        return None
-    metas = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") for v in vals]
-
-    def run(*tensors: torch.Tensor) -> Any:
-        it = iter(tensors)
-        args, kwargs = torch.utils._pytree.tree_unflatten(
-            [next(it) if isinstance(a, fx.Node) else a for a in flat], spec
-        )
-        return tuple(op(*args, **kwargs))
-
-    try:
-        traced = make_fx(run, decomposition_table={op: decomposition_table[op]})(*metas)
-    except Exception:  # noqa: BLE001 - a decomposition that does not trace here: every output reads every argument
-        return None
-    inputs = traced.graph.find_nodes(op="placeholder")
-    reach: dict[fx.Node, set[int]] = {p: {i} for i, p in enumerate(inputs)}
-    for m in traced.graph.nodes:
-        if m.op not in ("placeholder", "output"):
-            reach[m] = set().union(*(reach.get(a, set()) for a in m.all_input_nodes))
-    outs = traced.graph.output_node().args[0]
-    return [{nodes[i] for i in reach.get(o, set())} if isinstance(o, fx.Node) else set() for o in outs]
-
-
-def _symbolic(v: torch.Tensor) -> bool:
-    return any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride()))
-
-
-class _TwiceDifferentiable(torch.autograd.Function):
-    """AOTAutograd's compiled function inside a Function of dealias's, where its own Function cannot be given
-    dealias's double backward (`_takes_double_backward`). Its own backward raises when differentiated
-    again ("does not currently support double backward"), where eager's and the torch executor's do not. A
-    first-order backward here runs the compiled backward; a backward that records a graph (`create_graph=True`)
-    recomputes the graph with eager's ops, from the inputs as the call had them, and differentiates that, which
-    can be differentiated again. Written inputs (none of which requires grad) are copied before the epilogue
-    writes them, if a result that requires grad is computed from them (`reads`, per result: batch norm's output
-    in training is not computed from the running statistics it updates, so nothing is copied). Other inputs are
-    read as they are then, through aliases keeping their sizes and strides; one written in place since the call
-    (a version counter moved) makes that backward raise, where eager's raises if it saved the tensor and would
-    otherwise use what it saved (a mask computed from it, say): never a gradient from the new values. (It raises
-    also where eager saved nothing of that input and goes on: which inputs the gradient's values depend on is
-    not known here.)"""
-
-    @staticmethod
-    def forward(ctx: Any, compiled: Any, graph: fx.GraphModule, facts: Any, *args: Any) -> Any:
-        copies, written = facts  # (copies of written inputs, taken before the graph writes them)
-        leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
-        with torch.enable_grad():
-            outs = compiled(*leaves)
-        ctx.outs, ctx.leaves, ctx.graph = outs, leaves, graph
-        ctx.args = [
-            a if not isinstance(a, torch.Tensor) or a.requires_grad else copies[i] if i in copies else a.detach()
-            for i, a in enumerate(args)
-        ]
-        ctx.versions = [(i, a._version) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in written]
-        # (A graph over symbols also returns ints: the sizes of its results' views, `OutputSlot.chain`.)
-        returned = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
-        ctx.mark_non_differentiable(
-            *[r for r, o in zip(returned, outs) if isinstance(o, torch.Tensor) and not o.requires_grad]
-        )
-        return returned
-
-    @staticmethod
-    @torch._dynamo.disable  # (see _recompute_double_backward)
-    def backward(ctx: Any, *grads: Any) -> Any:
-        if getattr(ctx, "freed", False):  # (nothing is saved with save_for_backward here: say it as autograd does)
-            raise RuntimeError(
-                "Trying to backward through the graph a second time (or directly access saved tensors after they "
-                "have already been freed). Specify retain_graph=True if you need to backward a second time."
-            )
-        ctx.freed = not torch._C._autograd._get_current_graph_task_keep_graph()
-        diff = [i for i, o in enumerate(ctx.outs) if isinstance(o, torch.Tensor) and o.requires_grad]
-        wrt = [i for i, a in enumerate(ctx.leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
-        given = [grads[i] for i in diff]
-        if torch.is_grad_enabled():  # create_graph=True: the gradient must be differentiable in turn
-            moved = next((i for i, v in ctx.versions if ctx.args[i]._version != v), None)
-            if moved is not None:
-                raise RuntimeError(
-                    f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and "
-                    f"input {moved} was modified in place since the call; compile with executor='torch' to "
-                    "differentiate it twice after such a write"
-                )
-            with torch.enable_grad():
-                outs = ctx.graph(*ctx.args)
-            got = torch.autograd.grad(
-                [outs[i] for i in diff], [ctx.args[i] for i in wrt], given, create_graph=True, allow_unused=True
-            )
-        else:  # (the compiled graph is kept only if this backward keeps it, as AOTAutograd's donated buffers need)
-            outs = [ctx.outs[i] for i in diff]
-            keep = not ctx.freed
-            got = torch.autograd.grad(outs, [ctx.leaves[i] for i in wrt], given, retain_graph=keep, allow_unused=True)
-        result: list[Any] = [None] * len(ctx.leaves)
-        for k, i in enumerate(wrt):
-            result[i] = got[k]
-        return (None, None, None, *result)
