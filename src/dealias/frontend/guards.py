@@ -169,8 +169,10 @@ def lean_check(
     for i, x in enumerate(leaves):
         if isinstance(x, torch.Tensor):
             if x.requires_grad:  # without it, dynamo's requires_grad guard says the kind is False
-                env[f"k{i}"] = _grad_kind(x)
-                conds.append(f"kind(a{i}) == k{i}")
+                env[f"k{i}"] = kind = _grad_kind(x)
+                # (a parameter: a leaf that is no view, read off the tensor without a call of _grad_kind)
+                fast = f"a{i}._base is None and a{i}.is_leaf or " if kind is True else ""
+                conds.append(f"({fast}kind(a{i}) == k{i})")
         elif i not in symbolic:
             env[f"v{i}"] = _leaf_key(x)
             conds.append(f"leaf(a{i}) == v{i}")

@@ -351,12 +351,13 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
             args = [a.detach() if i in cut else a for i, a in enumerate(args)]
         if not torch.is_grad_enabled():
             return compiled(*args)
-        copies = {i: args[i].clone() for i in kept}
+        copies = {i: args[i].clone() for i in kept} if kept else {}
         if not own:
             outs = TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
         else:
             outs = compiled(*args)
-        _check_saved_results_at_backward(outs, watched)
+        if watched:
+            _check_saved_results_at_backward(outs, watched)
         if partly is not None:
             _no_gradient_where_none_comes(outs, rg_results, partly, args)
         if own:
