@@ -746,3 +746,29 @@ def test_a_step_through_data_fuses():
             torch.testing.assert_close(p.detach(), e)
         assert [p._version for p in params] == versions
     assert dealias.cache_info(jf).tiers == ("fused",)
+
+
+def relu_then_hidden_write(x0, x1):
+    x1.relu_()
+    x0.detach().mul_(0.5)
+    return x1
+
+
+def relu_then_no_grad_write(x0, x1):
+    x1.relu_()
+    with torch.no_grad():
+        x0.add_(x0)
+    return x1
+
+
+@pytest.mark.parametrize("fn", [relu_then_hidden_write, relu_then_no_grad_write])
+def test_an_op_recorded_on_a_callers_tensor_is_not_run_unrecorded(fn):
+    # No result requires grad but x1's own relu_ is recorded on x1 itself: the fused executor (no autograd) would
+    # drop relu's mask from x1's gradient (found by fuzzing, seed 2220015).
+    def make_args():
+        return (torch.randn(4, requires_grad=True) * 1, torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True) * 1)
+
+    jf = dealias.jit(fn, executor="inductor")
+    grads_like_eager(fn, jf, make_args)
+    out = jf(*make_args())
+    assert type(out.grad_fn).__name__ == "ReluBackward0"

@@ -18,6 +18,7 @@ from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 from torch.utils import _pytree as pytree
 
 from ..errors import UnsupportedError
+from ..ir.gradops import caller_tensor, write_back_now
 from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
 from ..ir.traces import Trace, format_graph
 from ..ir.viewops import chain_text, symbolic_layout
@@ -216,8 +217,15 @@ def compile_program(
 def _hidden_writes_only(fp: FunctionalProgram, captured: Captured) -> bool:
     """A graph autograd records whose results require no grad, writing a caller's tensor that requires grad (a
     hand-written step `p.data.add_(g, alpha=-lr)`, which reads p through a clone that requires grad): what it
-    records is observable nowhere, and fused_autograd refuses the write; the fused executor runs it unrecorded."""
-    results = fp.gm.graph.output_node().args[0]
+    records is observable nowhere, and fused_autograd refuses the write; the fused executor runs it unrecorded.
+    Not so when the graph runs an op in place on a caller's tensor (`caller_tensor`, `write_back_now`): autograd
+    records that op on the caller's own tensor, as eager's `x.relu_()` (the fused executor would drop it)."""
+    graph = fp.gm.graph
+    if graph.find_nodes(op="call_function", target=caller_tensor) or graph.find_nodes(
+        op="call_function", target=write_back_now
+    ):
+        return False
+    results = graph.output_node().args[0]
     if any(isinstance(r, fx.Node) and r.meta.get("rg", True) for r in pytree.tree_leaves(results)):
         return False
     return any(wb.target.kind is RefKind.INPUT and captured.requires_grad[wb.target.key] for wb in fp.writebacks)
