@@ -142,6 +142,12 @@ def leaf_detach_write(p):
     return p.sum() * p
 
 
+def draw_into_a_transpose(x):
+    y = x * 2
+    y.t().bernoulli_(0.5)  # (drawn where eager draws; the draw's backward sends zeros to what y was)
+    return y * x, x.t().clone().uniform_()
+
+
 CASES = [
     (no_grad_write_then_read, _non_leaf(3)),
     (no_grad_write_returned, _non_leaf(3)),
@@ -156,6 +162,7 @@ CASES = [
     (dtype_view_write, _non_leaf(2, 3)),
     (leaf_written_under_no_grad_then_read, _leaf(2, 3)),
     (leaf_detach_write, _leaf(2, 3)),
+    (draw_into_a_transpose, _leaf(3, 4)),
 ]
 
 

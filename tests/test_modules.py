@@ -224,3 +224,25 @@ def test_plain_tensor_attribute_is_lifted_and_replacement_is_seen():
     out = jm(torch.ones(4))
     assert torch.equal(out, torch.full((4,), 4.0)) and torch.equal(m.mask, torch.full((4,), 4.0))
     assert dealias.cache_info(jm).misses == 1
+
+
+def test_dropout_of_a_batch_first_transformer_layer_draws_as_eager():
+    # Its attention output is dropped out transposed (bernoulli_ on memory laid out as a transpose): the mask
+    # must fall on eager's elements, in the forward and in the gradients.
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.25, batch_first=True)
+    eager, jitted = copy.deepcopy(layer), copy.deepcopy(layer)
+    jm = dealias.jit(jitted)
+    for _ in range(2):
+        x = torch.randn(2, 5, 8)
+        seed = torch.seed()
+        expected = eager(x)
+        expected.square().sum().backward()
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dealias.FallbackWarning)
+            got = jm(x)
+        got.square().sum().backward()
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        for (name, a), b in zip(eager.named_parameters(), jitted.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"grad of {name}: {m}")

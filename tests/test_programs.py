@@ -496,6 +496,21 @@ def random_inplace(x):
     return y
 
 
+def dropout_of_a_transpose(x):
+    # bernoulli_ on empty_like(x.t()): eager's kernel draws into memory laid out as x.t(); its out-of-place form
+    # (bernoulli.p) allocates contiguous memory, and the same numbers landed on other elements.
+    return torch.nn.functional.dropout(x.t(), 0.5)
+
+
+def draws_through_views(x):
+    x.t().bernoulli_(0.3)
+    y = torch.empty(6, 8)[:, ::2].t()  # (not dense: drawn in the order of its strides)
+    y.exponential_()
+    z = torch.empty(2, 3, 4).permute(2, 0, 1)
+    z.normal_()
+    return y, z
+
+
 PROGRAMS = [
     (seed, lambda: (r(3, 4), r(3, 4))),
     (chain_methods, lambda: (r(5),)),
@@ -594,6 +609,8 @@ PROGRAMS = [
     (unsqueeze_transpose_squeeze, lambda: (r(2, 3),)),
     (dropout_eval, lambda: (r(4),)),
     (random_inplace, lambda: (r(4, 4),)),
+    (dropout_of_a_transpose, lambda: (r(4, 6),)),
+    (draws_through_views, lambda: (r(5, 7),)),
 ]
 
 

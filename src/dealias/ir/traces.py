@@ -62,6 +62,8 @@ def _arg(a: Any) -> str:
         return str(a)
     if isinstance(a, torch.device):
         return f"device({str(a)!r})"
+    if isinstance(a, torch._ops.OpOverload):  # (an op a graph function calls: ir.draws.draw_like)
+        return f"aten.{a.__name__}" if a.namespace == "aten" else str(a)
     return repr(a)
 
 

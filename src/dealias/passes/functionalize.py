@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import EagerSemanticsError, UnsupportedError, located, node_location
+from ..ir.draws import draw_like
 from ..ir.emitter import Emitter
 from ..ir.gradops import bump_version, caller_tensor, write_back_now
 from ..ir.opfacts import (
@@ -571,6 +572,9 @@ class _Functionalizer:
             kwargs.update(dtype=out_meta.dtype, device=out_meta.device)
         if f.functional is aten.copy.default and any(isinstance(a, fx.Node) and a.meta.get("rg") for a in args[:2]):
             out = self.copy_value(args[0], args[1])  # aten.copy has no derivative
+        elif f.kind is OpKind.INPLACE and f.nondeterministic and f.mutated == ("self",):  # (ir.draws)
+            given = {n: self.read(a) for n, a in bound.items() if n != "self"}
+            out = self.emit.call(draw_like, op, self.read(bound["self"]), **given)
         elif f.functional is aten.zero.default:  # (aten.zero has no derivative for complex results; fill has)
             out = self.emit.call(aten.fill.Scalar, *args, 0)
         else:

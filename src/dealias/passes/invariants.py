@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import InvariantError, node_location, with_location
 from ..ir.checks import is_bounds_check
+from ..ir.draws import draw_like
 from ..ir.gradops import bump_version, caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
 from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
 from ..ir.plan import RefKind, ResultArg, root_node
@@ -49,8 +50,10 @@ def enabled() -> bool:
 
 # Pure functions of tensors (they write nothing), with the argument whose memory their result may share (None: a
 # tensor of its own): `keep_history(old, new)` and `overwritten(old, new)` return `new` (or `new.detach()`),
-# `grad_leaf(v)` a detached `v`, `caller_tensor(t)` and `caller_after(t, written)` `t` itself.
+# `grad_leaf(v)` a detached `v`, `caller_tensor(t)` and `caller_after(t, written)` `t` itself; `draw_like` draws
+# into memory it allocates (a random draw: pure but for the generator it moves, as a functional random op).
 PURE_FUNCTIONS: dict[Callable[..., Any], int | None] = {
+    draw_like: None,
     keep_history: 1,
     overwritten: 1,
     grad_leaf: 0,
@@ -363,7 +366,8 @@ def computes_the_same_ops(functional: fx.GraphModule, lowered: fx.GraphModule, s
     change, from reading it: it decomposes the region writes it leaves (their nodes are marked and count as the
     write: scatters, views, re-striding), adds views (each region's chain on the root, `narrow` of repeated dims),
     `copy_` into regions, bounds checks with their `sym_size`, and runs a value's op as its in-place variant
-    (`add` -> `add_`, found through `opfacts.inplace_variant`, so counted as `add`); it removes the scatters and
+    (`add` -> `add_`, found through `opfacts.inplace_variant`, so counted as `add`; a `draw_like(op_, ..)` as
+    `op_`, which it counts as); it removes the scatters and
     pure-view inverses that built each version, the re-striding copies, views of older versions, and the
     functional `copy` of a setitem (now `copy_`). Everything else, each op computing a value, stays, as many
     times: the multisets of `compute_ops` are equal. (User-level scatters and copies are left out of the
@@ -390,6 +394,10 @@ def _counted_as(n: fx.Node) -> Any:
         return None
     if _is_size(n.meta.get("val")) and t is not operator.getitem:
         return None
+    if "counts_as" in n.meta:  # (an op lowering ran in place: writeback._reinplace_value)
+        return n.meta["counts_as"]
+    if t is draw_like:
+        return n.args[0]
     if isinstance(t, OpOverload):
         f = facts(t)
         if f.kind is OpKind.INPLACE and f.functional is not None:

@@ -32,6 +32,7 @@ import torch.fx as fx
 
 from ..errors import UnsupportedError
 from ..ir.checks import guard_index_writes, indexed_write
+from ..ir.draws import draw_like
 from ..ir.emitter import Emitter
 from ..ir.gradops import bump_version
 from ..ir.opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
@@ -93,10 +94,14 @@ def _updated_in_place(node: fx.Node) -> fx.Node | None:
     # An optimization's question: asked without guards on symbolic sizes (`surely`), so that it never narrows
     # the values a program holds for; where it cannot tell, the write stays a copy.
     same_shape = bv.dim() == nv.dim() and all(surely(x == y) for x, y in zip(bv.shape, nv.shape))
-    same_layout = all(surely(x == y) for n, x, y in zip(bv.shape, bv.stride(), nv.stride()) if not surely(n <= 1))
     # (the layout too: running `cumsum` in place on a transposed buffer would return eager's fresh,
     # contiguous result with the buffer's strides)
-    return b if same_shape and bv.dtype == nv.dtype and same_layout else None
+    return b if same_shape and bv.dtype == nv.dtype and _same_layout(bv, nv) else None
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same strides, but where a dimension has a single element (they place nothing), shapes being equal."""
+    return all(surely(x == y) for n, x, y in zip(a.shape, a.stride(), b.stride()) if not surely(n <= 1))
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -433,18 +438,23 @@ def _reinplace_value(
     first argument is the region's old contents: the update then runs in place, as eager's did (and
     `copy(old, src)`, functional setitem, becomes `target.copy_(src)`)."""
     value = write.value
-    if value.op != "call_function" or not isinstance(value.target, torch._ops.OpOverload):
+    if value.op != "call_function" or set(value.users) != {copy}:
         return None
-    if set(value.users) != {copy} or not value.args or not _is_replay(value.args[0], root, write.chain):
+    if value.target is draw_like:  # (eager's own in-place draw, then on the region itself)
+        op_, old, rest = value.args[0], value.args[1], value.args[2:]
+    elif isinstance(value.target, torch._ops.OpOverload) and value.args:
+        op_, old, rest = inplace_variant(value.target), value.args[0], value.args[1:]
+    else:
         return None
-    op_ = inplace_variant(value.target)
-    if op_ is None or (indexed_only and not indexed_write(op_)):
+    if not _is_replay(old, root, write.chain) or op_ is None or (indexed_only and not indexed_write(op_)):
         return None
+    if has_effect(value.target) and not _same_layout(value.meta["val"], old.meta["val"]):
+        return None  # (a draw fills memory in an order its layout sets: eager's drew into the value's)
     graph = emit.graph
     with graph.inserting_before(copy):
-        new = emit.call(op_, copy.args[0], *value.args[1:], **dict(value.kwargs))
+        new = emit.call(op_, copy.args[0], *rest, **dict(value.kwargs))
+    new.meta["counts_as"] = op_ if value.target is draw_like else value.target  # (invariants.compute_ops)
     graph.erase_node(copy)
-    old = value.args[0]
     graph.erase_node(value)
     _erase_dead(graph, {old} if isinstance(old, fx.Node) and old is not root else set())
     return new

@@ -66,6 +66,8 @@ def unfusable(gm: fx.GraphModule) -> str | None:
         op = n.target
         if isinstance(op, torch._ops.OpOverload) and facts(op).nondeterministic and not _no_dropout(n):
             return f"{op} draws random numbers (inductor's generator is not eager's)"
+        if getattr(op, "dealias_draw", False):  # (ir.draws: an in-place draw on fresh memory)
+            return f"{n.args[0]} draws random numbers (inductor's generator is not eager's)"
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not in_prologue(n):
             return f"{op_name(op)} runs in Python"
     return AUTOGRAD if records else None
