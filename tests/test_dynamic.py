@@ -146,6 +146,19 @@ def test_decode_position_compiles_at_most_twice():
     assert info.misses <= 3, info
 
 
+def index_copy_at_a_tensor_of_the_position(cache, k, pos):
+    # dynamo builds `torch.tensor([pos])` of a symbolic pos with `detach_()` of the fresh tensor (a no-op)
+    cache.index_copy_(1, torch.tensor([pos]), k)
+    return cache
+
+
+def test_a_tensor_of_a_symbolic_position_compiles_at_most_twice():
+    cache = torch.zeros(2, 6, 3)
+    info = run_calls(index_copy_at_a_tensor_of_the_position, [(cache, torch.randn(2, 1, 3), p) for p in range(6)])
+    assert info.misses <= 2 and info.eager_entries == 0, info
+    assert info.dynamic == ("pos",), info
+
+
 def test_symbolic_position_stays_a_region_write():
     jf = dealias.jit(decode_write)
     cache, k = torch.zeros(2, 3, 40, 4), torch.ones(2, 3, 4)

@@ -209,7 +209,8 @@ def _fake(
 class _AutogradMetadata(TorchFunctionMode):
     """`x.detach_()`, `x.requires_grad_()` and attribute assignments (`x.data = y`) change a tensor without any
     aten op, so make_fx does not see them. Record detach_() of an input (written back to the caller's
-    tensor); refuse the rest (the program then runs eagerly)."""
+    tensor), let detach_() of a tensor with no history pass (it changes nothing); refuse the rest (the program
+    then runs eagerly)."""
 
     def __init__(self, inputs: tuple[torch.Tensor, ...], detached: set[int]) -> None:
         super().__init__()
@@ -218,9 +219,12 @@ class _AutogradMetadata(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is torch.Tensor.detach_:
-            if id(args[0]) not in self.inputs:
+            t = args[0]
+            if id(t) in self.inputs:
+                self.detached.add(self.inputs[id(t)])
+            elif t.requires_grad or t.grad_fn is not None or t._is_view():
                 raise UnsupportedError("detach_() of a tensor that is not an argument is not supported")
-            self.detached.add(self.inputs[id(args[0])])
+            # (else a no-op: a fresh tensor without history, as dynamo's `torch.tensor([pos])` of a symbolic pos)
         elif func is torch.Tensor.requires_grad_:
             raise UnsupportedError("requires_grad_() inside a compiled function is not supported")
         elif getattr(func, "__name__", "") == "__set__":  # `x.data = y`, `x.grad = None`: no aten op records it
