@@ -220,3 +220,22 @@ def test_data_mutations():
         dealias.jit(assign_data)(torch.randn(3), torch.randn(3))
     check(assign_data, torch.randn(3), torch.randn(3), allow_fallback=True)
     check(write_through_data, torch.randn(3, requires_grad=True), allow_fallback=True)
+
+
+def ema_codebook(x, embed):
+    d = x @ embed.t()  # mm saves embed (x requires grad)
+    embed.data.copy_(embed * 0.5)  # (VQ-VAE's EMA update): embed's own counter does not move
+    return d
+
+
+def test_a_saved_tensor_written_through_data_runs_eagerly_saying_eager_does_not_raise():
+    # Eager's backward does not raise, and reads the halved codebook; the graph runs eagerly, and says why.
+    x = torch.randn(4, 3, requires_grad=True)
+    embed = torch.randn(5, 3)
+    expected_embed = embed.clone()
+    ema_codebook(x, expected_embed).sum().backward()
+    expected_grad, x.grad = x.grad, None
+    with pytest.warns(dealias.FallbackWarning, match="version counter of its own") as caught:
+        dealias.jit(ema_codebook)(x, embed).sum().backward()
+    assert not any(issubclass(w.category, dealias.EagerRaisesFallbackWarning) for w in caught)
+    assert torch.equal(x.grad, expected_grad) and torch.equal(embed, expected_embed)

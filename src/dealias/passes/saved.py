@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import EagerRaisesError, UnsupportedError, node_location, with_location
 from ..ir.checks import NoProbe, concrete
-from ..ir.opfacts import OpKind, bind_args, facts
+from ..ir.opfacts import OWN_COUNTER_KEY, OpKind, bind_args, facts, is_view_node
 from .alias import AliasInfo, Storage, Value
 
 _PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate
@@ -72,6 +72,17 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
             writer = next(w for w in nodes[i + 1 :] if v.storage in writes[w])
         else:
             continue
+        if not own and _through_own_counter(writer, info.values[saved[0]].storage, info):
+            raise UnsupportedError(
+                with_location(
+                    f"{n.target} saves a tensor for backward that {writer.target} then modifies in place through "
+                    "an alias with a version counter of its own, as `x.data` "
+                    f"(at {node_location(writer) or writer.target}): "
+                    "eager's backward does not raise and reads the modified values, which dealias's graph does "
+                    "not keep",
+                    node_location(n),
+                )
+            )
         raise EagerRaisesError(
             with_location(
                 f"{n.target} saves a tensor for backward that {writer.target} "
@@ -81,6 +92,27 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
                 node_location(n),
             )
         )
+
+
+def _through_own_counter(writer: fx.Node, storage: Storage, info: AliasInfo) -> bool:
+    """Whether `writer` writes `storage` only through aliases with version counters of their own (`x.data`, an
+    `unsafe_chunk` element): eager's write then leaves the counter autograd checks saved tensors against."""
+    bound = bind_args(writer.target._schema, writer.args, writer.kwargs)
+    written = [
+        x
+        for name in facts(writer.target).mutated
+        for x in pytree.tree_leaves(bound.get(name))
+        if isinstance(x, fx.Node) and isinstance(v := info.values.get(x), Value) and v.storage == storage
+    ]
+    return bool(written) and all(_own_counter_chain(x) for x in written)
+
+
+def _own_counter_chain(x: fx.Node) -> bool:
+    while is_view_node(x):
+        if x.meta.get(OWN_COUNTER_KEY) or isinstance(x.target, torch._ops.OpOverload) and facts(x.target).own_counter:
+            return True
+        x = x.args[0]
+    return False
 
 
 def _saves_what_it_writes(n: fx.Node, written: set[Storage], args: list[fx.Node], info: AliasInfo) -> bool:
