@@ -148,6 +148,18 @@ def draw_into_a_transpose(x):
     return y * x, x.t().clone().uniform_()
 
 
+def factory_of_a_grad_input_saved_then_written(p):
+    z = torch.zeros_like(p) + 1  # requires no grad: sin saves nothing eager checks, and z.mul_ raises nowhere
+    y = z.sin()
+    z.mul_(2)
+    return y, z * p
+
+
+def orthogonal_init(w):
+    torch.nn.init.orthogonal_(w)  # (new_empty, normal_, linalg_qr, then `q *= ph`: a write of what qr made)
+    return w
+
+
 CASES = [
     (no_grad_write_then_read, _non_leaf(3)),
     (no_grad_write_returned, _non_leaf(3)),
@@ -163,6 +175,8 @@ CASES = [
     (leaf_written_under_no_grad_then_read, _leaf(2, 3)),
     (leaf_detach_write, _leaf(2, 3)),
     (draw_into_a_transpose, _leaf(3, 4)),
+    (factory_of_a_grad_input_saved_then_written, _leaf(3)),
+    (orthogonal_init, _leaf(3, 4)),
 ]
 
 

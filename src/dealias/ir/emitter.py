@@ -49,7 +49,7 @@ class Emitter:
         # result is differentiable (not detached, not integer).
         grad = self.grad if self.grad is not None else torch.is_grad_enabled()
         node.meta["rg"] = (
-            grad and any(a.meta.get("rg") for a in node.all_input_nodes) and _differentiable(op, node.meta["val"])
+            grad and any(a.meta.get("rg") for a in node.all_input_nodes) and differentiable(op, node.meta["val"])
         )
         return node
 
@@ -112,7 +112,9 @@ class Emitter:
 _SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod}
 
 
-def _differentiable(op: Any, val: Any) -> bool:
+def differentiable(op: Any, val: Any) -> bool:
+    """Whether `op`'s result `val` carries autograd history when an input requires grad (grad mode on): not a
+    detach, a factory taking a tensor for its metadata, nor an integer or boolean tensor."""
     if op is aten.detach.default:
         return False
     schema = getattr(op, "_schema", None)

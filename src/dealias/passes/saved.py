@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import EagerRaisesError, UnsupportedError, node_location, with_location
 from ..ir.checks import NoProbe, concrete
+from ..ir.emitter import differentiable
 from ..ir.opfacts import OWN_COUNTER_KEY, OpKind, bind_args, facts, is_view_node
 from .alias import AliasInfo, Storage, Value
 
@@ -163,7 +164,8 @@ def tensor_values(node: fx.Node, info: AliasInfo) -> list[Value]:
 
 def _requires_grad(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> dict[fx.Node, bool]:
     """Whether each node's result requires grad in eager (per storage: a write with grad on from a tensor that
-    requires grad makes the written tensor require it)."""
+    requires grad makes the written tensor require it; a factory like `zeros_like(p)` or an integer result never
+    does)."""
     storage_rg: dict[Storage, bool] = {}
     out: dict[fx.Node, bool] = {}
     for n in gm.graph.nodes:
@@ -173,7 +175,7 @@ def _requires_grad(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool
             out[n] = storage_rg[v.storage]
         elif n.op == "call_function":
             ins = [storage_rg.get(x.storage, False) for x in tensor_values(n, info)]
-            rg = bool(n.meta.get("grad", True)) and any(ins)
+            rg = bool(n.meta.get("grad", True)) and any(ins) and differentiable(n.target, n.meta.get("val"))
             for s in written_storages(n, info) if isinstance(n.target, torch._ops.OpOverload) else ():
                 storage_rg[s] = storage_rg.get(s, False) or rg
             if isinstance(v, Value):
