@@ -781,3 +781,33 @@ def test_zero_of_a_complex_view_under_autograd():
         )
         == []
     )
+
+
+REDUCTIONS_INTO = {
+    "sum": lambda x, o: torch.sum(x, 1, out=o),
+    "prod": lambda x, o: torch.prod(x, 1, out=o),
+    "mean": lambda x, o: torch.mean(x, 1, out=o),
+    "nansum": lambda x, o: torch.nansum(x, 1, out=o),
+    "cumsum": lambda x, o: torch.cumsum(x, 1, out=o),
+    "cumprod": lambda x, o: torch.cumprod(x, 1, out=o),
+    "std": lambda x, o: torch.std(x, 1, out=o),
+    "var": lambda x, o: torch.var(x, 1, correction=0, out=o),
+    "amax": lambda x, o: torch.amax(x, 1, out=o),  # (raises: "Expected the dtype for input and out to match")
+    "index_select": lambda x, o: torch.index_select(x, 1, torch.tensor([3, 1]), out=o),  # (raises)
+    "sum_all": lambda x, o: torch.ops.aten.sum.out(x, out=o),  # (raises: the out= dtype must be the input's)
+    "vector_norm": lambda x, o: torch.linalg.vector_norm(x, 2, dim=1, out=o),  # (raises too)
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCTIONS_INTO))
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float16, torch.float32), (torch.float32, torch.int64), (torch.float32, torch.float64)]
+)
+def test_reductions_into_an_out_of_another_dtype(name, dtypes):
+    # Eager computes these in the out= tensor's dtype (opfacts.COMPUTES_IN_OUT_DTYPE): a float16 sum into float32
+    # sums in float32, a float sum into int64 casts 1.7 to 1 first; mean into int64 raises eager's cast error; others
+    # raise eager's own error for any other dtype.
+    fn = REDUCTIONS_INTO[name]
+    x = (torch.arange(300) % 7 * 0.1 + 1.7).reshape(3, 100).to(dtypes[0])
+    shape = fn(x, torch.empty(0, dtype=x.dtype)).shape  # (an out= of the result's shape: eager resizes no other)
+    check(lambda x, o: (fn(x, o), o)[1], x, torch.zeros(shape, dtype=dtypes[1]))

@@ -44,6 +44,8 @@ class OpFacts:
     # The written arguments whose version counters eager moves: autograd's in-place/out= wrapper moves those the
     # op returns; a mutable op (`native_batch_norm`'s running statistics, `rrelu_with_noise_`'s noise) moves none.
     counted: tuple[str, ...] = ()
+    # An out= op computing in the out= tensor's dtype when its `dtype` argument is not given (COMPUTES_IN_OUT_DTYPE).
+    computes_in_out_dtype: bool = False
 
 
 # `_unsafe_view` has no alias annotation, but it reinterprets its input's memory (it follows a clone in
@@ -62,6 +64,25 @@ _MULTI_VIEW_WITHOUT_ANNOTATION = {"aten::unsafe_split", "aten::unsafe_split_with
 # Ops that write arguments their schema does not annotate. `native_batch_norm` updates its running
 # statistics in training mode, yet its schema declares no alias; make_fx records it for nn.BatchNorm.
 _MUTATES_WITHOUT_ANNOTATION = {"aten::native_batch_norm": ("running_mean", "running_var")}
+
+# out= reductions whose structured kernels take the dtype they compute in from the out= tensor when `dtype` is
+# not given (ATen's `infer_dtype_from_optional(self, dtype, out)`), and `std`/`var`, which have no `dtype` but
+# compute as on their input cast to it: `torch.sum(half, 1, out=f32)` sums in float32, `torch.cumsum(f32, 0,
+# out=i64)` casts the input first. No schema says so; the other out= ops with a `dtype`
+# (`sum.out`, `prod.out`, `linalg_vector_norm.out`) raise on an out= of another dtype instead. Measured against
+# eager in tests/test_exactness.py (test_reductions_into_an_out_of_another_dtype).
+COMPUTES_IN_OUT_DTYPE = {
+    "sum.IntList_out",
+    "prod.int_out",
+    "mean.out",
+    "nansum.out",
+    "cumsum.out",
+    "cumprod.out",
+    "std.out",
+    "std.correction_out",
+    "var.out",
+    "var.correction_out",
+}
 
 # In-place and mutable ops whose functional form is not found by stripping `_` / out= arguments.
 _FUNCTIONAL_BY_NAME = {
@@ -184,7 +205,17 @@ def facts(op: OpOverload) -> OpFacts:
         kind = OpKind.MUTABLE
     out_only = _without_out(op) if kind is OpKind.MUTABLE and any(a.is_out for a in written) else None
     functional = _find_functional(op, kind)
-    return OpFacts(op, kind, names, functional, nondeterministic=nondet, out_only=out_only, counted=_counted(schema))
+    in_out_dtype = op.namespace == "aten" and op.__name__ in COMPUTES_IN_OUT_DTYPE
+    return OpFacts(
+        op,
+        kind,
+        names,
+        functional,
+        nondeterministic=nondet,
+        out_only=out_only,
+        counted=_counted(schema),
+        computes_in_out_dtype=in_out_dtype,
+    )
 
 
 def _counted(schema: torch.FunctionSchema) -> tuple[str, ...]:

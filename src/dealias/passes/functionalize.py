@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils import _pytree as pytree
 
 from ..errors import EagerSemanticsError, UnsupportedError, located, node_location
 from ..ir.draws import draw_like
@@ -55,7 +56,7 @@ from ..ir.viewops import (
 )
 from .alias import AliasInfo, Storage, Value, resizes_nothing
 from .autograd_facts import AutogradFacts
-from .writecheck import check_invertible, check_writable
+from .writecheck import check_invertible, check_writable, eager_out_dtype_error
 
 aten = torch.ops.aten
 
@@ -570,6 +571,8 @@ class _Functionalizer:
         if f.kind is OpKind.OUT and factory:
             out_meta = targets[0].meta  # a factory: makes a tensor of the out= tensor's dtype, on its device
             kwargs.update(dtype=out_meta.dtype, device=out_meta.device)
+        elif f.computes_in_out_dtype and kwargs.get("dtype") is None:
+            args, kwargs = self._in_out_dtype(f, args, kwargs, targets[0].meta.dtype)
         if f.functional is aten.copy.default and any(isinstance(a, fx.Node) and a.meta.get("rg") for a in args[:2]):
             out = self.copy_value(args[0], args[1])  # aten.copy has no derivative
         elif f.kind is OpKind.INPLACE and f.nondeterministic and f.mutated == ("self",):  # (ir.draws)
@@ -599,8 +602,33 @@ class _Functionalizer:
             new_values = [self.emit.call(operator.getitem, out, k) for k in range(len(targets))]
         else:
             new_values = [out]
+        if f.kind is OpKind.OUT and any(n.meta["val"].dtype != t.meta.dtype for t, n in zip(targets, new_values)):
+            message = eager_out_dtype_error(node)  # (a cast would write it; some kernels refuse instead)
+            if message is not None:
+                raise EagerSemanticsError(f"{node.target}: {message}")
         for target, new, moves in zip(targets, new_values, counted, strict=True):
             self.write(target, new, node, moves)
+
+    def _in_out_dtype(
+        self, f: Any, args: list[Any], kwargs: dict[str, Any], dtype: torch.dtype
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The functional call of an out= reduction computing in its out= tensor's `dtype`
+        (opfacts.COMPUTES_IN_OUT_DTYPE): given that `dtype`, or, for an op without the argument (`std`), its input
+        cast to it first (what the argument does). Unchanged where the op cannot compute in that dtype (`mean`
+        into an integer tensor): eager raises the cast error the write then raises too."""
+        if args[0].meta["val"].dtype == dtype:
+            return args, kwargs
+        if "dtype" in {a.name for a in f.functional._schema.arguments}:
+            new_args, new_kwargs = args, {**kwargs, "dtype": dtype}
+        else:
+            new_args, new_kwargs = [self.emit.call(aten._to_copy.default, args[0], dtype=dtype), *args[1:]], kwargs
+        fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (new_args, new_kwargs))
+        try:
+            with self.emit.fake_mode:
+                f.functional(*fargs, **fkwargs)
+        except RuntimeError:
+            return args, kwargs  # (a cast node left unused is dropped by dead-code elimination)
+        return new_args, new_kwargs
 
     def _counters(self) -> None:
         """FunctionalProgram.unmoved_counters: the caller's tensors whose memory the graph writes back though

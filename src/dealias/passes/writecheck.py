@@ -101,6 +101,19 @@ def _eager_overlap_error(node: fx.Node) -> str | None:
     return message if "refer to a single memory location" in message else None
 
 
+def eager_out_dtype_error(node: fx.Node) -> str | None:
+    """Eager's error for an out= tensor of another dtype than the result's, where its kernel refuses one
+    ("Expected out tensor to have dtype float, but got double", "Found dtype Double but expected Float": `amax`,
+    `sort`, `sum.out`...) though fake tensors accept it and a cast would write it (checks.probe: kernels check
+    dtypes before computing). None if eager accepts it, or if nothing can be learned."""
+    try:
+        error = probe(node)
+    except NoProbe:
+        return None
+    message = (str(error).strip().splitlines() or [""])[0] if isinstance(error, RuntimeError) else ""
+    return message if any(w in message for w in ("dtype", "scalar type", "can't be cast")) else None
+
+
 def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Eager's `assert_no_partial_overlap`: both dense, their byte ranges intersect, yet not identical."""
     if a.numel() == 0 or b.numel() == 0:
