@@ -150,6 +150,9 @@ def lean_check(
         "kind": _grad_kind,
         "leaf": _leaf_key,
         "guard": shape_guard,
+        # The StorageImpl's address, as `untyped_storage()._cdata` is, without making a storage object (~0.1 us a
+        # tensor less: the check runs on every call).
+        "sid": torch._C._storage_id,
     }
     conds = [f"grad() is {torch.is_grad_enabled()}"]
     conds.append(f"inference() is {torch.is_inference_mode_enabled()}")
@@ -164,7 +167,7 @@ def lean_check(
         )
         conds.append("held_check()")
     if len(tensors) > 1:
-        storages = ", ".join(f"a{i}.untyped_storage()._cdata" for i in tensors)
+        storages = ", ".join(f"sid(a{i})" for i in tensors)
         conds.append(f"len({{{storages}}}) == {len(tensors)}")
     for i, x in enumerate(leaves):
         if isinstance(x, torch.Tensor):
