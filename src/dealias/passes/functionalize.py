@@ -616,7 +616,7 @@ class _Functionalizer:
         (opfacts.COMPUTES_IN_OUT_DTYPE): given that `dtype`, or, for an op without the argument (`std`), its input
         cast to it first (what the argument does). Unchanged where the op cannot compute in that dtype (`mean`
         into an integer tensor): eager raises the cast error the write then raises too."""
-        if args[0].meta["val"].dtype == dtype:
+        if not args or not isinstance(args[0], fx.Node) or args[0].meta["val"].dtype == dtype:
             return args, kwargs
         if "dtype" in {a.name for a in f.functional._schema.arguments}:
             new_args, new_kwargs = args, {**kwargs, "dtype": dtype}
