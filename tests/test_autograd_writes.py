@@ -148,6 +148,12 @@ def draw_into_a_transpose(x):
     return y * x, x.t().clone().uniform_()
 
 
+def rrelu_in_training(x):
+    # rrelu_with_noise writes its noise: run as eager's op on a copy, whose backward reads the drawn noise (the
+    # functional form's derivative reads the noise before the draw)
+    return torch.nn.functional.rrelu(x - 0.5, training=True), torch.nn.functional.rrelu_(x * 2, training=True)
+
+
 def factory_of_a_grad_input_saved_then_written(p):
     z = torch.zeros_like(p) + 1  # requires no grad: sin saves nothing eager checks, and z.mul_ raises nowhere
     y = z.sin()
@@ -177,6 +183,7 @@ CASES = [
     (draw_into_a_transpose, _leaf(3, 4)),
     (factory_of_a_grad_input_saved_then_written, _leaf(3)),
     (orthogonal_init, _leaf(3, 4)),
+    (rrelu_in_training, _leaf(3, 4)),
 ]
 
 

@@ -511,6 +511,21 @@ def draws_through_views(x):
     return y, z
 
 
+def draws_with_bounds(x):
+    x.uniform_(-1.0, 2.0)  # (`from` is a Python keyword: passed by position)
+    torch.nn.init.kaiming_uniform_(x[:2])
+    return x
+
+
+def normal_of_a_column(x):
+    # normal_ fills a contiguous tensor of 16 or more elements by vectorized Box-Muller, another one element by
+    # element: the draw runs on memory of the column's own strides
+    x[:, 0].normal_()
+    y = x * 1
+    y[:, ::2].normal_()
+    return y
+
+
 PROGRAMS = [
     (seed, lambda: (r(3, 4), r(3, 4))),
     (chain_methods, lambda: (r(5),)),
@@ -611,6 +626,8 @@ PROGRAMS = [
     (random_inplace, lambda: (r(4, 4),)),
     (dropout_of_a_transpose, lambda: (r(4, 6),)),
     (draws_through_views, lambda: (r(5, 7),)),
+    (draws_with_bounds, lambda: (r(4, 6),)),
+    (normal_of_a_column, lambda: (r(20, 5),)),
 ]
 
 

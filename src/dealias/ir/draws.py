@@ -6,9 +6,14 @@ logical order into a contiguous buffer. An out-of-place form may draw into memor
 (`bernoulli.p` allocates its result contiguous), and the same generator state then puts the same numbers on other
 elements: `F.dropout(x.t())` or a batch-first TransformerEncoderLayer in training differed from eager.
 
-`draw_like(op, self, ...)` runs eager's own in-place kernel on fresh memory laid out as `self` (`empty_like` keeps
-a dense tensor's strides and a sparse one's order of dimensions), so the same numbers land on the same elements,
-whichever kernel the machine has. The draw writes only memory it allocated: the graph stays functional.
+`draw_like(op, ...)` runs eager's own kernel on fresh memory with the written tensor's sizes and strides, so
+the same numbers land on the same elements, whichever kernel the machine has. The strides themselves, not only
+their order: kernels choose their algorithm by contiguity too (`normal_` fills a contiguous tensor of 16 elements
+or more by vectorized Box-Muller, another one element by element), so a column `x[:, 0]` is drawn into memory of
+its row stride, the span of its storage allocated (lowering runs a draw into a caller's region in place instead).
+The draw writes only memory it allocated: the graph stays functional. A random op writing another argument
+(`rrelu_with_noise`'s noise) runs so too: its functional form's derivative reads the noise before the draw
+(PyTorch's `rrelu_with_noise_functional`), where eager's reads the drawn noise, and gradients were garbage.
 """
 
 from __future__ import annotations
@@ -18,13 +23,29 @@ from typing import Any
 import torch
 
 
-def draw_like(op: torch._ops.OpOverload, self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    if torch.is_grad_enabled() and self.requires_grad:
-        fresh = self.clone()  # (the draw's own backward then reaches `self`, as eager's does)
-    else:
-        fresh = torch.empty_like(self)
-    op(fresh, *args, **kwargs)
-    return fresh
+def draw_like(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    """`op(*args, **kwargs)`, a random op, run on fresh copies of the arguments it writes; returns what its
+    functional form does: its own results (a written argument it returns standing for its new value), then the
+    new values of the written arguments it does not return."""
+    schema = op._schema
+    written = [
+        i for i, a in enumerate(schema.arguments[: len(args)]) if a.alias_info is not None and a.alias_info.is_write
+    ]
+    # An in-place draw into `self` alone overwrites every element: its old values matter only to autograd. Any
+    # other written argument (`rrelu_with_noise`'s noise, left as it was outside training) keeps them.
+    overwrites = written == [0] and schema.name.endswith("_")
+    args = list(args)
+    for i in written:
+        old = args[i]
+        fresh = torch.empty_strided(old.size(), old.stride(), dtype=old.dtype, device=old.device)
+        if not overwrites or (torch.is_grad_enabled() and old.requires_grad):
+            fresh.copy_(old)  # (with grad on, the draw's own backward then reaches `old`, as eager's does)
+        args[i] = fresh
+    out = op(*args, **kwargs)
+    returned = list(out) if isinstance(out, (tuple, list)) else [out]
+    rest = [args[i] for i in written if not any(r is args[i] for r in returned)]
+    results = returned + rest
+    return results[0] if len(results) == 1 else tuple(results)
 
 
 draw_like._dealias_effect = True  # type: ignore[attr-defined]  # a draw: never dropped or merged

@@ -575,9 +575,12 @@ class _Functionalizer:
             args, kwargs = self._in_out_dtype(f, args, kwargs, targets[0].meta.dtype)
         if f.functional is aten.copy.default and any(isinstance(a, fx.Node) and a.meta.get("rg") for a in args[:2]):
             out = self.copy_value(args[0], args[1])  # aten.copy has no derivative
-        elif f.kind is OpKind.INPLACE and f.nondeterministic and f.mutated == ("self",):  # (ir.draws)
-            given = {n: self.read(a) for n, a in bound.items() if n != "self"}
-            out = self.emit.call(draw_like, op, self.read(bound["self"]), **given)
+        elif f.nondeterministic and f.kind in (OpKind.INPLACE, OpKind.MUTABLE) and _draws_into_tensors(f, bound):
+            # (ir.draws) Positional where the schema allows (a name may be a Python keyword: `uniform_(self, from)`).
+            full = bind_args(schema, node.args, node.kwargs, defaults=True)
+            given = [a for a in schema.arguments if a.name in full]
+            named = {a.name: self.read(full[a.name]) for a in given if a.kwarg_only}
+            out = self.emit.call(draw_like, op, *[self.read(full[a.name]) for a in given if not a.kwarg_only], **named)
         elif f.functional is aten.zero.default:  # (aten.zero has no derivative for complex results; fill has)
             out = self.emit.call(aten.fill.Scalar, *args, 0)
         else:
@@ -840,6 +843,12 @@ def _hides_grad(step: ViewStep, base: fx.Node) -> bool:
 
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:
     return tuple(t.shape), t.stride(), t.storage_offset()
+
+
+def _draws_into_tensors(f: Any, bound: dict[str, Any]) -> bool:
+    """A random op whose written arguments are all given, single tensors, and positional (what draw_like runs)."""
+    args = {a.name: a for a in f.op._schema.arguments}
+    return all(isinstance(bound.get(m), fx.Node) and not args[m].kwarg_only for m in f.mutated)
 
 
 def _to_call(

@@ -618,9 +618,13 @@ def _compare_grads(program: Callable[..., Any], jitted: Callable[..., Any], make
 
 
 def _grad_leaves(args: tuple[Any, ...]) -> list[torch.Tensor]:
-    """The leaves behind the (non-leaf) arguments: what `b0 * 1` was computed from."""
+    """The leaves behind the arguments: what `b0 * 1` was computed from, or an argument that is a leaf itself."""
     out = []
     for a in args:
+        if isinstance(a, torch.Tensor) and a.is_leaf and a.requires_grad:
+            if all(a is not o for o in out):
+                out.append(a)
+            continue
         fn = a.grad_fn
         while fn is not None and fn.next_functions:
             nxt = [f for f, _ in fn.next_functions if f is not None]
