@@ -248,10 +248,15 @@ def _functional(r: random.Random, t: str, x: torch.Tensor, same: list[str], env:
     return r.choice(options)
 
 
+_DRAWS = 0.06  # the share of in-place writes of a float tensor that are random draws
+
+
 def _write(r: random.Random, t: str, x: torch.Tensor, same: list[str], env: dict[str, Any]) -> str | None:
     c = r.choice([1.5, -2.0, 0.25, 3.0])
     if not x.is_floating_point():
         return r.choice([f"{t}.add_(1)", f"{t}.bitwise_xor_(5)", f"{t}.mul_(3)", f"{t}.zero_()"])
+    if r.random() < _DRAWS:  # (compare_call runs both from the same generator state: the draws must agree)
+        return r.choice([f"{t}.bernoulli_(0.5)", f"{t}.uniform_(-1, 2)", f"{t}.normal_()", f"{t}.exponential_()"])
     u = _other(r, x, same, env)
     options = [
         f"{t}.add_({c})",
