@@ -576,11 +576,11 @@ class _Functionalizer:
         if f.functional is aten.copy.default and any(isinstance(a, fx.Node) and a.meta.get("rg") for a in args[:2]):
             out = self.copy_value(args[0], args[1])  # aten.copy has no derivative
         elif f.nondeterministic and f.kind in (OpKind.INPLACE, OpKind.MUTABLE) and _draws_into_tensors(f, bound):
-            # (ir.draws) Positional where the schema allows (a name may be a Python keyword: `uniform_(self, from)`).
-            full = bind_args(schema, node.args, node.kwargs, defaults=True)
-            given = [a for a in schema.arguments if a.name in full]
-            named = {a.name: self.read(full[a.name]) for a in given if a.kwarg_only}
-            out = self.emit.call(draw_like, op, *[self.read(full[a.name]) for a in given if not a.kwarg_only], **named)
+            # (ir.draws) Every argument given, so that all go by position where the schema allows (a name may be a
+            # Python keyword: `uniform_(self, from, to)`).
+            full = {n: self.read(a) for n, a in bind_args(schema, node.args, node.kwargs, defaults=True).items()}
+            draw_args, draw_kwargs = _to_call(schema, list(full), full, {})
+            out = self.emit.call(draw_like, op, *draw_args, **draw_kwargs)
         elif f.functional is aten.zero.default:  # (aten.zero has no derivative for complex results; fill has)
             out = self.emit.call(aten.fill.Scalar, *args, 0)
         else:

@@ -93,11 +93,7 @@ def _eager_overlap_error(node: fx.Node) -> str | None:
     """Eager's "unsupported operation: ... refer to a single memory location" for `node`'s op with its arguments'
     aliasing (checks.probe: overlap checks run before any computation, so zeros tell). None if eager accepts it,
     or if nothing can be learned (large or symbolic memory)."""
-    try:
-        error = probe(node)
-    except NoProbe:
-        return None
-    message = (str(error).strip().splitlines() or [""])[0] if isinstance(error, RuntimeError) else ""
+    message = _eager_error(node)
     return message if "refer to a single memory location" in message else None
 
 
@@ -106,12 +102,18 @@ def eager_out_dtype_error(node: fx.Node) -> str | None:
     ("Expected out tensor to have dtype float, but got double", "Found dtype Double but expected Float": `amax`,
     `sort`, `sum.out`...) though fake tensors accept it and a cast would write it (checks.probe: kernels check
     dtypes before computing). None if eager accepts it, or if nothing can be learned."""
+    message = _eager_error(node)
+    return message if any(w in message for w in ("dtype", "scalar type", "can't be cast")) else None
+
+
+def _eager_error(node: fx.Node) -> str:
+    """The first line of the RuntimeError eager raises running `node`'s op on zeros (checks.probe); "" if it
+    returns, raises something else, or nothing can be learned."""
     try:
         error = probe(node)
     except NoProbe:
-        return None
-    message = (str(error).strip().splitlines() or [""])[0] if isinstance(error, RuntimeError) else ""
-    return message if any(w in message for w in ("dtype", "scalar type", "can't be cast")) else None
+        return ""
+    return (str(error).strip().splitlines() or [""])[0] if isinstance(error, RuntimeError) else ""
 
 
 def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
