@@ -39,6 +39,7 @@ from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
 from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
+from .inductor_fixes import dealias_compile
 from .keep_aten import twin_for
 from .prologue import example_like, in_prologue, make_prologue
 
@@ -127,7 +128,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     try:
         # No size/stride asserts in inductor's wrapper: every call's inputs have the traced sizes and strides (dynamo's
         # guards or the cache entry's tensor check held before the program runs).
-        with torch._inductor.config.patch(size_asserts=False):
+        with torch._inductor.config.patch(size_asserts=False), dealias_compile():
             compiled = compile_fx_inner(traced, list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e

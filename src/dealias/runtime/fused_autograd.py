@@ -35,6 +35,7 @@ from ..ir.opfacts import is_view_node, may_raise, op_name
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_counters, written_inputs_read
 from .fused import runner
 from .hazards import SNAPSHOT, Unfusable
+from .inductor_fixes import dealias_compile
 from .prologue import make_prologue, sizes_arithmetic
 
 aten = torch.ops.aten
@@ -310,6 +311,7 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
         with (
             torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition),
             _no_donated_buffers(),
+            dealias_compile(),
         ):
             compiled = compile_fx(_clones_of_inputs_kept(gm), list(example))
         # compile_fx hands back AOTAutograd's function inside a `torch._dynamo.disable` of its own (~3 us a call):
