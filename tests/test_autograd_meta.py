@@ -798,3 +798,42 @@ def test_a_view_of_a_returned_tensor_of_its_own_is_made_from_it(fn):
         bases, versions, grad = run(jf)
         assert (bases, versions) == expected[:2]
         torch.testing.assert_close(grad, expected[2])
+
+
+def scale_a_chunk_by_a_tensor_that_requires_grad(w, y):  # autograd fuzz seed 5200115
+    t = y + 1
+    a, b = t.unsafe_chunk(2, 1)
+    a.mul_(w[:, :2])  # eager: a requires grad; t and b, on the same memory, do not (unsafe_chunk makes no views)
+    return t, a, b
+
+
+def scale_the_split_input_by_a_tensor_that_requires_grad(w, y):
+    t = y + 1
+    a = t.unsafe_chunk(2, 1)[0]
+    t.mul_(w)  # eager: t requires grad, a does not
+    return t, a
+
+
+def sum_the_input_after_scaling_a_chunk(w, y):
+    t = y + 1
+    a = t.unsafe_chunk(2, 1)[0]
+    a.mul_(w[:, :2])
+    return t.sum() * 2  # eager: requires no grad
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        scale_a_chunk_by_a_tensor_that_requires_grad,
+        scale_the_split_input_by_a_tensor_that_requires_grad,
+        sum_the_input_after_scaling_a_chunk,
+    ],
+)
+def test_another_tensor_on_memory_unsafe_split_split_after_a_recorded_write_runs_eagerly(fn):
+    # The functional graph has one value for the memory, so every tensor on it came out requiring grad, and a
+    # backward through t reached w where eager's raises (t requires no grad). (abs_out_then_written, where only
+    # the element written is used after the write, stays compiled.)
+    caught = grads_like_eager(
+        fn, dealias.jit(fn), lambda: (torch.randn(3, 4, 2, requires_grad=True), torch.randn(3, 4, 2))
+    )
+    assert caught and all("wrote another tensor on it" in str(w.message) for w in caught)

@@ -87,6 +87,11 @@ class AutogradFacts:
         # Storages split by `unsafe_split` with grad on while they required grad -> the split: a later write of
         # one runs the graph eagerly (eager's autograd does not see a write through an element as one of its input).
         self.unsafe_split_rg: dict[Storage, fx.Node] = {}
+        # Storages split by `unsafe_split` while they required no grad -> the split; and those of them a write
+        # autograd records went into -> (the element it went through, None for the split's input, and the write).
+        # Eager's write makes only that tensor (and its views) require grad: see refuse_other_unsafe_member.
+        self.unsafe_split_plain: dict[Storage, fx.Node] = {}
+        self.unsafe_recorded: dict[Storage, tuple[fx.Node | None, fx.Node]] = {}
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.returned_elements: dict[int, fx.Node] = {}  # unsafe_split element object -> the result made from it
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
@@ -124,7 +129,11 @@ class AutogradFacts:
                     self._restore_history(value.storage)
         if is_view_node(node):
             self._on_view(node)
-        elif self.emit.grad and self.fragile and any(self._raises_writing(node, a) for a in _written(node)):
+            return
+        if self.emit.grad and self.unsafe_recorded:
+            for a in node.all_input_nodes:
+                self.refuse_other_unsafe_member(a, f"{node.target} with grad on reads", node)
+        if self.emit.grad and self.fragile and any(self._raises_writing(node, a) for a in _written(node)):
             f = next(self._fragile_of(a) for a in _written(node) if self._raises_writing(node, a))
             raise EagerRaisesError(
                 f"{node.target} with grad on writes through a view {f.why} (at "
@@ -160,6 +169,8 @@ class AutogradFacts:
                     )
                 if isinstance(value, Value):
                     self.unsafe_split_rg.setdefault(value.storage, view)
+            elif isinstance(value, Value):
+                self.unsafe_split_plain.setdefault(value.storage, view)
             if isinstance(value, Value):  # (the list itself is not a tensor)
                 self.unsafe[value.obj] = view
             return
@@ -336,6 +347,7 @@ class AutogradFacts:
         if self.emit.grad and not hidden:
             if self.walk.current(s).meta.get("rg"):  # (recorded by autograd)
                 self.refuse_use_after_unrecorded_layout(s, "a write")
+                self._recorded_unsafe_write(s, node)
             self.grad_writes.add(s)
         if self.writes_back_at(s, node):
             self._write_back_now(s)
@@ -354,6 +366,36 @@ class AutogradFacts:
                     f"{node.target} writes memory split by unsafe_split from a tensor that requires grad (at "
                     f"{node_location(split) or split}); not compiled yet",
                     node_location(node),
+                )
+            )
+
+    def _recorded_unsafe_write(self, s: Storage, node: fx.Node) -> None:
+        """`node`, a write autograd records, went into `s`: if `unsafe_split` split `s` from a tensor that required no
+        grad, note which of the tensors on that memory it went through."""
+        if s not in self.unsafe_split_plain:
+            return
+        for a in _written(node):
+            value = self.info.values.get(a)
+            if isinstance(value, Value) and value.storage is s:
+                self.unsafe_recorded.setdefault(s, (self._unsafe_of(a), node))
+
+    def refuse_other_unsafe_member(self, a: fx.Node, what: str, where: fx.Node | None = None) -> None:
+        """Raise if `a` is on memory `unsafe_split` split from a tensor that required no grad, after a write autograd
+        recorded through another of the tensors on it. Eager's autograd saw that write on the tensor written only
+        (`e.mul_(w)` through an element leaves the split's input without grad; `x.mul_(w)` leaves the elements
+        without), where the functional graph has one value for the memory: reading another of them with grad on,
+        writing it with grad on or returning it runs the graph eagerly (fuzz seed 5200115)."""
+        value = self.info.values.get(a)
+        if not isinstance(value, Value) or value.storage not in self.unsafe_recorded:
+            return
+        member, write = self.unsafe_recorded[value.storage]
+        if self._unsafe_of(a) is not member:
+            raise UnsupportedError(
+                with_location(
+                    f"{what} a tensor on memory unsafe_split split after {write.target} with grad on wrote another "
+                    f"tensor on it (at {node_location(write) or write}): eager's autograd saw that write on the tensor "
+                    "written only; not compiled yet",
+                    node_location(where) if where is not None else None,
                 )
             )
 
@@ -465,6 +507,7 @@ class AutogradFacts:
         """The output `slot` of the returned `arg`, with how eager made it: the grad mode of a returned view, a
         fragile view's or an `unsafe_split` element's own way of being rebuilt. (`full`: the chain from the
         storage's base that the slot's chain ends.)"""
+        self.refuse_other_unsafe_member(arg, "the program returns")
         element = self._unsafe_of(arg)
         if element is not None and slot.same_as is None and self.requires_grad(arg):
             # Eager's element is its own base (unsafe_split makes no autograd views), with a version counter of its
