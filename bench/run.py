@@ -306,6 +306,12 @@ def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[s
         for k in impls:
             if k != "eager":
                 row[k] = med[k] / med["eager"]
+        if "torch.compile" in times:
+            # Fused against torch.compile round by round (the two are timed back to back in each round, so a slow
+            # stretch of the machine moves both): the median ratio, and in how many rounds the fused one was faster.
+            paired = sorted(f / c for f, c in zip(times["dealias+inductor"], times["torch.compile"]))
+            row["fused_vs_compile"] = paired[len(paired) // 2]
+            row["fused_faster_rounds"] = (sum(p <= 1 for p in paired), len(paired))
         if w.memory:
             eager_peak = peak_bytes(w.fn, w.make())
             row["peak_eager_MB"] = eager_peak / 2**20
@@ -324,9 +330,13 @@ def _format_row(r: dict[str, Any]) -> str:
         else "peak n/a"
     )
     ok = "ok" if r["dealias"] <= r["target"] else "MISSES TARGET"
+    paired = ""
+    if "fused_vs_compile" in r:
+        won, rounds = r["fused_faster_rounds"]
+        paired = f" | fused/compile median {r['fused_vs_compile']:.2f}x, faster in {won}/{rounds} rounds"
     return (
         f"{r['workload']:<12} eager {r['eager_us']:>10.1f} us | dealias {r['dealias']:.2f}x "
-        f"(target <= {r['target']}x: {ok}) | dealias+inductor {di} | torch.compile {tc} | {mem}"
+        f"(target <= {r['target']}x: {ok}) | dealias+inductor {di} | torch.compile {tc}{paired} | {mem}"
     )
 
 
