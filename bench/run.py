@@ -297,9 +297,12 @@ def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[s
             f(*args[k])
         iters = {k: _iters_for(f, args[k]) for k, f in impls.items()}  # ~0.2 s per round each
         times: dict[str, list[float]] = {k: [] for k in impls}
-        for _ in range(rounds):
-            for k, f in impls.items():
-                times[k].append(_time(f, args[k], iters[k]))
+        names = list(impls)
+        for r in range(rounds):
+            # Each round in another order: what a variant leaves behind (the allocator's heap, the caches) then
+            # falls on each of the others in turn, not always on the one after it.
+            for k in names[r % len(names) :] + names[: r % len(names)]:
+                times[k].append(_time(impls[k], args[k], iters[k]))
         # Best of the interleaved rounds: on a shared 2-core machine the minimum is the least noisy estimate.
         med = {k: min(v) for k, v in times.items()}
         row: dict[str, Any] = {"workload": w.name, "eager_us": med["eager"] * 1e6, "target": w.target}
