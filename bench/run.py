@@ -297,11 +297,11 @@ def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[s
             f(*args[k])
         iters = {k: _iters_for(f, args[k]) for k, f in impls.items()}  # ~0.2 s per round each
         times: dict[str, list[float]] = {k: [] for k in impls}
-        names = list(impls)
+        order = list(impls)
         for r in range(rounds):
             # Each round in another order: what a variant leaves behind (the allocator's heap, the caches) then
             # falls on each of the others in turn, not always on the one after it.
-            for k in names[r % len(names) :] + names[: r % len(names)]:
+            for k in order[r % len(order) :] + order[: r % len(order)]:
                 times[k].append(_time(impls[k], args[k], iters[k]))
         # Best of the interleaved rounds: on a shared 2-core machine the minimum is the least noisy estimate.
         med = {k: min(v) for k, v in times.items()}
