@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import random
 import sys
 import time
 import types
@@ -297,11 +298,11 @@ def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[s
             f(*args[k])
         iters = {k: _iters_for(f, args[k]) for k, f in impls.items()}  # ~0.2 s per round each
         times: dict[str, list[float]] = {k: [] for k in impls}
-        order = list(impls)
-        for r in range(rounds):
-            # Each round in another order: what a variant leaves behind (the allocator's heap, the caches) then
-            # falls on each of the others in turn, not always on the one after it.
-            for k in order[r % len(order) :] + order[: r % len(order)]:
+        shuffle = random.Random(0)
+        for _ in range(rounds):
+            # Each round in another order (shuffled, not rotated: a rotation keeps each variant's neighbours): what
+            # a variant leaves behind (the allocator's heap, the caches) does not fall always on the same other one.
+            for k in shuffle.sample(list(impls), len(impls)):
                 times[k].append(_time(impls[k], args[k], iters[k]))
         # Best of the interleaved rounds: on a shared 2-core machine the minimum is the least noisy estimate.
         med = {k: min(v) for k, v in times.items()}
