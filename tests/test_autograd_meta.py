@@ -837,19 +837,3 @@ def test_another_tensor_on_memory_unsafe_split_split_after_a_recorded_write_runs
         fn, dealias.jit(fn), lambda: (torch.randn(3, 4, 2, requires_grad=True), torch.randn(3, 4, 2))
     )
     assert caught and all("wrote another tensor on it" in str(w.message) for w in caught)
-
-
-def scale_the_data_of_an_input(x, w):
-    d = x.data
-    d.mul_(w)  # eager: d requires grad now (mul_'s grad_fn); x's autograd does not see the write
-    return x * 1, d
-
-
-@pytest.mark.parametrize("x_requires_grad", [True, False])
-def test_the_data_tensor_written_with_grad_on_is_returned_itself(x_requires_grad):
-    # Dynamo gave `x.data` the source `x.data` and returned a fresh one read after the graph, with the written
-    # values but no grad_fn (requires_grad False where eager's is True), with every backend.
-    def make():
-        return torch.randn(3, requires_grad=x_requires_grad), torch.randn(3, requires_grad=True)
-
-    grads_like_eager(scale_the_data_of_an_input, dealias.jit(scale_the_data_of_an_input), make)

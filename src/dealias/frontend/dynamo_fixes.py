@@ -47,11 +47,6 @@ autograd.Function is traced as its forward alone, without its backward: a wrong 
 (fuzz seed 1220114). For dealias's compiles the two facts are re-read from the fake value where dynamo consults
 them: reads of a tensor's `requires_grad`, `grad_fn` and `grad`, and the arguments of `Function.apply`.
 
-`x.data` of a graph input: dynamo gives the tensor it makes the source `x.data`, and a result with a source is
-returned by reading that source again after the graph: a fresh `x.data`, not the program's, which a write with
-grad on (`d = x.data; d.mul_(w); return d`) gave a grad_fn (with every backend). For dealias's compiles the
-tensor has no source: the graph returns its own.
-
 `t.storage_offset()` under dynamic shapes: dynamo computes it as an expression of sizes that assumes each input
 tensor's storage offset at the first call (0 there), and no guard checks that offset: a later call whose input
 starts elsewhere in its storage gets the first call's offset (`v = x[1]; v.as_strided(.., v.storage_offset())`
@@ -361,17 +356,6 @@ def _reread_autograd_facts(var: Any) -> None:
         var.has_grad_fn = value.grad_fn is not None
 
 
-def _data_of_its_own(var: Any) -> Any:
-    """`x.data` as a tensor the graph computes (`_get_data_attr(x)`), without the source dynamo gives it: with the
-    source, dynamo returns a fresh `x.data` read after the graph in place of the one the program made, which a
-    write with grad on (`d.mul_(w)`) gave a grad_fn (with every backend)."""
-    from torch._dynamo.variables.tensor import TensorVariable
-
-    if isinstance(var, TensorVariable) and var.source is not None and getattr(var.source, "member", None) == "data":
-        var.source = None
-    return var
-
-
 def _install_autograd_facts() -> None:
     """Wrap `TensorVariable.var_getattr` and `AutogradFunctionVariable.call_apply` to re-read the autograd facts
     they consult (the module's docstring)."""
@@ -385,11 +369,7 @@ def _install_autograd_facts() -> None:
 
     @functools.wraps(get)
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
-        if name in ("requires_grad", "grad_fn", "grad", "data") and for_dealias(
-            getattr(tx.output, "compiler_fn", None)
-        ):
-            if name == "data":
-                return _data_of_its_own(get(self, tx, name))
+        if name in ("requires_grad", "grad_fn", "grad") and for_dealias(getattr(tx.output, "compiler_fn", None)):
             _reread_autograd_facts(self)
         return get(self, tx, name)
 
