@@ -837,3 +837,33 @@ def test_another_tensor_on_memory_unsafe_split_split_after_a_recorded_write_runs
         fn, dealias.jit(fn), lambda: (torch.randn(3, 4, 2, requires_grad=True), torch.randn(3, 4, 2))
     )
     assert caught and all("wrote another tensor on it" in str(w.message) for w in caught)
+
+
+def scale_a_chunk_of_the_callers_tensor(x, w):
+    a = x.unsafe_chunk(2, 1)[0]
+    a.mul_(w)  # eager: a requires grad, x does not; a's gradient reaches w
+    return a.sin()
+
+
+def scale_a_chunk_passed_in(t, a, w):
+    a.mul_(w)  # a: the caller's `t.unsafe_chunk(2, 1)[0]`, not a view of t
+    return t * 1
+
+
+def _chunk_passed_in():
+    t = torch.randn(3, 4)
+    return t, t.unsafe_chunk(2, 1)[0], torch.randn(3, 2, requires_grad=True)
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (scale_a_chunk_of_the_callers_tensor, lambda: (torch.randn(3, 4), torch.randn(3, 2, requires_grad=True))),
+        (scale_a_chunk_passed_in, _chunk_passed_in),
+    ],
+)
+def test_a_recorded_write_into_callers_memory_unsafe_split_split_runs_eagerly(fn, make):
+    # (Found by review.) The first returned a result without grad (its gradient lost) and left x requiring grad;
+    # the second returned t requiring grad. Both run eagerly now.
+    caught = grads_like_eager(fn, dealias.jit(fn), make)
+    assert caught

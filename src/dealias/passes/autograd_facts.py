@@ -374,6 +374,18 @@ class AutogradFacts:
         grad, note which of the tensors on that memory it went through."""
         if s not in self.unsafe_split_plain:
             return
+        if s.kind is not StorageKind.INTERMEDIATE:
+            # A caller's tensor split in the graph: its write-back would carry the write's history to the caller's
+            # tensor, which eager's leaves without grad (and an element read after it lost its gradient).
+            split = self.unsafe_split_plain[s]
+            raise UnsupportedError(
+                with_location(
+                    f"{node.target} with grad on writes a caller's tensor through unsafe_split (at "
+                    f"{node_location(split) or split}): eager's autograd sees the write on the element only; not "
+                    "compiled yet",
+                    node_location(node),
+                )
+            )
         for a in _written(node):
             value = self.info.values.get(a)
             if isinstance(value, Value) and value.storage is s:
