@@ -608,11 +608,17 @@ def _compare_grads(program: Callable[..., Any], jitted: Callable[..., Any], make
             outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor)]
             weights = [1 + torch.arange(o.numel()).view(o.shape) % 3 for o in outs]
             weighted = [(o.float() * w).sum() for o, w in zip(outs, weights) if o.requires_grad]
-            if not weighted or not roots:
+            if not roots:
                 return None
-            grads.append(torch.autograd.grad(sum(weighted), roots, allow_unused=True))
+            # (No output requiring grad is compared too: one side's alone would be a gradient lost or made up.)
+            grads.append(torch.autograd.grad(sum(weighted), roots, allow_unused=True) if weighted else _NO_GRAD)
         except Exception as e:  # noqa: BLE001
             grads.append(e)  # eager's error (e.g. "modified by an inplace operation" at backward) is dealias's
+    if any(g is _NO_GRAD for g in grads):
+        if grads[0] is grads[1]:
+            return None
+        side = "eager's" if grads[0] is _NO_GRAD else "dealias's"
+        return f"autograd: no output of {side} requires grad, the other's do"
     if any(isinstance(g, Exception) for g in grads):
         kinds = [type(g).__name__ if isinstance(g, Exception) else "gradients" for g in grads]
         return None if kinds[0] == kinds[1] else f"autograd: eager gave {kinds[0]}, dealias {kinds[1]}"
@@ -620,6 +626,9 @@ def _compare_grads(program: Callable[..., Any], jitted: Callable[..., Any], make
         if (a is None) != (b is None) or (a is not None and not torch.allclose(a, b, rtol=1e-4, atol=1e-5)):
             return f"grad of leaf {i} differs"
     return None
+
+
+_NO_GRAD = object()  # (a program whose outputs require no grad: nothing to differentiate)
 
 
 def _grad_leaves(args: tuple[Any, ...]) -> list[torch.Tensor]:
