@@ -256,13 +256,14 @@ class GraphProgram:
             )
         anything_requires_grad = any(t.requires_grad for t in tensors)
         for group in find_groups_or_none(tensors):
-            grads = [tensors[i] for i in group.members if tensors[i].requires_grad]
-            roots = {id(t._base if t._base is not None else t) for t in grads}
-            apart = len({id(t._base if t._base is not None else t) for t in (tensors[i] for i in group.members)}) > 1
+            roots = {i: id(tensors[i] if tensors[i]._base is None else tensors[i]._base) for i in group.members}
+            grads = [i for i in group.members if tensors[i].requires_grad]
+            differentiable_apart = len(grads) < len(group.members) or len({roots[i] for i in grads}) > 1
             # (Members sharing memory without a common view base, `t` and `t.unsafe_chunk(2)[0]`, none requiring
             # grad: eager's write with grad on through one makes that one require grad, not the others, where the
             # graph has one value for the memory; with a tensor requiring grad around, such a write may come.)
-            if grads and (len(grads) < len(group.members) or len(roots) > 1) or apart and anything_requires_grad:
+            apart = len(set(roots.values())) > 1
+            if grads and differentiable_apart or apart and anything_requires_grad:
                 # Gradients reach overlapping inputs through their common view base (AliasGroup.base_of), which
                 # is exact when every member is a differentiable view of it. A detached member, or memory shared
                 # without a common view base (tensors made with set_), is left to eager.
