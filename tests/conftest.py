@@ -1,8 +1,10 @@
 """Test-run settings: dealias's checks between passes are on in every test (`DEALIAS_CHECK=0` turns them off,
-e.g. to time the suite without them). The fused executor's keep-ATen list is pinned (runtime/keep_aten.py:
-measured per host otherwise), so that fused graphs are the same on every machine; test_keep_aten.py measures."""
+e.g. to time the suite without them). The fused executor's keep-ATen list and its choice of one-row products
+(runtime/keep_aten.py, row_products.py: measured per host otherwise) are pinned, so that fused graphs are the
+same on every machine; test_keep_aten.py and test_row_products.py measure."""
 
 import os
 
 os.environ.setdefault("DEALIAS_CHECK", "1")
 os.environ.setdefault("DEALIAS_KEEP_ATEN", "gelu,tanh,exp,_softmax")
+os.environ.setdefault("DEALIAS_ROW_PRODUCTS", "inductor")

@@ -21,7 +21,8 @@ decisions taken here hold for every value of the symbols (`surely`), so they add
 A graph autograd records goes to inductor another way (fused_autograd.py).
 
 A short attention (a decode step: a few queries over at most 1,024 keys) is computed by matmuls and softmax
-that inductor fuses, not by ATen's flash kernel, which is faster only on longer ones (measured).
+that inductor fuses, not by ATen's flash kernel, which is faster only on longer ones (measured); and a product
+of a few rows by a weight as the reduction inductor generates, where that is faster here (row_products.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writ
 from .inductor_fixes import dealias_compile
 from .keep_aten import twin_for
 from .prologue import example_like, in_prologue, make_prologue
+from .row_products import by_reduction
 
 aten = torch.ops.aten
 
@@ -100,6 +102,9 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
             n.target = twin
         if _short_attention(n):
             n.target = _attention_by_matmuls
+        reduction = by_reduction(n)  # (a decode step's one-row products: row_products.py)
+        if reduction is not None:
+            n.target = reduction
     gm.recompile()
     # Inductor's own decompositions (index_copy_ -> index_put_, ...), dealias's helpers traced to aten ops; each
     # node keeps the user's source line.

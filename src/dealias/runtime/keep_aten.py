@@ -110,17 +110,24 @@ _twins: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {}
 
 def _verdict(op: torch._ops.OpOverload, dtype: torch.dtype, rank: int, rest: tuple[Any, ...]) -> bool:
     key = f"{op}|{dtype}|rank={rank}|{rest!r}|threads={torch.get_num_threads()}"
+    aten_s, inductor_s = measured(key, lambda: measure(op, dtype, rank, rest))
+    return inductor_s >= THRESHOLD * aten_s
+
+
+def measured(key: str, measure: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+    """(ATen's seconds, inductor's seconds) for the comparison `key` on this host: from disk, or `measure()`d
+    once and saved. One that cannot be measured counts as a tie."""
     with _lock:
         verdicts = _load()
         if key not in verdicts:
             try:
-                aten_s, inductor_s = measure(op, dtype, rank, rest)
-            except Exception:  # noqa: BLE001 - an op that cannot be measured alone stays inductor's
+                aten_s, inductor_s = measure()
+            except Exception:  # noqa: BLE001 - a tie: each caller's default choice stands
                 aten_s, inductor_s = 1.0, 1.0
             verdicts[key] = [aten_s, inductor_s]
             _save(verdicts)
         aten_s, inductor_s = verdicts[key]
-    return inductor_s >= THRESHOLD * aten_s
+    return aten_s, inductor_s
 
 
 def measure(
@@ -140,10 +147,10 @@ def measure(
         x = (torch.rand(shape, device="cpu") * 0.9 + 0.05).to(dtype)  # inside every candidate's domain
         gm = make_fx(lambda t: (op(t, *args, **kwargs),), decomposition_table=select_decomp_table())(x)
         compiled = compile_fx_inner(gm, [x])
-        return _best_of(lambda: op(x, *args, **kwargs), lambda: compiled([x]))
+        return best_of(lambda: op(x, *args, **kwargs), lambda: compiled([x]))
 
 
-def _best_of(*fns: Callable[[], Any], rounds: int = 5, seconds: float = 0.01) -> tuple[float, ...]:
+def best_of(*fns: Callable[[], Any], rounds: int = 5, seconds: float = 0.01) -> tuple[float, ...]:
     iters = []
     for fn in fns:
         fn()  # (warm)

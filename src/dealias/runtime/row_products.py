@@ -1,0 +1,91 @@
+"""Which matrix products of a few rows the fused executor hands to inductor as code, measured on this host.
+
+A decode step multiplies one row (a token's activations) by each weight matrix of the model. Inductor passes
+every `mm` to ATen's BLAS call as an extern kernel; for one row that call is a matrix-vector product bound by
+reading the weight, and on the host this was written on, ATen's took 2-3x as long as the reduction inductor
+generates for the same product (`x.unsqueeze(2) * w.unsqueeze(0)` summed over the shared dimension; 1x1,024 by
+1,024x1,024 in float32: 91 us against 38), which it also fuses with the ops around it (a norm before, an
+activation after). The HF Llama decode step of bench/run.py went from 1.9 ms to 0.67 ms.
+
+Only where the reduction reads the weight along its contiguous dimension: `x @ w.t()` for a weight stored as
+nn.Linear stores it. Over the other dimension inductor's reduction is 2-3x slower than ATen's. How many rows
+still gain depends on the dtype and the host's BLAS (float32 here: 0.42x at 1 row, 0.77x at 8; bfloat16 1.97x
+at 4 rows), so each (dtype, rows) is measured once per host, like the keep-ATen list (keep_aten.py), on a
+1,024x1,024 weight; the verdict is kept on disk with the keep-ATen ones. The sums are accumulated in another
+order than ATen's: results differ from eager's in the last bits, as other fused kernels' do.
+
+`DEALIAS_ROW_PRODUCTS` overrides the measurement: `inductor` (every such product as a reduction), `aten` (none).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from ..ir.viewops import surely
+from .keep_aten import MIN_NUMEL, THRESHOLD, best_of, measured
+
+aten = torch.ops.aten
+
+MAX_ROWS = 8  # more rows read the weight once per row in the reduction: a BLAS kernel is made for those
+_SIDE = 1024  # the measured weight: _SIDE x _SIDE
+
+
+def _mm_by_reduction(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`mm(x, w)` as code inductor generates and fuses: products summed over the shared dimension."""
+    return (x.unsqueeze(2) * w.unsqueeze(0)).sum(1)
+
+
+def _addmm_by_reduction(bias: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return bias + _mm_by_reduction(x, w)
+
+
+_BY_REDUCTION: dict[Any, Callable[..., torch.Tensor]] = {
+    aten.mm.default: _mm_by_reduction,
+    aten.addmm.default: _addmm_by_reduction,  # (beta and alpha are keyword-only: `not n.kwargs` is their default)
+}
+
+
+def by_reduction(n: fx.Node) -> Callable[..., torch.Tensor] | None:
+    """The function computing the product `n` as a reduction, if that is faster here than ATen's kernel."""
+    if n.op != "call_function" or n.target not in _BY_REDUCTION or n.kwargs:
+        return None
+    x, w = (a.meta.get("val") if isinstance(a, fx.Node) else None for a in n.args[-2:])
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        return None
+    if x.device.type != "cpu" or not x.dtype.is_floating_point or x.dtype != w.dtype:
+        return None
+    rows = x.shape[0]
+    if not isinstance(rows, int) or rows > MAX_ROWS:  # (a symbolic row count: its product is ATen's)
+        return None
+    if not surely(w.stride(0) == 1) or not surely(w.numel() >= MIN_NUMEL):
+        return None  # (over w's other dimension, or a weight small enough for the BLAS call to cost nothing)
+    setting = os.environ.get("DEALIAS_ROW_PRODUCTS", "measure").strip()
+    if setting == "measure":
+        key = f"mm by reduction|{x.dtype}|rows={rows}|threads={torch.get_num_threads()}"
+        aten_s, inductor_s = measured(key, lambda: measure(x.dtype, rows))
+        faster = aten_s >= THRESHOLD * inductor_s
+    else:
+        faster = setting == "inductor"
+    return _BY_REDUCTION[n.target] if faster else None
+
+
+def measure(dtype: torch.dtype, rows: int) -> tuple[float, float]:
+    """Seconds per call of a `rows` x 1,024 by 1,024 x 1,024 product (a weight stored transposed, as nn.Linear's):
+    ATen's mm, and inductor's code for the reduction alone. Best of interleaved rounds."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    # Real tensors in a clean context: this runs inside dynamo's backend call (see keep_aten.measure).
+    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad():
+        x = torch.randn(rows, _SIDE).to(dtype)
+        w = torch.randn(_SIDE, _SIDE).to(dtype).t()
+        gm = make_fx(lambda a, b: (_mm_by_reduction(a, b),), decomposition_table=select_decomp_table())(x, w)
+        compiled = compile_fx_inner(gm, [x, w])
+        return best_of(lambda: torch.mm(x, w), lambda: compiled([x, w]))
