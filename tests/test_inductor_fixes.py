@@ -1,15 +1,18 @@
 """runtime/inductor_fixes.py: a view of a computed value handed to ATen's matmul is passed with the strides a
-contiguous layout gives its dims of size 1, not inductor's 0 (with which ATen's mm copies the matrix first); for
-dealias's compiles only."""
+contiguous layout gives its dims of size 1, not inductor's 0 (with which ATen's mm copies the matrix first); a
+variance is computed in two passes, not by Welford's algorithm; for dealias's compiles only."""
 
 from __future__ import annotations
 
+import copy
 import types
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 import dealias
+from dealias.runtime import inductor_fixes
 
 
 def decode_linears(x, g, w1, w2, w3):
@@ -48,5 +51,50 @@ def test_other_compiles_in_the_process_see_inductor_unchanged():
     assert "aten::clone" in ops_of_a_call(tc, args)
 
 
-def _own_code(fn):
-    return types.FunctionType(fn.__code__.replace(co_name=f"{fn.__name__}_tc"), fn.__globals__, fn.__name__)
+def _own_code(fn, suffix="tc"):
+    return types.FunctionType(fn.__code__.replace(co_name=f"{fn.__name__}_{suffix}"), fn.__globals__, fn.__name__)
+
+
+def bn_step(bn, x):
+    return bn(x).relu()
+
+
+def inductor_code(fn, *args):
+    """`fn(*args)` and the code inductor generated meanwhile."""
+    from torch._inductor.graph import GraphLowering
+
+    codes = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        return fn(*args), "\n".join(codes)
+
+
+def test_batch_norm_statistics_in_two_passes_not_welfords():
+    # 4,096 elements per channel: over inductor's own threshold (1,024), under TWO_STEP_MAX_BYTES.
+    bn, x = torch.nn.BatchNorm2d(8), torch.randn(4, 8, 32, 32)
+    ref_bn, ref_x = copy.deepcopy(bn), x.clone().requires_grad_()
+    x.requires_grad_()
+    out, code = inductor_code(dealias.jit(_own_code(bn_step, "dealias"), executor="inductor"), bn, x)
+    assert "kernel" in code and "welford" not in code.lower()
+    expected = bn_step(ref_bn, ref_x)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)
+    torch.testing.assert_close(bn.running_var, ref_bn.running_var)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    torch.testing.assert_close(bn.weight.grad, ref_bn.weight.grad)
+    # torch.compile in the same process: inductor's own choice, Welford's algorithm
+    _, code = inductor_code(torch.compile(_own_code(bn_step), backend="inductor"), copy.deepcopy(ref_bn), x.detach())
+    assert "welford" in code.lower()
+
+
+def test_a_variance_over_a_large_input_keeps_welfords():
+    x = torch.randn((inductor_fixes.TWO_STEP_MAX_BYTES // 4) // 2048 + 8, 2048)
+    out, code = inductor_code(dealias.jit(_own_code(var_mean_of_columns, "large"), executor="inductor"), x)
+    assert "welford" in code.lower()
+    torch.testing.assert_close(out, var_mean_of_columns(x))
+
+
+def var_mean_of_columns(x):
+    return torch.var_mean(x, 0)

@@ -9,8 +9,19 @@ step made such a copy (torch.compile's graph, whose views are not shared between
 set to the ones a contiguous layout gives those dims (the next inner dim's stride times its size), which changes
 no element's address.
 
-The correction is installed on the first fused compile and applies only while dealias compiles (a flag of the
-compiling thread); other compiles in the process see inductor unchanged. (A graph autograd records: its forward;
+A variance (batch norm's statistics in training, layer and group norm) is computed on CPU by a Welford reduction
+over more than 1,024 elements per result (`config.cpp.use_two_step_variance_threshold`), by a mean and then a sum
+of squared differences (ATen's own algorithm on CPU) under it. Welford does several times the arithmetic per
+element; the two passes read the input twice, which costs only once it is out of the caches. On this host, CPU
+time of a normalization at 1 thread: BatchNorm2d statistics over 16x64x32x32, 713 us Welford against 352 two-step
+(0.49x); 8x256x28x28 0.66x; rows of 16,384 0.72x; rows of 4,096 0.48x; over 51 and 64 MB inputs (DRAM-bound)
+0.96-1.05x. For dealias's compiles the two-step algorithm is taken for any reduction of an input of at most
+TWO_STEP_MAX_BYTES.
+
+The corrections are installed on the first fused compile and apply only while dealias compiles (a flag of the
+compiling thread); other compiles in the process see inductor unchanged (the variance's threshold is raised by
+patching inductor's config for the moment of that one decision: another thread deciding at that very moment may
+take the two-step algorithm too, which is as exact). (A graph autograd records: its forward;
 AOTAutograd compiles the backward at the first backward call, outside dealias's compile, with inductor's strides.)
 """
 
@@ -20,6 +31,10 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+import sympy
+
+TWO_STEP_MAX_BYTES = 16 << 20
 
 _local = threading.local()
 _installed = False
@@ -54,7 +69,25 @@ def _install() -> None:
             return _unit_dims_strided(ir, view)
 
         ir.ExternKernel.convert_to_reinterpret_view = classmethod(convert_to_reinterpret_view)
+        _install_two_step_variance()
         _installed = True
+
+
+def _install_two_step_variance() -> None:
+    from torch._inductor import config, lowering
+
+    original = lowering.use_two_step_variance  # (looked up in lowering's globals at each var_mean lowered)
+
+    def use_two_step_variance(x: Any, axis: Any, keepdim: Any, input_dtype: Any) -> bool:
+        if not getattr(_local, "active", False) or x.get_device() is None or x.get_device().type != "cpu":
+            return original(x, axis, keepdim, input_dtype)
+        size = sympy.Mul(*x.get_size())
+        if not isinstance(size, sympy.Integer) or int(size) * x.get_dtype().itemsize > TWO_STEP_MAX_BYTES:
+            return original(x, axis, keepdim, input_dtype)
+        with config.patch({"cpp.use_two_step_variance_threshold": int(size)}):
+            return original(x, axis, keepdim, input_dtype)
+
+    lowering.use_two_step_variance = use_two_step_variance
 
 
 def _unit_dims_strided(ir: Any, view: Any) -> Any:
