@@ -118,3 +118,62 @@ def test_the_verdict_is_measured_once_per_dtype_and_row_count_and_kept(measuring
 def test_measure_times_both_kernels():
     aten_s, inductor_s = row_products.measure(torch.float32, 1)
     assert 0 < aten_s < 0.1 and 0 < inductor_s < 0.1
+
+
+def addmm_step(x, w, b):
+    return torch.addmm(b, x, w.t())
+
+
+@pytest.mark.parametrize(
+    "bias",
+    [
+        torch.randn(3, K),  # rows that are not the product's
+        torch.randn(K, 1),
+        torch.randn(2, 1, K),  # more dims than the product
+        torch.ones(K, dtype=torch.float64),  # another dtype
+        torch.tensor(1),
+    ],
+    ids=["3 rows", "column", "3-d", "float64", "int 0-d"],
+)
+def test_a_bias_atens_addmm_rejects_gets_eagers_error(bias):
+    # Fake tensors check neither the bias's shape nor its dtype: the product stays ATen's, whose kernel raises.
+    x, w = torch.randn(1, K), torch.randn(K, K)
+    with pytest.raises(RuntimeError) as expected:
+        addmm_step(x, w, bias)
+    with pytest.raises(RuntimeError) as got:
+        dealias.jit(fresh(addmm_step), executor="inductor")(x, w, bias)
+    assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_products_round_once_as_atens(dtype):
+    # Summed and biased in float32, rounded once: as close to eager's as to the exact value (a rounding of the
+    # sum before the bias made 130-169 of 512 elements worse than eager's).
+    x, w, b = torch.randn(1, K, dtype=dtype), (torch.randn(K, K) / K**0.5).to(dtype), torch.randn(K, dtype=dtype)
+    jf = dealias.jit(fresh(addmm_step), executor="inductor")
+    got, expected = jf(x, w, b), addmm_step(x, w, b)
+    assert jf.last.tier == "fused"
+    assert products([n.target for n in jf.last.run_graph.graph.graph.nodes if n.op == "call_function"]) == []
+    exact = addmm_step(x.double(), w.double(), b.double())
+    assert (got.double() - exact).abs().max() <= (expected.double() - exact).abs().max() * 1.01
+    torch.testing.assert_close(got, expected)
+
+
+def test_measuring_leaves_the_callers_random_numbers_alone(measuring):
+    x, w = torch.randn(1, K), torch.randn(K, K)
+    torch.manual_seed(0)
+    dealias.jit(fresh(plain_product_t), executor="inductor")(x, w)  # (measures: no verdict on disk yet)
+    got = torch.rand(3)
+    torch.manual_seed(0)
+    plain_product_t(x, w)
+    assert torch.equal(got, torch.rand(3))
+
+
+def plain_product_t(x, w):
+    return x @ w.t()
+
+
+def test_an_unknown_setting_is_named(monkeypatch):
+    monkeypatch.setenv("DEALIAS_ROW_PRODUCTS", "inductr")
+    with pytest.warns(dealias.FallbackWarning, match="DEALIAS_ROW_PRODUCTS='inductr'"):
+        dealias.jit(fresh(plain_product_t), executor="inductor")(torch.randn(1, K), torch.randn(K, K))

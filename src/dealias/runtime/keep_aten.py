@@ -143,20 +143,27 @@ def measure(
     shape = (_NUMEL,) if rank < 2 else (1,) * (rank - 2) + (1024, _NUMEL // 1024)
     # Real tensors in a clean context: this may run inside dynamo's backend call, whose fake mode and tracing
     # context would claim them.
-    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad():
+    # (The random inputs are drawn on a generator of their own: measuring must not move the caller's.)
+    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad(), torch.random.fork_rng(devices=[]):
         x = (torch.rand(shape, device="cpu") * 0.9 + 0.05).to(dtype)  # inside every candidate's domain
         gm = make_fx(lambda t: (op(t, *args, **kwargs),), decomposition_table=select_decomp_table())(x)
         compiled = compile_fx_inner(gm, [x])
         return best_of(lambda: op(x, *args, **kwargs), lambda: compiled([x]))
 
 
-def best_of(*fns: Callable[[], Any], rounds: int = 5, seconds: float = 0.01) -> tuple[float, ...]:
+def best_of(*fns: Callable[[], Any], rounds: int = 7, seconds: float = 0.01) -> tuple[float, ...]:
+    """Seconds per call of each of `fns`: the best of `rounds` interleaved rounds of about `seconds` each. The
+    calls per round are set from the fastest of three warm calls: on a shared machine one call may stall for a
+    scheduler's time slice (8-16 ms here), which would leave a round of two calls."""
     iters = []
     for fn in fns:
         fn()  # (warm)
-        start = time.perf_counter()
-        fn()
-        iters.append(max(2, int(seconds / max(time.perf_counter() - start, 1e-7))))
+        fastest = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            fastest = min(fastest, time.perf_counter() - start)
+        iters.append(max(2, int(seconds / max(fastest, 1e-7))))
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
         for i, (fn, n) in enumerate(zip(fns, iters)):

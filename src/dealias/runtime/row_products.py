@@ -14,7 +14,8 @@ at 4 rows), so each (dtype, rows) is measured once per host, like the keep-ATen 
 1,024x1,024 weight; the verdict is kept on disk with the keep-ATen ones. The sums are accumulated in another
 order than ATen's: results differ from eager's in the last bits, as other fused kernels' do.
 
-`DEALIAS_ROW_PRODUCTS` overrides the measurement: `inductor` (every such product as a reduction), `aten` (none).
+`DEALIAS_ROW_PRODUCTS` overrides the measurement: `inductor` (every such product as a reduction), `aten` (none);
+another value raises.
 """
 
 from __future__ import annotations
@@ -37,27 +38,40 @@ _SIDE = 1024  # the measured weight: _SIDE x _SIDE
 
 
 def _mm_by_reduction(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """`mm(x, w)` as code inductor generates and fuses: products summed over the shared dimension."""
-    return (x.unsqueeze(2) * w.unsqueeze(0)).sum(1)
+    """`mm(x, w)` as code inductor generates and fuses: products summed over the shared dimension. A half-precision
+    product is summed in float32 and rounded once, as ATen's kernel does."""
+    if x.dtype in _HALF:
+        return _sum_of_products(x.float(), w.float()).to(x.dtype)
+    return _sum_of_products(x, w)
 
 
 def _addmm_by_reduction(bias: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return bias + _mm_by_reduction(x, w)
+    """`addmm(bias, x, w)`: in half precision the bias is added in float32 before the one rounding (ATen's)."""
+    if x.dtype in _HALF:
+        return (bias.float() + _sum_of_products(x.float(), w.float())).to(x.dtype)
+    return bias + _sum_of_products(x, w)
 
 
+def _sum_of_products(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x.unsqueeze(2) * w.unsqueeze(0)).sum(1)
+
+
+_HALF = (torch.float16, torch.bfloat16)
 _BY_REDUCTION: dict[Any, Callable[..., torch.Tensor]] = {
     aten.mm.default: _mm_by_reduction,
     aten.addmm.default: _addmm_by_reduction,  # (beta and alpha are keyword-only: `not n.kwargs` is their default)
 }
+_SETTINGS = ("measure", "inductor", "aten")
 
 
 def by_reduction(n: fx.Node) -> Callable[..., torch.Tensor] | None:
     """The function computing the product `n` as a reduction, if that is faster here than ATen's kernel."""
     if n.op != "call_function" or n.target not in _BY_REDUCTION or n.kwargs:
         return None
-    x, w = (a.meta.get("val") if isinstance(a, fx.Node) else None for a in n.args[-2:])
-    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in n.args]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
         return None
+    x, w = vals[-2:]
     if x.device.type != "cpu" or not x.dtype.is_floating_point or x.dtype != w.dtype:
         return None
     rows = x.shape[0]
@@ -65,7 +79,11 @@ def by_reduction(n: fx.Node) -> Callable[..., torch.Tensor] | None:
         return None
     if not surely(w.stride(0) == 1) or not surely(w.numel() >= MIN_NUMEL):
         return None  # (over w's other dimension, or a weight small enough for the BLAS call to cost nothing)
-    setting = os.environ.get("DEALIAS_ROW_PRODUCTS", "measure").strip()
+    if n.target is aten.addmm.default and not _bias_of(vals[0], rows, w.shape[1], x.dtype):
+        return None
+    setting = os.environ.get("DEALIAS_ROW_PRODUCTS", "measure").strip().lower()
+    if setting not in _SETTINGS:
+        raise ValueError(f"DEALIAS_ROW_PRODUCTS={setting!r}: expected one of {', '.join(_SETTINGS)}")
     if setting == "measure":
         key = f"mm by reduction|{x.dtype}|rows={rows}|threads={torch.get_num_threads()}"
         aten_s, inductor_s = measured(key, lambda: measure(x.dtype, rows))
@@ -73,6 +91,16 @@ def by_reduction(n: fx.Node) -> Callable[..., torch.Tensor] | None:
     else:
         faster = setting == "inductor"
     return _BY_REDUCTION[n.target] if faster else None
+
+
+def _bias_of(bias: torch.Tensor, rows: int, cols: Any, dtype: torch.dtype) -> bool:
+    """Whether addmm's kernel accepts `bias` for a (rows, cols) product: of the product's dtype, and expanding to its
+    shape. Fake tensors check neither (a (3, N) bias gave a (3, N) result, a float64 one a float64 result), and
+    `bias + product` would broadcast and promote where ATen's kernel raises eager's error: such a product stays
+    ATen's, which raises it."""
+    if bias.dtype != dtype or bias.dim() > 2:
+        return False
+    return all(surely(b == 1) or surely(b == t) for b, t in zip(reversed(bias.shape), (cols, rows)))
 
 
 def measure(dtype: torch.dtype, rows: int) -> tuple[float, float]:
@@ -83,7 +111,8 @@ def measure(dtype: torch.dtype, rows: int) -> tuple[float, float]:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     # Real tensors in a clean context: this runs inside dynamo's backend call (see keep_aten.measure).
-    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad():
+    # (On a generator of their own: measuring must not move the caller's random numbers.)
+    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad(), torch.random.fork_rng(devices=[]):
         x = torch.randn(rows, _SIDE).to(dtype)
         w = torch.randn(_SIDE, _SIDE).to(dtype).t()
         gm = make_fx(lambda a, b: (_mm_by_reduction(a, b),), decomposition_table=select_decomp_table())(x, w)
