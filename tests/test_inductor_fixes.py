@@ -8,6 +8,7 @@ import copy
 import types
 from unittest import mock
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -87,6 +88,36 @@ def test_batch_norm_statistics_in_two_passes_not_welfords():
     # torch.compile in the same process: inductor's own choice, Welford's algorithm
     _, code = inductor_code(torch.compile(_own_code(bn_step), backend="inductor"), copy.deepcopy(ref_bn), x.detach())
     assert "welford" in code.lower()
+
+
+def test_two_passes_keep_the_digits_of_a_channel_far_from_zero():
+    # Inductor's own two-pass variance sums the values themselves: a channel at 1234.567 +- 1e-3 lost its mean's
+    # low digits, and the normalized output was off by 1.5 (eager's by 0.006). Shifted by one of its elements,
+    # the sums are of small differences.
+    torch.manual_seed(0)
+    bn, x = torch.nn.BatchNorm2d(8), torch.randn(16, 8, 32, 32)
+    x[:, 0] = 1234.567 + 1e-3 * torch.randn(16, 32, 32)
+    truth = copy.deepcopy(bn).double()(x.double())
+    expected = copy.deepcopy(bn)(x)
+    jf = dealias.jit(_own_code(bn_step, "far"), executor="inductor")
+    out = jf(bn, x)
+    assert jf.last.tier == "fused"
+    eager_error = (expected.relu().double() - truth.relu()).abs().max()
+    assert (out.double() - truth.relu()).abs().max() <= 2 * eager_error
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_variances_of_every_shape_match_eager(dtype):
+    x = (torch.randn(6, 300, 5) * 3 + 50).to(dtype)
+    jf = dealias.jit(_own_code(variances, str(dtype).split(".")[1]), executor="inductor")
+    got = jf(x)
+    assert jf.last.tier == "fused"
+    torch.testing.assert_close(got, variances(x), rtol=1e-2 if dtype is torch.bfloat16 else 1e-5, atol=1e-3)
+
+
+def variances(x):
+    v, m = torch.var_mean(x, (0, 2), correction=0)
+    return v, m, torch.var(x, 1, keepdim=True), torch.std(x, -1), torch.var_mean(x, 1, correction=2)
 
 
 def test_a_variance_over_a_large_input_keeps_welfords():

@@ -40,7 +40,7 @@ from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
 from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
-from .inductor_fixes import dealias_compile
+from .inductor_fixes import dealias_compile, decompositions
 from .keep_aten import twin_for
 from .prologue import example_like, in_prologue, make_prologue
 from .row_products import by_reduction
@@ -88,7 +88,6 @@ def _no_dropout(n: fx.Node) -> bool:
 def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
     """Compile the lowered graph `gm` (called with tensors like `example`) with inductor. Raises Unfusable."""
     from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.decomposition import select_decomp_table
 
     result_layouts(gm)  # (raises Unfusable before inductor's compile, not after)
     prologue = make_prologue(gm)
@@ -106,11 +105,11 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         if reduction is not None:
             n.target = reduction
     gm.recompile()
-    # Inductor's own decompositions (index_copy_ -> index_put_, ...), dealias's helpers traced to aten ops; each
-    # node keeps the user's source line.
+    # Inductor's own decompositions (index_copy_ -> index_put_, ...; a variance's: inductor_fixes.py), dealias's
+    # helpers traced to aten ops; each node keeps the user's source line.
     with fx.traceback.preserve_node_meta(), torch.no_grad():  # nothing records autograd (`unfusable`)
         interpret = lambda *args: fx.Interpreter(gm).run(*args)  # noqa: E731
-        traced = make_fx(interpret, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example)
+        traced = make_fx(interpret, decomposition_table=decompositions(), tracing_mode="fake")(*example)
     names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     for ph, name in zip(traced.graph.find_nodes(op="placeholder"), names):
         ph.name = ph.target = name

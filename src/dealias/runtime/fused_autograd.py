@@ -35,7 +35,7 @@ from ..ir.opfacts import is_view_node, may_raise, op_name
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_counters, written_inputs_read
 from .fused import runner
 from .hazards import SNAPSHOT, Unfusable
-from .inductor_fixes import dealias_compile
+from .inductor_fixes import dealias_compile, decompositions
 from .prologue import make_prologue, sizes_arithmetic
 
 aten = torch.ops.aten
@@ -313,7 +313,7 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
             _no_donated_buffers(),
             dealias_compile(),
         ):
-            compiled = compile_fx(_clones_of_inputs_kept(gm), list(example))
+            compiled = compile_fx(_clones_of_inputs_kept(gm), list(example), decompositions=decompositions())
         # compile_fx hands back AOTAutograd's function inside a `torch._dynamo.disable` of its own (~3 us a call):
         # it is only ever called from a program dynamo already runs under its own disable.
         compiled = getattr(compiled, "_torchdynamo_orig_callable", compiled)

@@ -9,32 +9,41 @@ step made such a copy (torch.compile's graph, whose views are not shared between
 set to the ones a contiguous layout gives those dims (the next inner dim's stride times its size), which changes
 no element's address.
 
-A variance (batch norm's statistics in training, layer and group norm) is computed on CPU by a Welford reduction
-over more than 1,024 elements per result (`config.cpp.use_two_step_variance_threshold`), by a mean and then a sum
-of squared differences (ATen's own algorithm on CPU) under it. Welford does several times the arithmetic per
-element; the two passes read the input twice, which costs only once it is out of the caches. On this host, CPU
-time of a normalization at 1 thread: BatchNorm2d statistics over 16x64x32x32, 713 us Welford against 352 two-step
-(0.49x); 8x256x28x28 0.66x; rows of 16,384 0.72x; rows of 4,096 0.48x; over 51 and 64 MB inputs (DRAM-bound)
-0.96-1.05x. For dealias's compiles the two-step algorithm is taken for any reduction of an input of at most
-TWO_STEP_MAX_BYTES.
+A variance (batch norm's statistics in training, layer and group norm, `torch.var`) is computed on CPU by a
+Welford reduction over more than 1,024 elements per result (`config.cpp.use_two_step_variance_threshold`).
+Welford's does several times the arithmetic per element of two passes, a mean and then a sum of squared
+differences, and while the input stays in the caches the second pass costs little. On this host, CPU time at 1
+thread: BatchNorm2d statistics over 16x64x32x32, 713 us Welford against 352 in two passes (0.49x); 8x256x28x28
+0.66x; rows of 16,384 0.72x; rows of 4,096 0.48x; over 51 and 64 MB inputs (DRAM-bound) 0.96-1.05x. Inductor's
+own two-pass lowering is not exact enough to take it for all of them: its mean is a float32 sum divided by the
+count, which over a channel whose values sit far from zero (1234.567 + 1e-3 * noise) loses the mean's low digits,
+and `x - mean` divided by a small deviation magnifies that: a batch norm's output was off by 1.5 where eager's is
+off by 0.006 (found by a review). dealias's compiles decompose `var_mean` and `var` instead (`decompositions`)
+into two passes over the input shifted by one of its own elements per result (the shifted-data algorithm): the
+differences are small where the values are close, so the sums keep their digits (the same channel: 0.003 off,
+Welford's 0.0096). For inputs of at most TWO_STEP_MAX_BYTES, static sizes, not reduced to one value (inductor
+splits such a reduction over threads, which Welford's combines).
 
-The corrections are installed on the first fused compile and apply only while dealias compiles (a flag of the
-compiling thread); other compiles in the process see inductor unchanged (the variance's threshold is raised by
-patching inductor's config for the moment of that one decision: another thread deciding at that very moment may
-take the two-step algorithm too, which is as exact). (A graph autograd records: its forward;
+The stride correction is installed on the first fused compile and applies only while dealias compiles (a flag
+of the compiling thread); the variance's is a decomposition table dealias's compiles pass to inductor. Other
+compiles in the process see inductor unchanged. (A graph autograd records: its forward;
 AOTAutograd compiles the backward at the first backward call, outside dealias's compile, with inductor's strides.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-import sympy
+import torch
 
 TWO_STEP_MAX_BYTES = 16 << 20
+
+aten = torch.ops.aten
+_HALF = (torch.float16, torch.bfloat16)
 
 _local = threading.local()
 _installed = False
@@ -69,25 +78,7 @@ def _install() -> None:
             return _unit_dims_strided(ir, view)
 
         ir.ExternKernel.convert_to_reinterpret_view = classmethod(convert_to_reinterpret_view)
-        _install_two_step_variance()
         _installed = True
-
-
-def _install_two_step_variance() -> None:
-    from torch._inductor import config, lowering
-
-    original = lowering.use_two_step_variance  # (looked up in lowering's globals at each var_mean lowered)
-
-    def use_two_step_variance(x: Any, axis: Any, keepdim: Any, input_dtype: Any) -> bool:
-        if not getattr(_local, "active", False) or x.get_device() is None or x.get_device().type != "cpu":
-            return original(x, axis, keepdim, input_dtype)
-        size = sympy.Mul(*x.get_size())
-        if not isinstance(size, sympy.Integer) or int(size) * x.get_dtype().itemsize > TWO_STEP_MAX_BYTES:
-            return original(x, axis, keepdim, input_dtype)
-        with config.patch({"cpp.use_two_step_variance_threshold": int(size)}):
-            return original(x, axis, keepdim, input_dtype)
-
-    lowering.use_two_step_variance = use_two_step_variance
 
 
 def _unit_dims_strided(ir: Any, view: Any) -> Any:
@@ -104,3 +95,45 @@ def _unit_dims_strided(ir: Any, view: Any) -> Any:
         return view
     fixed = ir.FixedLayout(layout.device, layout.dtype, sizes, strides, layout.offset, layout.is_pinned)
     return ir.ReinterpretView(data=view.data, layout=fixed)
+
+
+def decompositions() -> dict[Any, Any]:
+    """Inductor's decomposition table, with the variance in two passes over shifted data (see the module's text)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return {**select_decomp_table(), aten.var_mean.correction: _var_mean_shifted, aten.var.correction: _var_shifted}
+
+
+def _var_shifted(x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    out = _var_mean_shifted(x, dim, correction=correction, keepdim=keepdim)
+    return out if out is NotImplemented else out[0]
+
+
+def _var_mean_shifted(x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    """`var_mean(x, dim, correction, keepdim)` as the mean and squared differences' sum of `x - x[first]`, the first
+    element of each reduced group, in float32 for half precision (as inductor computes a variance). NotImplemented
+    (inductor's own lowering) outside the cases the module's text names."""
+    dims = [dim] if isinstance(dim, int) else list(dim or [])
+    if x.device.type != "cpu" or not x.dtype.is_floating_point or not dims or x.dim() == 0:
+        return NotImplemented
+    if not all(isinstance(n, int) for n in x.shape):
+        return NotImplemented
+    dims = sorted({d % x.dim() for d in dims})
+    if len(dims) == x.dim() or any(x.shape[d] == 0 for d in dims):
+        return NotImplemented
+    if x.numel() * x.element_size() > TWO_STEP_MAX_BYTES:
+        return NotImplemented
+    count = math.prod(x.shape[d] for d in dims)
+    c = 1 if correction is None else correction
+    y = x.float() if x.dtype in _HALF else x
+    shift = y
+    for d in dims:
+        shift = shift.narrow(d, 0, 1)
+    diff = y - shift  # (exact where the values are within a factor 2 of the shift: Sterbenz)
+    mean = diff.sum(dims, keepdim=True) / count
+    centred = diff - mean
+    var = (centred * centred).sum(dims, keepdim=True) / max(count - c, 0)
+    mean = mean + shift
+    if not keepdim:
+        var, mean = var.squeeze(dims), mean.squeeze(dims)
+    return var.to(x.dtype), mean.to(x.dtype)
