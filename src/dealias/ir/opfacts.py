@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx as fx
 from torch._library.utils import zip_schema
 from torch._ops import OpOverload
 
@@ -345,3 +346,13 @@ def is_view_node(node: Any) -> bool:
     if node.target is operator.getitem:
         return is_view_node(node.args[0])
     return is_view_target(node.target)
+
+
+def written_nodes(node: fx.Node) -> list[fx.Node]:
+    """The captured tensors `node` writes."""
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or not facts(op).mutated:
+        return []
+    bound = bind_args(op._schema, node.args, node.kwargs)
+    args = [bound.get(name) for name in facts(op).mutated]
+    return [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, fx.Node)]

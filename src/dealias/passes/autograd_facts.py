@@ -41,10 +41,11 @@ from torch.utils import _pytree as pytree
 from ..errors import EagerRaisesError, UnsupportedError, located, node_location, with_location
 from ..ir.emitter import Emitter
 from ..ir.gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
-from ..ir.opfacts import bind_args, facts, is_view_node
+from ..ir.opfacts import facts, is_view_node, written_nodes
 from ..ir.plan import OutputSlot, RefKind, StorageKind
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
+from .unsafe_split import UnsafeSplitFacts
 
 
 class Walk(Protocol):
@@ -67,7 +68,7 @@ class Walk(Protocol):
     def caller_placeholder(self, s: Storage) -> fx.Node: ...
 
 
-class AutogradFacts:
+class AutogradFacts(UnsafeSplitFacts):
     def __init__(self, walk: Walk, gm: fx.GraphModule, under_autograd: bool) -> None:
         self.walk = walk
         self.emit = walk.emit
@@ -81,19 +82,8 @@ class AutogradFacts:
         self.writes: dict[Storage, int] = {}  # writes of each storage, as eager's version counter counts them
         # Views of a tensor that requires grad whose grad_fn eager cannot rebuild after a write (see _Fragile).
         self.fragile: dict[int, _Fragile] = {}  # by tensor object
-        # Elements of `unsafe_split` (and views of them), by tensor object -> the element's getitem node: eager's
-        # are not autograd views, so a returned one is rebuilt by `unsafe_split` itself (OutputSlot.multi_output).
-        self.unsafe: dict[int, fx.Node] = {}
-        # Storages split by `unsafe_split` with grad on while they required grad -> the split: a later write of
-        # one runs the graph eagerly (eager's autograd does not see a write through an element as one of its input).
-        self.unsafe_split_rg: dict[Storage, fx.Node] = {}
-        # Storages split by `unsafe_split` while they required no grad -> the split; and those of them a write
-        # autograd records went into -> (the element it went through, None for the split's input, and the write).
-        # Eager's write makes only that tensor (and its views) require grad: see refuse_other_unsafe_member.
-        self.unsafe_split_plain: dict[Storage, fx.Node] = {}
-        self.unsafe_recorded: dict[Storage, tuple[fx.Node | None, fx.Node]] = {}
+        self.init_unsafe_split()  # (unsafe_split.py)
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
-        self.returned_elements: dict[int, fx.Node] = {}  # unsafe_split element object -> the result made from it
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
         if under_autograd:
             _refuse_hidden_write_after_a_read(gm, self.info, walk.requires_grad)
@@ -133,8 +123,8 @@ class AutogradFacts:
         if self.emit.grad and self.unsafe_recorded:
             for a in node.all_input_nodes:
                 self.refuse_other_unsafe_member(a, f"{node.target} with grad on reads", node)
-        if self.emit.grad and self.fragile and any(self._raises_writing(node, a) for a in _written(node)):
-            f = next(self._fragile_of(a) for a in _written(node) if self._raises_writing(node, a))
+        if self.emit.grad and self.fragile and any(self._raises_writing(node, a) for a in written_nodes(node)):
+            f = next(self._fragile_of(a) for a in written_nodes(node) if self._raises_writing(node, a))
             raise EagerRaisesError(
                 f"{node.target} with grad on writes through a view {f.why} (at "
                 f"{node_location(f.root) or f.root}); eager raises"
@@ -147,38 +137,7 @@ class AutogradFacts:
         if isinstance(value, Value) and self.unrecorded_layout and self.requires_grad(view):
             self.refuse_use_after_unrecorded_layout(value.storage, "a view made")
         self._track_fragile(view)
-        self._track_unsafe(view)
-
-    def _track_unsafe(self, view: fx.Node) -> None:
-        """Record an element of `unsafe_split` (or a view of one). Autograd does not treat the elements as views:
-        eager's does not see a write through one as a write of its input, and one made under no_grad does not
-        require grad. A split of a tensor that requires grad compiles with grad on if nothing writes its memory
-        afterwards (each element's gradient flows to the input as through split's views; a returned element is
-        rebuilt by `unsafe_split`, with its own grad_fn); under no_grad, or written later, it runs eagerly."""
-        source = view.args[0] if view.target is operator.getitem else view
-        op = source.target
-        if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view:
-            value = self.info.values.get(view)
-            if self.requires_grad(source.args[0]):
-                if not self.emit.grad:
-                    raise UnsupportedError(
-                        with_location(
-                            f"{op} under no_grad of a tensor that requires grad is not compiled yet",
-                            node_location(view),
-                        )
-                    )
-                if isinstance(value, Value):
-                    self.unsafe_split_rg.setdefault(value.storage, view)
-            elif isinstance(value, Value):
-                self.unsafe_split_plain.setdefault(value.storage, view)
-            if isinstance(value, Value):  # (the list itself is not a tensor)
-                self.unsafe[value.obj] = view
-            return
-        value = self.info.values.get(view)
-        # (`split(..)[i]` of an element: the split's input is the element)
-        parent = next((r for a in source.all_input_nodes if (r := self._unsafe_of(a)) is not None), None)
-        if parent is not None and isinstance(value, Value):
-            self.unsafe[value.obj] = parent
+        self.track_unsafe(view)
 
     def _raises_writing(self, node: fx.Node, a: fx.Node) -> bool:
         """Whether eager raises when `node` writes the fragile view `a` with grad on: always, unless the view's
@@ -187,10 +146,6 @@ class AutogradFacts:
         if f is None:
             return False
         return f.base_rg or any(self.requires_grad(x) for x in node.all_input_nodes)
-
-    def _unsafe_of(self, a: fx.Node) -> fx.Node | None:
-        v = self.info.values.get(a)
-        return self.unsafe.get(v.obj) if isinstance(v, Value) else None
 
     def _track_fragile(self, view: fx.Node) -> None:
         value = self.info.values.get(view)
@@ -253,18 +208,6 @@ class AutogradFacts:
         return bool(base is not None and base.meta.get("rg")) or value.storage in self.history
 
     # -- reads ---------------------------------------------------------------------------------------
-    def read_unsafe_element(self, v: Value, node: fx.Node) -> fx.Node:
-        """`node`, the replayed value of `v`, as an op reads it. Eager's element of `unsafe_split` (or a view of
-        one) has a version counter of its own, so what an op saves of it for backward (`e.sin()` saves e) is not
-        made stale by a write of its base after the graph (in a later graph, or by the caller). The replayed
-        view shares the base's counter, and backward raised where eager's goes on (fuzz seed 1040427). Read with
-        grad on, it is `_unsafe_view` to its own sizes: the same memory and strides, a gradient reaching the
-        base, and a counter of its own. (A write of that memory inside the graph runs it eagerly:
-        refuse_unsafe_split_write.)"""
-        if not (self.emit.grad and node.meta.get("rg") and v.obj in self.unsafe):
-            return node
-        return self.emit.call(torch.ops.aten._unsafe_view.default, node, list(node.meta["val"].shape))
-
     def reads_fragile(self, v: Value) -> bool:
         """Whether a read of `v` now is a read of a fragile view with grad on (see read_fragile)."""
         return bool(self.emit.grad and self.fragile and v.obj in self.fragile)
@@ -356,60 +299,6 @@ class AutogradFacts:
         """Whether the caller's tensor of `s` receives its value at `node`, its last write, because autograd reads
         it later (an expanded caller tensor keeps its write-back of one of each repeat, at the end)."""
         return self.last_write.get(s) is node and internal_overlap(s.root_meta) == "no"
-
-    def refuse_unsafe_split_write(self, s: Storage, node: fx.Node) -> None:
-        """Raise if `node` writes memory that `unsafe_split` split from a tensor that requires grad."""
-        if s in self.unsafe_split_rg:
-            split = self.unsafe_split_rg[s]
-            raise UnsupportedError(
-                with_location(
-                    f"{node.target} writes memory split by unsafe_split from a tensor that requires grad (at "
-                    f"{node_location(split) or split}); not compiled yet",
-                    node_location(node),
-                )
-            )
-
-    def _recorded_unsafe_write(self, s: Storage, node: fx.Node) -> None:
-        """`node`, a write autograd records, went into `s`: if `unsafe_split` split `s` from a tensor that required no
-        grad, note which of the tensors on that memory it went through."""
-        if s not in self.unsafe_split_plain:
-            return
-        if s.kind is not StorageKind.INTERMEDIATE:
-            # A caller's tensor split in the graph: its write-back would carry the write's history to the caller's
-            # tensor, which eager's leaves without grad (and an element read after it lost its gradient).
-            split = self.unsafe_split_plain[s]
-            raise UnsupportedError(
-                with_location(
-                    f"{node.target} with grad on writes a caller's tensor through unsafe_split (at "
-                    f"{node_location(split) or split}): eager's autograd sees the write on the element only; not "
-                    "compiled yet",
-                    node_location(node),
-                )
-            )
-        for a in _written(node):
-            value = self.info.values.get(a)
-            if isinstance(value, Value) and value.storage is s:
-                self.unsafe_recorded.setdefault(s, (self._unsafe_of(a), node))
-
-    def refuse_other_unsafe_member(self, a: fx.Node, what: str, where: fx.Node | None = None) -> None:
-        """Raise if `a` is on memory `unsafe_split` split from a tensor that required no grad, after a write autograd
-        recorded through another of the tensors on it. Eager's autograd saw that write on the tensor written only
-        (`e.mul_(w)` through an element leaves the split's input without grad; `x.mul_(w)` leaves the elements
-        without), where the functional graph has one value for the memory: reading another of them with grad on,
-        writing it with grad on or returning it runs the graph eagerly (fuzz seed 5200115)."""
-        value = self.info.values.get(a)
-        if not isinstance(value, Value) or value.storage not in self.unsafe_recorded:
-            return
-        member, write = self.unsafe_recorded[value.storage]
-        if self._unsafe_of(a) is not member:
-            raise UnsupportedError(
-                with_location(
-                    f"{what} a tensor on memory unsafe_split split after {write.target} with grad on wrote another "
-                    f"tensor on it (at {node_location(write) or write}): eager's autograd saw that write on the tensor "
-                    "written only; not compiled yet",
-                    node_location(where) if where is not None else None,
-                )
-            )
 
     def version_counter_moves(self, s: Storage) -> None:
         """Eager's version counter of `s` moves (a write, or `x.copy_(x)`, which writes nothing)."""
@@ -519,16 +408,7 @@ class AutogradFacts:
         """The output `slot` of the returned `arg`, with how eager made it: the grad mode of a returned view, a
         fragile view's or an `unsafe_split` element's own way of being rebuilt. (`full`: the chain from the
         storage's base that the slot's chain ends.)"""
-        self.refuse_other_unsafe_member(arg, "the program returns")
-        element = self._unsafe_of(arg)
-        if element is not None and slot.same_as is None and self.requires_grad(arg):
-            # Eager's element is its own base (unsafe_split makes no autograd views), with a version counter of its
-            # own: two returned tensors of one element, rebuilt by a split each, would be views of two elements,
-            # and a write of one would leave the other's grad_fn readable. (Without autograd no rule reads the
-            # counter: memory is shared all the same.)
-            obj = self.info.value(element).obj
-            if self.returned_elements.setdefault(obj, arg) is not arg:
-                raise UnsupportedError("two results are views of one unsafe_split element; not rebuilt as one yet")
+        self.returns_unsafe_member(arg, slot)
         made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
         if made is not None and slot.chain:
             slot = replace(slot, grad=made)
@@ -624,16 +504,6 @@ class AutogradFacts:
             return None
         k = len(own) - 1 - n
         return k if 0 <= k < len(slot.chain) else None
-
-
-def _written(node: fx.Node) -> list[fx.Node]:
-    """The captured tensors `node` writes."""
-    op = node.target
-    if not isinstance(op, torch._ops.OpOverload) or not facts(op).mutated:
-        return []
-    bound = bind_args(op._schema, node.args, node.kwargs)
-    args = [bound.get(name) for name in facts(op).mutated]
-    return [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, fx.Node)]
 
 
 def _refuse_hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> None:
