@@ -15,14 +15,16 @@ Welford's does several times the arithmetic per element of two passes, a mean an
 differences, and while the input stays in the caches the second pass costs little. On this host, CPU time at 1
 thread: BatchNorm2d statistics over 16x64x32x32, 713 us Welford against 352 in two passes (0.49x); 8x256x28x28
 0.66x; rows of 16,384 0.72x; rows of 4,096 0.48x; over 51 and 64 MB inputs (DRAM-bound) 0.96-1.05x. Inductor's
-own two-pass lowering is not exact enough to take it for all of them: its mean is a float32 sum divided by the
-count, which over a channel whose values sit far from zero (1234.567 + 1e-3 * noise) loses the mean's low digits,
-and `x - mean` divided by a small deviation magnifies that: a batch norm's output was off by 1.5 where eager's is
-off by 0.006 (found by a review). dealias's compiles decompose `var_mean` and `var` instead (`decompositions`)
-into two passes over the input shifted by one of its own elements per result (the shifted-data algorithm): the
-differences are small where the values are close, so the sums keep their digits (the same channel: 0.003 off,
-Welford's 0.0096). For inputs of at most TWO_STEP_MAX_BYTES, static sizes, not reduced to one value (inductor
-splits such a reduction over threads, which Welford's combines).
+own two-pass lowering is not exact enough to take it for all of them: its sums are float32 ones, and over a
+channel whose values sit far from zero (1234.567 + 1e-3 * noise) its mean lost its low digits, which `x - mean`
+divided by a small deviation magnified: a batch norm's output was off by 1.5 where eager's is off by 0.006. Two
+reviews found more (a shift by the group's first element broke on an outlier there; float32 sums of squares lost a
+large term's neighbours, 1e-5 of a variance). dealias's compiles decompose `var_mean` and `var` of float32 and
+half-precision inputs (`decompositions`) into two passes accumulated in float64, rounded once: as precise as
+eager's or more on every case those reviews tried (the channel above: 0.0019 off, eager's 0.0042; an outlier of
+1e6 among values near 1, a first element of 1e4, values near float32's largest), at 0.65-0.7x torch.compile's
+CPU time for bn_train. For inputs of at most TWO_STEP_MAX_BYTES, static sizes, not reduced to one value
+(inductor splits such a reduction over threads, which Welford's combines).
 
 The stride correction is installed on the first fused compile and applies only while dealias compiles (a flag
 of the compiling thread); the variance's is a decomposition table dealias's compiles pass to inductor. Other
@@ -43,7 +45,7 @@ import torch
 TWO_STEP_MAX_BYTES = 16 << 20
 
 aten = torch.ops.aten
-_HALF = (torch.float16, torch.bfloat16)
+_SINGLE_OR_LESS = (torch.float32, torch.float16, torch.bfloat16)  # (accumulated in float64: more precise)
 
 _local = threading.local()
 _installed = False
@@ -98,23 +100,23 @@ def _unit_dims_strided(ir: Any, view: Any) -> Any:
 
 
 def decompositions() -> dict[Any, Any]:
-    """Inductor's decomposition table, with the variance in two passes over shifted data (see the module's text)."""
+    """Inductor's decomposition table, with the variance in two passes accumulated in float64 (see the module's text)."""
     from torch._inductor.decomposition import select_decomp_table
 
-    return {**select_decomp_table(), aten.var_mean.correction: _var_mean_shifted, aten.var.correction: _var_shifted}
+    return {**select_decomp_table(), aten.var_mean.correction: _var_mean_two_pass, aten.var.correction: _var_two_pass}
 
 
-def _var_shifted(x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
-    out = _var_mean_shifted(x, dim, correction=correction, keepdim=keepdim)
+def _var_two_pass(x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    out = _var_mean_two_pass(x, dim, correction=correction, keepdim=keepdim)
     return out if out is NotImplemented else out[0]
 
 
-def _var_mean_shifted(x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
-    """`var_mean(x, dim, correction, keepdim)` as the mean and squared differences' sum of `x - x[first]`, the first
-    element of each reduced group, in float32 for half precision (as inductor computes a variance). NotImplemented
-    (inductor's own lowering) outside the cases the module's text names."""
+def _var_mean_two_pass(x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    """`var_mean(x, dim, correction, keepdim)` in two passes accumulated in float64 (the mean, then the squared
+    differences from it), rounded once to x's dtype. NotImplemented (inductor's own lowering) outside the cases
+    the module's text names."""
     dims = [dim] if isinstance(dim, int) else list(dim or [])
-    if x.device.type != "cpu" or not x.dtype.is_floating_point or not dims or x.dim() == 0:
+    if x.device.type != "cpu" or x.dtype not in _SINGLE_OR_LESS or not dims or x.dim() == 0:
         return NotImplemented
     if not all(isinstance(n, int) for n in x.shape):
         return NotImplemented
@@ -125,15 +127,10 @@ def _var_mean_shifted(x: torch.Tensor, dim: Any = None, *, correction: Any = Non
         return NotImplemented
     count = math.prod(x.shape[d] for d in dims)
     c = 1 if correction is None else correction
-    y = x.float() if x.dtype in _HALF else x
-    shift = y
-    for d in dims:
-        shift = shift.narrow(d, 0, 1)
-    diff = y - shift  # (exact where the values are within a factor 2 of the shift: Sterbenz)
-    mean = diff.sum(dims, keepdim=True) / count
-    centred = diff - mean
-    var = (centred * centred).sum(dims, keepdim=True) / max(count - c, 0)
-    mean = mean + shift
+    y = x.to(torch.float64)
+    mean = y.sum(dims, keepdim=True) / count
+    d = y - mean
+    var = (d * d).sum(dims, keepdim=True) / max(count - c, 0)
     if not keepdim:
         var, mean = var.squeeze(dims), mean.squeeze(dims)
     return var.to(x.dtype), mean.to(x.dtype)
