@@ -100,7 +100,7 @@ def _unit_dims_strided(ir: Any, view: Any) -> Any:
 
 
 def decompositions() -> dict[Any, Any]:
-    """Inductor's decomposition table, with the variance in two passes accumulated in float64 (see the module's text)."""
+    """Inductor's decomposition table, with the variance in two float64 passes (see the module's text)."""
     from torch._inductor.decomposition import select_decomp_table
 
     return {**select_decomp_table(), aten.var_mean.correction: _var_mean_two_pass, aten.var.correction: _var_two_pass}
