@@ -19,12 +19,16 @@ own two-pass lowering is not exact enough to take it for all of them: its sums a
 channel whose values sit far from zero (1234.567 + 1e-3 * noise) its mean lost its low digits, which `x - mean`
 divided by a small deviation magnified: a batch norm's output was off by 1.5 where eager's is off by 0.006. Two
 reviews found more (a shift by the group's first element broke on an outlier there; float32 sums of squares lost a
-large term's neighbours, 1e-5 of a variance). dealias's compiles decompose `var_mean` and `var` of float32 and
-half-precision inputs (`decompositions`) into two passes accumulated in float64, rounded once: as precise as
-eager's or more on every case those reviews tried (the channel above: 0.0019 off, eager's 0.0042; an outlier of
-1e6 among values near 1, a first element of 1e4, values near float32's largest), at 0.65-0.7x torch.compile's
-CPU time for bn_train. For inputs of at most TWO_STEP_MAX_BYTES, static sizes, not reduced to one value
-(inductor splits such a reduction over threads, which Welford's combines).
+large term's neighbours, 1e-5 of a variance). dealias's compiles decompose `var_mean` and `var` of float32 inputs
+(`decompositions`) into two passes accumulated in float64, rounded once: as precise as eager's or more on every
+case those reviews tried (the channel above: 0.0019 off, eager's 0.0042; an outlier of 1e6 among values near 1,
+a first element of 1e4, values near float32's largest), at 0.65-0.7x torch.compile's CPU time for bn_train.
+Only where inductor takes Welford's (more than 1,024 elements per result), for inputs of at most
+TWO_STEP_MAX_BYTES, static sizes, not reduced to one value (inductor splits such a reduction over threads, which
+Welford's combines), and not over a float32 copy of a half-precision input (`_upcast`): a third review measured
+float64 passes slower than inductor's own code for bfloat16 batch norm (2.5x) and for LayerNorm rows of 768
+(1.4-1.9x, where inductor's float32 two passes ran).
+Over symbolic sizes inductor's lowering runs, as torch.compile's does.
 
 The stride correction is installed on the first fused compile and applies only while dealias compiles (a flag
 of the compiling thread); the variance's is a decomposition table dealias's compiles pass to inductor. Other
@@ -45,7 +49,6 @@ import torch
 TWO_STEP_MAX_BYTES = 16 << 20
 
 aten = torch.ops.aten
-_SINGLE_OR_LESS = (torch.float32, torch.float16, torch.bfloat16)  # (accumulated in float64: more precise)
 
 _local = threading.local()
 _installed = False
@@ -115,8 +118,10 @@ def _var_mean_two_pass(x: torch.Tensor, dim: Any = None, *, correction: Any = No
     """`var_mean(x, dim, correction, keepdim)` in two passes accumulated in float64 (the mean, then the squared
     differences from it), rounded once to x's dtype. NotImplemented (inductor's own lowering) outside the cases
     the module's text names."""
+    from torch._inductor import config
+
     dims = [dim] if isinstance(dim, int) else list(dim or [])
-    if x.device.type != "cpu" or x.dtype not in _SINGLE_OR_LESS or not dims or x.dim() == 0:
+    if x.device.type != "cpu" or x.dtype is not torch.float32 or not dims or x.dim() == 0:
         return NotImplemented
     if not all(isinstance(n, int) for n in x.shape):
         return NotImplemented
@@ -126,6 +131,8 @@ def _var_mean_two_pass(x: torch.Tensor, dim: Any = None, *, correction: Any = No
     if x.numel() * x.element_size() > TWO_STEP_MAX_BYTES:
         return NotImplemented
     count = math.prod(x.shape[d] for d in dims)
+    if count <= config.cpp.use_two_step_variance_threshold or _upcast(x):
+        return NotImplemented  # (inductor's own code: float64 passes cost more there)
     c = 1 if correction is None else correction
     y = x.to(torch.float64)
     mean = y.sum(dims, keepdim=True) / count
@@ -134,3 +141,17 @@ def _var_mean_two_pass(x: torch.Tensor, dim: Any = None, *, correction: Any = No
     if not keepdim:
         var, mean = var.squeeze(dims), mean.squeeze(dims)
     return var.to(x.dtype), mean.to(x.dtype)
+
+
+def _upcast(x: torch.Tensor) -> bool:
+    """Whether the traced `x` is a float32 copy of a half-precision tensor (a bfloat16 batch norm's input, which
+    its decomposition upcasts): float64 passes over it ran 2.5x slower than inductor's Welford."""
+    from torch.fx.experimental.proxy_tensor import get_innermost_proxy_mode, get_proxy_slot
+
+    mode = get_innermost_proxy_mode()
+    proxy = get_proxy_slot(x, mode.tracer, None) if mode is not None else None
+    node = getattr(getattr(proxy, "proxy", None), "node", None)
+    if node is None or node.target not in (torch.ops.prims.convert_element_type.default, aten._to_copy.default):
+        return False
+    source = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    return isinstance(source, torch.Tensor) and source.dtype in (torch.float16, torch.bfloat16)
