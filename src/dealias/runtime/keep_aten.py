@@ -135,20 +135,35 @@ def measure(
 ) -> tuple[float, float]:
     """Seconds per call of `op(x, *args, **kwargs)` (`rest`) on a 1M-element `x` (rows of 1,024 for rank >= 2):
     ATen's kernel, and inductor's code for it alone. Best of interleaved rounds."""
+    args, kwargs = rest
+    shape = (_NUMEL,) if rank < 2 else (1,) * (rank - 2) + (1024, _NUMEL // 1024)
+
+    def inputs() -> tuple[torch.Tensor, ...]:
+        return ((torch.rand(shape, device="cpu") * 0.9 + 0.05).to(dtype),)  # inside every candidate's domain
+
+    def call(t: torch.Tensor) -> Any:
+        return op(t, *args, **kwargs)
+
+    return aten_against_inductor(inputs, call, call)
+
+
+def aten_against_inductor(
+    inputs: Callable[[], tuple[torch.Tensor, ...]], aten_fn: Callable[..., Any], traced_fn: Callable[..., Any]
+) -> tuple[float, float]:
+    """Seconds per call of `aten_fn` (ATen's kernels) and of inductor's code for `traced_fn`, on the tensors
+    `inputs()` draws. Best of interleaved rounds."""
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    args, kwargs = rest
-    shape = (_NUMEL,) if rank < 2 else (1,) * (rank - 2) + (1024, _NUMEL // 1024)
     # Real tensors in a clean context: this may run inside dynamo's backend call, whose fake mode and tracing
-    # context would claim them.
-    # (The random inputs are drawn on a generator of their own: measuring must not move the caller's.)
+    # context would claim them. (The inputs are drawn on a generator of their own: measuring must not move the
+    # caller's random numbers.)
     with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad(), torch.random.fork_rng(devices=[]):
-        x = (torch.rand(shape, device="cpu") * 0.9 + 0.05).to(dtype)  # inside every candidate's domain
-        gm = make_fx(lambda t: (op(t, *args, **kwargs),), decomposition_table=select_decomp_table())(x)
-        compiled = compile_fx_inner(gm, [x])
-        return best_of(lambda: op(x, *args, **kwargs), lambda: compiled([x]))
+        xs = inputs()
+        gm = make_fx(lambda *a: (traced_fn(*a),), decomposition_table=select_decomp_table())(*xs)
+        compiled = compile_fx_inner(gm, list(xs))
+        return best_of(lambda: aten_fn(*xs), lambda: compiled(list(xs)))
 
 
 def best_of(*fns: Callable[[], Any], rounds: int = 7, seconds: float = 0.01) -> tuple[float, ...]:

@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..ir.viewops import surely
-from .keep_aten import MIN_NUMEL, THRESHOLD, best_of, measured
+from .keep_aten import MIN_NUMEL, THRESHOLD, aten_against_inductor, measured
 
 aten = torch.ops.aten
 
@@ -106,15 +105,8 @@ def _bias_of(bias: torch.Tensor, rows: int, cols: Any, dtype: torch.dtype) -> bo
 def measure(dtype: torch.dtype, rows: int) -> tuple[float, float]:
     """Seconds per call of a `rows` x 1,024 by 1,024 x 1,024 product (a weight stored transposed, as nn.Linear's):
     ATen's mm, and inductor's code for the reduction alone. Best of interleaved rounds."""
-    from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.decomposition import select_decomp_table
-    from torch.fx.experimental.proxy_tensor import make_fx
 
-    # Real tensors in a clean context: this runs inside dynamo's backend call (see keep_aten.measure).
-    # (On a generator of their own: measuring must not move the caller's random numbers.)
-    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad(), torch.random.fork_rng(devices=[]):
-        x = torch.randn(rows, _SIDE).to(dtype)
-        w = torch.randn(_SIDE, _SIDE).to(dtype).t()
-        gm = make_fx(lambda a, b: (_mm_by_reduction(a, b),), decomposition_table=select_decomp_table())(x, w)
-        compiled = compile_fx_inner(gm, [x, w])
-        return best_of(lambda: torch.mm(x, w), lambda: compiled([x, w]))
+    def inputs() -> tuple[torch.Tensor, ...]:
+        return torch.randn(rows, _SIDE).to(dtype), torch.randn(_SIDE, _SIDE).to(dtype).t()
+
+    return aten_against_inductor(inputs, torch.mm, _mm_by_reduction)
