@@ -5,6 +5,19 @@ same on every machine; test_keep_aten.py and test_row_products.py measure."""
 
 import os
 
+import pytest
+
 os.environ.setdefault("DEALIAS_CHECK", "1")
 os.environ.setdefault("DEALIAS_KEEP_ATEN", "gelu,tanh,exp,_softmax")
 os.environ.setdefault("DEALIAS_ROW_PRODUCTS", "inductor")
+
+
+@pytest.fixture
+def verdict_store(monkeypatch, tmp_path):
+    """An empty store of measured verdicts (runtime/keep_aten.py's, shared by row_products.py) in `tmp_path`, as a
+    process on a new host sees it; the test sets which setting measures."""
+    from dealias.runtime import keep_aten
+
+    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(keep_aten, "_memory", {})
+    return tmp_path

@@ -42,11 +42,9 @@ def fused_targets(fn, *args):
 
 
 @pytest.fixture
-def measuring(monkeypatch, tmp_path):
+def measuring(monkeypatch, verdict_store):
     monkeypatch.setenv("DEALIAS_KEEP_ATEN", "measure")
-    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(keep_aten, "_memory", {})
-    return tmp_path
+    return verdict_store
 
 
 def test_an_op_inductor_runs_slower_here_stays_atens(measuring, monkeypatch):

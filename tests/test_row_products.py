@@ -87,11 +87,9 @@ def test_products_that_stay_atens(case, monkeypatch):
 
 
 @pytest.fixture
-def measuring(monkeypatch, tmp_path):
+def measuring(monkeypatch, verdict_store):
     monkeypatch.setenv("DEALIAS_ROW_PRODUCTS", "measure")
-    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(keep_aten, "_memory", {})
-    return tmp_path
+    return verdict_store
 
 
 def test_the_verdict_is_measured_once_per_dtype_and_row_count_and_kept(measuring, monkeypatch):
