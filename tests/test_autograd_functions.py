@@ -12,7 +12,7 @@ from harness import grads_like_eager
 from torch.utils.checkpoint import checkpoint
 
 import dealias
-from dealias.frontend import dynamo_fixes
+from dealias import compat
 from dealias.runtime.verify import compare_call
 from dealias.tools.fuzz import _compare_grads
 
@@ -266,9 +266,9 @@ def test_hook_then_write_through_a_view_compiles_around_the_break():
 
 
 def test_hook_then_write_runs_eagerly_without_the_break(monkeypatch):
-    # Should dynamo_fixes not apply (dynamo's internals moved), the backend still refuses the graph: the frame
-    # runs eagerly, exact.
-    monkeypatch.setattr(dynamo_fixes, "_hooked_before", lambda tracer: [])
+    # Should compat's hook_write_break not apply (dynamo's internals moved), the backend still refuses the graph:
+    # the frame runs eagerly, exact.
+    monkeypatch.setattr(compat.registry._CORRECTIONS["hook_write_break"], "off", True)
     jf = dealias.jit(hook_on_an_input_then_written)
     with pytest.warns(dealias.FallbackWarning, match="registered after the graph by dynamo"):
         jf(*_args((3,))())
@@ -300,7 +300,7 @@ def hook_then_metadata_change_of_a_view(x):  # fuzz seed 996004
 
 def test_hook_on_an_input_after_its_writes_compiles():
     assert_matches_eager(hook_then_metadata_change_of_a_view, _args((2, 3)), fallback="error")
-    # dynamo_fixes records the graph's nodes at the registration: only writes after it make the frame run eagerly.
+    # compat's hook_record records the graph's nodes at the registration: only writes after it run the frame eagerly.
     assert_matches_eager(hook_on_an_input_after_its_writes, _args((3,)), fallback="error")
     _breaks_before_the_write(hook_on_an_input_between_writes, _args((3,)), graphs=2)
 

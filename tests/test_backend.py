@@ -11,7 +11,7 @@ import torch
 from harness import compare_call
 
 import dealias
-from dealias.frontend import dynamo_fixes
+from dealias import compat
 
 
 def write_first_read_second(x, y):
@@ -65,7 +65,7 @@ def stale_shape(a):
 
 def test_in_place_metadata_change_inside_a_graph_compiles():
     # Dynamo alone reports v.shape as it was before unsqueeze_ (torch.Size([3])), baked into the graph as a
-    # constant, with every backend; dynamo_fixes refreshes dynamo's view of v while tracing for dealias.
+    # constant, with every backend (torch 2.13); compat refreshes dynamo's view of v while tracing for dealias.
     for jf in (dealias.jit(stale_shape), torch.compile(stale_shape, backend="dealias")):
         with warnings.catch_warnings():
             warnings.simplefilter("error", dealias.FallbackWarning)
@@ -74,7 +74,7 @@ def test_in_place_metadata_change_inside_a_graph_compiles():
                 a = torch.zeros(2, 3)
                 out, shape, flat, stride = jf(a)
                 assert out is a and shape == torch.Size([1, 3]) and flat.shape == (3, 1) and stride == (3, 1)
-    assert not dynamo_fixes.for_dealias(torch._dynamo.lookup_backend("eager"))
+    assert not compat.for_dealias(torch._dynamo.lookup_backend("eager"))
 
 
 def stale_shape_small(a):
@@ -86,7 +86,7 @@ def stale_shape_small(a):
 
 def test_in_place_metadata_change_unrefreshed_runs_its_frame_eagerly(monkeypatch):
     # Where the fix does not apply (dynamo's internals moved), the frame runs eagerly, every call, and says so once.
-    monkeypatch.setattr(dynamo_fixes, "for_dealias", lambda compiler_fn: False)
+    monkeypatch.setattr(compat.registry._CORRECTIONS["inplace_view_refresh"], "off", True)
     jf = dealias.jit(stale_shape_small)
     with pytest.warns(dealias.FallbackWarning, match=r"unsqueeze_.*stale"):
         assert compare_call(stale_shape_small, jf, (torch.zeros(2, 3),)) is None

@@ -31,13 +31,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._dynamo.convert_frame import compile_lock
-from torch._dynamo.exc import SkipFrame
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
+from .. import compat
 from ..errors import (
     DealiasError,
     EagerSemanticsError,
-    FallbackWarning,
     InternalError,
     InvariantError,
     UnsupportedError,
@@ -51,25 +50,17 @@ from ..passes.capture import COMPILED_RESTRICTIONS, restriction
 from ..passes.pipeline import compile_program
 from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
-from .dynamo_fixes import HOOKED_AFTER, REFRESHED, inplace_view_node, install
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, tensor_check
-from .segments import grad_mode_at_exit, may_write, runs_eagerly, split_around_eager_nodes, touches
+from .refusals import refuse_uncorrected
+from .segments import grad_mode_at_exit, runs_eagerly, split_around_eager_nodes
 
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)
 _EAGER_ONCE = object()  # not cached: this call runs the graph eagerly (eager raises on it), the next compiles
 _FAKE_LIMITS = (UnsupportedOperatorException, UnsupportedFakeTensorException)
-# Dynamo settings, process-wide, made when dealias is imported (before dynamo traces anything for it):
-# - dynamo decomposes `addcmul_`/`addcdiv_`/`add_(alpha=tensor)` into inductor's `prims.fma` for inductor's
-#   numerics; dealias runs eager's kernels, so it keeps eager's ops (same bits as eager, and prims.fma run
-#   eagerly is slow: a hand-written Adam ran 2.4x eager with it);
-# - dynamo does not guard module hooks: a forward hook registered after the first call would be ignored;
-# - a Python float that changes between calls would reach the graph as a 0-d tensor read back with `.item()`
-#   (dynamo's unspecialized floats), which a backend cannot trace without data-dependent values: floats stay
-#   specialized, as they were by default before torch 2.6 (ints still go symbolic: see api.py).
-torch._dynamo.config.enable_dynamo_decompositions = False
-torch._dynamo.config.skip_nnmodule_hook_guards = False
-torch._dynamo.config.specialize_float = True
+# Dynamo's settings dealias needs (eager's addcmul_/addcdiv_, guards on module hooks, specialized floats) and its
+# corrections to dynamo's tracing are in force only while dynamo traces for a dealias backend: compat/.
+compat.install_all()
 
 # make_fx patches nn.Module.__call__ for the whole process while it traces, and dispatch modes keep global
 # state: a dealias compile must not overlap with dynamo tracing in another thread. So it takes dynamo's own
@@ -549,15 +540,14 @@ def _raises(gm: fx.GraphModule, leaves: list[Any]) -> bool:
 class Backend:
     """A dynamo backend with its options and its statistics: `torch.compile(fn, backend=Backend(...))`."""
 
-    is_dealias_backend = True  # dynamo_fixes applies while dynamo traces for it
+    is_dealias_backend = True  # compat's settings and corrections apply while dynamo traces for it
 
     def __init__(self, options: Options, stats: Stats | None = None) -> None:
         self.options = options
         self.stats = stats if stats is not None else Stats()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        refuse_stale_metadata(gm, self.options, self.stats.name)
-        refuse_late_hooks(gm, self.options, self.stats.name)
+        refuse_uncorrected(gm, self.options, self.stats.name)
         return graph_program(gm, self.options, self.stats)
 
 
@@ -565,13 +555,11 @@ def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict
     """`torch.compile(fn, backend="dealias", options={...})`: registered through the `torch_dynamo_backends`
     entry point. `options` are those of `Options` (executor, verify, strict, cache_limit)."""
     opts = Options(**(options or {}))
-    refuse_stale_metadata(gm, opts, "a compiled function")
-    refuse_late_hooks(gm, opts, "a compiled function")
+    refuse_uncorrected(gm, opts, "a compiled function")
     return graph_program(gm, opts, Stats(name="a compiled function"))
 
 
 dealias_backend.is_dealias_backend = True  # type: ignore[attr-defined]
-install()
 
 
 def graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callable[..., Any]:
@@ -586,60 +574,3 @@ def graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callabl
             raise UnsupportedError(f"the graph cannot be split around its higher-order operators: {e}") from e
         warnings.warn(f"dealias: a graph of {stats.name} runs eagerly: {e}", fallback_warning(e), stacklevel=3)
         return gm.forward
-
-
-def refuse_stale_metadata(gm: fx.GraphModule, options: Options, name: str) -> None:
-    """Dynamo keeps a tensor's sizes and strides from when it was made: after an in-place metadata change inside
-    the graph (`v = a[0]; v.unsqueeze_(0)`), Python code that reads `v.shape` gets the old shape, in every
-    backend. dynamo_fixes refreshes them while dynamo traces and marks the op; an unmarked one (dynamo's
-    internals moved, or a path the fix does not see) cannot be repaired in bytecode dynamo already generated, so
-    dealias asks dynamo to run the frame eagerly (exact; the decision is cached by dynamo) and says where."""
-    node = next((n for n in gm.graph.nodes if inplace_view_node(n) and not n.meta.get(REFRESHED)), None)
-    if node is None:
-        return
-    op = node.target if isinstance(node.target, str) else node.target.__name__
-    message = with_location(
-        f"{name}: `{op}` changes a tensor's metadata inside the graph, and dynamo's view of the tensor goes stale;"
-        " this frame runs eagerly",
-        node_location(node),
-    )
-    _run_frame_eagerly(message, options)
-
-
-def _run_frame_eagerly(message: str, options: Options) -> None:
-    """Ask dynamo to run the frame eagerly (SkipFrame, cached by dynamo), with a warning; strict raises."""
-    if options.strict:
-        raise UnsupportedError(message)
-    warnings.warn(f"dealias: {message}", FallbackWarning, stacklevel=3)
-    raise SkipFrame(message)
-
-
-def refuse_late_hooks(gm: fx.GraphModule, options: Options, name: str) -> None:
-    """Dynamo registers a hook on a graph input (`x.register_hook(h)` in the user's code) after the graph has
-    run, as a side effect: if the graph writes that input in place after the user's registration, the hook lands
-    on the written version, where eager's hooks the version before the write, and the gradient differs (also with
-    dynamo's own eager backend). dynamo_fixes breaks the graph before such a write; a graph that has one all the
-    same (dynamo's internals moved) runs its frame eagerly. Writes before the registration are fine: eager hooks
-    the written version too. (Where the registration was is recorded by dynamo_fixes; without the record, any
-    write of the tensor refuses.)"""
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        hooks = InstructionTranslator.current_tx().output.side_effects.tensor_hooks.values()
-    except Exception:  # noqa: BLE001 - not called from dynamo's tracing (or its internals moved): nothing to check
-        return
-    # The hooked tensor need not be a graph input: a view of it may be (`x1 = x0[::2]` written, hook on x0).
-    hooked = [n for h in hooks if isinstance(n := getattr(getattr(h[0], "proxy", None), "node", None), fx.Node)]
-    for tensor in hooked:
-        before = tensor.meta.get(HOOKED_AFTER, frozenset())
-        # (A metadata change of a view, `x.permute(..).squeeze_()`, leaves the input's history, and its hook, alone.)
-        writes = (n for n in gm.graph.nodes if n not in before and may_write(n) and not inplace_view_node(n))
-        writer = next((n for n in writes if touches(n, tensor)), None)
-        if writer is None:
-            continue
-        message = with_location(
-            f"{name}: a hook registered on {tensor.name} before the graph writes its memory in place would be "
-            "registered after the graph by dynamo, on the written tensor; this frame runs eagerly",
-            node_location(writer),
-        )
-        _run_frame_eagerly(message, options)

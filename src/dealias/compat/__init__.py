@@ -1,0 +1,25 @@
+"""Everything dealias changes in torch's behaviour, in one place: dynamo's settings for dealias's frames and the
+corrections to dynamo's tracing, each checked against this torch when installed and each in force only while
+dynamo traces for a dealias backend (registry.py). `dealias doctor` lists which are in force here."""
+
+from . import dynamo_autograd, dynamo_indexing, dynamo_resume, dynamo_tensor, settings  # noqa: F401 - registers
+from .dynamo_tensor import HOOKED_AFTER, REFRESHED, hooks_of_frame, inplace_view_node, is_inplace_view
+from .registry import Correction, Missing, active, corrections, forced_off, install_all, report
+from .settings import for_dealias, settings_in_force
+
+__all__ = [
+    "HOOKED_AFTER",
+    "REFRESHED",
+    "Correction",
+    "Missing",
+    "active",
+    "corrections",
+    "for_dealias",
+    "forced_off",
+    "hooks_of_frame",
+    "inplace_view_node",
+    "install_all",
+    "is_inplace_view",
+    "report",
+    "settings_in_force",
+]

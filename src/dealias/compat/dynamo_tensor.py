@@ -1,0 +1,214 @@
+"""Corrections to how dynamo traces a tensor's methods, for dealias's compiles only.
+
+In-place metadata changes inside a graph (`v = x[1:]; v.unsqueeze_(0)`, `v.t_()`): dynamo records the op in
+the graph and runs it on the tensor's fake value, which changes that fake tensor's sizes and strides in place;
+but the variable dynamo keeps for `v` caches the sizes, strides and rank it had when it was made. Python code
+after the op that reads `v.shape`, `v.dim()` or `v.stride()` then gets the old values, baked into the graph as
+constants, with every backend (torch.compile with backend="eager" returns `v.shape[0] == 2` where eager says
+1). dealias's passes handle these ops exactly, so after dynamo traces one of them on a tensor, the variable's
+cached metadata is refreshed from its fake value, and the graph node is marked as refreshed. The backend
+refuses (runs the frame eagerly) any in-place metadata change it finds unmarked, so without this correction the
+result is a fallback, never a stale shape. (The same ops on graph inputs and on tensors dynamo reaches from them
+are not corrected: dynamo graph-breaks there, and the op runs eagerly: the input's fake value is shared with
+dynamo's shape guards.)
+
+`t.storage_offset()` under dynamic shapes: dynamo computes it as an expression of sizes that assumes each input
+tensor's storage offset at the first call (0 there), and no guard checks that offset: a later call whose input
+starts elsewhere in its storage gets the first call's offset (`v = x[1]; v.as_strided(.., v.storage_offset())`
+read the wrong elements, with every backend; fuzz seeds 1290232, 1320641). With static shapes dynamo breaks the
+graph there (the call returns an int); for dealias's compiles it breaks there with dynamic shapes too. Without
+this correction dealias's frames are traced with static shapes (settings.py).
+
+Where a hook is registered on a graph input (`x.register_hook(h)`): dynamo registers such hooks after the graph
+has run, on the tensor as the graph left it; the backend must know whether the graph writes the tensor after the
+user's registration (eager hooks the version before that write: refused) or only before it (eager hooks the
+written version too: compiled). The graph's nodes at registration are kept in the hooked node's meta
+(HOOKED_AFTER); the backend reads the frame's hooks from dynamo's side effects (`hooks_of_frame`). Without the
+record any write of a hooked tensor refuses; where the hooks cannot be read at all, the backend refuses any graph
+that writes one of its inputs in place.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from .registry import active, correction, require, require_module
+from .settings import for_dealias
+
+REFRESHED = "dealias_refreshed_metadata"  # node meta key: dynamo's variable was refreshed after this op
+HOOKED_AFTER = "dealias_hooked_after"  # node meta key: the graph's nodes when a hook was first registered on it
+_HOOKS = ("register_hook", "register_post_accumulate_grad_hook")
+_CALL_METHOD = ("self", "tx", "name", "args", "kwargs")
+
+
+@functools.cache
+def is_inplace_view(name: str) -> bool:
+    """Whether the aten op named `name` (`t_`, `unsqueeze_`, `as_strided_`, ...) changes its argument's
+    metadata in place (aten's `inplace_view` tag on any overload)."""
+    packet = getattr(torch.ops.aten, name, None) if name.endswith("_") else None
+    if packet is None or not hasattr(packet, "overloads"):
+        return False
+    return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
+
+
+def inplace_view_node(node: torch.fx.Node) -> bool:
+    """A dynamo graph node of an op tagged inplace_view (`x.t_()`, `x.unsqueeze_(0)`, `x.as_strided_(..)`): it
+    changes `x`'s metadata, not its data."""
+    if node.op == "call_method":
+        name = node.target
+    elif node.op == "call_function" and getattr(node.target, "__self__", None) is None:
+        name = getattr(node.target, "__name__", "")
+    else:
+        return False
+    return isinstance(name, str) and is_inplace_view(name)
+
+
+def _tensor_variable() -> Any:
+    return require(require_module("torch._dynamo.variables.tensor"), "TensorVariable")
+
+
+def _wrap_call_method(name: str, before: Any = None, after: Any = None) -> None:
+    """Wrap `TensorVariable.call_method` for correction `name`: `before(self, tx, method)` runs first (it may
+    break the graph), `after(self, tx, method, result)` once dynamo traced the call; both only while the
+    correction is in force and dynamo traces for dealias."""
+    cls = _tensor_variable()
+    original = require(cls, "call_method", *_CALL_METHOD)
+
+    @functools.wraps(original)
+    def call_method(self: Any, tx: Any, method: str, args: Any, kwargs: Any) -> Any:
+        ours = active(name) and for_dealias(getattr(tx.output, "compiler_fn", None))
+        if ours and before is not None:
+            before(self, tx, method)
+        result = original(self, tx, method, args, kwargs)
+        if ours and after is not None:
+            after(self, tx, method, result)
+        return result
+
+    cls.call_method = call_method
+
+
+@correction(
+    "inplace_view_refresh",
+    corrects="after `v.t_()`/`v.unsqueeze_(0)` inside a graph, dynamo's cached shape of v stays the old one",
+    without="a frame with an in-place metadata change inside its graph runs eagerly, with a warning",
+)
+def install_refresh() -> None:
+    specialize = require(_tensor_variable(), "specialize", "value")
+
+    def refresh(self: Any, tx: Any, method: str, result: Any) -> None:
+        node = getattr(getattr(result, "proxy", None), "node", None)
+        if is_inplace_view(method) and node is not None and "example_value" in self.proxy.node.meta:
+            props = specialize(self.proxy.node.meta["example_value"])
+            for key in ("ndim", "_size", "stride", "is_contiguous"):
+                setattr(self, key, props.get(key))
+            node.meta[REFRESHED] = True
+
+    _wrap_call_method("inplace_view_refresh", after=refresh)
+
+
+def _break(gb_type: str, context: str, explanation: str) -> None:
+    from torch._dynamo.exc import unimplemented
+
+    unimplemented(gb_type=gb_type, context=context, explanation=explanation, hints=[])
+
+
+@correction(
+    "storage_offset",
+    corrects="under dynamic shapes, `t.storage_offset()` is the first call's offset, unguarded",
+    without="dealias's frames are traced with static shapes (dynamo breaks the graph at storage_offset() then)",
+)
+def install_storage_offset() -> None:
+    require(require_module("torch._dynamo.exc"), "unimplemented", "gb_type", "context", "explanation", "hints")
+
+    def refuse(self: Any, tx: Any, method: str) -> None:
+        if method == "storage_offset":
+            _break(
+                "dealias: storage_offset() (dynamo assumes the input's first placement, unguarded)",
+                f"{self.proxy.node.name}.storage_offset()",
+                "under dynamic shapes dynamo computes it from the input's storage offset at the first call without "
+                "guarding that: it runs eagerly, as dynamo runs it with static shapes",
+            )
+
+    _wrap_call_method("storage_offset", before=refuse)
+
+
+def hooks_of_frame() -> list[torch.fx.Node] | None:
+    """The graph nodes of the tensors a hook was registered on in the frame dynamo is tracing (dynamo registers
+    them after the graph runs), or None where dynamo's side effects cannot be read."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        hooks = InstructionTranslator.current_tx().output.side_effects.tensor_hooks.values()
+        proxies = [getattr(h[0], "proxy", None) for h in hooks]
+    except Exception:  # noqa: BLE001 - dynamo's internals moved: the caller refuses what it cannot check
+        return None
+    return [n for p in proxies if isinstance(n := getattr(p, "node", None), torch.fx.Node)]
+
+
+@correction(
+    "hook_record",
+    corrects="(a record) where in the graph the user registered a hook on a tensor dynamo hooks after the graph",
+    without="any in-place write of a hooked tensor runs the frame eagerly, with a warning",
+)
+def install_hook_record() -> None:
+    symbolic_convert = require_module("torch._dynamo.symbolic_convert")
+    require(require(symbolic_convert, "InstructionTranslator"), "current_tx")
+
+    def record(self: Any, tx: Any, method: str) -> None:
+        node = self.proxy.node
+        if method in _HOOKS and HOOKED_AFTER not in node.meta:  # the first registration: the earliest version
+            node.meta[HOOKED_AFTER] = frozenset(tx.output.graph.nodes)
+
+    _wrap_call_method("hook_record", before=record)
+
+
+def _hooked_before(tracer: Any) -> list[Any]:
+    """The graph-input nodes a hook was registered on in the frame traced so far (dynamo registers those after
+    the graph has run), when `tracer` is the frame's root tracer in a dealias compile."""
+    output = tracer.output_graph
+    hooks = output.side_effects.tensor_hooks
+    if not hooks or tracer.parent is not None or not for_dealias(getattr(output, "compiler_fn", None)):
+        return []
+    nodes = (getattr(getattr(h[0], "proxy", None), "node", None) for h in hooks.values())
+    return [n for n in nodes if isinstance(n, torch.fx.Node) and HOOKED_AFTER in n.meta]
+
+
+@correction(
+    "hook_write_break",
+    corrects="a write of a graph input after `x.register_hook(h)`: dynamo hooks the written version",
+    without="such a frame runs eagerly, with a warning (the backend finds the write after the registration)",
+)
+def install_write_break() -> None:
+    """Wrap `SubgraphTracer.create_proxy`: a node that may write memory of a hooked graph input breaks the graph
+    before it; the graph so far runs, dynamo registers the hook on the tensor as eager would have it, then the
+    write runs and the rest compiles as a graph of its own."""
+    from ..frontend.segments import may_write, touches
+
+    cls = require(require_module("torch._dynamo.output_graph"), "SubgraphTracer")
+    original = require(cls, "create_proxy", "self")
+    require(require_module("torch._dynamo.exc"), "unimplemented", "gb_type", "context", "explanation", "hints")
+
+    @functools.wraps(original)
+    def create_proxy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        proxy = original(self, *args, **kwargs)
+        if not active("hook_write_break") or not active("hook_record"):
+            return proxy
+        hooked = _hooked_before(self)
+        node = getattr(proxy, "node", None)
+        # (A metadata change of a view, `x.permute(..).squeeze_()`, leaves the input's history, and its hook, alone.)
+        if hooked and isinstance(node, torch.fx.Node) and may_write(node) and not inplace_view_node(node):
+            tensor = next((h for h in hooked if touches(node, h)), None)
+            if tensor is not None:
+                self.graph.erase_node(node)  # (dynamo traces the frame again, up to here, for the break)
+                _break(
+                    "dealias: a write after a hook on a graph input (the hook sees the version before it)",
+                    f"{node.target} after {tensor.name}.register_hook",
+                    f"the hook registered on {tensor.name} must see the version before this write: the graph "
+                    "breaks here, so that the hook is registered before the write runs",
+                )
+        return proxy
+
+    cls.create_proxy = create_proxy

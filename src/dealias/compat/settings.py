@@ -1,0 +1,89 @@
+"""Dynamo's settings dealias needs, in force only while dynamo traces a frame for a dealias backend.
+
+- `enable_dynamo_decompositions = False`: dynamo decomposes `addcmul_`/`addcdiv_`/`add_(alpha=tensor)` into
+  inductor's `prims.fma` for inductor's numerics; dealias runs eager's kernels, so it keeps eager's ops (eager's
+  bits; and prims.fma run eagerly is slow: a hand-written Adam ran 2.4x eager with it).
+- `skip_nnmodule_hook_guards = False`: dynamo does not guard module hooks by default, so a forward hook
+  registered after the first call would be ignored.
+- `specialize_float = True`: a Python float that changes between calls would reach the graph as a 0-d tensor
+  read back with `.item()`, which dealias's capture cannot trace without data-dependent values.
+- Where the storage_offset correction is not in force: static shapes (dynamo itself then breaks the graph at
+  `t.storage_offset()`; with symbolic shapes it would compute the first call's offset, unguarded).
+
+They used to be set process-wide on import, which changed how every other backend compiled (a hand-written Adam
+loop compiled to one graph under any backend without dealias imported, to none with it). Now a wrapper of
+dynamo's frame conversion (`ConvertFrameAssert.__call__`, through which every frame dynamo traces passes, with
+`fullgraph` or not) patches them for frames traced for a dealias backend, under dynamo's compile lock, so that no
+other thread's tracing sees them. Dynamo reads these settings while it traces and while it builds the frame's
+guards, both inside that call.
+
+Without this correction every dealias graph runs eagerly, with a warning (`settings_in_force` is False): the
+settings decide exactness (eager's bits, hooks seen), and they cannot be made otherwise for dealias alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from .registry import Missing, active, correction, require, require_module
+
+NAME = "dynamo_settings"
+SETTINGS = {"enable_dynamo_decompositions": False, "skip_nnmodule_hook_guards": False, "specialize_float": True}
+STATIC = {"automatic_dynamic_shapes": False, "assume_static_by_default": True}
+
+
+def for_dealias(compiler_fn: Any) -> bool:
+    """Whether dynamo's compiler function is a dealias backend, under the wrappers dynamo puts around it
+    (`WrapBackendDebug`, `functools.partial` for options, DDPOptimizer's `compile_fn`)."""
+    for _ in range(8):
+        if getattr(compiler_fn, "is_dealias_backend", False):
+            return True
+        inner = (
+            getattr(compiler_fn, "compiler_fn", None)
+            or getattr(compiler_fn, "func", None)
+            or getattr(getattr(compiler_fn, "__self__", None), "backend_compile_fn", None)
+        )
+        if inner is None:
+            return False
+        compiler_fn = inner
+    return False
+
+
+def settings_in_force() -> bool:
+    """Whether dealias's frames are traced with its settings (else the backend runs every graph eagerly)."""
+    return active(NAME)
+
+
+def _settings() -> dict[str, Any]:
+    settings = dict(SETTINGS)
+    if not active("storage_offset"):
+        settings.update(STATIC)
+    return settings
+
+
+@correction(
+    NAME,
+    corrects="dynamo's settings for dealias's frames only: eager's addcmul_/addcdiv_ (no prims.fma), guards on "
+    "module hooks, Python floats specialized",
+    without="every dealias graph runs eagerly, with a warning (importing dealias changes no setting)",
+)
+def install() -> None:
+    convert_frame = require_module("torch._dynamo.convert_frame")
+    config = require_module("torch._dynamo.config")
+    lock = require(convert_frame, "compile_lock")
+    patch = require(config, "patch")
+    cls = require(convert_frame, "ConvertFrameAssert")
+    original = require(cls, "__call__", "self", "frame", "cache_entry", "hooks", "frame_state")
+    for name in (*SETTINGS, *STATIC):
+        if not hasattr(config, name):
+            raise Missing(f"torch._dynamo.config.{name} is not there")
+
+    @functools.wraps(original)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not active(NAME) or not for_dealias(getattr(self, "_torchdynamo_orig_backend", None)):
+            return original(self, *args, **kwargs)
+        with lock, patch(_settings()):
+            return original(self, *args, **kwargs)
+
+    cls.__call__ = call

@@ -1,0 +1,139 @@
+"""Frames the backend hands back to dynamo to run eagerly: graphs dynamo traced wrongly for every backend, where
+the correction of compat/ that would have traced them right was not in force (this torch's internals moved, or it
+was turned off), or did not see the case.
+
+A graph dynamo already traced cannot be repaired: the wrong fact is baked into bytecode dynamo generated (a stale
+shape, a hook registered after the graph). So the backend raises SkipFrame: dynamo runs the frame eagerly, and
+caches that decision; the user gets a FallbackWarning naming the line (strict raises UnsupportedError).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._dynamo.exc import SkipFrame
+
+from .. import compat
+from ..errors import FallbackWarning, UnsupportedError, node_location, with_location
+from .segments import may_write, touches
+
+
+def refuse_uncorrected(gm: fx.GraphModule, options: Any, name: str) -> None:
+    """Run the frame of `gm` eagerly (raising SkipFrame) when dynamo may have traced it wrongly."""
+    if not compat.settings_in_force():
+        run_frame_eagerly(
+            f"{name}: dealias's dynamo settings are not in force on this torch (`dealias doctor` says why); "
+            "every frame runs eagerly",
+            options,
+        )
+    refuse_stale_metadata(gm, options, name)
+    refuse_late_hooks(gm, options, name)
+    refuse_stale_autograd_facts(gm, options, name)
+
+
+def run_frame_eagerly(message: str, options: Any) -> None:
+    """Ask dynamo to run the frame eagerly (SkipFrame, cached by dynamo), with a warning; strict raises."""
+    if options.strict:
+        raise UnsupportedError(message)
+    warnings.warn(f"dealias: {message}", FallbackWarning, stacklevel=4)
+    raise SkipFrame(message)
+
+
+def refuse_stale_metadata(gm: fx.GraphModule, options: Any, name: str) -> None:
+    """Dynamo keeps a tensor's sizes and strides from when it was made: after an in-place metadata change inside
+    the graph (`v = a[0]; v.unsqueeze_(0)`), Python code that reads `v.shape` gets the old shape, in every
+    backend. compat's inplace_view_refresh refreshes them while dynamo traces and marks the op; an unmarked one
+    (the correction not in force, or a path it does not see) runs the frame eagerly."""
+    node = next((n for n in gm.graph.nodes if compat.inplace_view_node(n) and not n.meta.get(compat.REFRESHED)), None)
+    if node is None:
+        return
+    op = node.target if isinstance(node.target, str) else node.target.__name__
+    message = with_location(
+        f"{name}: `{op}` changes a tensor's metadata inside the graph, and dynamo's view of the tensor goes stale;"
+        " this frame runs eagerly",
+        node_location(node),
+    )
+    run_frame_eagerly(message, options)
+
+
+def _writes(gm: fx.GraphModule) -> list[fx.Node]:
+    # (A metadata change of a view, `x.permute(..).squeeze_()`, leaves the input's history, and its hook, alone.)
+    return [n for n in gm.graph.nodes if may_write(n) and not compat.inplace_view_node(n)]
+
+
+def refuse_late_hooks(gm: fx.GraphModule, options: Any, name: str) -> None:
+    """Dynamo registers a hook on a graph input (`x.register_hook(h)` in the user's code) after the graph has
+    run, as a side effect: if the graph writes that input in place after the user's registration, the hook lands
+    on the written version, where eager's hooks the version before the write, and the gradient differs (also with
+    dynamo's own eager backend). compat's hook_write_break breaks the graph before such a write; a graph that has
+    one all the same runs its frame eagerly. Writes before the registration are fine: eager hooks the written
+    version too. (Where the registration was is recorded by compat's hook_record; without the record, any write
+    of the tensor refuses; where dynamo's record of the frame's hooks cannot be read, any write of an input.)"""
+    hooked = compat.hooks_of_frame()
+    if hooked is None:
+        inputs = gm.graph.find_nodes(op="placeholder")
+        writer = next((w for w in _writes(gm) if any(touches(w, i) for i in inputs)), None)
+        if writer is not None:
+            message = f"{name}: this torch's record of the frame's tensor hooks cannot be read (dynamo's internals "
+            run_frame_eagerly(
+                with_location(message + "moved), and the graph writes an input", node_location(writer)), options
+            )
+        return
+    # The hooked tensor need not be a graph input: a view of it may be (`x1 = x0[::2]` written, hook on x0).
+    for tensor in hooked:
+        before = tensor.meta.get(compat.HOOKED_AFTER, frozenset()) if compat.active("hook_record") else frozenset()
+        writer = next((n for n in _writes(gm) if n not in before and touches(n, tensor)), None)
+        if writer is None:
+            continue
+        message = with_location(
+            f"{name}: a hook registered on {tensor.name} before the graph writes its memory in place would be "
+            "registered after the graph by dynamo, on the written tensor; this frame runs eagerly",
+            node_location(writer),
+        )
+        run_frame_eagerly(message, options)
+
+
+def _storage(node: fx.Node) -> Any:
+    value = node.meta.get("example_value")
+    return value.untyped_storage()._cdata if isinstance(value, torch.Tensor) else None
+
+
+def refuse_stale_autograd_facts(gm: fx.GraphModule, options: Any, name: str) -> None:
+    """Without compat's autograd_facts correction, dynamo keeps a view's `requires_grad` and `grad_fn` from when
+    the view was made, and re-reads them after a write only on the tensor written: a view made before a write
+    that carries grad into its base (`v = t.diagonal(); t.mul_(w)`, w requiring grad) and read after it may have
+    been traced with the stale facts (a branch on `v.requires_grad`, `F.apply(v)` traced without its backward).
+    Such a graph runs its frame eagerly when the correction is not in force."""
+    if compat.active("autograd_facts"):
+        return
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for write in _writes(gm):
+        carries = any(
+            isinstance(v := a.meta.get("example_value"), torch.Tensor) and v.requires_grad
+            for a in write.all_input_nodes[1:]
+        )
+        written = _storage(write.all_input_nodes[0]) if write.all_input_nodes else None
+        if not carries or written is None:
+            continue
+        stale = next(
+            (
+                v
+                for v in gm.graph.nodes
+                if order[v] < order[write]
+                and v is not write.all_input_nodes[0]
+                and _storage(v) == written
+                and any(order[u] > order[write] for u in v.users)
+            ),
+            None,
+        )
+        if stale is not None:
+            message = with_location(
+                f"{name}: {stale.name} shares memory with a tensor a later write gives a gradient, and this torch's "
+                "dynamo keeps its autograd facts from before that write (compat's autograd_facts is not in force); "
+                "this frame runs eagerly",
+                node_location(write),
+            )
+            run_frame_eagerly(message, options)
