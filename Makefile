@@ -1,19 +1,31 @@
 # Set-up is part of every target: a fresh machine needs only `make demo` or `make test`.
-VENV ?= .venv
+# TORCH picks the torch release (2.13.0: the CPU build; 2.14.1: the CUDA build, which runs on the CPU), each in a
+# venv of its own: `make test TORCH=2.14.1` runs the suite against the other one.
+TORCH ?= 2.13.0
+VENV ?= $(if $(filter 2.13.0,$(TORCH)),.venv,.venv-torch$(TORCH))
 PY := $(VENV)/bin/python
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q torch==$(TORCH)
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
-.PHONY: demo test lint bench
+.PHONY: demo test test-fast test-all-torch lint bench
 demo: $(VENV)/.installed
 	$(VENV)/bin/dealias demo
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# The inner loop: no inductor compiles, no distributed processes, nothing marked slow (tests/conftest.py).
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow and not inductor and not distributed"
+
+# What CI runs: the suite on both supported torch releases.
+test-all-torch:
+	$(MAKE) test TORCH=2.13.0
+	$(MAKE) test TORCH=2.14.1
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench

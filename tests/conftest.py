@@ -21,3 +21,25 @@ def verdict_store(monkeypatch, tmp_path):
     monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(keep_aten, "_memory", {})
     return tmp_path
+
+
+# Markers for the inner loop (`make test-fast` deselects them; CI runs everything): whole files that compile with
+# inductor or start processes, and single tests marked `slow` where they stand.
+_INDUCTOR_FILES = {"test_inductor.py", "test_fused_autograd.py", "test_inductor_fixes.py", "test_keep_aten.py"}
+_INDUCTOR_FILES |= {"test_row_products.py"}
+_DISTRIBUTED_FILES = {"test_distributed.py"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes tens of seconds or more (deselected by make test-fast)")
+    config.addinivalue_line("markers", "inductor: compiles with inductor (seconds each)")
+    config.addinivalue_line("markers", "distributed: starts gloo processes")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        if name in _INDUCTOR_FILES:
+            item.add_marker(pytest.mark.inductor)
+        if name in _DISTRIBUTED_FILES:
+            item.add_marker(pytest.mark.distributed)

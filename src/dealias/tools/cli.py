@@ -26,7 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument(
         "--dynamic", action="store_true", help="every size symbolic from the first call (dealias.jit(dynamic=True))"
     )
+    dr = sub.add_parser("doctor", help="which of dealias's corrections to torch are in force on this torch, and why")
+    dr.add_argument(
+        "--probe", action="store_true", help="run each correction's example under dynamo alone and under dealias"
+    )
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return doctor(args.probe)
     if args.command == "demo":
         return demo.run()
     if args.command == "fuzz":
@@ -43,6 +49,33 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1 if s["mismatch"] else 0
     return 2
+
+
+def doctor(probe: bool) -> int:
+    """Print compat's report; with `probe`, each correction's example run by dynamo alone (backend="eager") and by
+    dealias, against eager: whether upstream still needs the correction, and whether dealias is exact."""
+    import warnings
+
+    import dealias  # noqa: F401 - installs the corrections
+    from dealias import compat
+    from dealias.compat.examples import EXAMPLES
+    from dealias.compat.examples import probe as run_example
+
+    print(compat.report())
+    if not probe:
+        return 0
+    failed = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in EXAMPLES:
+            upstream = run_example(name, "eager")
+            ours = run_example(name, "dealias")
+            failed += ours is not None
+            print(
+                f"{name}: dynamo alone {'differs from eager' if upstream else 'matches eager'}; "
+                f"dealias {'DIFFERS: ' + ours if ours else 'matches eager'}"
+            )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

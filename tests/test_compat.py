@@ -1,0 +1,200 @@
+"""compat/: dealias's settings and corrections to dynamo are in force only for dealias's frames, each is checked
+against this torch's internals when installed, and each construct stays exact when its correction is out of force
+(as on a torch whose internals moved): the frame runs eagerly, the graph breaks, or (resume_fallback) dynamo's
+own error propagates, never a wrong result and never an import error."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import dealias
+from dealias import compat
+from dealias.compat import registry
+from dealias.compat.examples import EXAMPLES, probe
+
+# What other backends capture, run in a fresh process with and without dealias imported first. The hand-written Adam
+# loop of issue 39 (a 0-d tensor step, `value=-lr / bc1`): dynamo's decompositions keep it one graph; with them off
+# (as importing dealias once did for every backend) dynamo calls `.item()` and the break inside the loop skips it.
+_OTHER_BACKENDS = textwrap.dedent(
+    """
+    import json, sys
+    if sys.argv[1] == "with":
+        import dealias  # noqa: F401
+    import torch
+    from torch._dynamo.utils import counters
+
+    def adam(params, grads, ms, vs, step, lr=1e-3):
+        step += 1
+        bc1 = 1 - 0.9 ** step
+        bc2 = 1 - 0.999 ** step
+        for p, g, m, v in zip(params, grads, ms, vs):
+            m.lerp_(g, 0.1)
+            v.mul_(0.999).addcmul_(g, g, value=0.001)
+            denom = (v / bc2).sqrt().add_(1e-8)
+            p.addcdiv_(m, denom, value=-lr / bc1)
+
+    def scaled(x, scale):
+        return x * scale + 1
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    def graphs(fn, *args):
+        before = counters["stats"]["unique_graphs"]
+        fn(*args)
+        return counters["stats"]["unique_graphs"] - before
+
+    out = {}
+    for backend in sys.argv[2].split(","):
+        torch._dynamo.reset()
+        ps = [torch.randn(4) for _ in range(2)]
+        state = [[torch.randn(4) for _ in range(2)] for _ in range(3)]
+        step = torch.tensor(0.0)
+        fn = torch.compile(adam, backend=backend)
+        out[backend + " adam"] = graphs(fn, ps, *state, step)
+        fs = torch.compile(scaled, backend=backend)
+        out[backend + " floats"] = [graphs(fs, torch.ones(2), s) for s in (0.5, 0.25, 0.125)]
+        m = M()
+        fm = torch.compile(m, backend=backend)
+        first = graphs(fm, torch.ones(2, 3))
+        m.lin.register_forward_hook(lambda mod, i, o: o * 2)
+        out[backend + " hook"] = [first, graphs(fm, torch.ones(2, 3))]
+    config = torch._dynamo.config
+    out["config"] = [config.enable_dynamo_decompositions, config.skip_nnmodule_hook_guards, config.specialize_float]
+    print(json.dumps(out))
+    """
+)
+
+
+def _run(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600, env=env or os.environ
+    )
+
+
+def test_importing_dealias_changes_nothing_other_backends_capture():
+    captured = {}
+    for imported in ("without", "with"):
+        run = _run(_OTHER_BACKENDS, imported, "eager,aot_eager")
+        assert run.returncode == 0, run.stderr[-2000:]
+        captured[imported] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert captured["with"] == captured["without"]
+    assert captured["with"]["eager adam"] == 1  # (the loop compiles: dynamo's own decompositions were in force)
+
+
+@pytest.mark.inductor
+def test_importing_dealias_changes_nothing_inductor_captures():
+    captured = [
+        json.loads(_run(_OTHER_BACKENDS, i, "inductor").stdout.strip().splitlines()[-1]) for i in ("without", "with")
+    ]
+    assert captured[0] == captured[1]
+
+
+def test_a_dealias_compile_leaves_dynamo_settings_as_they_were():
+    config = torch._dynamo.config
+    before = (config.enable_dynamo_decompositions, config.skip_nnmodule_hook_guards, config.specialize_float)
+
+    def f(p, m, d):
+        p.addcdiv_(m, d, value=0.5)
+        return p * 2.0
+
+    args = [torch.randn(3), torch.randn(3), torch.rand(3) + 1]
+    expected = f(*(a.clone() for a in args))
+    got = dealias.jit(f)(*args)
+    assert torch.equal(got, expected) and torch.equal(args[0] * 2.0, got)  # eager's addcdiv_ kernel: eager's bits
+    assert (config.enable_dynamo_decompositions, config.skip_nnmodule_hook_guards, config.specialize_float) == before
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_each_correction_in_force_matches_eager(name):
+    assert compat.active(name), compat.report()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert probe(name, "dealias") is None
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_each_correction_out_of_force_stays_exact(name):
+    # As where its internals are missing: the wrappers pass through, and the fall-backs apply.
+    with compat.forced_off(name), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        difference = probe(name, "dealias")
+    if name == "resume_fallback":  # without it, dynamo's own error propagates (an error, not a wrong result)
+        assert difference is not None and "'raises'" in difference.split("compiled gives")[1]
+    else:
+        assert difference is None
+
+
+def test_without_the_settings_every_frame_runs_eagerly_and_says_so():
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    jf = dealias.jit(f)
+    with compat.forced_off("dynamo_settings"):
+        with pytest.warns(dealias.FallbackWarning, match="settings are not in force"):
+            x = torch.zeros(3)
+            assert torch.equal(jf(x), torch.full((3,), 2.0)) and torch.equal(x, torch.ones(3))
+
+
+def test_a_missing_internal_leaves_its_correction_out_of_force():
+    @registry.correction("test_missing", corrects="nothing", without="nothing changes")
+    def install():
+        registry.require(torch._dynamo, "no_such_internal_anywhere")
+
+    @registry.correction("test_signature", corrects="nothing", without="nothing changes")
+    def install_signature():
+        registry.require(torch.Tensor, "add_", "self", "not_its_argument")
+
+    try:
+        registry.install_all()  # (never raises)
+        assert not compat.active("test_missing") and "no_such_internal_anywhere is not there" in compat.report()
+        assert not compat.active("test_signature")
+        assert "NOT in force" in compat.report()
+    finally:
+        del registry._CORRECTIONS["test_missing"], registry._CORRECTIONS["test_signature"]
+
+
+def test_import_with_every_correction_off_is_exact():
+    script = textwrap.dedent(
+        """
+        import warnings, torch, dealias
+        from dealias import compat
+        assert not any(compat.active(c.name) for c in compat.corrections())
+        def f(x):
+            x.add_(1)
+            return x * 2
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            x = torch.zeros(3)
+            out = dealias.jit(f)(x)
+        assert torch.equal(out, torch.full((3,), 2.0)) and torch.equal(x, torch.ones(3))
+        assert any(issubclass(w.category, dealias.FallbackWarning) for w in told)
+        print(compat.report().splitlines()[0])
+        """
+    )
+    run = _run(script, env={**os.environ, "DEALIAS_COMPAT_OFF": "all"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "0 of" in run.stdout
+
+
+def test_doctor_lists_the_corrections():
+    from dealias.tools.cli import main
+
+    assert main(["doctor"]) == 0
+    text = compat.report()
+    for c in compat.corrections():
+        assert c.name in text
