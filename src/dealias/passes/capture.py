@@ -150,7 +150,10 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
         # make_fx finds the fake mode through the inputs' tensors; with symbols and no tensor input (`f(n)`), only
         # the active mode tells it which ShapeEnv the symbols belong to.
         with quiet_fake_tensor_log(), fx_traceback.preserve_node_meta(), mode if syms else contextlib.nullcontext():
-            traced = make_fx(flat_fn, tracing_mode="symbolic" if symbolic else "fake")(*fakes, *syms)
+            # (An explicit table, even empty: without one, torch 2.14's make_fx records `detach` as `alias`, which
+            # the passes would take for a differentiable view.)
+            tracing = "symbolic" if symbolic else "fake"
+            traced = make_fx(flat_fn, decomposition_table={}, tracing_mode=tracing)(*fakes, *syms)
     except _DATA_DEPENDENT as e:
         if isinstance(e, DataDependentOutputException):
             what = "reads a tensor's value into Python"

@@ -36,6 +36,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ..compat.inductor import size_asserts
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
@@ -130,9 +131,10 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     traced.recompile()
     handed = copy.deepcopy(traced)  # inductor's passes rewrite the graph they are given (no-op clones go)
     try:
-        # No size/stride asserts in inductor's wrapper: every call's inputs have the traced sizes and strides (dynamo's
-        # guards or the cache entry's tensor check held before the program runs).
-        with torch._inductor.config.patch(size_asserts=False), dealias_compile():
+        # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
+        # (dynamo's guards or the cache entry's tensor check held before the program runs); over symbols they bind
+        # the symbols (compat/inductor.py).
+        with torch._inductor.config.patch(size_asserts=size_asserts(traced)), dealias_compile():
             compiled = compile_fx_inner(traced, list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e

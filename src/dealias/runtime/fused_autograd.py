@@ -29,6 +29,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..compat.inductor import size_asserts
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.opfacts import is_view_node, may_raise, op_name
@@ -309,7 +310,7 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
     try:
         partition = _partition_saving_no_written_input(written, copy_saved_results=len(rg_results) > 1)
         with (
-            torch._inductor.config.patch(size_asserts=False, custom_partitioner_fn=partition),
+            torch._inductor.config.patch(size_asserts=size_asserts(gm), custom_partitioner_fn=partition),
             _no_donated_buffers(),
             dealias_compile(),
         ):
