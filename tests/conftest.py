@@ -12,6 +12,16 @@ os.environ.setdefault("DEALIAS_KEEP_ATEN", "gelu,tanh,exp,_softmax")
 os.environ.setdefault("DEALIAS_ROW_PRODUCTS", "inductor")
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test starts with dynamo's caches empty: its automatic dynamic remembers a function's (or a module's)
+    earlier sizes, so another test's compile of the same code would make this one's sizes symbolic."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+
+
 @pytest.fixture
 def verdict_store(monkeypatch, tmp_path):
     """An empty store of measured verdicts (runtime/keep_aten.py's, shared by row_products.py) in `tmp_path`, as a

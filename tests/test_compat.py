@@ -198,3 +198,20 @@ def test_doctor_lists_the_corrections():
     text = compat.report()
     for c in compat.corrections():
         assert c.name in text
+
+
+@pytest.mark.inductor
+def test_without_its_autograd_correction_a_graph_autograd_records_runs_unfused():
+    # Where AOTAutograd's donated buffers cannot be turned off for dealias's compiles, a second
+    # backward(retain_graph=True) would raise where eager's runs: such graphs stay on the torch executor.
+    def step(x, w):
+        return (x * w).sin().sum()
+
+    jf = dealias.jit(step, executor="inductor")
+    x, w = torch.randn(4), torch.randn(4, requires_grad=True)
+    with compat.forced_off("aot_no_donated_buffers"):
+        loss = jf(x, w)
+    assert jf.last.tier == "torch"
+    loss.backward(retain_graph=True)
+    loss.backward()
+    torch.testing.assert_close(w.grad, 2 * x * (x * w).cos())

@@ -1,4 +1,23 @@
-"""What dealias needs to know of inductor's behaviour that differs between torch releases.
+"""Dealias's corrections to inductor and AOTAutograd, and what it needs to know of their behaviour that differs
+between torch releases. Both corrections install at the first fused compile (importing dealias imports no
+inductor) and apply only while inductor compiles a graph of dealias's.
+
+`inductor_view_strides`: a view of a computed value handed to an ATen kernel (`mm(view(h, [1, 256]), w.t())`,
+the decode step of every linear layer) is passed as `reinterpret_tensor(buf, (1, 256), (0, 1))`: inductor derives
+the view's strides from its index expression, where a dim of size 1 has no variable, so its stride comes out 0
+(pytorch issue 174869). Any stride is valid for a dim of size 1, but ATen's `mm` takes its BLAS path only for a
+leading stride of at least the row's length, and copies a (0, 1)-strided matrix first: 25 of the 29 matmuls of a
+4-layer Llama decode step made such a copy (torch.compile's graph, whose views are not shared between consumers,
+9). Such strides are set to the ones a contiguous layout gives those dims (the next inner dim's stride times its
+size), which changes no element's address. Without it: the copies (slower, the same values).
+
+`aot_no_donated_buffers`: AOTAutograd compiles with no saved tensor "donated" to the backward. A donated buffer is
+freed (reused) by the backward, so torch raises at every `backward(retain_graph=True)` after the first backward,
+which eager allows (a training step over changing lengths, HF's Mistral). `config.donated_buffer=False` cannot do
+it for dealias's compiles alone: the flag is read again at each backward, where the compile's missing list of
+donated buffers (None, not []) then raises. The list is made empty instead, by torch's own function for it patched
+during the compile (a compile of torch.compile's in another thread meanwhile only donates nothing). Without it, a
+graph autograd records runs on the torch executor.
 
 Size asserts: dealias's fused graphs over symbols take each symbol from an input's size (a decode step's cache
 length), with no SymInt placeholder of its own. Inductor's wrapper binds such a symbol to the input's size at
@@ -11,8 +30,91 @@ they cost a check per input and call, and they are what binds the symbols.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import unittest.mock
+from collections.abc import Iterator
+from typing import Any
+
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
+
+from .registry import Missing, active, correction, ensure, require, require_module
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def dealias_compile() -> Iterator[None]:
+    """While inductor compiles a graph of dealias's (on this thread): the corrections below apply."""
+    ensure("inductor_view_strides")
+    before = getattr(_local, "active", False)
+    _local.active = True
+    try:
+        yield
+    finally:
+        _local.active = before
+
+
+@correction(
+    "inductor_view_strides",
+    corrects="a view handed to ATen's mm gets stride 0 on a dim of size 1, and mm copies it first",
+    without="ATen's mm copies such views first (slower, the same values)",
+    lazy=True,
+)
+def install_view_strides() -> None:
+    ir = require_module("torch._inductor.ir")
+    kernel = require(ir, "ExternKernel")
+    for name in ("FixedLayout", "ReinterpretView"):
+        require(ir, name)
+    original = require(kernel, "convert_to_reinterpret_view", "x").__func__
+
+    def convert_to_reinterpret_view(cls: Any, x: Any) -> Any:
+        view = original(cls, x)
+        if not getattr(_local, "active", False) or not active("inductor_view_strides") or view is x:
+            return view
+        return _unit_dims_strided(ir, view)
+
+    kernel.convert_to_reinterpret_view = classmethod(convert_to_reinterpret_view)
+
+
+def _unit_dims_strided(ir: Any, view: Any) -> Any:
+    """`view` with each stride of 0 on a dim of size 1 set to the next inner dim's stride times its size (1 for
+    the innermost), as a contiguous layout has it."""
+    layout = view.layout
+    sizes, strides = list(layout.size), list(layout.stride)
+    changed = False
+    for i in reversed(range(len(sizes))):
+        if sizes[i] == 1 and strides[i] == 0:
+            strides[i] = strides[i + 1] * sizes[i + 1] if i + 1 < len(sizes) else 1
+            changed = True
+    if not changed:
+        return view
+    fixed = ir.FixedLayout(layout.device, layout.dtype, sizes, strides, layout.offset, layout.is_pinned)
+    return ir.ReinterpretView(data=view.data, layout=fixed)
+
+
+@correction(
+    "aot_no_donated_buffers",
+    corrects="AOTAutograd donates saved buffers: a second backward(retain_graph=True) raises where eager's runs",
+    without="a graph autograd records runs on the torch executor, not fused",
+    lazy=True,
+)
+def install_no_donated_buffers() -> None:
+    graph_compile = require_module("torch._functorch._aot_autograd.graph_compile")
+    require(graph_compile, "collect_bw_donated_buffer_idxs")
+
+
+@contextlib.contextmanager
+def no_donated_buffers() -> Iterator[None]:
+    """While AOTAutograd compiles a graph of dealias's: no buffer donated (raises Missing where this torch has no
+    such function to patch: the caller runs the graph unfused)."""
+    if not ensure("aot_no_donated_buffers"):
+        raise Missing("aot_no_donated_buffers is not in force")
+    from torch._functorch._aot_autograd import graph_compile
+
+    with unittest.mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", lambda *args, **kwargs: []):
+        yield
 
 
 def size_asserts(gm: fx.GraphModule) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,22 +34,24 @@ class Correction:
     corrects: str  # the upstream behaviour corrected, in a line
     without: str  # what dealias does where the correction is not in force
     install: Callable[[], None]
-    example: Callable[[], Any] | None = None  # a small program showing the upstream behaviour (tests run it)
+    lazy: bool = False  # installed at its first use (`ensure`), not on import: it imports inductor
     installed: bool = False
     reason: str = ""  # why it is not in force ("" when it is)
     off: bool = False  # taken out of force by forced_off or DEALIAS_COMPAT_OFF
 
 
 _CORRECTIONS: dict[str, Correction] = {}
+_LOCK = threading.RLock()  # (lazy ones install at a first fused compile, which threads may reach together)
 
 
 def correction(
-    name: str, corrects: str, without: str, example: Callable[[], Any] | None = None
+    name: str, corrects: str, without: str, lazy: bool = False
 ) -> Callable[[Callable[[], None]], Callable[[], None]]:
-    """Register the decorated function as the installer of correction `name` (installed by `install_all`)."""
+    """Register the decorated function as the installer of correction `name` (installed by `install_all`, or by
+    `ensure` at its first use where `lazy`)."""
 
     def register(install: Callable[[], None]) -> Callable[[], None]:
-        _CORRECTIONS[name] = Correction(name, corrects, without, install, example)
+        _CORRECTIONS[name] = Correction(name, corrects, without, install, lazy=lazy)
         return install
 
     return register
@@ -82,16 +85,28 @@ def require_module(path: str) -> Any:
         raise Missing(f"module {path} is not there") from e
 
 
-def install_all() -> None:
-    """Install every registered correction not yet installed; one that cannot be stays out of force, with its
-    reason kept for `report`. Never raises."""
-    off = {n.strip() for n in os.environ.get("DEALIAS_COMPAT_OFF", "").split(",") if n.strip()}
+def install_all(lazy: bool = False) -> None:
+    """Install every registered correction not yet tried (the lazy ones too with `lazy`); one that cannot be
+    installed stays out of force, with its reason kept for `report`. Never raises."""
     for c in _CORRECTIONS.values():
+        if lazy or not c.lazy:
+            _install(c)
+
+
+def ensure(name: str) -> bool:
+    """Install correction `name` if not yet tried; whether it is in force."""
+    _install(_CORRECTIONS[name])
+    return active(name)
+
+
+def _install(c: Correction) -> None:
+    with _LOCK:
         if c.installed or c.reason:
-            continue
+            return
+        off = {n.strip() for n in os.environ.get("DEALIAS_COMPAT_OFF", "").split(",") if n.strip()}
         if "all" in off or c.name in off:
             c.reason = "turned off by DEALIAS_COMPAT_OFF"
-            continue
+            return
         try:
             c.install()
             c.installed = True
@@ -134,7 +149,12 @@ def report() -> str:
         f"{len(_CORRECTIONS)} corrections in force"
     ]
     for c in _CORRECTIONS.values():
-        state = "in force" if active(c.name) else f"NOT in force ({c.reason or 'turned off'})"
+        if active(c.name):
+            state = "in force"
+        elif c.lazy and not c.installed and not c.reason:
+            state = "not installed yet (at the first fused compile)"
+        else:
+            state = f"NOT in force ({c.reason or 'turned off'})"
         lines.append(f"- {c.name}: {state}")
         lines.append(f"    corrects: {c.corrects}")
         if not active(c.name):

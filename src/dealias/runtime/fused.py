@@ -36,12 +36,12 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..compat.inductor import size_asserts
+from ..compat.inductor import dealias_compile, size_asserts
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
 from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
-from .inductor_fixes import dealias_compile, decompositions
+from .inductor_fixes import decompositions
 from .keep_aten import twin_for
 from .prologue import example_like, in_prologue, make_prologue
 from .row_products import by_reduction

@@ -15,11 +15,9 @@ is recomputed with eager's ops (double_backward.py).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
-import unittest.mock
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from operator import getitem
 from typing import Any
 
@@ -29,14 +27,14 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..compat.inductor import size_asserts
+from ..compat.inductor import dealias_compile, no_donated_buffers, size_asserts
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.opfacts import is_view_node, may_raise, op_name
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_counters, written_inputs_read
 from .fused import runner
 from .hazards import SNAPSHOT, Unfusable
-from .inductor_fixes import dealias_compile, decompositions
+from .inductor_fixes import decompositions
 from .prologue import make_prologue, sizes_arithmetic
 
 aten = torch.ops.aten
@@ -124,8 +122,8 @@ def _partition_saving_no_written_input(written: frozenset[int], copy_saved_resul
             return _partition_saving_no_written_input, (written, copy_saved_results)
 
         def uuid(self) -> Any:  # inductor's graph cache key: a cached graph passed this check when compiled
-            # (and was compiled with no donated buffer: see _no_donated_buffers; AOTAutograd's cache keeps the
-            # list of them with the compiled graph)
+            # (and was compiled with no donated buffer: see compat/inductor.py's no_donated_buffers; AOTAutograd's
+            # cache keeps the list of them with the compiled graph)
             return (
                 "dealias partition saving the inputs eager saves, unsaved snapshots plain clones, no donated "
                 "buffers, none of",
@@ -311,7 +309,7 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
         partition = _partition_saving_no_written_input(written, copy_saved_results=len(rg_results) > 1)
         with (
             torch._inductor.config.patch(size_asserts=size_asserts(gm), custom_partitioner_fn=partition),
-            _no_donated_buffers(),
+            no_donated_buffers(),
             dealias_compile(),
         ):
             compiled = compile_fx(_clones_of_inputs_kept(gm), list(example), decompositions=decompositions())
@@ -391,20 +389,6 @@ class _OwnNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
         return g
-
-
-@contextlib.contextmanager
-def _no_donated_buffers() -> Iterator[None]:
-    """AOTAutograd compiles with no saved tensor "donated" to the backward. A donated buffer is freed (reused) by
-    the backward, so torch raises at every `backward(retain_graph=True)` after the first backward, which eager
-    allows (a training step over changing lengths, HF's Mistral). `config.donated_buffer=False` cannot do it for
-    dealias's compiles alone: the flag is read again at each backward, where the compile's missing list of
-    donated buffers (None, not []) then raises. The list is made empty instead, by torch's own function for it
-    patched during the compile (a compile of torch.compile's in another thread meanwhile only donates nothing)."""
-    from torch._functorch._aot_autograd import graph_compile
-
-    with unittest.mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", lambda *args, **kwargs: []):
-        yield
 
 
 def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int, fx.Node, frozenset[int]]]:

@@ -61,6 +61,7 @@ def doctor(probe: bool) -> int:
     from dealias.compat.examples import EXAMPLES
     from dealias.compat.examples import probe as run_example
 
+    compat.install_all(lazy=True)  # (the fused executor's, installed at its first compile otherwise)
     print(compat.report())
     if not probe:
         return 0
