@@ -215,3 +215,59 @@ def test_without_its_autograd_correction_a_graph_autograd_records_runs_unfused()
     loss.backward(retain_graph=True)
     loss.backward()
     torch.testing.assert_close(w.grad, 2 * x * (x * w).cos())
+
+
+def hand_written_adam(params, grads, ms, vs, step, lr=1e-3):
+    step += 1
+    bc1 = 1 - 0.9**step
+    bc2 = 1 - 0.999**step
+    for p, g, m, v in zip(params, grads, ms, vs):
+        m.lerp_(g, 0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        denom = (v / bc2).sqrt().add_(1e-8)
+        p.addcdiv_(m, denom, value=-lr / bc1)  # a 0-d tensor value
+        p.add_(g, alpha=step * 1e-4)  # a 0-d tensor alpha
+
+
+def _adam_state(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.rand(5, generator=g) for _ in range(3)] for _ in range(4)] + [torch.tensor(0.0)]
+
+
+def test_a_hand_written_adam_with_tensor_scalars_is_one_graph_with_eagers_bits():
+    # Issue 39: with dynamo's decompositions off the 0-d `value` broke the graph inside the loop, and dynamo ran the
+    # whole step eagerly, with no warning; with them on (other backends) it runs prims.fma, other bits than eager's.
+    jf = dealias.jit(hand_written_adam)
+    expected, got = _adam_state(), _adam_state()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        for _ in range(3):
+            hand_written_adam(*expected)
+            jf(*got)
+            for want, have in zip(pytree_leaves(expected), pytree_leaves(got)):
+                assert torch.equal(want, have)
+    info = dealias.cache_info(jf)
+    assert (info.misses, info.hits, len(jf.stats.graphs)) == (1, 2, 1)
+    assert "dealias.addcdiv_" in dealias.last_traces(jf)[-1].text
+
+
+def test_tensor_scalars_of_a_tensor_requiring_grad_are_left_to_dynamo():
+    # (These ops have no derivative formula: under grad mode with an operand requiring grad, dynamo's own path.)
+    def f(x, w, t):
+        y = x * 1
+        y.add_(w, alpha=t)
+        return y
+
+    jf = dealias.jit(f)
+    args = [torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True), torch.tensor(0.5)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = jf(*args)
+    expected = f(*args)
+    assert torch.equal(out, expected)
+    out.sum().backward()
+    assert torch.equal(args[1].grad, torch.full((3,), 0.5))
+
+
+def pytree_leaves(tree):
+    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]

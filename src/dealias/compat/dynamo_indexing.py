@@ -18,7 +18,7 @@ import inspect
 import operator
 from typing import Any
 
-from .registry import active, correction, require, require_module
+from .registry import active, correction, replace_method, require, require_module
 from .settings import for_dealias
 
 
@@ -126,6 +126,6 @@ def install() -> None:
                 return result
         return insert(self, tx, args, kwargs)
 
-    TensorVariable.method___getitem__ = getitem
-    TensorVariable.method___setitem__ = setitem
+    replace_method(TensorVariable, "method___getitem__", get, getitem)
+    replace_method(TensorVariable, "method___setitem__", put, setitem)
     BuiltinVariable._handle_insert_op_in_graph = insert_op

@@ -16,6 +16,7 @@ the wrapper then passes straight through to dynamo's own function.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 import threading
@@ -73,6 +74,18 @@ def require(owner: Any, attr: str, *params: str) -> Any:
         if names[: len(params)] != list(params):
             raise Missing(f"{where} takes ({', '.join(names)}), not ({', '.join(params)}, ...)")
     return value
+
+
+def replace_method(cls: type, attr: str, original: Any, wrapper: Any) -> None:
+    """Put `wrapper` in place of `cls.attr` (which is `original`): the attribute itself, which torch 2.13's
+    dynamo looks up by name, and the entries of `cls`'s `tp_methods` table holding `original`, which torch 2.14's
+    dynamo calls instead (its table keeps the functions it was built with)."""
+    setattr(cls, attr, wrapper)
+    table = vars(cls).get("tp_methods")
+    if isinstance(table, dict):
+        for key, entry in list(table.items()):
+            if getattr(entry, "handler", None) is original:
+                table[key] = dataclasses.replace(entry, handler=wrapper)
 
 
 def require_module(path: str) -> Any:
