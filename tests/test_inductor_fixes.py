@@ -1,6 +1,6 @@
-"""compat/inductor.py and runtime/inductor_fixes.py: a view of a computed value handed to ATen's matmul is passed with the strides a
-contiguous layout gives its dims of size 1, not inductor's 0 (with which ATen's mm copies the matrix first); a
-variance is computed in two passes, not by Welford's algorithm; for dealias's compiles only."""
+"""compat/inductor.py and runtime/inductor_fixes.py: a view of a computed value handed to ATen's matmul is passed
+with the strides a contiguous layout gives its dims of size 1, not inductor's 0 (with which ATen's mm copies the
+matrix first); a variance is computed in two passes, not by Welford's algorithm; for dealias's compiles only."""
 
 from __future__ import annotations
 
