@@ -271,3 +271,23 @@ def test_tensor_scalars_of_a_tensor_requiring_grad_are_left_to_dynamo():
 
 def pytree_leaves(tree):
     return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def loop_with_a_break(xs):
+    for x in xs:
+        x.add_(1)
+        if x.sum().item() > 1e9:  # a graph break inside the loop: dynamo gives up on the whole frame
+            x.zero_()
+
+
+def test_a_frame_dynamo_gives_up_on_runs_eagerly_with_one_warning():
+    jf = dealias.jit(loop_with_a_break)
+    xs, expected = [torch.zeros(2) for _ in range(3)], [torch.zeros(2) for _ in range(3)]
+    with pytest.warns(dealias.FallbackWarning, match=r"loop_with_a_break \(.*test_compat.py:\d+\) runs eagerly"):
+        jf(xs)
+    loop_with_a_break(expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)  # (once: dynamo remembers the frame)
+        jf(xs)
+    loop_with_a_break(expected)
+    assert all(torch.equal(a, b) for a, b in zip(xs, expected))

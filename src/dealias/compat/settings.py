@@ -17,6 +17,11 @@ dynamo's frame conversion (`ConvertFrameAssert.__call__`, through which every fr
 other thread's tracing sees them. Dynamo reads these settings while it traces and while it builds the frame's
 guards, both inside that call.
 
+The same wrapper says when dynamo gives up on a whole frame of the user's (an error it cannot handle gracefully,
+a graph break inside a loop): dynamo then runs the frame eagerly and says nothing, so the user's code would run
+eagerly in silence (issue 39: a hand-written Adam step). One FallbackWarning per frame names the function, its
+line and dynamo's reason; frames of torch's own code are left quiet.
+
 Without this correction every dealias graph runs eagerly, with a warning (`settings_in_force` is False): the
 settings decide exactness (eager's bits, hooks seen), and they cannot be made otherwise for dealias alone.
 """
@@ -50,6 +55,26 @@ def for_dealias(compiler_fn: Any) -> bool:
     return False
 
 
+def _tell_skipped(code: Any, e: BaseException) -> None:
+    """One FallbackWarning for a frame of the user's that dynamo will run eagerly (module docstring)."""
+    import warnings
+
+    from ..errors import FallbackWarning
+
+    if any(d in code.co_filename for d in ("/torch/", "\\torch\\")):
+        return  # (torch's own code: its frames are not the user's program)
+    reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    where = f"{code.co_filename}:{code.co_firstlineno}"
+    name = code.co_name
+    if "torch_dynamo_resume_in_" in name:
+        name = "the code after a graph break in " + name.split("torch_dynamo_resume_in_")[1].rsplit("_at_", 1)[0]
+    warnings.warn(
+        f"dealias: {name} ({where}) runs eagerly: dynamo gave up on the whole frame: {reason[:300]}",
+        FallbackWarning,
+        stacklevel=2,
+    )
+
+
 def settings_in_force() -> bool:
     """Whether dealias's frames are traced with its settings (else the backend runs every graph eagerly)."""
     return active(NAME)
@@ -79,11 +104,18 @@ def install() -> None:
         if not hasattr(config, name):
             raise Missing(f"torch._dynamo.config.{name} is not there")
 
+    unsupported = require(require_module("torch._dynamo.exc"), "Unsupported")
+
     @functools.wraps(original)
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
         if not active(NAME) or not for_dealias(getattr(self, "_torchdynamo_orig_backend", None)):
-            return original(self, *args, **kwargs)
-        with lock, patch(_settings()):
-            return original(self, *args, **kwargs)
+            return original(self, frame, *args, **kwargs)
+        try:
+            with lock, patch(_settings()):
+                return original(self, frame, *args, **kwargs)
+        except unsupported as e:
+            if not getattr(self, "_one_graph", False):  # (strict compiles raise it to the user)
+                _tell_skipped(frame.f_code, e)
+            raise
 
     cls.__call__ = call
