@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.exc import BackendCompilerFailed, TorchRuntimeError, Unsupported
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
@@ -55,6 +56,7 @@ class JitFunction:
         dynamic: bool | None = None,
     ) -> None:
         self.options = Options(executor=executor, verify=verify, strict=strict, cache_limit=cache_limit)
+        self.dynamic = dynamic
         if not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn)
         self.fn = fn
@@ -264,18 +266,78 @@ def jit(
     options = dict(strict=strict, verify=verify, executor=executor, cache_limit=cache_limit, dynamic=dynamic)
     if fn is None:
         return functools.partial(jit, **options)
-    return JitFunction(fn, **options)
+    jf = JitFunction(fn, **options)
+    # A module gets a module back, as from torch.compile: parameters, state_dict, train/eval, attributes.
+    return JitModule(fn, jf) if isinstance(fn, torch.nn.Module) else jf
 
 
-def explain(jf: JitFunction) -> list[WriteBackReport]:
+class JitModule(OptimizedModule):
+    """`dealias.jit(module)`: torch.compile's module wrapper (`OptimizedModule`) whose calls run through a
+    JitFunction. As torch.compile's: the module is registered as `_orig_mod` (parameters and state_dict keys are
+    prefixed `_orig_mod.`), attributes, `train()/eval()`, `.to()` and `len()` reach it, copies and pickles rebuild
+    the wrapper over a copy of the module with the same options (a fresh cache). Beyond torch.compile's: indexing
+    and iteration reach the module (`model[0]` of a Sequential)."""
+
+    _dealias: JitFunction | None = None  # (a class attribute: OptimizedModule's __setattr__ keeps such names here)
+
+    def __init__(self, mod: torch.nn.Module, jf: JitFunction) -> None:
+        object.__setattr__(self, "_dealias", jf)  # before OptimizedModule's __init__, which calls _initialize
+        super().__init__(mod, jf.compiled.dynamo_ctx)
+
+    def _initialize(self) -> None:
+        # forward is the JitFunction: Module.__call__ runs the wrapper's own hooks around it, as torch.compile's
+        self.forward = self._dealias
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        jf = self._dealias
+        options = dict(
+            strict=jf.options.strict,
+            verify=jf.options.verify,
+            executor=jf.options.executor,
+            cache_limit=jf.options.cache_limit,
+            dynamic=jf.dynamic,
+        )
+        return (_rebuild_jit_module, (self._orig_mod, options))
+
+    def __getattr__(self, name: str) -> Any:
+        # The module's attributes first (a user's `model.last` stays theirs), then the JitFunction's few that
+        # tests and tools read (`jm.last`, `jm.stats`).
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in _HANDLE_ATTRIBUTES:
+                return getattr(self.__dict__["_dealias"], name)
+            raise
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._orig_mod[index]
+
+    def __iter__(self) -> Any:
+        return iter(self._orig_mod)
+
+
+_HANDLE_ATTRIBUTES = frozenset(("last", "stats", "options", "hits", "misses", "last_miss_reason", "cache_info"))
+
+
+def _rebuild_jit_module(mod: torch.nn.Module, options: dict[str, Any]) -> JitModule:
+    return jit(mod, **options)
+
+
+def _handle(jf: JitFunction | JitModule) -> JitFunction:
+    return jf._dealias if isinstance(jf, JitModule) else jf
+
+
+def explain(jf: JitFunction | JitModule) -> list[WriteBackReport]:
     """Per caller tensor, what the program `jf` ran last writes back, how, and how many bytes."""
-    return list(jf.last.reports) if jf.last is not None else []
+    last = _handle(jf).last
+    return list(last.reports) if last is not None else []
 
 
-def last_traces(jf: JitFunction) -> list[Trace]:
+def last_traces(jf: JitFunction | JitModule) -> list[Trace]:
     """The traces of the program `jf` ran last: dynamo's graph, captured (aten), functional, execution."""
-    return list(jf.last.traces) if jf.last is not None else []
+    last = _handle(jf).last
+    return list(last.traces) if last is not None else []
 
 
-def cache_info(jf: JitFunction) -> CacheInfo:
-    return jf.cache_info()
+def cache_info(jf: JitFunction | JitModule) -> CacheInfo:
+    return _handle(jf).cache_info()

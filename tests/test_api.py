@@ -1,0 +1,107 @@
+"""The user-facing wrapper: `dealias.jit(module)` is a module as torch.compile's is (parameters, state_dict,
+train/eval, indexing, copies), checked by one training script run eagerly, through torch.compile and through
+dealias."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import warnings
+
+import torch
+from torch._dynamo.eval_frame import OptimizedModule
+
+import dealias
+
+
+def _model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def _train(model: torch.nn.Module, inner: torch.nn.Sequential) -> list[torch.Tensor]:
+    """A few AdamW steps in training mode, an evaluation, a state_dict round trip; what it saw along the way.
+    `inner` is the Sequential itself (model[0] is not subscriptable on torch.compile's wrapper)."""
+    torch.manual_seed(1)
+    data = [(torch.randn(5, 6), torch.randn(5, 2)) for _ in range(3)]
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    seen = []
+    model.train()
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen.append(loss.detach())
+    model.eval()
+    with torch.no_grad():
+        seen.append(model(data[0][0]))
+    saved = copy.deepcopy(model.state_dict())
+    with torch.no_grad():
+        inner[0].weight.zero_()
+    model.load_state_dict(saved)
+    model.train()
+    seen.append(model(data[1][0]).detach())
+    seen += [p.detach() for p in model.parameters()] + [inner[1].running_mean, inner[1].running_var]
+    return seen
+
+
+def test_jit_module_trains_like_eager_and_torch_compile():
+    eager = _model()
+    expected = _train(eager, eager)
+    compiled = torch.compile(_model(), backend="eager")
+    assert isinstance(compiled, OptimizedModule)
+    through_compile = _train(compiled, compiled._orig_mod)
+    jitted = dealias.jit(_model())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        through_dealias = _train(jitted, jitted)
+    for got in (through_compile, through_dealias):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # The wrapper's surface, as torch.compile's: the same state_dict keys and parameter names, the module reached
+    assert list(jitted.state_dict()) == list(compiled.state_dict())
+    assert [n for n, _ in jitted.named_parameters()] == [n for n, _ in compiled.named_parameters()]
+    assert isinstance(jitted, OptimizedModule) and isinstance(jitted._orig_mod, torch.nn.Sequential)
+    assert jitted[0] is jitted._orig_mod[0] and len(jitted) == 4 and list(jitted)[2] is jitted._orig_mod[2]
+    assert jitted.training and not jitted.eval().training and not jitted._orig_mod.training
+    info = dealias.cache_info(jitted)
+    assert info.misses >= 2 and info.hits >= 2, info  # (train and eval programs, then cache hits)
+    assert dealias.last_traces(jitted) and isinstance(dealias.explain(jitted), list)
+
+
+class _Named(torch.nn.Module):
+    """A module whose attributes are named like the JitFunction's: they stay the module's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = torch.nn.Linear(3, 3)
+        self.stats = "user's"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(x).add_(1)
+
+
+def test_jit_module_attributes_copies_and_pickles():
+    jitted = dealias.jit(_Named(), verify=True)
+    x = torch.randn(2, 3)
+    expected = jitted._orig_mod(x)
+    torch.testing.assert_close(jitted(x), expected)
+    assert isinstance(jitted.last, torch.nn.Linear) and jitted.stats == "user's"
+    jitted.scale = 2.0  # set on the module, as torch.compile's wrapper does
+    assert jitted._orig_mod.scale == 2.0
+    assert jitted.to(torch.float64) is jitted and jitted.last.weight.dtype == torch.float64
+    jitted.to(torch.float32)
+    for copied in (copy.deepcopy(jitted), pickle.loads(pickle.dumps(jitted))):
+        assert type(copied) is dealias.JitModule and copied._orig_mod is not jitted._orig_mod
+        assert dealias.cache_info(copied).misses == 0  # a fresh cache, the same options
+        assert copied._dealias.options == jitted._dealias.options
+        torch.testing.assert_close(copied(x), expected)
+        assert dealias.cache_info(copied).misses == 1
+    buffer = io.BytesIO()
+    torch.save(jitted, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    torch.testing.assert_close(loaded(x), expected)
