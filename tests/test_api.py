@@ -105,3 +105,36 @@ def test_jit_module_attributes_copies_and_pickles():
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
     torch.testing.assert_close(loaded(x), expected)
+
+
+def _add_n(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.add_(n)
+
+
+def _sub_n(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.sub_(n)
+
+
+def _double_plus_one(x: torch.Tensor) -> torch.Tensor:
+    return x.mul(2).add_(1)
+
+
+def test_last_miss_reason_is_the_functions_own():
+    # dynamo records recompile reasons process-wide: each function reports those of its own cache entries
+    jf, jg = dealias.jit(_add_n), dealias.jit(_double_plus_one)
+    jf(torch.ones(3), 1)
+    jg(torch.ones(3))
+    jf(torch.ones(3), 2)  # f recompiles on the int
+    with torch.no_grad():
+        jg(torch.ones(3))  # g on grad mode
+    assert dealias.cache_info(jf).last_miss_reason.startswith("n == 1"), dealias.cache_info(jf)
+    assert "grad_mode" in dealias.cache_info(jg).last_miss_reason, dealias.cache_info(jg)
+    # Two jitted copies of one function share dynamo's frame, not their cache entries
+    a, b = dealias.jit(_sub_n), dealias.jit(_sub_n)
+    a(torch.ones(3), 1)
+    b(torch.ones(3), 1)
+    with torch.no_grad():
+        b(torch.ones(3), 1)
+    a(torch.ones(3), 2)
+    assert "grad_mode" in dealias.cache_info(b).last_miss_reason, dealias.cache_info(b)
+    assert dealias.cache_info(a).last_miss_reason.startswith("n == 1"), dealias.cache_info(a)

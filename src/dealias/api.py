@@ -14,6 +14,7 @@ import torch
 from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.exc import BackendCompilerFailed, TorchRuntimeError, Unsupported
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
+from torch._guards import CompileContext
 
 from .errors import (
     DataDependentError,
@@ -43,6 +44,22 @@ class CacheInfo:
     tiers: tuple[str, ...] = ()  # per compiled program, the executor running it: "torch" or "fused"
 
 
+class _Backend(Backend):
+    """dealias's backend, also noting which of dynamo's cache entries it compiled: dynamo's recompile reasons are
+    process-wide, each prefixed with the id of the entry that failed ("frame/entry"), and cache_info reports this
+    function's own (two jitted copies of one function share dynamo's frame, not their entries)."""
+
+    def __init__(self, options: Options, stats: Stats) -> None:
+        super().__init__(options, stats)
+        self.entries: set[str] = set()
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        compile_id = CompileContext.current_compile_id()
+        if compile_id is not None:
+            self.entries.add(f"{compile_id.frame_id}/{compile_id.frame_compile_id}")
+        return super().__call__(gm, example_inputs)
+
+
 class JitFunction:
     """`fn` compiled through TorchDynamo with dealias as its backend; see `dealias.jit`."""
 
@@ -62,12 +79,13 @@ class JitFunction:
         self.fn = fn
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
         self.stats = Stats(name=name)
+        self.backend = _Backend(self.options, self.stats)
         # dynamic=None: dynamo's automatic dynamic. A Python int or a tensor size that changes between calls (a
         # position, a step count, a sequence length) becomes a symbol after its second value, and the backend
         # compiles one program for all values its shape guard accepts. dynamic=True: symbols from the first call.
         self.compiled = torch.compile(
             fn,
-            backend=Backend(self.options, self.stats),
+            backend=self.backend,
             dynamic=dynamic,
             fullgraph=strict,
             recompile_limit=cache_limit,
@@ -77,7 +95,7 @@ class JitFunction:
         self.misses = 0
         self.last_miss_reason = ""
         self._breaks_told: set[str] = set()
-        self._failures_seen = _guard_failure_count()
+        self._failures_seen = 0  # of this function's own recompile reasons
         self._limits_seen = _limit_hits()
         self.eager = False  # dynamo could not trace the function where eager runs it: it runs eagerly
 
@@ -157,15 +175,17 @@ class JitFunction:
             )
 
     def _new_guard_failures(self) -> list[str]:
-        """Dynamo's recompile reasons recorded since the last miss, one line each."""
-        count = _guard_failure_count()
-        new_count, self._failures_seen = count - self._failures_seen, count
-        if new_count <= 0:
+        """Dynamo's recompile reasons for this function's entries recorded since the last miss, one line each."""
+        entries = self.backend.entries
+        ours = [str(r) for failures in list(guard_failures.values()) for r in failures if _entry_id(r) in entries]
+        # (torch._dynamo.reset() clears the record: then all of it is new)
+        new = ours[self._failures_seen :] if len(ours) >= self._failures_seen else ours
+        self._failures_seen = len(ours)
+        if not new:
             return []
         # Dynamo records one failure per cached entry it tried ("frame/entry: reason"); the newest entry's says
         # what changed since the last compile.
-        reasons = [str(r) for failures in list(guard_failures.values()) for r in failures][-new_count:]
-        return [_one_line(max(reasons, key=_entry_number))]
+        return [_one_line(max(new, key=_entry_number))]
 
     def cache_info(self) -> CacheInfo:
         graphs = list(self.stats.graphs)
@@ -204,8 +224,9 @@ def _limit_hits() -> int:
     return sum(n for k, n in list(counters["unimplemented"].items()) if k.startswith("Dynamo recompile limit"))
 
 
-def _guard_failure_count() -> int:
-    return sum(len(v) for v in list(guard_failures.values()))
+def _entry_id(reason: str) -> str:
+    found = re.match(r"\d+/\d+", reason)
+    return found.group(0) if found else ""
 
 
 def _entry_number(reason: str) -> int:
