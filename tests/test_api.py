@@ -9,10 +9,12 @@ import io
 import pickle
 import warnings
 
+import numpy as np
 import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
 import dealias
+from dealias.runtime.verify import clone_args
 
 
 def _model() -> torch.nn.Sequential:
@@ -138,3 +140,32 @@ def test_last_miss_reason_is_the_functions_own():
     a(torch.ones(3), 2)
     assert "grad_mode" in dealias.cache_info(b).last_miss_reason, dealias.cache_info(b)
     assert dealias.cache_info(a).last_miss_reason.startswith("n == 1"), dealias.cache_info(a)
+
+
+def _write_one_read_other(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a.add_(1)
+    return b * 2, b[1:]
+
+
+def _over_one_buffer() -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    buffer = np.arange(6, dtype=np.float32)
+    return buffer, torch.from_numpy(buffer[:4]), torch.from_numpy(buffer[2:])  # two storages, one memory
+
+
+def test_verify_copies_storages_over_one_memory_as_one():
+    jf = dealias.jit(_write_one_read_other, verify=True)
+    for _ in range(2):  # the first call and the cached one
+        eager_buffer, a, b = _over_one_buffer()
+        assert a.untyped_storage()._cdata != b.untyped_storage()._cdata
+        expected = _write_one_read_other(a, b)
+        buffer, a, b = _over_one_buffer()
+        got = jf(a, b)  # verify=True runs the graph eagerly on copies that overlap as a and b do
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        np.testing.assert_array_equal(buffer, eager_buffer)
+        assert got[1].untyped_storage()._cdata == b.untyped_storage()._cdata
+    assert dealias.cache_info(jf).misses == 1
+    _, a, b = _over_one_buffer()
+    copies = clone_args((a, b))
+    copies[0][3] = 100.0  # the copies share memory as the caller's tensors do, not storage objects
+    assert copies[1][1].item() == 100.0 and b[1].item() == 3.0
+    assert copies[0].untyped_storage()._cdata != copies[1].untyped_storage()._cdata
