@@ -30,6 +30,10 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
+from .function_names import FUNCTION_NAME, install
+
+install()
+
 
 def runs_eagerly(node: fx.Node) -> bool:
     """A higher-order operator node: dealias leaves it to eager, in a piece of its own."""
@@ -74,6 +78,8 @@ def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.Gra
         for n in piece.graph.nodes:
             if runs_eagerly(n) and n.target.name() == "autograd_function_apply":
                 n.target = autograd_function_apply
+                if FUNCTION_NAME in n.meta:  # (split_module copies each node's meta)
+                    n.kwargs = {**n.kwargs, "function_name": n.meta[FUNCTION_NAME]}
         piece.recompile()
     parent.recompile()
     return parent
@@ -83,6 +89,7 @@ def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any
     """Dynamo's `autograd_function_apply`, with the tensors the user's forward passed to `ctx.save_for_backward`
     saved by `ctx.save_for_backward` again: dynamo's operator keeps them in a closure, so a tensor saved and then
     written in place no longer makes backward raise "modified by an inplace operation" as eager's does."""
+    name = kwargs.get("function_name")
     checked = set(kwargs["saved_for_backward_idx"])
     dirty = kwargs.get("dirty_idx", [])
     non_differentiable = kwargs["non_differentiable_idx"]
@@ -110,7 +117,10 @@ def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any
             saved = [next(checked_values) if c else t for t, c in zip(ctx.unchecked, ctx.positions)]
             return bwd(*grads, *saved)
 
-    return Apply.apply(*args)
+    # Eager names the backward node after the user's class (`MyFnBackward`), and autograd's errors quote it:
+    # a subclass of that name gets it (autograd.Function makes the backward class when a class is made).
+    function = type(name, (Apply,), {}) if name else Apply
+    return function.apply(*args)
 
 
 def _takes_apart(node: fx.Node) -> bool:
