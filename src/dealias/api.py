@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._dynamo.convert_frame import compile_lock
 from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.exc import BackendCompilerFailed, TorchRuntimeError, Unsupported
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
@@ -97,6 +99,8 @@ class JitFunction:
         self._breaks_told: set[str] = set()
         self._failures_seen = 0  # of this function's own recompile reasons
         self._limits_seen = _limit_hits()
+        self._warm = False  # a call has finished (until then calls take turns: __call__)
+        self._first_lock = threading.RLock()  # (re-entrant: a first call may call the function again)
         self.eager = False  # dynamo could not trace the function where eager runs it: it runs eagerly
 
     @property
@@ -106,9 +110,24 @@ class JitFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.eager:
             return self.fn(*args, **kwargs)
+        if self._warm:
+            return self._call(args, kwargs)
+        # Until a call has finished, calls take turns. Dynamo looks up its cache before it waits for its compile
+        # lock and not again after, so each of the threads that reach a new function together compiled it once
+        # more: 8 threads filled the cache limit with copies (with strict=True the next new layout raised). The
+        # wait is bounded: a first call that waits for another thread (a barrier) must not hang the program.
+        waited = self._first_lock.acquire(timeout=_FIRST_CALL_WAIT_SECONDS)
+        try:
+            return self._call(args, kwargs)
+        finally:
+            self._warm = True
+            if waited:
+                self._first_lock.release()
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         compiles, frames, breaks = self.stats.compiles, _frames_compiled(), len(graph_break_reasons)
         try:
-            return self.compiled(*args, **kwargs)
+            return self._call_compiled(args, kwargs)
         except BackendCompilerFailed as e:
             # The backend refused the graph (strict=True, or a FallbackWarning the caller turned into an error):
             # raise that, not dynamo's wrapper.
@@ -141,7 +160,7 @@ class JitFunction:
             warnings.warn(
                 f"dealias: {self.stats.name} runs eagerly: dynamo could not trace it: {_first_line(e.__cause__ or e)}",
                 FallbackWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             return out
         finally:
@@ -149,6 +168,22 @@ class JitFunction:
                 self.hits += 1
             else:
                 self._record_miss(compiles, breaks)
+
+    def _call_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The compiled call. Dynamo refuses to enter a compiled function while any thread traces with FX (the flag
+        is process-wide), and dealias's capture traces with make_fx: a call made while another thread compiles
+        fails at the entry, before any of its code ran. It waits for that compile (dealias compiles under dynamo's
+        compile lock) and calls again; strict=True must not run it eagerly instead."""
+        for _ in range(_TRACING_WAITS):
+            try:
+                return self.compiled(*args, **kwargs)
+            except RuntimeError as e:
+                if _FX_TRACING_ELSEWHERE not in str(e) or _user_code_ran(e.__traceback__):
+                    raise
+            with compile_lock:  # (re-entrant: a call made inside one of dealias's compiles passes)
+                pass
+        # Still refused: FX tracing that is not a compile (the caller's own symbolic_trace of code calling this)
+        return self.compiled(*args, **kwargs)
 
     def _record_miss(self, compiles: int, breaks: int) -> None:
         self.misses += 1
@@ -163,7 +198,7 @@ class JitFunction:
             described = _describe_break(reason)
             if described not in self._breaks_told:  # once per break, not again on each recompile
                 self._breaks_told.add(described)
-                warnings.warn(f"dealias: {self.stats.name}: {described}", GraphBreakWarning, stacklevel=3)
+                warnings.warn(f"dealias: {self.stats.name}: {described}", GraphBreakWarning, stacklevel=4)
         limits = _limit_hits()
         if limits != self._limits_seen:  # counted process-wide: read on misses only, off the hot path
             self._limits_seen = limits
@@ -171,7 +206,7 @@ class JitFunction:
                 f"dealias: {self.stats.name} compiled {self.options.cache_limit} times (cache_limit); calls that "
                 f"match none of those programs now run eagerly. Latest change: {self.last_miss_reason}",
                 FallbackWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def _new_guard_failures(self) -> list[str]:
@@ -198,6 +233,8 @@ class JitFunction:
         return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason, tuple(dynamic), tiers)
 
 
+_FIRST_CALL_WAIT_SECONDS = 60.0
+_TRACING_WAITS = 16  # waits for other threads' compiles before a call gives up on compiling
 _FX_TRACING_ELSEWHERE = "Detected that you are using FX to symbolically trace a dynamo-optimized function"
 
 
