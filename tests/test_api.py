@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import pickle
 import warnings
 
 import numpy as np
+import pytest
 import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
@@ -169,3 +171,71 @@ def test_verify_copies_storages_over_one_memory_as_one():
     copies[0][3] = 100.0  # the copies share memory as the caller's tensors do, not storage objects
     assert copies[1][1].item() == 100.0 and b[1].item() == 3.0
     assert copies[0].untyped_storage()._cdata != copies[1].untyped_storage()._cdata
+
+
+def _broadcast_into_smaller(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    z = x * 2
+    z.add_(y)  # eager raises: an output of shape (3,) cannot take the broadcast shape (2, 3)
+    return z
+
+
+def _broadcast_into_smaller_for_torch(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    z = x * 2
+    z.add_(y)
+    return z
+
+
+class _Pick(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, index):
+        return x[index] * 2  # eager raises for an index out of range (the fake tensors dynamo traces do not)
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, None
+
+
+def _pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return _Pick.apply(x * 1, index)
+
+
+def _eager_error(fn, *args) -> BaseException:
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - the error is what is compared
+        return e
+    raise AssertionError("eager did not raise")
+
+
+def _torch_logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("torch") and r.levelno >= logging.WARNING]
+
+
+def test_eager_error_without_torchs_internals_on_the_console(capfd, caplog):
+    caplog.set_level(logging.DEBUG, logger="dealias")
+    for fn, args in (
+        (_broadcast_into_smaller, (torch.ones(3), torch.ones(2, 3))),
+        (_pick, (torch.ones(3, requires_grad=True), torch.tensor([5]))),
+    ):
+        expected = _eager_error(fn, *args)
+        capfd.readouterr()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.GraphBreakWarning)
+            got = _eager_error(dealias.jit(fn), *args)
+        assert type(got) is type(expected) and str(got) == str(expected)
+        console = capfd.readouterr().err
+        assert "FX-traced Module" not in console, console
+        assert _torch_logged(caplog) == [], _torch_logged(caplog)
+    assert any("failed while attempting to run meta" in r.getMessage() for r in caplog.records if r.name == "dealias")
+
+
+def test_other_backends_and_graph_modules_log_as_before(capfd, caplog):
+    # the redirection is dealias's compiles' only: torch.compile's eager backend still logs dynamo's detail, and
+    # a graph module dealias did not make still prints fx's context
+    with pytest.raises(RuntimeError):
+        torch.compile(_broadcast_into_smaller_for_torch, backend="eager")(torch.ones(3), torch.ones(2, 3))
+    assert any("failed while attempting to run meta" in m for m in _torch_logged(caplog))
+    traced = torch.fx.symbolic_trace(lambda x, i: x[i] * 2)
+    with pytest.raises(IndexError):
+        traced(torch.ones(3), torch.tensor([5]))
+    assert "FX-traced Module" in capfd.readouterr().err

@@ -30,9 +30,11 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
-from .function_names import FUNCTION_NAME, install
+from . import function_names, quiet
+from .function_names import FUNCTION_NAME
 
-install()
+function_names.install()  # (installed with the backend, which imports this module)
+quiet.install()
 
 
 def runs_eagerly(node: fx.Node) -> bool:
@@ -82,7 +84,7 @@ def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.Gra
                     n.kwargs = {**n.kwargs, "function_name": n.meta[FUNCTION_NAME]}
         piece.recompile()
     parent.recompile()
-    return parent
+    return quiet.quiet_calls(parent)  # an error inside (a Function's forward) without fx's print of the code
 
 
 def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
