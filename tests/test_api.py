@@ -171,6 +171,8 @@ def test_verify_copies_storages_over_one_memory_as_one():
     copies[0][3] = 100.0  # the copies share memory as the caller's tensors do, not storage objects
     assert copies[1][1].item() == 100.0 and b[1].item() == 3.0
     assert copies[0].untyped_storage()._cdata != copies[1].untyped_storage()._cdata
+    metas = clone_args((torch.empty(3, device="meta"), torch.empty(3, device="meta")))  # (no memory: data pointer 0)
+    assert metas[0].untyped_storage()._cdata != metas[1].untyped_storage()._cdata
 
 
 def _broadcast_into_smaller(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..errors import DealiasError
@@ -67,15 +68,22 @@ def _copy_storages(tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
     `torch.from_numpy` over one numpy buffer: two storages, one memory) are copied as one block, each copy a
     storage of its own over that block at the same distance: writes through one are seen through the other, as
     in the caller's memory."""
-    by_key: dict[int, torch.UntypedStorage] = {}
-    for t in tensors:
-        by_key.setdefault(t.untyped_storage()._cdata, t.untyped_storage())
+    by_key: dict[int, torch.UntypedStorage] = {}  # storages with memory of their own, by storage
     copies: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        key, st = t.untyped_storage()._cdata, t.untyped_storage()
+        if key in by_key or key in copies:
+            continue
+        if type(t) in (torch.Tensor, nn.Parameter) and t.device.type != "meta" and st.nbytes():
+            by_key[key] = st
+        else:  # (meta, fake and subclass tensors: no memory whose address is to be compared)
+            copies[key] = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st.clone())
     # Sorted by device and start, a storage overlaps the block before it iff it starts before that block ends
     order = sorted(by_key, key=lambda k: (str(by_key[k].device), by_key[k].data_ptr()))
     blocks: list[list[int]] = []
     for key in order:
-        if blocks and _overlaps(by_key[key], blocks[-1], by_key):
+        st = by_key[key]
+        if blocks and st.device == by_key[blocks[-1][0]].device and st.data_ptr() < _block_end(blocks[-1], by_key):
             blocks[-1].append(key)
         else:
             blocks.append([key])
@@ -89,8 +97,7 @@ def _copy_storages(tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
         for key in block:
             st = by_key[key]
             where = st.data_ptr() - start
-            original = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
-            memory[where : where + st.nbytes()].copy_(original)
+            memory[where : where + st.nbytes()].copy_(torch.empty(0, dtype=torch.uint8, device=st.device).set_(st))
         for key in block:
             st = by_key[key]
             where = st.data_ptr() - start
@@ -98,13 +105,6 @@ def _copy_storages(tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
             # storage): the copies share memory, not storage objects, as the caller's tensors did.
             copies[key] = torch.from_dlpack(memory[where : where + st.nbytes()])
     return copies
-
-
-def _overlaps(st: torch.UntypedStorage, block: list[int], by_key: dict[int, torch.UntypedStorage]) -> bool:
-    first = by_key[block[0]]
-    if st.device != first.device or st.device.type == "meta" or not st.nbytes():  # (meta storages have no memory)
-        return False
-    return st.data_ptr() < _block_end(block, by_key)
 
 
 def _block_end(block: list[int], by_key: dict[int, torch.UntypedStorage]) -> int:
