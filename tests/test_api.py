@@ -67,6 +67,9 @@ def test_jit_module_trains_like_eager_and_torch_compile():
             torch.testing.assert_close(a, b, rtol=0, atol=0)
     # The wrapper's surface, as torch.compile's: the same state_dict keys and parameter names, the module reached
     assert list(jitted.state_dict()) == list(compiled.state_dict())
+    swapped = dealias.jit(_model())
+    swapped.load_state_dict(compiled.state_dict())  # a checkpoint of one wrapper loads into the other
+    torch.testing.assert_close(swapped.state_dict(), compiled.state_dict(), rtol=0, atol=0)
     assert [n for n, _ in jitted.named_parameters()] == [n for n, _ in compiled.named_parameters()]
     assert isinstance(jitted, OptimizedModule) and isinstance(jitted._orig_mod, torch.nn.Sequential)
     assert jitted[0] is jitted._orig_mod[0] and len(jitted) == 4 and list(jitted)[2] is jitted._orig_mod[2]
