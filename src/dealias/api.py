@@ -310,7 +310,8 @@ def jit(
     cache_limit: int = 8,
     dynamic: bool | None = None,
 ) -> Any:
-    """Compile `fn` (a function or an nn.Module) with exact in-place and alias semantics.
+    """Compile `fn` (a function or an nn.Module) with exact in-place and alias semantics. A module gets a module
+    back (`JitModule`, a torch.compile `OptimizedModule`), a function a `JitFunction`.
 
     The result behaves like `fn` in eager PyTorch (values, mutations of its arguments and of module state,
     outputs that alias arguments or each other). Programs dealias cannot compile exactly run eagerly with a
