@@ -517,3 +517,37 @@ def test_a_functions_backward_run_inside_the_program_compiles_once():
         assert torch.equal(got, expected) and torch.equal(w2.grad, w.grad)
     info = dealias.cache_info(jf)
     assert info.misses == 1 and info.hits == 5, info
+
+
+class ViewOf(torch.autograd.Function):  # returns a view of its input: eager forbids writing it in place
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def view_of_then_use(x):
+    y = ViewOf.apply(x)
+    return y.mul(2), y, TwoOutputs.apply(x)[0]
+
+
+@pytest.mark.filterwarnings("ignore::dealias.FallbackWarning")  # (the piece after ViewOf runs eagerly)
+def test_backward_node_named_after_the_users_function():
+    # eager's grad_fn is `ViewOfBackward`, and autograd's errors quote that name ("Output 0 of ViewOf is a view
+    # and is being modified inplace"): dealias's outputs have the same, on the first call and the cached one
+    jf = dealias.jit(view_of_then_use)
+    for _ in range(2):
+        results, x = [], torch.randn(3)
+        for fn in (view_of_then_use, jf):
+            outs = fn(x.clone().requires_grad_() * 1)
+            with pytest.raises(RuntimeError) as raised:
+                outs[1].add_(1)
+            results.append((outs, [type(o.grad_fn).__name__ for o in outs], str(raised.value)))
+        (expected, names, error), (got, got_names, got_error) = results
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        assert got_names == names == ["MulBackward0", "ViewOfBackward", "TwoOutputsBackward"]
+        assert got_error == error and "Output 0 of ViewOf" in error
+    assert dealias.cache_info(jf).misses == 1

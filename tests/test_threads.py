@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import threading
+import types
 import warnings
 
 import pytest
@@ -187,3 +188,68 @@ def test_a_call_while_another_thread_traces_runs_eagerly_once(monkeypatch):
             assert torch.equal(jf(y.clone()), scaled_in_place(y.clone()))
     assert not jf.eager
     assert dealias.cache_info(jf).entries == 1
+
+
+def add_then_double(x, y):
+    x.add_(y)
+    return x.mul(2)
+
+
+def _scaled(x, y):
+    return add_then_double(x, y) * 1
+
+
+def _calls_like_eager(jf, fn, seed: int, calls: int = 5) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(calls):
+        x, y = torch.randn(4, generator=gen), torch.randn(4, generator=gen)
+        ex = x.clone()
+        expected = fn(ex, y.clone())
+        same(jf(x, y), expected)
+        same(x, ex)
+
+
+def test_strict_function_called_by_8_threads_at_once(isolated_dynamo):
+    # Each call either compiles or hits; none is refused by dynamo because another thread traces with FX (the
+    # flag is process-wide), and the threads arriving together compile the function once, not once each (8 copies
+    # filled the cache limit: strict=True then raised).
+    jf = dealias.jit(add_then_double, strict=True)
+    barrier = threading.Barrier(8)
+
+    def worker(i):
+        barrier.wait()
+        _calls_like_eager(jf, add_then_double, i)
+
+    errors = _run_threads([functools.partial(worker, i) for i in range(8)])
+    assert not errors, [f"{type(e).__name__}: {str(e)[:200]}" for e in errors]
+    info = dealias.cache_info(jf)
+    assert info.entries == 1 and info.misses == 1 and info.hits == 39, info
+
+
+def test_strict_calls_while_other_threads_compile(isolated_dynamo):
+    # A compiled strict function called while other threads compile new functions (dealias captures with make_fx
+    # at a graph's first run) waits for their compile instead of raising
+    warm = dealias.jit(add_then_double, strict=True)
+    _calls_like_eager(warm, add_then_double, 0, calls=1)
+    compiled = threading.Semaphore(0)
+    barrier = threading.Barrier(8)
+
+    def caller(i):
+        barrier.wait()
+        while not compiled.acquire(blocking=False):  # until a compiler has finished all its functions
+            _calls_like_eager(warm, add_then_double, i, calls=1)
+        compiled.release()
+
+    def compiler(i):
+        barrier.wait()
+        try:
+            for k in range(3):  # fresh functions, each its own code object (dynamo's cache limit is per code)
+                fresh = dealias.jit(types.FunctionType(_scaled.__code__.replace(), globals(), f"fresh_{i}_{k}"))
+                _calls_like_eager(fresh, add_then_double, 10 * i + k, calls=1)
+        finally:
+            compiled.release()  # (also when it raised: the callers stop, and the error is reported)
+
+    targets = [functools.partial(caller, i) for i in range(4)] + [functools.partial(compiler, i) for i in range(4)]
+    errors = _run_threads(targets)
+    assert not errors, [f"{type(e).__name__}: {str(e)[:200]}" for e in errors]
+    assert dealias.cache_info(warm).entries == 1

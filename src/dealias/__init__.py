@@ -1,6 +1,6 @@
 """dealias: a PyTorch compiler that gets in-place ops and tensor aliases exactly right."""
 
-from .api import CacheInfo, JitFunction, cache_info, explain, jit, last_traces
+from .api import CacheInfo, JitFunction, JitModule, cache_info, explain, jit, last_traces
 from .errors import (
     DataDependentError,
     DealiasError,
@@ -27,6 +27,7 @@ __all__ = [
     "GraphBreakWarning",
     "InternalError",
     "JitFunction",
+    "JitModule",
     "OverlapError",
     "OverlapFallbackWarning",
     "UnsupportedError",

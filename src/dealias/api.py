@@ -5,14 +5,18 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._dynamo.convert_frame import compile_lock
+from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.exc import BackendCompilerFailed, TorchRuntimeError, Unsupported
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
+from torch._guards import CompileContext
 
 from .errors import (
     DataDependentError,
@@ -42,6 +46,22 @@ class CacheInfo:
     tiers: tuple[str, ...] = ()  # per compiled program, the executor running it: "torch" or "fused"
 
 
+class _Backend(Backend):
+    """dealias's backend, also noting which of dynamo's cache entries it compiled: dynamo's recompile reasons are
+    process-wide, each prefixed with the id of the entry that failed ("frame/entry"), and cache_info reports this
+    function's own (two jitted copies of one function share dynamo's frame, not their entries)."""
+
+    def __init__(self, options: Options, stats: Stats) -> None:
+        super().__init__(options, stats)
+        self.entries: set[str] = set()
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        compile_id = CompileContext.current_compile_id()
+        if compile_id is not None:
+            self.entries.add(f"{compile_id.frame_id}/{compile_id.frame_compile_id}")
+        return super().__call__(gm, example_inputs)
+
+
 class JitFunction:
     """`fn` compiled through TorchDynamo with dealias as its backend; see `dealias.jit`."""
 
@@ -55,17 +75,19 @@ class JitFunction:
         dynamic: bool | None = None,
     ) -> None:
         self.options = Options(executor=executor, verify=verify, strict=strict, cache_limit=cache_limit)
+        self.dynamic = dynamic
         if not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn)
         self.fn = fn
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
         self.stats = Stats(name=name)
+        self.backend = _Backend(self.options, self.stats)
         # dynamic=None: dynamo's automatic dynamic. A Python int or a tensor size that changes between calls (a
         # position, a step count, a sequence length) becomes a symbol after its second value, and the backend
         # compiles one program for all values its shape guard accepts. dynamic=True: symbols from the first call.
         self.compiled = torch.compile(
             fn,
-            backend=Backend(self.options, self.stats),
+            backend=self.backend,
             dynamic=dynamic,
             fullgraph=strict,
             recompile_limit=cache_limit,
@@ -75,8 +97,10 @@ class JitFunction:
         self.misses = 0
         self.last_miss_reason = ""
         self._breaks_told: set[str] = set()
-        self._failures_seen = _guard_failure_count()
+        self._failures_seen = 0  # of this function's own recompile reasons
         self._limits_seen = _limit_hits()
+        self._warm = False  # a call has finished (until then calls take turns: __call__)
+        self._first_lock = threading.RLock()  # (re-entrant: a first call may call the function again)
         self.eager = False  # dynamo could not trace the function where eager runs it: it runs eagerly
 
     @property
@@ -86,9 +110,24 @@ class JitFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.eager:
             return self.fn(*args, **kwargs)
+        if self._warm:
+            return self._call(args, kwargs)
+        # Until a call has finished, calls take turns. Dynamo looks up its cache before it waits for its compile
+        # lock and not again after, so each of the threads that reach a new function together compiled it once
+        # more: 8 threads filled the cache limit with copies (with strict=True the next new layout raised). The
+        # wait is bounded: a first call that waits for another thread (a barrier) must not hang the program.
+        waited = self._first_lock.acquire(timeout=_FIRST_CALL_WAIT_SECONDS)
+        try:
+            return self._call(args, kwargs)
+        finally:
+            self._warm = True
+            if waited:
+                self._first_lock.release()
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         compiles, frames, breaks = self.stats.compiles, _frames_compiled(), len(graph_break_reasons)
         try:
-            return self.compiled(*args, **kwargs)
+            return self._call_compiled(args, kwargs)
         except BackendCompilerFailed as e:
             # The backend refused the graph (strict=True, or a FallbackWarning the caller turned into an error):
             # raise that, not dynamo's wrapper.
@@ -121,7 +160,7 @@ class JitFunction:
             warnings.warn(
                 f"dealias: {self.stats.name} runs eagerly: dynamo could not trace it: {_first_line(e.__cause__ or e)}",
                 FallbackWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             return out
         finally:
@@ -129,6 +168,22 @@ class JitFunction:
                 self.hits += 1
             else:
                 self._record_miss(compiles, breaks)
+
+    def _call_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The compiled call. Dynamo refuses to enter a compiled function while any thread traces with FX (the flag
+        is process-wide), and dealias's capture traces with make_fx: a call made while another thread compiles
+        fails at the entry, before any of its code ran. It waits for that compile (dealias compiles under dynamo's
+        compile lock) and calls again; strict=True must not run it eagerly instead."""
+        for _ in range(_TRACING_WAITS):
+            try:
+                return self.compiled(*args, **kwargs)
+            except RuntimeError as e:
+                if _FX_TRACING_ELSEWHERE not in str(e) or _user_code_ran(e.__traceback__):
+                    raise
+            with compile_lock:  # (re-entrant: a call made inside one of dealias's compiles passes)
+                pass
+        # Still refused: FX tracing that is not a compile (the caller's own symbolic_trace of code calling this)
+        return self.compiled(*args, **kwargs)
 
     def _record_miss(self, compiles: int, breaks: int) -> None:
         self.misses += 1
@@ -143,7 +198,7 @@ class JitFunction:
             described = _describe_break(reason)
             if described not in self._breaks_told:  # once per break, not again on each recompile
                 self._breaks_told.add(described)
-                warnings.warn(f"dealias: {self.stats.name}: {described}", GraphBreakWarning, stacklevel=3)
+                warnings.warn(f"dealias: {self.stats.name}: {described}", GraphBreakWarning, stacklevel=4)
         limits = _limit_hits()
         if limits != self._limits_seen:  # counted process-wide: read on misses only, off the hot path
             self._limits_seen = limits
@@ -151,19 +206,21 @@ class JitFunction:
                 f"dealias: {self.stats.name} compiled {self.options.cache_limit} times (cache_limit); calls that "
                 f"match none of those programs now run eagerly. Latest change: {self.last_miss_reason}",
                 FallbackWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def _new_guard_failures(self) -> list[str]:
-        """Dynamo's recompile reasons recorded since the last miss, one line each."""
-        count = _guard_failure_count()
-        new_count, self._failures_seen = count - self._failures_seen, count
-        if new_count <= 0:
+        """Dynamo's recompile reasons for this function's entries recorded since the last miss, one line each."""
+        entries = self.backend.entries
+        ours = [str(r) for failures in list(guard_failures.values()) for r in failures if _entry_id(r) in entries]
+        # (torch._dynamo.reset() clears the record: then all of it is new)
+        new = ours[self._failures_seen :] if len(ours) >= self._failures_seen else ours
+        self._failures_seen = len(ours)
+        if not new:
             return []
         # Dynamo records one failure per cached entry it tried ("frame/entry: reason"); the newest entry's says
         # what changed since the last compile.
-        reasons = [str(r) for failures in list(guard_failures.values()) for r in failures][-new_count:]
-        return [_one_line(max(reasons, key=_entry_number))]
+        return [_one_line(max(new, key=_entry_number))]
 
     def cache_info(self) -> CacheInfo:
         graphs = list(self.stats.graphs)
@@ -176,6 +233,8 @@ class JitFunction:
         return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason, tuple(dynamic), tiers)
 
 
+_FIRST_CALL_WAIT_SECONDS = 60.0
+_TRACING_WAITS = 16  # waits for other threads' compiles before a call gives up on compiling
 _FX_TRACING_ELSEWHERE = "Detected that you are using FX to symbolically trace a dynamo-optimized function"
 
 
@@ -202,8 +261,9 @@ def _limit_hits() -> int:
     return sum(n for k, n in list(counters["unimplemented"].items()) if k.startswith("Dynamo recompile limit"))
 
 
-def _guard_failure_count() -> int:
-    return sum(len(v) for v in list(guard_failures.values()))
+def _entry_id(reason: str) -> str:
+    found = re.match(r"\d+/\d+", reason)
+    return found.group(0) if found else ""
 
 
 def _entry_number(reason: str) -> int:
@@ -250,7 +310,8 @@ def jit(
     cache_limit: int = 8,
     dynamic: bool | None = None,
 ) -> Any:
-    """Compile `fn` (a function or an nn.Module) with exact in-place and alias semantics.
+    """Compile `fn` (a function or an nn.Module) with exact in-place and alias semantics. A module gets a module
+    back (`JitModule`, a torch.compile `OptimizedModule`), a function a `JitFunction`.
 
     The result behaves like `fn` in eager PyTorch (values, mutations of its arguments and of module state,
     outputs that alias arguments or each other). Programs dealias cannot compile exactly run eagerly with a
@@ -264,18 +325,78 @@ def jit(
     options = dict(strict=strict, verify=verify, executor=executor, cache_limit=cache_limit, dynamic=dynamic)
     if fn is None:
         return functools.partial(jit, **options)
-    return JitFunction(fn, **options)
+    jf = JitFunction(fn, **options)
+    # A module gets a module back, as from torch.compile: parameters, state_dict, train/eval, attributes.
+    return JitModule(fn, jf) if isinstance(fn, torch.nn.Module) else jf
 
 
-def explain(jf: JitFunction) -> list[WriteBackReport]:
+class JitModule(OptimizedModule):
+    """`dealias.jit(module)`: torch.compile's module wrapper (`OptimizedModule`) whose calls run through a
+    JitFunction. As torch.compile's: the module is registered as `_orig_mod` (parameters and state_dict keys are
+    prefixed `_orig_mod.`), attributes, `train()/eval()`, `.to()` and `len()` reach it, copies and pickles rebuild
+    the wrapper over a copy of the module with the same options (a fresh cache). Beyond torch.compile's: indexing
+    and iteration reach the module (`model[0]` of a Sequential)."""
+
+    _dealias: JitFunction | None = None  # (a class attribute: OptimizedModule's __setattr__ keeps such names here)
+
+    def __init__(self, mod: torch.nn.Module, jf: JitFunction) -> None:
+        object.__setattr__(self, "_dealias", jf)  # before OptimizedModule's __init__, which calls _initialize
+        super().__init__(mod, jf.compiled.dynamo_ctx)
+
+    def _initialize(self) -> None:
+        # forward is the JitFunction: Module.__call__ runs the wrapper's own hooks around it, as torch.compile's
+        self.forward = self._dealias
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        jf = self._dealias
+        options = dict(
+            strict=jf.options.strict,
+            verify=jf.options.verify,
+            executor=jf.options.executor,
+            cache_limit=jf.options.cache_limit,
+            dynamic=jf.dynamic,
+        )
+        return (_rebuild_jit_module, (self._orig_mod, options))
+
+    def __getattr__(self, name: str) -> Any:
+        # The module's attributes first (a user's `model.last` stays theirs), then the JitFunction's few that
+        # tests and tools read (`jm.last`, `jm.stats`).
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in _HANDLE_ATTRIBUTES:
+                return getattr(self.__dict__["_dealias"], name)
+            raise
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._orig_mod[index]
+
+    def __iter__(self) -> Any:
+        return iter(self._orig_mod)
+
+
+_HANDLE_ATTRIBUTES = frozenset(("last", "stats", "options", "hits", "misses", "last_miss_reason", "cache_info"))
+
+
+def _rebuild_jit_module(mod: torch.nn.Module, options: dict[str, Any]) -> JitModule:
+    return jit(mod, **options)
+
+
+def _handle(jf: JitFunction | JitModule) -> JitFunction:
+    return jf._dealias if isinstance(jf, JitModule) else jf
+
+
+def explain(jf: JitFunction | JitModule) -> list[WriteBackReport]:
     """Per caller tensor, what the program `jf` ran last writes back, how, and how many bytes."""
-    return list(jf.last.reports) if jf.last is not None else []
+    last = _handle(jf).last
+    return list(last.reports) if last is not None else []
 
 
-def last_traces(jf: JitFunction) -> list[Trace]:
+def last_traces(jf: JitFunction | JitModule) -> list[Trace]:
     """The traces of the program `jf` ran last: dynamo's graph, captured (aten), functional, execution."""
-    return list(jf.last.traces) if jf.last is not None else []
+    last = _handle(jf).last
+    return list(last.traces) if last is not None else []
 
 
-def cache_info(jf: JitFunction) -> CacheInfo:
-    return jf.cache_info()
+def cache_info(jf: JitFunction | JitModule) -> CacheInfo:
+    return _handle(jf).cache_info()

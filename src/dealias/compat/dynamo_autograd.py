@@ -67,3 +67,45 @@ def install() -> None:
 
     setattr(TensorVariable, getter, var_getattr)
     Function.call_apply = call_apply
+
+
+FUNCTION_NAME = "dealias_function_name"  # node meta key: the autograd.Function class an apply node came from
+
+
+@correction(
+    "function_names",
+    corrects="(a record) a custom Function's class name, for its backward node's name (`MyFnBackward`)",
+    without="a custom Function's backward node is named after dealias's own class (`ApplyBackward`)",
+)
+def install_function_names() -> None:
+    """Eager names a custom Function's backward node after the class (`MyFn.apply(x).grad_fn` is a
+    `MyFnBackward`), and autograd's errors quote that name ("... which is output 0 of MyFnBackward, is at version
+    1"). Dynamo's graph keeps the forward and backward bodies but not the class, so segments.py, which runs the
+    operator as an autograd.Function of its own, would name it after its own class. While dynamo traces for a
+    dealias backend, `Function.apply` leaves the class's name in its node's meta (FUNCTION_NAME); segments.py names
+    its Function so."""
+    Function = require(require_module("torch._dynamo.variables.misc"), "AutogradFunctionVariable")  # noqa: N806
+    apply = require(Function, "call_apply", "self", "tx", "args", "kwargs")
+
+    @functools.wraps(apply)
+    def call_apply(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
+        if not active("function_names") or not for_dealias(getattr(tx.output, "compiler_fn", None)):
+            return apply(self, tx, args, kwargs)
+        graph = tx.output.graph  # the graph this apply is recorded in (a subgraph's, inside another body)
+        before = len(graph.nodes)
+        result = apply(self, tx, args, kwargs)
+        for node in list(graph.nodes)[before:]:
+            if _is_function_apply(node) and FUNCTION_NAME not in node.meta:
+                node.meta[FUNCTION_NAME] = self.fn_cls.__name__
+        return result
+
+    Function.call_apply = call_apply
+
+
+def _is_function_apply(node: torch.fx.Node) -> bool:
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.HigherOrderOperator)
+        and target.name() == "autograd_function_apply"
+    )

@@ -30,6 +30,11 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
+from ..compat.dynamo_autograd import FUNCTION_NAME
+from . import quiet
+
+quiet.install()  # (installed with the backend, which imports this module)
+
 
 def runs_eagerly(node: fx.Node) -> bool:
     """A higher-order operator node: dealias leaves it to eager, in a piece of its own."""
@@ -74,15 +79,18 @@ def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.Gra
         for n in piece.graph.nodes:
             if runs_eagerly(n) and n.target.name() == "autograd_function_apply":
                 n.target = autograd_function_apply
+                if FUNCTION_NAME in n.meta:  # (split_module copies each node's meta)
+                    n.kwargs = {**n.kwargs, "function_name": n.meta[FUNCTION_NAME]}
         piece.recompile()
     parent.recompile()
-    return parent
+    return quiet.quiet_calls(parent)  # an error inside (a Function's forward) without fx's print of the code
 
 
 def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
     """Dynamo's `autograd_function_apply`, with the tensors the user's forward passed to `ctx.save_for_backward`
     saved by `ctx.save_for_backward` again: dynamo's operator keeps them in a closure, so a tensor saved and then
     written in place no longer makes backward raise "modified by an inplace operation" as eager's does."""
+    name = kwargs.get("function_name")
     checked = set(kwargs["saved_for_backward_idx"])
     dirty = kwargs.get("dirty_idx", [])
     non_differentiable = kwargs["non_differentiable_idx"]
@@ -110,7 +118,10 @@ def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any
             saved = [next(checked_values) if c else t for t, c in zip(ctx.unchecked, ctx.positions)]
             return bwd(*grads, *saved)
 
-    return Apply.apply(*args)
+    # Eager names the backward node after the user's class (`MyFnBackward`), and autograd's errors quote it:
+    # a subclass of that name gets it (autograd.Function makes the backward class when a class is made).
+    function = type(name, (Apply,), {}) if name else Apply
+    return function.apply(*args)
 
 
 def _takes_apart(node: fx.Node) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..errors import DealiasError
@@ -28,7 +29,7 @@ def clone_args(tree: Any) -> Any:
     structure: a leaf that requires grad stays a leaf; a computed tensor that requires grad is copied as a
     computed tensor, and tensors viewing it as views of the copy."""
     leaves, spec = pytree.tree_flatten(tree)
-    storages: dict[int, torch.Tensor] = {}  # storage -> a byte tensor over its copy
+    storages = _copy_storages([x for x in leaves if isinstance(x, torch.Tensor)])  # storage -> bytes of its copy
     owners: dict[int, torch.Tensor] = {}  # storage -> the copy of the computed tensor owning it
     for x in leaves:
         if isinstance(x, torch.Tensor) and x.requires_grad and not x.is_leaf and x._base is None:
@@ -40,8 +41,6 @@ def clone_args(tree: Any) -> Any:
             out.append(x)
             continue
         key = x.untyped_storage()._cdata
-        if key not in storages:
-            storages[key] = torch.empty(0, dtype=torch.uint8, device=x.device).set_(x.untyped_storage().clone())
         c = view_on(storages[key], x)
         if x.requires_grad and x.is_leaf:
             c.requires_grad_()
@@ -62,6 +61,54 @@ def clone_args(tree: Any) -> Any:
             c = base if same else base.as_strided(x.shape, x.stride(), x.storage_offset())
         out.append(c)
     return pytree.tree_unflatten(out, spec)
+
+
+def _copy_storages(tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Per storage of `tensors`, a byte tensor over a copy of it. Storages whose memory overlaps (two
+    `torch.from_numpy` over one numpy buffer: two storages, one memory) are copied as one block, each copy a
+    storage of its own over that block at the same distance: writes through one are seen through the other, as
+    in the caller's memory."""
+    by_key: dict[int, torch.UntypedStorage] = {}  # storages with memory of their own, by storage
+    copies: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        key, st = t.untyped_storage()._cdata, t.untyped_storage()
+        if key in by_key or key in copies:
+            continue
+        if type(t) in (torch.Tensor, nn.Parameter) and t.device.type != "meta" and st.nbytes():
+            by_key[key] = st
+        else:  # (meta, fake and subclass tensors: no memory whose address is to be compared)
+            copies[key] = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st.clone())
+    # Sorted by device and start, a storage overlaps the block before it iff it starts before that block ends
+    order = sorted(by_key, key=lambda k: (str(by_key[k].device), by_key[k].data_ptr()))
+    blocks: list[list[int]] = []
+    for key in order:
+        st = by_key[key]
+        if blocks and st.device == by_key[blocks[-1][0]].device and st.data_ptr() < _block_end(blocks[-1], by_key):
+            blocks[-1].append(key)
+        else:
+            blocks.append([key])
+    for block in blocks:
+        first = by_key[block[0]]
+        if len(block) == 1:
+            copies[block[0]] = torch.empty(0, dtype=torch.uint8, device=first.device).set_(first.clone())
+            continue
+        start = first.data_ptr()
+        memory = torch.empty(_block_end(block, by_key) - start, dtype=torch.uint8, device=first.device)
+        for key in block:
+            st = by_key[key]
+            where = st.data_ptr() - start
+            memory[where : where + st.nbytes()].copy_(torch.empty(0, dtype=torch.uint8, device=st.device).set_(st))
+        for key in block:
+            st = by_key[key]
+            where = st.data_ptr() - start
+            # A storage object of its own over the block's memory (through DLPack, which wraps memory in a new
+            # storage): the copies share memory, not storage objects, as the caller's tensors did.
+            copies[key] = torch.from_dlpack(memory[where : where + st.nbytes()])
+    return copies
+
+
+def _block_end(block: list[int], by_key: dict[int, torch.UntypedStorage]) -> int:
+    return max(by_key[k].data_ptr() + by_key[k].nbytes() for k in block)
 
 
 def view_on(storage: torch.Tensor, like: torch.Tensor, shift: int = 0) -> torch.Tensor:
