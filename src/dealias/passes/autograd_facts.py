@@ -348,7 +348,7 @@ class AutogradFacts(UnsafeSplitFacts):
         """The caller's tensor of input storage `s` receives its final value here, at its last write, and later
         reads read it: ops that save it for backward save the caller's tensor itself, as eager's do, so an
         in-place write after the call (in a later graph, or in eager code) makes backward raise as in eager.
-        Reads before read it through a clone (functionalize's _protect_written_inputs)."""
+        Reads before read it through a clone (functionalize/inputs.py, protect_written_inputs)."""
         ph = self.walk.caller_placeholder(s)
         if s in self.history and s in self.grad_writes:
             self._restore_history(s)
