@@ -12,7 +12,17 @@ import torch.fx as fx
 
 from ...errors import UnsupportedError
 from ...ir.opfacts import is_view_node
-from ...ir.plan import MetadataWriteBack, OutputSlot, Ref, RefKind, ResultArg, StorageKind, WriteBack
+from ...ir.plan import (
+    FromOutput,
+    MetadataWriteBack,
+    OutputSlot,
+    Ref,
+    RefKind,
+    Restride,
+    ResultArg,
+    StorageKind,
+    WriteBack,
+)
 from ...ir.regions import owning_node
 from ...ir.viewops import ViewStep, chain_args, map_chain_args
 from ..alias import Storage, Value
@@ -131,7 +141,7 @@ def _views_of_outputs(w: Functionalizer, args: Any) -> None:
             if isinstance(of, Value) and of.obj in own:
                 k = own[of.obj]
                 if k != p and slots[p].chain[: len(slots[k].chain)] == slots[k].chain:
-                    slots[p] = replace(slots[p], from_output=(k, len(slots[k].chain)))
+                    slots[p] = replace(slots[p], from_output=FromOutput(k, len(slots[k].chain)))
                 break
 
 
@@ -192,13 +202,13 @@ def _caller_view(w: Functionalizer, v: Value, node: fx.Node) -> OutputSlot:
     return OutputSlot(v.storage.ref(), v.chain)
 
 
-def _layout_change(first: torch.Tensor, last: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+def _layout_change(first: torch.Tensor, last: torch.Tensor) -> Restride:
     """What `t_()`, `unsqueeze_()`, `as_strided_()`... left of a tensor laid out as `first`: its sizes, strides and
     how far its storage offset moved."""
     rel = last.storage_offset() - first.storage_offset()
     if any(isinstance(x, torch.SymInt) for x in (*last.shape, *last.stride(), rel)):
         raise UnsupportedError("an in-place metadata change (`t_()`, `unsqueeze_()`...) to a symbolic layout")
-    return tuple(last.shape), tuple(last.stride()), rel
+    return Restride(tuple(last.shape), tuple(last.stride()), rel)
 
 
 def _makes_view(chain: tuple[ViewStep, ...]) -> bool:
