@@ -7,6 +7,7 @@ input as it was.
 
 from __future__ import annotations
 
+import enum
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,31 @@ from torch.utils import _pytree as pytree
 
 from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram, MultiOutputStep, Ref, RefKind, Restride, ResultArg
 from ..ir.viewops import chain_args, map_chain_args, repeated_dims, replay_chain
+
+
+class _StrEnum(str, enum.Enum):
+    """A kind that is also its string (enum.StrEnum is 3.11+): options given as strings and comparisons with
+    strings keep working, and it prints as its value, in a repr too (`cache_info(f).tiers` shows `('fused',)`)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+    __repr__ = str.__repr__
+
+
+class Executor(_StrEnum):
+    """What runs a compiled program (`dealias.jit(executor=...)`)."""
+
+    TORCH = "torch"  # eager's kernels op by op, region writes in place
+    INDUCTOR = "inductor"  # the fused executor (fused.py, fused_autograd.py)
+    TIERED = "tiered"  # torch first, fused once a program has run often (frontend)
+
+
+class Tier(_StrEnum):
+    """The executor a compiled program ended up on (the inductor executor falls back to torch's for a graph it
+    cannot fuse)."""
+
+    TORCH = "torch"
+    FUSED = "fused"
 
 
 def _restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
@@ -81,7 +107,7 @@ class CompiledProgram:
     reports: list[Any]  # WriteBackReport per caller tensor written
     shape_guard: Callable[[list[Any]], bool] | None = None  # the calls its symbolic sizes and scalars hold for
     layouts: list[tuple[list[Any], list[Any]]] | None = None  # per tensor input: static sizes, strides (or None)
-    tier: str = "torch"  # the executor running it: "torch" or "fused"
+    tier: Tier = Tier.TORCH  # the executor running it
 
     def __post_init__(self) -> None:
         # Everything a call does beyond running the graph is resolved here once: a cache hit only indexes.
