@@ -695,7 +695,7 @@ def _base_and_its_no_grad_view():
     ids=["copy_across_break", "read_then_write"],
 )
 def test_a_no_grad_view_input_is_read_through_a_clone_of_its_own(fn, make):
-    # A written alias group is read through a clone of its base under autograd (_protect_written_inputs); a member
+    # A written alias group is read through a clone of its base under autograd (protect_written_inputs); a member
     # made under no_grad was read as a view of that clone, with the base's history: the leaf got a gradient
     # through it where eager's gets none.
     fell_back = grads_like_eager(fn, dealias.jit(fn), make)

@@ -4,6 +4,7 @@ cache compiles exactly when the meaning changes, and unsupported programs fail l
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -263,3 +264,19 @@ def test_traces_are_printed_only_when_asked_and_say_which_passes_made_them(monke
     assert [t.name for t in traces] == ["dynamo", "captured", "functional", "execution"]
     assert "# made by alias analysis (" in text and "functionalize (" in text and "write-back lowering (" in text
     assert traces[2].graph is jf.last.functional_gm and all(s >= 0 for _, s in traces[2].passes)
+
+
+# Modules over the 600-line limit that are still to be split, each with the reason it is not yet: the list may
+# only shrink (the test fails on a module that grew past the limit, and on one listed here that no longer needs
+# to be).
+LONG_MODULES = {
+    "frontend/backend.py",  # being edited by other work; to split after it lands (issue 41, item 4)
+}
+
+
+def test_no_module_exceeds_600_lines():
+    root = Path(dealias.__file__).parent
+    lengths = {p.relative_to(root).as_posix(): len(p.read_text().splitlines()) for p in root.rglob("*.py")}
+    long = {name for name, n in lengths.items() if n > 600}
+    assert long <= LONG_MODULES, {name: lengths[name] for name in long - LONG_MODULES}
+    assert LONG_MODULES <= long, f"now at most 600 lines, remove from LONG_MODULES: {LONG_MODULES - long}"

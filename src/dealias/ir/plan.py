@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -132,6 +132,31 @@ class ResultArg:
         return f"result[{self.index}]"
 
 
+class MultiOutputStep(NamedTuple):
+    """Step `step` of an output's chain replayed as `op(prev, *args)[index]`: the multi-output view (split, unbind)
+    eager made."""
+
+    step: int
+    op: Any
+    args: tuple[Any, ...]
+    index: int
+
+
+class Restride(NamedTuple):
+    """A layout set in place (`as_strided_`): sizes, strides, and how far the storage offset moves."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    rel: int
+
+
+class FromOutput(NamedTuple):
+    """Made from output `output`'s tensor by the steps of the chain after its first `after`."""
+
+    output: int
+    after: int
+
+
 @dataclass(frozen=True)
 class OutputSlot:
     """One tensor output: `source` itself, or the view `chain` of it."""
@@ -147,17 +172,17 @@ class OutputSlot:
     grad_until: int | None = None
     # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
     # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
-    multi_output: tuple[int, Any, tuple[Any, ...], int] | None = None
+    multi_output: MultiOutputStep | None = None
     # Sizes, strides and a storage-offset move set in place (`as_strided_`) once every output is made: a tensor
     # eager made as no view whose layout changed in place (`y = x * 2; y.t_()`), returned as made, re-strided.
-    restride: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+    restride: Restride | None = None
     # Made from the caller's tensor before the graph runs: a view eager made before a later write of its memory,
     # so that the call's writes leave it as eager's (reading its grad_fn raises, as for a no_grad view or a
     # split's element whose base was written since).
     early: bool = False
     # Made from output k's tensor by the steps of the chain after its first n: a view of a tensor of its own that
     # the program also returns (`v2 = x.flatten()`, a copy, and `v2.view(-1)`), whose `_base` in eager is it.
-    from_output: tuple[int, int] | None = None
+    from_output: FromOutput | None = None
 
 
 @dataclass

@@ -42,7 +42,7 @@ from ..errors import EagerRaisesError, UnsupportedError, located, node_location,
 from ..ir.emitter import Emitter
 from ..ir.gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
 from ..ir.opfacts import facts, is_view_node, written_nodes
-from ..ir.plan import OutputSlot, RefKind, StorageKind
+from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
 from .unsafe_split import UnsafeSplitFacts
@@ -348,7 +348,7 @@ class AutogradFacts(UnsafeSplitFacts):
         """The caller's tensor of input storage `s` receives its final value here, at its last write, and later
         reads read it: ops that save it for backward save the caller's tensor itself, as eager's do, so an
         in-place write after the call (in a later graph, or in eager code) makes backward raise as in eager.
-        Reads before read it through a clone (functionalize's _protect_written_inputs)."""
+        Reads before read it through a clone (functionalize/inputs.py, protect_written_inputs)."""
         ph = self.walk.caller_placeholder(s)
         if s in self.history and s in self.grad_writes:
             self._restore_history(s)
@@ -482,9 +482,7 @@ class AutogradFacts(UnsafeSplitFacts):
             return False
         return bool(self.walk.caller_placeholder(self.info.value(arg).storage).meta.get("rg"))
 
-    def _multi_output_step(
-        self, root: fx.Node, full: tuple[Any, ...], slot: OutputSlot
-    ) -> tuple[int, Any, tuple[Any, ...], int] | None:
+    def _multi_output_step(self, root: fx.Node, full: tuple[Any, ...], slot: OutputSlot) -> MultiOutputStep | None:
         """Where the output's chain has the split step of `root` (a split's element), and how eager made it."""
         if root.target is not operator.getitem or not isinstance(root.args[0].target, torch._ops.OpOverload):
             return None
@@ -493,7 +491,7 @@ class AutogradFacts(UnsafeSplitFacts):
         if source.kwargs or any(isinstance(a, fx.Node) for a in pytree.tree_leaves(args)):
             return None
         k = self._step_in_slot(root, full, slot)
-        return None if k is None else (k, source.target, args, root.args[1])
+        return None if k is None else MultiOutputStep(k, source.target, args, root.args[1])
 
     def _step_in_slot(self, root: fx.Node, full: tuple[Any, ...], slot: OutputSlot) -> int | None:
         """The position in `slot`'s chain (the end of `full`) of the step that made `root`: by position, not by

@@ -183,8 +183,8 @@ def carries_metadata(gm: fx.GraphModule, stage: str, located: bool = True, grads
     computing tensors has `meta["grad"]` (the grad mode it runs in; `grads`), and a source line
     (`meta["stack_trace"]`; `located`). Exempt, having no user line: size arithmetic (symbolic sizes placed
     after the inputs by `Emitter._early`, `sym_size` of bounds checks), the executor's grad-mode switches, and
-    the clones `_protect_written_inputs` reads written inputs through (and their views for alias-group
-    members): copies of the caller's tensors on entry, for no op of the user's."""
+    the clones `protect_written_inputs` (functionalize/inputs.py) reads written inputs through (and their views
+    for alias-group members): copies of the caller's tensors on entry, for no op of the user's."""
     for node in _calls(gm):
         if node.target in GRAD_SWITCHES:
             continue

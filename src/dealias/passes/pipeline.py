@@ -25,7 +25,7 @@ from ..ir.viewops import chain_text, symbolic_layout
 from ..runtime.executor import torch_executor
 from ..runtime.fused import AUTOGRAD, Unfusable, fused_executor, unfusable
 from ..runtime.fused_autograd import fused_autograd_executor
-from ..runtime.program import CompiledProgram
+from ..runtime.program import CompiledProgram, Executor, Tier
 from .alias import analyze
 from .capture import capture
 from .functionalize import functionalize
@@ -112,7 +112,7 @@ def compile_program(
     gm: fx.GraphModule,
     leaves: list[Any],
     names: list[str],
-    executor: str = "torch",
+    executor: Executor | str = Executor.TORCH,
     symbolic: Symbolic | None = None,
 ) -> CompiledProgram:
     """capture -> alias analysis -> functionalize -> optimize -> write-back lowering -> executor, for dynamo's
@@ -145,16 +145,16 @@ def compile_program(
         clock.take(),
         functional_gm,
     )
-    run, tier, name = None, "torch", "execution trace (torch executor)"
-    if executor == "inductor" and not torch.is_inference_mode_enabled():
+    run, tier, name = None, Tier.TORCH, "execution trace (torch executor)"
+    if executor == Executor.INDUCTOR and not torch.is_inference_mode_enabled():
         if any(isinstance(x, torch.Tensor) and x.is_inference() for x in leaves):
             # Eager raises at a write of an inference tensor outside inference mode; the torch executor's ops
             # raise it, inductor's kernels would write (a write through a view of one: found in review).
-            executor, name = "torch", "execution trace (torch executor: not fused, an inference tensor input)"
-    why = unfusable(fp.gm) if executor == "inductor" else None
+            executor, name = Executor.TORCH, "execution trace (torch executor: not fused, an inference tensor input)"
+    why = unfusable(fp.gm) if executor == Executor.INDUCTOR else None
     if why == AUTOGRAD and _hidden_writes_only(fp, captured):
         why = None
-    if executor == "inductor" and why == AUTOGRAD:
+    if executor == Executor.INDUCTOR and why == AUTOGRAD:
         try:
             trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))
             aliases = _alias_placeholders(trial.gm, captured)
@@ -168,11 +168,11 @@ def compile_program(
             with clock("AOTAutograd and inductor"):
                 call = [leaves[p] for p in (*captured.tensor_positions, *captured.sym_positions)]
                 run = fused_autograd_executor(trial.gm, _examples(captured, leaves), written, call)
-            fp, shown, tier = trial, trial, "fused"
+            fp, shown, tier = trial, trial, Tier.FUSED
             name = "execution trace (fused with autograd: AOTAutograd and inductor compile this graph)"
         except Unfusable as e:
             name = f"execution trace (torch executor: not fused, {e})"
-    elif executor == "inductor":
+    elif executor == Executor.INDUCTOR:
         try:
             if why is not None:
                 raise Unfusable(why)
@@ -183,7 +183,7 @@ def compile_program(
             check("lower", trial, functional_gm, aliases)
             with clock("inductor"):
                 run = fused_executor(trial.gm, _examples(captured, leaves))
-            fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), "fused"
+            fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), Tier.FUSED
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
         except Unfusable as e:
             name = f"execution trace (torch executor: not fused, {e})"

@@ -7,17 +7,43 @@ input as it was.
 
 from __future__ import annotations
 
+import enum
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram, Ref, RefKind, ResultArg
+from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram, MultiOutputStep, Ref, RefKind, Restride, ResultArg
 from ..ir.viewops import chain_args, map_chain_args, repeated_dims, replay_chain
+
+
+class _StrEnum(str, enum.Enum):
+    """A kind that is also its string (enum.StrEnum is 3.11+): options given as strings and comparisons with
+    strings keep working, and it prints as its value, in a repr too (`cache_info(f).tiers` shows `('fused',)`)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+    __repr__ = str.__repr__
+
+
+class Executor(_StrEnum):
+    """What runs a compiled program (`dealias.jit(executor=...)`)."""
+
+    TORCH = "torch"  # eager's kernels op by op, region writes in place
+    INDUCTOR = "inductor"  # the fused executor (fused.py, fused_autograd.py)
+    TIERED = "tiered"  # torch first, fused once a program has run often (frontend)
+
+
+class Tier(_StrEnum):
+    """The executor a compiled program ended up on (the inductor executor falls back to torch's for a graph it
+    cannot fuse)."""
+
+    TORCH = "torch"
+    FUSED = "fused"
 
 
 def _restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
@@ -35,17 +61,40 @@ def _torch_call(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return op(*args, **kwargs)
 
 
-def _replay_output(
-    chain: tuple[Any, ...], t: torch.Tensor, multi: tuple[int, Any, tuple[Any, ...], int] | None, start: int = 0
-) -> Any:
+def _replay_output(chain: tuple[Any, ...], t: torch.Tensor, multi: MultiOutputStep | None, start: int = 0) -> Any:
     """`chain[start:]` replayed on `t`, its step k as the multi-output view eager made (OutputSlot.multi_output)."""
     for i in range(start, len(chain)):
-        if multi is not None and i == multi[0]:
-            _, op, args, index = multi
-            t = op(t, *args)[index]
+        if multi is not None and i == multi.step:
+            t = multi.op(t, *multi.args)[multi.index]
         else:
             t = replay_chain(chain[i : i + 1], t, _torch_call)
     return t
+
+
+# A caller's tensor, or a graph's result, from a call's tensors, its alias groups' bases and the graph's results.
+Getter = Callable[[list[torch.Tensor], list[torch.Tensor], Any], torch.Tensor]
+
+
+# The plan resolved for calls (CompiledProgram.__post_init__). Named tuples: a call unpacks them as fast as plain
+# tuples, and the few reads by name are outside the per-output loop of a cache hit.
+class _WriteBackStep(NamedTuple):
+    """WriteBack: `target` receives graph result `output`, in grad mode `grad`."""
+
+    target: Getter
+    output: int
+    grad: bool
+
+
+class _OutputStep(NamedTuple):
+    """OutputSlot: `source`'s tensor, or the view `chain` of it replayed in the grad modes eager made it in."""
+
+    source: Getter
+    chain: tuple[Any, ...]
+    same_as: int | None
+    grad: bool | None
+    grad_from: int
+    grad_until: int | None
+    multi: MultiOutputStep | None
 
 
 @dataclass
@@ -58,7 +107,7 @@ class CompiledProgram:
     reports: list[Any]  # WriteBackReport per caller tensor written
     shape_guard: Callable[[list[Any]], bool] | None = None  # the calls its symbolic sizes and scalars hold for
     layouts: list[tuple[list[Any], list[Any]]] | None = None  # per tensor input: static sizes, strides (or None)
-    tier: str = "torch"  # the executor running it: "torch" or "fused"
+    tier: Tier = Tier.TORCH  # the executor running it
 
     def __post_init__(self) -> None:
         # Everything a call does beyond running the graph is resolved here once: a cache hit only indexes.
@@ -67,14 +116,14 @@ class CompiledProgram:
         self._all_tensors = self._positions == tuple(range(cap.in_spec.num_leaves))
         self._symbols = tuple(cap.sym_positions)  # symbolic scalars: graph inputs after the tensors
         self._switches_grad = bool(fp.gm.graph.find_nodes(op="call_function", target=torch._C._set_grad_enabled))
-        self._writebacks = [(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
+        self._writebacks = [_WriteBackStep(self._getter(wb.target), wb.output, wb.grad) for wb in fp.writebacks]
         # A caller tensor that repeats its memory (expanded): copy one of each repeat (see writeback._apply).
         repeated = [
             repeated_dims(cap.fakes[wb.target.key]) if wb.target.kind is RefKind.INPUT else [] for wb in fp.writebacks
         ]
         self._repeated = {k: dims for k, dims in enumerate(repeated) if dims}
         self._outputs = [
-            (
+            _OutputStep(
                 self._getter(slot.source),
                 slot.chain,
                 slot.same_as,
@@ -89,7 +138,9 @@ class CompiledProgram:
         self._from_output = {i: slot.from_output for i, slot in enumerate(fp.outputs) if slot.from_output}
         # (the output a slot is made from has a shorter chain, a prefix of the slot's: by length, it comes first)
         self._from_output_order = sorted(self._from_output.items(), key=lambda item: len(fp.outputs[item[0]].chain))
-        self._restrides = [(i, slot.restride) for i, slot in enumerate(fp.outputs) if slot.restride is not None]
+        self._restrides: list[tuple[int, Restride]] = [
+            (i, slot.restride) for i, slot in enumerate(fp.outputs) if slot.restride is not None
+        ]
         # Output chains with symbolic arguments take them from the graph's results on each call.
         self._computed = any(isinstance(a, ResultArg) for slot in fp.outputs for a in chain_args(slot.chain))
         self._metadata = [(self._getter(m.target), m) for m in fp.metadata_writebacks]
@@ -175,7 +226,7 @@ class CompiledProgram:
             out += [f"{cap.names[p]}.size({d})" for d, s in enumerate(fake.shape) if isinstance(s, torch.SymInt)]
         return out
 
-    def _getter(self, ref: Ref) -> Callable[[list[torch.Tensor], list[torch.Tensor], Any], torch.Tensor]:
+    def _getter(self, ref: Ref) -> Getter:
         key = ref.key
         if ref.kind is RefKind.INPUT:
             return lambda tensors, bases, results: tensors[key]
@@ -247,22 +298,22 @@ class CompiledProgram:
                 with torch.set_grad_enabled(with_grad):
                     target.copy_(value)
         outs: list[Any] = []
-        for i, (_, _, same_as, *_) in enumerate(self._outputs):
-            if same_as is not None:
-                outs.append(outs[same_as])
+        for i, step in enumerate(self._outputs):
+            if step.same_as is not None:
+                outs.append(outs[step.same_as])
             elif i in self._from_output:
                 outs.append(None)  # (made below: the output it is a view of may come after it)
             else:
                 outs.append(early[i] if i in early else self._output(i, tensors, bases, results, grad))
         if self._from_output:
             for i, (k, n) in self._from_output_order:  # (one made from one made so comes after it)
-                chain = self._outputs[i][1]
+                chain = self._outputs[i].chain
                 if self._computed:
                     chain = map_chain_args(chain, ResultArg, lambda r: results[r.index])
-                made_with_grad = self._outputs[i][3]
+                made_with_grad = self._outputs[i].grad
                 with torch.set_grad_enabled(grad if made_with_grad is None else made_with_grad):
                     outs[i] = replay_chain(chain[n:], outs[k], _torch_call)
-            outs = [outs[same_as] if same_as is not None else o for o, (_, _, same_as, *_) in zip(outs, self._outputs)]
+            outs = [outs[s.same_as] if s.same_as is not None else o for o, s in zip(outs, self._outputs)]
         for i, (size, stride, rel) in self._restrides:  # once every output is made: other outputs may view outs[i]
             # Without moving the version counter: eager's moved at the change itself (for a caller's memory, the
             # graph's bump_version moved it there), before the outputs made after it, whose grad_fn would raise
