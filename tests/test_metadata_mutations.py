@@ -72,7 +72,7 @@ def test_metadata_mutation(fn, make):
     check(fn, *make(), allow_fallback=True)
 
 
-# The same ops inside a graph, on intermediates and on views of inputs: compiled (dynamo_fixes keeps dynamo's
+# The same ops inside a graph, on intermediates and on views of inputs: compiled (compat keeps dynamo's
 # view of the tensor's shape fresh), with no fallback. A tensor that made its own storage and then changed its
 # metadata is returned as that tensor, not a view of it, and views taken before and after stay its views.
 def unsqueeze_squeeze_clone(x):

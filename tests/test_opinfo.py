@@ -75,7 +75,7 @@ KNOWN_MISMATCHES: dict[tuple[str, str], str] = {
 # eagerly) and with a graph break of dynamo's (a part ran eagerly, the rest compiled: a GraphBreakWarning): the
 # rates measured (torch 2.13) plus a margin of a few programs. History of the combined rate: inplace 61/364
 # (16.8 %) when written, 47/364 (12.9 %) after the 0-d index-write fix, 33/364 (9.1 %) once in-place metadata
-# changes inside a graph compiled (dynamo_fixes), 13/364 (3.6 %) once OpInfo's seeding wrapper around random ops
+# changes inside a graph compiled (compat), 13/364 (3.6 %) once OpInfo's seeding wrapper around random ops
 # was left out (`_call`: it broke 25 programs' graphs, the sweep's own doing). Measured apart: dealias's own
 # fallbacks inplace 0/364, view 0/47, out 4/382 (1.0 %: linalg.matrix_rank's and kron's composites that
 # never write out=, empty(out=view); out= into lu's tuple compiles: a resize to a tensor's own size is a
