@@ -22,9 +22,10 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UnsupportedError, node_location, with_location
-from .opfacts import bind_args
+from .opfacts import OpKind, bind_args, facts
 
 aten = torch.ops.aten
 
@@ -324,3 +325,52 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
 def _is_write(n: fx.Node) -> bool:
     t = n.target
     return isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable
+
+
+def inplace_layout(func: Any, args: tuple[Any, ...]) -> tuple[list[int], list[int]] | None:
+    """`self`'s sizes and strides before the in-place op `func` runs on it (not a metadata change: `t_`,
+    `squeeze_`), for `empty_inplace_error` after it; None for other ops, or sizes that are not all ints."""
+    if not isinstance(func, torch._ops.OpOverload) or torch.Tag.inplace_view in func.tags:
+        return None
+    if facts(func).kind is not OpKind.INPLACE or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    sizes, strides = list(args[0].shape), list(args[0].stride())
+    return (sizes, strides) if all(type(n) is int for n in (*sizes, *strides)) else None
+
+
+def empty_inplace_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], layout: Any) -> Exception | None:
+    """Eager's error for the in-place op `func` on an empty `self` (of `layout`, `inplace_layout`), which fake
+    tensors just ran: meta kernels resize an empty output to the operands' broadcast shape (`x` of [0, 1, 3],
+    `x.atan2_(y)` with `y` of [0, 10, 3]; their cache of results gives that shape without resizing), where eager's
+    kernels raise "output with shape [0, 1, 3] doesn't match the broadcast shape [0, 10, 3]". Asked of eager on
+    zeros of the same layouts, `self`'s as it was (empty: cheap); None if eager accepts, `self` is not empty, or
+    nothing can be learned."""
+    if layout is None or 0 not in layout[0]:
+        return None
+    self_t = args[0]
+
+    def real(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.device.type != "cpu" or any(type(n) is not int for n in (*t.shape, *t.stride())):
+            raise NoProbe
+        sizes, strides = layout if t is self_t else (list(t.shape), list(t.stride()))
+        if sum((n - 1) * s for n, s in zip(sizes, strides) if n) * t.element_size() > _PROBE_LIMIT:
+            raise NoProbe
+        return torch.empty_strided(sizes, strides, dtype=t.dtype).zero_()
+
+    # (Called from inside a dispatch mode while fake tensors trace: the modes are set aside so that this runs
+    # eager's kernels on real tensors.)
+    rng = torch.get_rng_state()
+    with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            call = pytree.tree_map(real, (args, kwargs))
+            func(*call[0], **call[1])
+        except NoProbe:
+            return None
+        except Exception as e:  # noqa: BLE001 - eager's answer
+            return e
+        finally:
+            torch.set_rng_state(rng)
+    return None
