@@ -39,6 +39,10 @@ takes negative positions and raises IndexError out of range, as indexing does); 
 `view[...] = value` into that view, so eager's assignment rules (a scalar fills, leading 1-dims of the value
 are dropped, then it broadcasts) still apply.
 
+An unused read at an index tensor or list (`x.add_(1); x[idx]`, `x[[9]]`): dynamo's clean-up of its graph drops
+every unused `operator.getitem` node, so the read's IndexError (an index out of range) was lost, with every
+backend. For dealias's compiles such a read calls a function of its own, which the clean-up keeps.
+
 Autograd facts of a view after a write into its base (`v = t.diagonal()`, then `t.mul_(w)` with w requiring
 grad): the write runs on fake values, so v's fake value requires grad, as eager's v does; but dynamo keeps a
 variable's `requires_grad` and `has_grad_fn` as they were when it was made, and re-reads them after a write only
@@ -60,6 +64,7 @@ backend; other backends see dynamo unchanged.
 from __future__ import annotations
 
 import functools
+import operator
 import warnings
 from typing import Any
 
@@ -155,6 +160,7 @@ def install() -> None:
     _install_resume_fallback()
     _install_symbolic_indexing()
     _install_autograd_facts()
+    _install_kept_reads()
 
 
 def _hooked_before(tracer: Any) -> list[Any]:
@@ -381,3 +387,46 @@ def _install_autograd_facts() -> None:
 
     TensorVariable.var_getattr = var_getattr
     AutogradFunctionVariable.call_apply = call_apply
+
+
+def tensor_getitem(x: Any, index: Any) -> Any:
+    """`x[index]`, called by a dealias graph in place of `operator.getitem` for an unused read at an index tensor
+    (`_install_kept_reads`)."""
+    return x[index]
+
+
+def _install_kept_reads() -> None:
+    """Wrap `OutputGraph.remove_unused_graphargs`, whose clean-up drops every unused `operator.getitem` node (meant
+    for tuple elements), tensor indexing included: `x[idx]` with an index out of range raises IndexError in eager,
+    and returned with every backend (`x.add_(1); x[idx]`). For dealias's compiles such a read whose index holds a
+    tensor or a list (values no trace checks) calls `tensor_getitem` instead, which the clean-up keeps, and
+    dealias's own dead-code elimination keeps the read too (opfacts.may_raise): its index is checked as the program
+    runs."""
+    try:
+        from torch._dynamo.output_graph import OutputGraph
+    except ImportError:  # dynamo's internals moved: such reads are dropped, as with every backend
+        return
+    original = OutputGraph.remove_unused_graphargs
+
+    @functools.wraps(original)
+    def remove_unused_graphargs(self: Any) -> None:
+        if for_dealias(getattr(self, "compiler_fn", None)):
+            for node in self.graph.find_nodes(op="call_function", target=operator.getitem):
+                if not node.users and _indexes_by_tensor(node):
+                    node.target = tensor_getitem
+        return original(self)
+
+    OutputGraph.remove_unused_graphargs = remove_unused_graphargs
+
+
+def _indexes_by_tensor(node: torch.fx.Node) -> bool:
+    """A dynamo graph's `operator.getitem` node indexing a tensor with an index that holds a tensor or a list
+    (`x[[9]]`: indexing makes it an index tensor)."""
+
+    def tensor(a: Any) -> bool:
+        return isinstance(a, torch.fx.Node) and isinstance(a.meta.get("example_value"), torch.Tensor)
+
+    index = node.args[1] if len(node.args) == 2 else None
+    parts = index if isinstance(index, tuple) else (index,)
+    advanced = any(isinstance(p, list) for p in parts) or any(tensor(a) for a in torch.utils._pytree.tree_leaves(index))
+    return tensor(node.args[0]) and advanced
