@@ -108,6 +108,32 @@ def probe(
     return None
 
 
+def metadata_error(node: fx.Node, at_hints: bool = False) -> Exception | None:
+    """What `node`'s op raises whatever its arguments' values (their dtypes, sizes, devices and the op's constants
+    decide it), asked of eager: `probe` on zeros, and, if that raises, again on other values (random floats,
+    large integers, True), where it must raise alike; None if it does not. Zeros are values too: an integer
+    division by zero, a singular matrix; kernels check metadata before they read a value. Raises NoProbe."""
+    error = probe(node, at_hints=at_hints)
+    if error is None:
+        return None
+    memory, gen = _Memory(at_hints), torch.Generator().manual_seed(0)
+    others: dict[fx.Node, torch.Tensor] = {}
+    for a in pytree.tree_leaves((node.args, node.kwargs)):
+        t = a.meta.get("val") if isinstance(a, fx.Node) else None
+        if not isinstance(t, torch.Tensor) or a in others:
+            continue
+        real = memory.like(t)  # (aliasing between the arguments kept)
+        if real.dtype == torch.bool:
+            real.fill_(True)
+        elif real.is_floating_point() or real.is_complex():
+            real.copy_(torch.randn(real.shape, generator=gen, dtype=real.dtype))
+        else:  # (an index out of range, if it is one: an op checking values first raises otherwise)
+            real.fill_(min(1 << 20, torch.iinfo(real.dtype).max))
+        others[a] = real
+    again = probe(node, replace=others, at_hints=at_hints)
+    return error if type(again) is type(error) and str(again) == str(error) else None
+
+
 def aliasing_is_benign(node: fx.Node, written: list[fx.Node]) -> bool:
     """Whether eager computes `node`'s op on its aliased arguments (a written tensor also read through another
     argument) exactly as on separate copies of them, which is what the functional program computes. Asked of

@@ -38,8 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import (
     DataDependentError,
-    EagerSemanticsError,
     UnsupportedError,
+    eager_error,
     node_location,
     quiet_fake_tensor_log,
     with_location,
@@ -264,7 +264,7 @@ class _GradModes(TorchDispatchMode):
             # and raised here, before anything runs, with eager's message.
             error = empty_inplace_error(func, args, kwargs or {}, layout)
             if isinstance(error, RuntimeError):
-                raise _exact(EagerSemanticsError(str(error)))
+                raise _exact(eager_error(str(error)))
             if error is not None:
                 raise _exact(copy.copy(error))
             return out

@@ -56,7 +56,7 @@ from ..ir.viewops import (
 )
 from .alias import AliasInfo, Storage, Value, resizes_nothing
 from .autograd_facts import AutogradFacts
-from .writecheck import check_invertible, check_writable, eager_out_dtype_error
+from .writecheck import check_invertible, check_writable, eager_metadata_error
 
 aten = torch.ops.aten
 
@@ -167,6 +167,9 @@ class _Functionalizer:
             if not torch.can_cast(new_meta.dtype, meta.dtype):
                 # Eager's in-place and out= kernels refuse to cast their result down a kind (`int.mul_(2.5)`);
                 # fake tensors do not check it for every op, and the cast below would write the truncated value.
+                error = eager_metadata_error(node)  # (in eager's words, where its kernel can be asked)
+                if error is not None:
+                    raise error
                 raise EagerSemanticsError(
                     f"{node.target}: result type {_scalar_name(new_meta.dtype)} can't be cast to the desired "
                     f"output type {_scalar_name(meta.dtype)}"
@@ -606,9 +609,9 @@ class _Functionalizer:
         else:
             new_values = [out]
         if f.kind is OpKind.OUT and any(n.meta["val"].dtype != t.meta.dtype for t, n in zip(targets, new_values)):
-            message = eager_out_dtype_error(node)  # (a cast would write it; some kernels refuse instead)
-            if message is not None:
-                raise EagerSemanticsError(f"{node.target}: {message}")
+            error = eager_metadata_error(node)  # (a cast would write it; some kernels refuse instead)
+            if error is not None:
+                raise error
         for target, new, moves in zip(targets, new_values, counted, strict=True):
             self.write(target, new, node, moves)
 

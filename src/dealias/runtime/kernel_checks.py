@@ -28,32 +28,26 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils import _pytree as pytree
 
-from ..ir.checks import NoProbe, _Memory, index_args, is_bounds_check, probe
+from ..ir.checks import NoProbe, index_args, is_bounds_check, metadata_error
 from ..ir.gradops import bump_version
 from ..ir.opfacts import facts, is_view_node, may_raise
 from .hazards import Unfusable
 from .prologue import make_prologue
 
 
-def metadata_error(gm: fx.GraphModule, at_hints: bool = False) -> tuple[fx.Node, BaseException] | None:
+def first_metadata_error(gm: fx.GraphModule, at_hints: bool = False) -> tuple[fx.Node, BaseException] | None:
     """The first op of `gm` (in program order) whose eager kernel raises for its arguments' metadata whatever
-    their values, and eager's exception; None if there is none (or none can be asked). `at_hints`: symbolic sizes
-    at their values in the compiling call."""
+    their values (checks.metadata_error), and eager's exception; None if there is none (or none can be asked).
+    `at_hints`: symbolic sizes at their values in the compiling call."""
     for n in gm.graph.nodes:
         if not _probed(n):
             continue
         try:
-            error = probe(n, at_hints=at_hints)
-            if error is None:
-                continue
-            # Zeros are values too: an integer division by zero, a singular matrix. Only an error the same op
-            # raises alike on other values is one of metadata (which kernels check before reading any value).
-            again = probe(n, replace=_other_values(n, at_hints), at_hints=at_hints)
+            error = metadata_error(n, at_hints=at_hints)
         except NoProbe:
             continue
-        if again is not None and type(again) is type(error) and str(again) == str(error):
+        if error is not None:
             return n, error
     return None
 
@@ -67,32 +61,12 @@ def _probed(n: fx.Node) -> bool:
     return not may_raise(op) or bool(index_args(n))
 
 
-def _other_values(n: fx.Node, at_hints: bool) -> dict[fx.Node, torch.Tensor]:
-    """Each tensor argument of `n` laid out as its traced value (aliasing kept), filled with values other than
-    zeros: random floats, large integers (an index out of range then: an op checking values first shows), True."""
-    memory, gen = _Memory(at_hints), torch.Generator().manual_seed(0)
-    out: dict[fx.Node, torch.Tensor] = {}
-    for a in pytree.tree_leaves((n.args, n.kwargs)):
-        t = a.meta.get("val") if isinstance(a, fx.Node) else None
-        if not isinstance(t, torch.Tensor) or a in out:
-            continue
-        real = memory.like(t)  # (raises NoProbe)
-        if real.dtype == torch.bool:
-            real.fill_(True)
-        elif real.is_floating_point() or real.is_complex():
-            real.copy_(torch.randn(real.shape, generator=gen, dtype=real.dtype))
-        else:
-            real.fill_(min(1 << 20, torch.iinfo(real.dtype).max))
-        out[a] = real
-    return out
-
-
 def check_kernels(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any] | None:
     """For the fused executor's lowered graph `gm`: None if no op's eager kernel raises for these metadata; else
     the program that raises eager's error at every call (`raising_program`), or Unfusable for a graph over symbols
     (the torch executor's kernels then raise)."""
     symbolic = any(isinstance(e, FakeTensor) for e in example)
-    found = metadata_error(gm, at_hints=symbolic)
+    found = first_metadata_error(gm, at_hints=symbolic)
     if found is None:
         return None
     if symbolic:
@@ -103,7 +77,7 @@ def check_kernels(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any] 
 def refuse_raising(gm: fx.GraphModule, example: list[Any]) -> None:
     """For a functional graph AOTAutograd would compile: Unfusable if an op's eager kernel raises for these
     metadata (the torch executor's kernels raise it, before the epilogue writes anything back)."""
-    found = metadata_error(gm, at_hints=any(isinstance(e, FakeTensor) for e in example))
+    found = first_metadata_error(gm, at_hints=any(isinstance(e, FakeTensor) for e in example))
     if found is not None:
         _refuse(*found)
 
