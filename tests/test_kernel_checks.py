@@ -76,6 +76,8 @@ def int_pow(x, i, v):
 BUF, I2, F64 = torch.zeros(5, 3), torch.tensor([1, 2]), torch.ones(2, 3, dtype=torch.float64)
 METADATA_ERRORS = [
     (setitem, (BUF, I2, F64)),
+    # A buffer over the probe's 16 MB: its memory is taken unfilled (pages only where the probe writes).
+    (setitem, (torch.zeros(1 << 20, 5), I2, torch.ones(2, 5, dtype=torch.float64))),
     (put_accumulate, (BUF, I2, F64)),
     (index_copy, (BUF, I2, F64)),
     (index_add, (BUF, I2, F64)),

@@ -48,15 +48,23 @@ class _Memory:
         # on the sizes (which error an out-of-range index raises), never for how an op treats overlapping memory.
         self.at_hints = at_hints
 
-    def like(self, t: torch.Tensor) -> torch.Tensor:
+    def like(self, t: torch.Tensor, sparse: bool = False) -> torch.Tensor:
+        """`sparse`: memory over the limit is taken from the allocator unfilled (fresh pages, which the system
+        gives only where they are written, read as zeros), for an op that touches only the elements an index
+        names (`buf[idx] = v` into a replay buffer of hundreds of MB); whether that op raises must not depend on
+        this memory's values (it is none of its index arguments)."""
         storage = t.untyped_storage()
         nbytes, offset = concrete(storage.nbytes(), self.at_hints), concrete(t.storage_offset(), self.at_hints)
         shape, stride = [concrete(n, self.at_hints) for n in t.shape], [concrete(n, self.at_hints) for n in t.stride()]
-        if nbytes > _PROBE_LIMIT:
+        if nbytes > _PROBE_LIMIT and not sparse:
             raise NoProbe
         key = StorageWeakRef(storage)
         if key not in self.buffers:
-            self.buffers[key] = torch.zeros(nbytes, dtype=torch.uint8)
+            try:
+                fresh = torch.empty(nbytes, dtype=torch.uint8) if nbytes > _PROBE_LIMIT else None
+            except RuntimeError:  # (more than the machine has)
+                raise NoProbe from None
+            self.buffers[key] = torch.zeros(nbytes, dtype=torch.uint8) if fresh is None else fresh
         out = torch.empty(0, dtype=t.dtype)
         return out.set_(self.buffers[key].untyped_storage(), offset, shape, stride)
 
@@ -86,19 +94,21 @@ def _run_quietly(node: fx.Node, *calls: tuple[Any, Any]) -> None:
 
 
 def probe(
-    node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None, at_hints: bool = False
+    node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None, at_hints: bool = False, sparse: bool = False
 ) -> Exception | None:
     """Run `node`'s op eagerly on zero-filled memory laid out like its traced arguments (`_Memory`; symbolic sizes
-    at their values in the compiling call where `at_hints`), with the arguments in `replace` given real values;
-    return what it raises (None if it returns). Raises NoProbe where nothing can be learned."""
+    at their values in the compiling call where `at_hints`; memory over the limit unfilled where `sparse`, for an
+    op taking positions from its index arguments, which stay zero-filled), with the arguments in `replace` given
+    real values; return what it raises (None if it returns). Raises NoProbe where nothing can be learned."""
     memory = _Memory(at_hints)
     replace = replace or {}
+    indices = {i for i, _, _ in index_args(node)} if sparse else set()
 
     def value(n: fx.Node) -> Any:
         if n in replace:
             return replace[n]
         t = n.meta.get("val")
-        return memory.like(t) if isinstance(t, torch.Tensor) else concrete(t, at_hints)
+        return memory.like(t, sparse and n not in indices) if isinstance(t, torch.Tensor) else concrete(t, at_hints)
 
     call = pytree.tree_map_only(fx.Node, value, (node.args, node.kwargs))
     try:
@@ -112,8 +122,12 @@ def metadata_error(node: fx.Node, at_hints: bool = False) -> Exception | None:
     """What `node`'s op raises whatever its arguments' values (their dtypes, sizes, devices and the op's constants
     decide it), asked of eager: `probe` on zeros, and, if that raises, again on other values (random floats,
     large integers, True), where it must raise alike; None if it does not. Zeros are values too: an integer
-    division by zero, a singular matrix; kernels check metadata before they read a value. Raises NoProbe."""
-    error = probe(node, at_hints=at_hints)
+    division by zero, a singular matrix; kernels check metadata before they read a value. An op taking positions
+    from an index may run on memory over the probe's limit (`_Memory.like`'s `sparse`), left unfilled on both runs.
+    Raises NoProbe."""
+    indices = {i for i, _, _ in index_args(node)}
+    sparse = bool(indices)
+    error = probe(node, at_hints=at_hints, sparse=sparse)
     if error is None:
         return None
     memory, gen = _Memory(at_hints), torch.Generator().manual_seed(0)
@@ -122,15 +136,17 @@ def metadata_error(node: fx.Node, at_hints: bool = False) -> Exception | None:
         t = a.meta.get("val") if isinstance(a, fx.Node) else None
         if not isinstance(t, torch.Tensor) or a in others:
             continue
-        real = memory.like(t)  # (aliasing between the arguments kept)
-        if real.dtype == torch.bool:
+        real = memory.like(t, sparse and a not in indices)  # (aliasing between the arguments kept)
+        if real.untyped_storage().nbytes() > _PROBE_LIMIT:
+            pass  # (unfilled: filled, every page of it would be allocated)
+        elif real.dtype == torch.bool:
             real.fill_(True)
         elif real.is_floating_point() or real.is_complex():
             real.copy_(torch.randn(real.shape, generator=gen, dtype=real.dtype))
         else:  # (an index out of range, if it is one: an op checking values first raises otherwise)
             real.fill_(min(1 << 20, torch.iinfo(real.dtype).max))
         others[a] = real
-    again = probe(node, replace=others, at_hints=at_hints)
+    again = probe(node, replace=others, at_hints=at_hints, sparse=sparse)
     return error if type(again) is type(error) and str(again) == str(error) else None
 
 
