@@ -16,7 +16,8 @@ run after the graph, so eager's kernels raise before anything is written.
 
 Not probed: views (fake tensors run the view functions eager runs), ops of other namespaces (a user's custom op
 may have effects), ops that may raise on their values and are no index reads or writes (the prologue keeps those
-graphs on the torch executor), and ops on memory larger than the probe's limit (checks._PROBE_LIMIT).
+graphs on the torch executor), and ops on memory larger than the probe's limit (checks._PROBE_LIMIT), unless they
+take positions from an index (`buf[idx] = v`, `index_copy_`, `embedding`): those run on such memory unfilled.
 """
 
 from __future__ import annotations
