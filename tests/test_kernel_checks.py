@@ -47,6 +47,10 @@ def setitem(buf, idx, v):
     buf[idx] = v  # (an RL replay buffer fed from numpy: v float64, buf float32)
 
 
+def setitem_big(buf, idx, v):
+    buf[idx] = v  # (a function of its own: another size for setitem's code would make dynamo's sizes symbolic)
+
+
 def put_accumulate(buf, idx, v):
     buf.index_put_((idx,), v, accumulate=True)
 
@@ -77,7 +81,7 @@ BUF, I2, F64 = torch.zeros(5, 3), torch.tensor([1, 2]), torch.ones(2, 3, dtype=t
 METADATA_ERRORS = [
     (setitem, (BUF, I2, F64)),
     # A buffer over the probe's 16 MB: its memory is taken unfilled (pages only where the probe writes).
-    (setitem, (torch.zeros(1 << 20, 5), I2, torch.ones(2, 5, dtype=torch.float64))),
+    (setitem_big, (torch.zeros(1 << 20, 5), I2, torch.ones(2, 5, dtype=torch.float64))),
     (put_accumulate, (BUF, I2, F64)),
     (index_copy, (BUF, I2, F64)),
     (index_add, (BUF, I2, F64)),
@@ -96,6 +100,7 @@ METADATA_ERRORS = [
 def test_fused_raises_eagers_kernel_checks(fn, args):
     jf = raises_like_eager(fn, *args, executor="inductor")
     assert dealias.cache_info(jf).misses == 1  # (the program raising eager's error is cached: no inductor compile)
+    assert "(fused: raises eager's" in dealias.last_traces(jf)[-1].text.splitlines()[0]
 
 
 def floor_div_in_place(a, b):

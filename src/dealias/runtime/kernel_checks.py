@@ -116,6 +116,8 @@ def raising_program(gm: fx.GraphModule, failing: fx.Node, error: BaseException) 
         raise copy.copy(error).with_traceback(None) from None
 
     run.graph = gm  # type: ignore[attr-defined]  # (for traces: the program that raises is this one's)
+    what = f"raises eager's {type(error).__name__} of {failing.target} at every call, before any write"
+    run.raises = what  # type: ignore[attr-defined]  # (the execution trace's header says so)
     return run
 
 
