@@ -103,16 +103,19 @@ def test_fused_raises_eagers_kernel_checks(fn, args):
     assert "(fused: raises eager's" in dealias.last_traces(jf)[-1].text.splitlines()[0]
 
 
-def floor_div_in_place(a, b):
+def values_decide(a, b, lu, pivots):
     a.floor_divide_(b)  # (eager raises on zeros, a value: the probe on zeros alone must not decide)
-    return a
+    p, lower, upper = torch.lu_unpack(lu, pivots)  # (pivots of zeros and of large values refused alike; of ones not)
+    return a, p @ lower @ upper
 
 
 def test_value_errors_of_zeros_are_not_raised():
-    """An op whose kernel raises on the probe's zeros only (an integer division by zero) is compiled."""
-    jf = dealias.jit(floor_div_in_place, executor="inductor")
-    a, b = torch.arange(6), torch.full((6,), 4)
-    assert torch.equal(jf(a.clone(), b), floor_div_in_place(a.clone(), b))
+    """Ops whose kernels raise on the probe's zeros only (an integer division by zero, pivots lu_unpack refuses)
+    are compiled."""
+    jf = dealias.jit(values_decide, executor="inductor")
+    args = (torch.arange(6), torch.full((6,), 4), *torch.linalg.lu_factor(torch.randn(4, 4)))
+    got, expected = jf(*clones(args)), values_decide(*clones(args))
+    assert torch.equal(got[0], expected[0]) and torch.allclose(got[1], expected[1])
     assert "fused" in dealias.last_traces(jf)[-1].text.splitlines()[0]
 
 

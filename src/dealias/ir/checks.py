@@ -120,34 +120,51 @@ def probe(
 
 def metadata_error(node: fx.Node, at_hints: bool = False) -> Exception | None:
     """What `node`'s op raises whatever its arguments' values (their dtypes, sizes, devices and the op's constants
-    decide it), asked of eager: `probe` on zeros, and, if that raises, again on other values (random floats,
-    large integers, True), where it must raise alike; None if it does not. Zeros are values too: an integer
-    division by zero, a singular matrix; kernels check metadata before they read a value. An op taking positions
-    from an index may run on memory over the probe's limit (`_Memory.like`'s `sparse`), left unfilled on both runs.
-    Raises NoProbe."""
+    decide it), asked of eager: `probe` on zeros, and, if that raises, again on each of `_FILLS` (ones; large
+    integers and random floats; integers rising through memory), where it must raise alike; None if it does not.
+    Zeros are values too: an integer division by zero, a singular matrix, pivots `lu_unpack` refuses (ones are
+    valid pivots); kernels check metadata before they read a value. An op taking positions from an index may run
+    on memory over the probe's limit (`_Memory.like`'s `sparse`), left unfilled on every run. Raises NoProbe."""
     indices = {i for i, _, _ in index_args(node)}
     sparse = bool(indices)
     error = probe(node, at_hints=at_hints, sparse=sparse)
     if error is None:
         return None
-    memory, gen = _Memory(at_hints), torch.Generator().manual_seed(0)
-    others: dict[fx.Node, torch.Tensor] = {}
-    for a in pytree.tree_leaves((node.args, node.kwargs)):
-        t = a.meta.get("val") if isinstance(a, fx.Node) else None
-        if not isinstance(t, torch.Tensor) or a in others:
-            continue
-        real = memory.like(t, sparse and a not in indices)  # (aliasing between the arguments kept)
-        if real.untyped_storage().nbytes() > _PROBE_LIMIT:
-            pass  # (unfilled: filled, every page of it would be allocated)
-        elif real.dtype == torch.bool:
-            real.fill_(True)
-        elif real.is_floating_point() or real.is_complex():
-            real.copy_(torch.randn(real.shape, generator=gen, dtype=real.dtype))
-        else:  # (an index out of range, if it is one: an op checking values first raises otherwise)
-            real.fill_(min(1 << 20, torch.iinfo(real.dtype).max))
-        others[a] = real
-    again = probe(node, replace=others, at_hints=at_hints, sparse=sparse)
-    return error if type(again) is type(error) and str(again) == str(error) else None
+    for fill in _FILLS:
+        memory, gen = _Memory(at_hints), torch.Generator().manual_seed(0)
+        others: dict[fx.Node, torch.Tensor] = {}
+        for a in pytree.tree_leaves((node.args, node.kwargs)):
+            t = a.meta.get("val") if isinstance(a, fx.Node) else None
+            if not isinstance(t, torch.Tensor) or a in others:
+                continue
+            real = memory.like(t, sparse and a not in indices)  # (aliasing between the arguments kept)
+            if real.untyped_storage().nbytes() <= _PROBE_LIMIT:  # (over it: unfilled, or every page is allocated)
+                real.copy_(fill(real, gen))
+            others[a] = real
+        again = probe(node, replace=others, at_hints=at_hints, sparse=sparse)
+        if type(again) is not type(error) or str(again) != str(error):
+            return None
+    return error
+
+
+def _ones(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    return torch.ones_like(t)
+
+
+def _large(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random floats; large integers (an index out of range, if it is one: an op checking values first shows)."""
+    if t.is_floating_point() or t.is_complex():
+        return torch.randn(t.shape, generator=gen, dtype=t.dtype)
+    return torch.full_like(t, True if t.dtype == torch.bool else min(1 << 20, torch.iinfo(t.dtype).max))
+
+
+def _rising(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Distinct values rising through the tensor (a permutation, sorted offsets), True and False in turn."""
+    values = torch.arange(t.numel()).reshape(t.shape)
+    return (values % 2).bool() if t.dtype == torch.bool else values.to(t.dtype)
+
+
+_FILLS = (_ones, _large, _rising)
 
 
 def aliasing_is_benign(node: fx.Node, written: list[fx.Node]) -> bool:
