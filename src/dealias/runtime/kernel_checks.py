@@ -6,8 +6,10 @@ fake tensors accept it; `index_copy_` with an int32 index; `index_add_` of anoth
 runs eager's kernels, which raise; inductor's kernels cast and write. These errors depend only on what every call
 of a program shares (its inputs' dtypes, sizes, strides and devices, and the constants of the graph), so they are
 decided when compiling: each op of the lowered graph runs once on zero-filled memory laid out like its traced
-arguments (checks.probe, eager's own kernel), and an op that raises there is asked again on other values (random
-floats, large integers): an error that both runs raise alike depends on no value, and every call raises it. The
+arguments (checks.probe, eager's own kernel), and an op that raises there is asked again on other values (ones;
+random floats and large integers; rising integers: checks.metadata_error): an error every run raises alike depends
+on no value (zeros alone would decide an integer division by zero, or pivots `lu_unpack` refuses), and every call
+raises it. The
 program then raises it at every call, before writing anything: after the index checks of the ops before it (an
 index out of range there is eager's first error), with eager's exception (type and message). A graph over
 symbols, whose sizes change between calls, is left to the torch executor instead (what eager checks of its sizes
