@@ -39,7 +39,17 @@ class InternalError(DealiasError):
 
 class EagerSemanticsError(RuntimeError, DealiasError):
     """An error eager PyTorch raises for the same program (e.g. an in-place write to an expanded tensor).
-    It is a RuntimeError, like eager's, and is raised before any input is touched."""
+    It is a RuntimeError, like eager's, and is raised before any input is touched. `exact`: its message is eager's
+    own, which no source line is added to."""
+
+    exact = False
+
+
+def eager_error(message: str) -> EagerSemanticsError:
+    """An EagerSemanticsError whose message is eager's exactly (asked of eager's kernel)."""
+    e = EagerSemanticsError(message)
+    e.exact = True
+    return e
 
 
 class InvariantError(AssertionError):
@@ -81,7 +91,7 @@ def located(location: str | None) -> Iterator[None]:
     try:
         yield
     except DealiasError as e:
-        if location and "\n  at " not in str(e):
+        if location and "\n  at " not in str(e) and not getattr(e, "exact", False):
             e.args = (with_location(str(e), location), *e.args[1:])
         raise
 

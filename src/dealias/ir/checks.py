@@ -22,9 +22,10 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UnsupportedError, node_location, with_location
-from .opfacts import bind_args
+from .opfacts import OpKind, bind_args, facts
 
 aten = torch.ops.aten
 
@@ -47,15 +48,23 @@ class _Memory:
         # on the sizes (which error an out-of-range index raises), never for how an op treats overlapping memory.
         self.at_hints = at_hints
 
-    def like(self, t: torch.Tensor) -> torch.Tensor:
+    def like(self, t: torch.Tensor, sparse: bool = False) -> torch.Tensor:
+        """`sparse`: memory over the limit is taken from the allocator unfilled (fresh pages, which the system
+        gives only where they are written, read as zeros), for an op that touches only the elements an index
+        names (`buf[idx] = v` into a replay buffer of hundreds of MB); whether that op raises must not depend on
+        this memory's values (it is none of its index arguments)."""
         storage = t.untyped_storage()
         nbytes, offset = concrete(storage.nbytes(), self.at_hints), concrete(t.storage_offset(), self.at_hints)
         shape, stride = [concrete(n, self.at_hints) for n in t.shape], [concrete(n, self.at_hints) for n in t.stride()]
-        if nbytes > _PROBE_LIMIT:
+        if nbytes > _PROBE_LIMIT and not sparse:
             raise NoProbe
         key = StorageWeakRef(storage)
         if key not in self.buffers:
-            self.buffers[key] = torch.zeros(nbytes, dtype=torch.uint8)
+            try:
+                fresh = torch.empty(nbytes, dtype=torch.uint8) if nbytes > _PROBE_LIMIT else None
+            except RuntimeError:  # (more than the machine has)
+                raise NoProbe from None
+            self.buffers[key] = torch.zeros(nbytes, dtype=torch.uint8) if fresh is None else fresh
         out = torch.empty(0, dtype=t.dtype)
         return out.set_(self.buffers[key].untyped_storage(), offset, shape, stride)
 
@@ -85,19 +94,21 @@ def _run_quietly(node: fx.Node, *calls: tuple[Any, Any]) -> None:
 
 
 def probe(
-    node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None, at_hints: bool = False
+    node: fx.Node, replace: dict[fx.Node, torch.Tensor] | None = None, at_hints: bool = False, sparse: bool = False
 ) -> Exception | None:
     """Run `node`'s op eagerly on zero-filled memory laid out like its traced arguments (`_Memory`; symbolic sizes
-    at their values in the compiling call where `at_hints`), with the arguments in `replace` given real values;
-    return what it raises (None if it returns). Raises NoProbe where nothing can be learned."""
+    at their values in the compiling call where `at_hints`; memory over the limit unfilled where `sparse`, for an
+    op taking positions from its index arguments, which stay zero-filled), with the arguments in `replace` given
+    real values; return what it raises (None if it returns). Raises NoProbe where nothing can be learned."""
     memory = _Memory(at_hints)
     replace = replace or {}
+    indices = {i for i, _, _ in index_args(node)} if sparse else set()
 
     def value(n: fx.Node) -> Any:
         if n in replace:
             return replace[n]
         t = n.meta.get("val")
-        return memory.like(t) if isinstance(t, torch.Tensor) else concrete(t, at_hints)
+        return memory.like(t, sparse and n not in indices) if isinstance(t, torch.Tensor) else concrete(t, at_hints)
 
     call = pytree.tree_map_only(fx.Node, value, (node.args, node.kwargs))
     try:
@@ -105,6 +116,55 @@ def probe(
     except Exception as e:  # noqa: BLE001 - eager's answer, whatever it is
         return e
     return None
+
+
+def metadata_error(node: fx.Node, at_hints: bool = False) -> Exception | None:
+    """What `node`'s op raises whatever its arguments' values (their dtypes, sizes, devices and the op's constants
+    decide it), asked of eager: `probe` on zeros, and, if that raises, again on each of `_FILLS` (ones; large
+    integers and random floats; integers rising through memory), where it must raise alike; None if it does not.
+    Zeros are values too: an integer division by zero, a singular matrix, pivots `lu_unpack` refuses (ones are
+    valid pivots); kernels check metadata before they read a value. An op taking positions from an index may run
+    on memory over the probe's limit (`_Memory.like`'s `sparse`), left unfilled on every run. Raises NoProbe."""
+    indices = {i for i, _, _ in index_args(node)}
+    sparse = bool(indices)
+    error = probe(node, at_hints=at_hints, sparse=sparse)
+    if error is None:
+        return None
+    for fill in _FILLS:
+        memory, gen = _Memory(at_hints), torch.Generator().manual_seed(0)
+        others: dict[fx.Node, torch.Tensor] = {}
+        for a in pytree.tree_leaves((node.args, node.kwargs)):
+            t = a.meta.get("val") if isinstance(a, fx.Node) else None
+            if not isinstance(t, torch.Tensor) or a in others:
+                continue
+            real = memory.like(t, sparse and a not in indices)  # (aliasing between the arguments kept)
+            if real.untyped_storage().nbytes() <= _PROBE_LIMIT:  # (over it: unfilled, or every page is allocated)
+                real.copy_(fill(real, gen))
+            others[a] = real
+        again = probe(node, replace=others, at_hints=at_hints, sparse=sparse)
+        if type(again) is not type(error) or str(again) != str(error):
+            return None
+    return error
+
+
+def _ones(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    return torch.ones_like(t)
+
+
+def _large(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random floats; large integers (an index out of range, if it is one: an op checking values first shows)."""
+    if t.is_floating_point() or t.is_complex():
+        return torch.randn(t.shape, generator=gen, dtype=t.dtype)
+    return torch.full_like(t, True if t.dtype == torch.bool else min(1 << 20, torch.iinfo(t.dtype).max))
+
+
+def _rising(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Distinct values rising through the tensor (a permutation, sorted offsets), True and False in turn."""
+    values = torch.arange(t.numel()).reshape(t.shape)
+    return (values % 2).bool() if t.dtype == torch.bool else values.to(t.dtype)
+
+
+_FILLS = (_ones, _large, _rising)
 
 
 def aliasing_is_benign(node: fx.Node, written: list[fx.Node]) -> bool:
@@ -324,3 +384,52 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
 def _is_write(n: fx.Node) -> bool:
     t = n.target
     return isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable
+
+
+def inplace_layout(func: Any, args: tuple[Any, ...]) -> tuple[list[int], list[int]] | None:
+    """`self`'s sizes and strides before the in-place op `func` runs on it (not a metadata change: `t_`,
+    `squeeze_`), for `empty_inplace_error` after it; None for other ops, or sizes that are not all ints."""
+    if not isinstance(func, torch._ops.OpOverload) or torch.Tag.inplace_view in func.tags:
+        return None
+    if facts(func).kind is not OpKind.INPLACE or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    sizes, strides = list(args[0].shape), list(args[0].stride())
+    return (sizes, strides) if all(type(n) is int for n in (*sizes, *strides)) else None
+
+
+def empty_inplace_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], layout: Any) -> Exception | None:
+    """Eager's error for the in-place op `func` on an empty `self` (of `layout`, `inplace_layout`), which fake
+    tensors just ran: meta kernels resize an empty output to the operands' broadcast shape (`x` of [0, 1, 3],
+    `x.atan2_(y)` with `y` of [0, 10, 3]; their cache of results gives that shape without resizing), where eager's
+    kernels raise "output with shape [0, 1, 3] doesn't match the broadcast shape [0, 10, 3]". Asked of eager on
+    zeros of the same layouts, `self`'s as it was (empty: cheap); None if eager accepts, `self` is not empty, or
+    nothing can be learned."""
+    if layout is None or 0 not in layout[0]:
+        return None
+    self_t = args[0]
+
+    def real(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.device.type != "cpu" or any(type(n) is not int for n in (*t.shape, *t.stride())):
+            raise NoProbe
+        sizes, strides = layout if t is self_t else (list(t.shape), list(t.stride()))
+        if sum((n - 1) * s for n, s in zip(sizes, strides) if n) * t.element_size() > _PROBE_LIMIT:
+            raise NoProbe
+        return torch.empty_strided(sizes, strides, dtype=t.dtype).zero_()
+
+    # (Called from inside a dispatch mode while fake tensors trace: the modes are set aside so that this runs
+    # eager's kernels on real tensors.)
+    rng = torch.get_rng_state()
+    with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            call = pytree.tree_map(real, (args, kwargs))
+            func(*call[0], **call[1])
+        except NoProbe:
+            return None
+        except Exception as e:  # noqa: BLE001 - eager's answer
+            return e
+        finally:
+            torch.set_rng_state(rng)
+    return None

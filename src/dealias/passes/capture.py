@@ -10,6 +10,7 @@ symbols (`Symbolic`). Each traced op keeps the user's source line.
 from __future__ import annotations
 
 import contextlib
+import copy
 import operator
 import re
 from typing import Any
@@ -35,7 +36,15 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..errors import DataDependentError, UnsupportedError, node_location, quiet_fake_tensor_log, with_location
+from ..errors import (
+    DataDependentError,
+    UnsupportedError,
+    eager_error,
+    node_location,
+    quiet_fake_tensor_log,
+    with_location,
+)
+from ..ir.checks import empty_inplace_error, inplace_layout
 from ..ir.opfacts import OWN_COUNTER_KEY
 from ..ir.plan import TENSOR_SLOT, Captured, Symbolic
 from ..ir.sharing import find_groups
@@ -154,7 +163,11 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
             # the passes would take for a differentiable view.)
             tracing = "symbolic" if symbolic else "fake"
             traced = make_fx(flat_fn, decomposition_table={}, tracing_mode=tracing)(*fakes, *syms)
-    except _DATA_DEPENDENT as e:
+    except Exception as e:
+        if hasattr(e, _EXACT):  # (fx's interpreter appended the dynamo node it was running to the message)
+            e.args = getattr(e, _EXACT)
+        if not isinstance(e, _DATA_DEPENDENT):
+            raise
         if isinstance(e, DataDependentOutputException):
             what = "reads a tensor's value into Python"
         elif isinstance(e, DynamicOutputShapeException):
@@ -246,8 +259,18 @@ class _GradModes(TorchDispatchMode):
         meta = fx_traceback.get_current_meta()
         had, custom = "custom" in meta, meta.get("custom")
         meta["custom"] = {**(custom or {}), _GRAD_KEY: torch.is_grad_enabled()}
+        layout = inplace_layout(func, args)
         try:
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            # Meta kernels accept an empty `self` of an in-place op whatever the operands' broadcast shape; eager's
+            # refuse ("output with shape [0, 1, 3] doesn't match the broadcast shape [0, 10, 3]"): asked of eager,
+            # and raised here, before anything runs, with eager's message.
+            error = empty_inplace_error(func, args, kwargs or {}, layout)
+            if isinstance(error, RuntimeError):
+                raise _exact(eager_error(str(error)))
+            if error is not None:
+                raise _exact(copy.copy(error))
+            return out
         finally:
             if had:
                 meta["custom"] = custom
@@ -269,6 +292,12 @@ class _GradModes(TorchDispatchMode):
 
 
 _GRAD_KEY = "dealias_grad_enabled"
+_EXACT = "dealias_eager_args"  # an exception's attribute: its arguments as eager raised them
+
+
+def _exact(e: Exception) -> Exception:
+    setattr(e, _EXACT, e.args)
+    return e
 
 
 def _return_inputs_as_themselves(gm: fx.GraphModule, returned_inputs: list[int | None]) -> None:

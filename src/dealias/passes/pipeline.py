@@ -185,6 +185,8 @@ def compile_program(
                 run = fused_executor(trial.gm, _examples(captured, leaves))
             fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), Tier.FUSED
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
+            if hasattr(run, "raises"):  # (runtime/kernel_checks.py: eager's kernel rejects these dtypes or sizes)
+                name = f"execution trace (fused: {run.raises})"
         except Unfusable as e:
             name = f"execution trace (torch executor: not fused, {e})"
     if run is None:

@@ -10,8 +10,8 @@ import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.utils import _pytree as pytree
 
-from ..errors import EagerSemanticsError, OverlapError, UnsupportedError
-from ..ir.checks import NoProbe, aliasing_is_benign, probe
+from ..errors import EagerSemanticsError, OverlapError, UnsupportedError, eager_error
+from ..ir.checks import NoProbe, aliasing_is_benign, metadata_error, probe
 from ..ir.opfacts import OpKind, bind_args, facts
 from ..ir.sharing import has_symbols, overlaps
 from ..ir.viewops import ViewStep, check_inverse, extent, internal_overlap, same_layout
@@ -97,13 +97,19 @@ def _eager_overlap_error(node: fx.Node) -> str | None:
     return message if "refer to a single memory location" in message else None
 
 
-def eager_out_dtype_error(node: fx.Node) -> str | None:
-    """Eager's error for an out= tensor of another dtype than the result's, where its kernel refuses one
-    ("Expected out tensor to have dtype float, but got double", "Found dtype Double but expected Float": `amax`,
-    `sort`, `sum.out`...) though fake tensors accept it and a cast would write it (checks.probe: kernels check
-    dtypes before computing). None if eager accepts it, or if nothing can be learned."""
-    message = _eager_error(node)
-    return message if any(w in message for w in ("dtype", "scalar type", "can't be cast")) else None
+def eager_metadata_error(node: fx.Node) -> Exception | None:
+    """Eager's error for a write whose result has another dtype than the written tensor, asked of eager's kernel
+    (it raises whatever the values: checks.metadata_error), as it is to be raised (`EagerSemanticsError` with
+    eager's message for a RuntimeError; another type as eager's own, and the backend then runs the call eagerly): an
+    out= tensor some kernels refuse ("Expected out tensor to have dtype float, but got double": `amax`, `sort`,
+    `sum.out`; "expected scalar_type Float but found Double": `cummax`) though fake tensors accept it and a cast
+    would write it, and eager's own words for a result it cannot cast (`addmm_` checks its operands' dtypes
+    first). None if eager accepts it, or nothing can be learned."""
+    try:
+        error = metadata_error(node)
+    except NoProbe:
+        return None
+    return eager_error(str(error)) if type(error) is RuntimeError else error
 
 
 def _eager_error(node: fx.Node) -> str:

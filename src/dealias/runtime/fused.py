@@ -43,6 +43,7 @@ from ..ir.viewops import surely, symbolic_layout
 from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
 from .inductor_fixes import decompositions
 from .keep_aten import twin_for
+from .kernel_checks import check_kernels
 from .prologue import example_like, in_prologue, make_prologue
 from .row_products import by_reduction
 
@@ -91,6 +92,9 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     from torch._inductor.compile_fx import compile_fx_inner
 
     result_layouts(gm)  # (raises Unfusable before inductor's compile, not after)
+    raising = check_kernels(gm, example)  # (eager's checks of dtypes, sizes, devices: kernel_checks.py)
+    if raising is not None:
+        return raising
     prologue = make_prologue(gm)
     example = [
         *example,

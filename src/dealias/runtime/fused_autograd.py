@@ -35,6 +35,7 @@ from .double_backward import TwiceDifferentiable, double_backward_of_its_own, ve
 from .fused import runner
 from .hazards import SNAPSHOT, Unfusable
 from .inductor_fixes import decompositions
+from .kernel_checks import refuse_raising
 from .prologue import make_prologue, sizes_arithmetic
 
 aten = torch.ops.aten
@@ -231,6 +232,7 @@ def fused_autograd_executor(
     or by a `copy_` at the graph's end (which AOTAutograd keeps in the compiled graph). Raises Unfusable."""
     if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
         raise Unfusable("an input that requires grad is written (a double backward could not recompute from it)")
+    refuse_raising(gm, example)  # (eager's checks of dtypes, sizes, devices fake tensors skip: kernel_checks.py)
     symbolic = any(isinstance(a, FakeTensor) for a in example)
     constants: tuple[torch.Tensor, ...] = ()  # passed after the call's inputs on every call
     if gm.graph.find_nodes(op="get_attr"):

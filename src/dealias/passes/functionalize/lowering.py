@@ -11,13 +11,13 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ...errors import EagerSemanticsError, UnsupportedError
+from ...errors import UnsupportedError
 from ...ir.draws import draw_like
 from ...ir.opfacts import OpKind, bind_args, is_view_node, returned_args
 from ...ir.plan import StorageKind
 from ...ir.viewops import internal_overlap
 from ..alias import Value
-from ..writecheck import check_writable, eager_out_dtype_error
+from ..writecheck import check_writable, eager_metadata_error
 from .counters import move_counter
 from .timeline import write
 
@@ -175,9 +175,9 @@ def _mutate(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any]) -> 
     else:
         new_values = [out]
     if f.kind is OpKind.OUT and any(n.meta["val"].dtype != t.meta.dtype for t, n in zip(targets, new_values)):
-        message = eager_out_dtype_error(node)  # (a cast would write it; some kernels refuse instead)
-        if message is not None:
-            raise EagerSemanticsError(f"{node.target}: {message}")
+        error = eager_metadata_error(node)  # (a cast would write it; some kernels refuse instead)
+        if error is not None:
+            raise error
     for target, new, moves in zip(targets, new_values, counted, strict=True):
         write(w, target, new, node, moves)
 

@@ -14,7 +14,7 @@ from ...ir.plan import StorageKind
 from ...ir.regions import emit_region_write, restride
 from ...ir.viewops import ViewStep, as_strided_rel, internal_overlap, replay
 from ..alias import Storage, Value
-from ..writecheck import check_invertible
+from ..writecheck import check_invertible, eager_metadata_error
 from .counters import move_counter
 
 if TYPE_CHECKING:
@@ -78,6 +78,9 @@ def write(w: Functionalizer, v: Value, new: fx.Node, node: fx.Node, counted: boo
         if not torch.can_cast(new_meta.dtype, meta.dtype):
             # Eager's in-place and out= kernels refuse to cast their result down a kind (`int.mul_(2.5)`);
             # fake tensors do not check it for every op, and the cast below would write the truncated value.
+            error = eager_metadata_error(node)  # (in eager's words, where its kernel can be asked)
+            if error is not None:
+                raise error
             raise EagerSemanticsError(
                 f"{node.target}: result type {_scalar_name(new_meta.dtype)} can't be cast to the desired "
                 f"output type {_scalar_name(meta.dtype)}"
