@@ -177,6 +177,8 @@ def test_a_call_while_another_thread_traces_runs_eagerly_once(monkeypatch):
     # That call runs eagerly; the function used to be marked eager for good.
     import torch.fx._symbolic_trace as fx_trace
 
+    if not hasattr(fx_trace, "_is_fx_tracing_flag"):
+        pytest.skip("this torch (2.14) keeps FX's tracing flag per thread: another thread's capture refuses nothing")
     jf = dealias.jit(scaled_in_place)
     monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", True)  # (as while another thread's capture runs)
     x, y = torch.randn(3), torch.randn(3)
