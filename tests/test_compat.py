@@ -291,3 +291,24 @@ def test_a_frame_dynamo_gives_up_on_runs_eagerly_with_one_warning():
         jf(xs)
     loop_with_a_break(expected)
     assert all(torch.equal(a, b) for a, b in zip(xs, expected))
+
+
+def test_torch_optims_own_graph_breaks_are_listed_not_warned():
+    # torch.optim calls torch._dynamo.graph_break() around its step on purpose: not the user's problem.
+    def make():
+        params = [torch.nn.Parameter(torch.linspace(-1, 1, 6).view(2, 3) * (i + 1)) for i in range(2)]
+        for i, p in enumerate(params):
+            p.grad = torch.full_like(p, 0.1 * (i + 1))
+        return params, torch.optim.Adam(params, lr=0.05)
+
+    (eager_params, eager_opt), (params, opt) = make(), make()
+    jf = dealias.jit(opt.step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)  # (GraphBreakWarning is one)
+        for _ in range(3):
+            eager_opt.step()
+            jf()
+    for a, b in zip(eager_params, params):
+        torch.testing.assert_close(a, b)  # (torch.optim under dynamo rounds its step differently: README)
+    breaks = dealias.graph_breaks(jf)
+    assert breaks and all("asked for by torch's own code" in b for b in breaks), breaks

@@ -1,6 +1,6 @@
 """dealias: a PyTorch compiler that gets in-place ops and tensor aliases exactly right."""
 
-from .api import CacheInfo, JitFunction, JitModule, cache_info, explain, jit, last_traces
+from .api import CacheInfo, JitFunction, JitModule, cache_info, explain, graph_breaks, jit, last_traces
 from .errors import (
     DataDependentError,
     DealiasError,
@@ -34,6 +34,7 @@ __all__ = [
     "VerificationError",
     "cache_info",
     "explain",
+    "graph_breaks",
     "jit",
     "last_traces",
 ]

@@ -97,6 +97,9 @@ class JitFunction:
         self.misses = 0
         self.last_miss_reason = ""
         self._breaks_told: set[str] = set()
+        # Every graph break of the function, once each, in dynamo's order: the user's, warned about, and those torch's
+        # own code asks for with `torch._dynamo.graph_break()` (torch.optim's step, on purpose), listed only.
+        self.graph_breaks: list[str] = []
         self._failures_seen = 0  # of this function's own recompile reasons
         self._limits_seen = _limit_hits()
         self._warm = False  # a call has finished (until then calls take turns: __call__)
@@ -196,9 +199,14 @@ class JitFunction:
             self.last_miss_reason = self.stats.last_miss_reason
         for reason in graph_break_reasons[breaks:]:
             described = _describe_break(reason)
-            if described not in self._breaks_told:  # once per break, not again on each recompile
-                self._breaks_told.add(described)
-                warnings.warn(f"dealias: {self.stats.name}: {described}", GraphBreakWarning, stacklevel=4)
+            if described in self._breaks_told:  # once per break, not again on each recompile
+                continue
+            self._breaks_told.add(described)
+            if _intended_by_torch(reason):
+                self.graph_breaks.append(f"{described} (asked for by torch's own code)")
+                continue
+            self.graph_breaks.append(described)
+            warnings.warn(f"dealias: {self.stats.name}: {described}", GraphBreakWarning, stacklevel=4)
         limits = _limit_hits()
         if limits != self._limits_seen:  # counted process-wide: read on misses only, off the hot path
             self._limits_seen = limits
@@ -289,6 +297,15 @@ def _strict_error(e: Exception) -> Exception:
     data = re.search(r"(?i)data-dependent|item\(\)|dynamic shape|nonzero|_local_scalar_dense", text)
     kind = DataDependentError if data else UnsupportedError
     return kind(with_location(f"cannot compile the whole program (strict=True): {why}", location))
+
+
+def _intended_by_torch(reason: Any) -> bool:
+    """A break torch's own code asks for (`torch._dynamo.graph_break()` in torch.optim's step): its innermost frame
+    is torch's, and its reason an explicit graph_break() call. Not the user's problem: not warned about."""
+    stack = list(reason.user_stack)
+    inner = stack[-1].filename if stack else ""
+    explicit = "torch._dynamo.graph_break()" in str(reason.reason)
+    return explicit and any(d in inner for d in ("/torch/", "\\torch\\"))
 
 
 def _describe_break(reason: Any) -> str:
@@ -384,6 +401,12 @@ def _rebuild_jit_module(mod: torch.nn.Module, options: dict[str, Any]) -> JitMod
 
 def _handle(jf: JitFunction | JitModule) -> JitFunction:
     return jf._dealias if isinstance(jf, JitModule) else jf
+
+
+def graph_breaks(jf: JitFunction | JitModule) -> list[str]:
+    """Where and why the function's graphs break (the parts dynamo runs eagerly), its own and those torch's code
+    asks for (marked; not warned about), once each."""
+    return list(_handle(jf).graph_breaks)
 
 
 def explain(jf: JitFunction | JitModule) -> list[WriteBackReport]:
