@@ -83,7 +83,27 @@ def _install() -> None:
             return _unit_dims_strided(ir, view)
 
         ir.ExternKernel.convert_to_reinterpret_view = classmethod(convert_to_reinterpret_view)
+        _lower_snapshot()
         _installed = True
+
+
+def _lower_snapshot() -> None:
+    """`dealias::snapshot` as a copy inductor generates and realizes where the graph has it, instead of a call of
+    the custom op: inductor called that through Python (the dispatcher, then `clone`), ~25 us a snapshot on
+    small tensors. A realized buffer is what the snapshot is for: inductor's scheduler orders it before any later
+    write of the memory it reads (it tracks each buffer's readers before a mutation), and a consumer loads the
+    buffer instead of recomputing its value after the write. It may still fuse the copy into a kernel that runs
+    before that write. Only dealias's graphs hold the op, so registering it for every compile changes no other."""
+    from torch._inductor import lowering
+
+    from .hazards import SNAPSHOT
+
+    def snapshot(x: Any) -> Any:
+        copy = lowering.clone(x)
+        copy.realize()
+        return copy
+
+    lowering.register_lowering(SNAPSHOT, type_promotion_kind=None)(snapshot)
 
 
 def _unit_dims_strided(ir: Any, view: Any) -> Any:
