@@ -54,7 +54,7 @@ def adam(params, grads, ms, vs, lr: float, step: int):
             p.addcdiv_(m, denom, value=-lr / (1 - b1**step))
 
 
-def adamw_step(opt):
+def optim_step(opt):
     opt.step()
 
 
@@ -63,6 +63,21 @@ def _adamw_args():
     for p in params:
         p.grad = torch.randn_like(p)
     return (torch.optim.AdamW(params, lr=1e-3, foreach=False),)
+
+
+def _foreach_args(kind: str) -> Callable[[], tuple[Any, ...]]:
+    """A torch.optim step with foreach=True over 10 parameters of 256x256 (the multi-tensor path: `_foreach_*`
+    ops over lists, each result written back into its parameter's or state's tensor)."""
+
+    def make() -> tuple[Any, ...]:
+        params = [torch.nn.Parameter(torch.randn(256, 256)) for _ in range(10)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        if kind == "adam":
+            return (torch.optim.Adam(params, lr=1e-3, foreach=True),)
+        return (torch.optim.SGD(params, lr=1e-3, momentum=0.9, nesterov=True, foreach=True),)
+
+    return make
 
 
 def tiny(x):
@@ -212,7 +227,9 @@ WORKLOADS = [
     Workload("slice_write", slice_write, lambda: (torch.randn(4096, 4096), torch.randn(4096)), 1.5),
     Workload("kv_decode", kv_decode, _decode_args, 1.05),
     Workload("adam", adam, _adam_args, 1.05),
-    Workload("adamw_optim", adamw_step, _adamw_args, 1.05, memory=False),
+    Workload("adamw_optim", optim_step, _adamw_args, 1.05, memory=False),
+    Workload("adam_foreach", optim_step, _foreach_args("adam"), 1.05, memory=False),
+    Workload("sgd_foreach", optim_step, _foreach_args("sgd"), 1.05, memory=False),
     Workload("seed_2048", seed, lambda: (torch.randn(2048, 2048), torch.randn(2048, 2048)), 1.05),
     Workload("tiny_call", tiny, lambda: (torch.randn(8),), 1.5, memory=False),
     Workload("bn_train", bn_train, _bn_args, 1.05, memory=False),

@@ -717,3 +717,20 @@ def test_a_gradient_penalty_recomputes_without_compiling_again():
                 torch.testing.assert_close(b.grad, a.grad)
     info = dealias.cache_info(jf)
     assert info.entries <= 3 and info.misses <= 2, info
+
+
+def scale_a_column_block(x, v):
+    v.mul_(0.25)
+    return x.sum(0)
+
+
+def test_the_run_on_copies_of_the_inputs_keeps_their_strides(monkeypatch):
+    # The compile runs the graph once on copies of its inputs (double_backward_of_its_own). A copy by clone() of a
+    # column block of a 5x5 tensor is dense (strides (2, 1)) while the kernels write it with the traced (5, 1), past
+    # its memory: fuzz seed 2110098 corrupted the heap and aborted. The copies keep each input's strides.
+    seen = []
+    original = double_backward._copy_strided
+    monkeypatch.setattr(double_backward, "_copy_strided", lambda a: seen.append(original(a)) or seen[-1])
+    check(scale_a_column_block, torch.randn(5, 5, requires_grad=True), torch.randn(5, 5)[:, :2], executor="inductor")
+    assert [t.stride() for t in seen] == [(5, 1), (5, 1)]
+    assert all(t.untyped_storage().nbytes() >= 22 * 4 for t in seen)

@@ -18,13 +18,31 @@ def double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool,
     """Whether AOTAutograd's Function in `compiled` can take dealias's double backward (`takes_double_backward`),
     asked of a run on copies of the example inputs (the graph may write its inputs); and which result's backward
     node is its own (the first requiring grad)."""
-    copies = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in example]
+    # Copies in the inputs' own strides: the compiled kernels index with the traced strides, and `clone()` of a view
+    # with gaps (a split's column block, strides (5, 1) for (5, 2)) is dense, so they wrote past its memory (fuzz
+    # seed 2110098 with executor="inductor" and autograd: the heap corrupted, the process aborted).
+    copies = [_copy_strided(a) if isinstance(a, torch.Tensor) else a for a in example]
     with torch.enable_grad():
         outs = compiled(*copies)
     first = next((i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad), None)
     if first is None:
         return False, 0
     return takes_double_backward(outs[first].grad_fn, copies, outs), first
+
+
+def _copy_strided(a: torch.Tensor) -> torch.Tensor:
+    """A copy of `a` in its own sizes and strides, in memory of its own covering all the elements they reach."""
+    extent = sum((n - 1) * st for n, st in zip(a.shape, a.stride())) + 1 if a.numel() else 0
+    copy = torch.empty(extent, dtype=a.dtype, device=a.device).as_strided(a.shape, a.stride())
+    src, dst = a.detach(), copy
+    for d, (n, st) in enumerate(zip(a.shape, a.stride())):
+        if st == 0 and n > 1:  # (expanded: one copy of the repeated elements, copy_ refuses to write them twice)
+            src, dst = src.narrow(d, 0, 1), dst.narrow(d, 0, 1)
+    try:
+        dst.copy_(src)
+    except RuntimeError:  # other elements sharing memory (an unfold whose windows overlap): eager's copy is dense
+        copy = a.detach().clone()
+    return copy.requires_grad_(a.requires_grad)
 
 
 def version_counters(args: Any) -> list[int | None]:

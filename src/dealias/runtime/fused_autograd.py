@@ -137,9 +137,9 @@ def _partition_saving_no_written_input(written: frozenset[int], copy_saved_resul
 
 def _unsaved_snapshots_plain(fw: fx.GraphModule) -> None:
     """Turn back into plain clones the forward's snapshots (see _clones_of_inputs_kept) that it neither saves for
-    backward nor returns, itself or through a view: inductor may then drop them. A snapshot is an opaque kernel of
-    its own, which stops fusion around it (bn_train: a snapshot of each running statistic, which BatchNorm's
-    training backward does not read, cost 0.47x eager against 0.39x without)."""
+    backward nor returns, itself or through a view: inductor may then drop them. A snapshot is a copy inductor must
+    materialize (it was an opaque kernel of its own, which stopped fusion around it: bn_train, with a snapshot of
+    each running statistic, which BatchNorm's training backward does not read, cost 0.47x eager, 0.39x without)."""
     kept = set()
     for s in fw.graph.output_node().args[0]:
         while isinstance(s, fx.Node) and is_view_node(s):
