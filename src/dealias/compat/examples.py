@@ -92,6 +92,18 @@ def addcdiv_with_module_hook(m: torch.nn.Module, p: torch.Tensor, a: torch.Tenso
     return m(p)
 
 
+def scaled_by_a_tensor(p: torch.Tensor, g: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    p.addcdiv_(g, g + 2, value=t)  # eager: value.item(), then the kernel; dynamo: prims.fma or a graph break
+    p.add_(g, alpha=t)
+    return p * 1
+
+
+def unused_read(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    x.add_(1)
+    x[idx]  # eager raises IndexError (idx out of range); dynamo's clean-up drops the unused read
+    return x * 2
+
+
 _MODULE = torch.nn.Linear(3, 3)
 
 
@@ -117,6 +129,11 @@ EXAMPLES: dict[str, Example] = {
     ),
     "resume_fallback": Example(later_error, lambda: [(-torch.eye(3),)]),
     "dynamo_settings": Example(addcdiv_with_module_hook, _hooked_module_calls),
+    "tensor_scalars": Example(
+        scaled_by_a_tensor,
+        lambda: [(torch.linspace(-1, 1, 7), torch.linspace(0.1, 2.3, 7), torch.tensor(0.3 + k)) for k in range(2)],
+    ),
+    "kept_index_reads": Example(unused_read, lambda: [(torch.zeros(3), torch.tensor([9]))]),
 }
 
 
