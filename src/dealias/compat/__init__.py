@@ -2,7 +2,16 @@
 corrections to dynamo's tracing, each checked against this torch when installed and each in force only while
 dynamo traces for a dealias backend (registry.py). `dealias doctor` lists which are in force here."""
 
-from . import dynamo_autograd, dynamo_indexing, dynamo_reads, dynamo_resume, dynamo_tensor, settings, tensor_scalars  # noqa: F401
+from . import (  # noqa: F401
+    dynamo_autograd,
+    dynamo_guards,
+    dynamo_indexing,
+    dynamo_reads,
+    dynamo_resume,
+    dynamo_tensor,
+    settings,
+    tensor_scalars,
+)
 from .dynamo_tensor import HOOKED_AFTER, REFRESHED, hooks_of_frame, inplace_view_node, is_inplace_view
 from .registry import Correction, Missing, active, corrections, forced_off, install_all, report
 from .settings import for_dealias, settings_in_force

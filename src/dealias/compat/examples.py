@@ -104,6 +104,10 @@ def unused_read(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
+def divided(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x / s  # 1 / 0.0 is inf, 1 / -0.0 is -inf
+
+
 _MODULE = torch.nn.Linear(3, 3)
 
 
@@ -134,6 +138,7 @@ EXAMPLES: dict[str, Example] = {
         lambda: [(torch.linspace(-1, 1, 7), torch.linspace(0.1, 2.3, 7), torch.tensor(0.3 + k)) for k in range(2)],
     ),
     "kept_index_reads": Example(unused_read, lambda: [(torch.zeros(3), torch.tensor([9]))]),
+    "signed_zero_guards": Example(divided, lambda: [(torch.ones(2), 0.0), (torch.ones(2), -0.0)], dynamic=False),
 }
 
 

@@ -29,6 +29,7 @@ settings decide exactness (eager's bits, hooks seen), and they cannot be made ot
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from .registry import Missing, active, correction, require, require_module
@@ -75,6 +76,15 @@ def _tell_skipped(code: Any, e: BaseException) -> None:
     )
 
 
+_frame = threading.local()
+
+
+def in_dealias_frame() -> bool:
+    """Whether this thread's dynamo is converting a frame for a dealias backend now (tracing it, building its
+    guards): for corrections that dynamo's callbacks cannot tell otherwise (dynamo_guards.py)."""
+    return getattr(_frame, "depth", 0) > 0
+
+
 def settings_in_force() -> bool:
     """Whether dealias's frames are traced with its settings (else the backend runs every graph eagerly)."""
     return active(NAME)
@@ -110,6 +120,7 @@ def install() -> None:
     def call(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
         if not active(NAME) or not for_dealias(getattr(self, "_torchdynamo_orig_backend", None)):
             return original(self, frame, *args, **kwargs)
+        _frame.depth = getattr(_frame, "depth", 0) + 1
         try:
             with lock, patch(_settings()):
                 return original(self, frame, *args, **kwargs)
@@ -117,5 +128,7 @@ def install() -> None:
             if not getattr(self, "_one_graph", False):  # (strict compiles raise it to the user)
                 _tell_skipped(frame.f_code, e)
             raise
+        finally:
+            _frame.depth -= 1
 
     cls.__call__ = call
