@@ -19,6 +19,7 @@ import dealias
 from dealias import compat
 from dealias.compat import registry
 from dealias.compat.examples import EXAMPLES, probe
+from dealias.frontend.backend import dealias_backend
 
 # What other backends capture, run in a fresh process with and without dealias imported first. The hand-written Adam
 # loop of issue 39 (a 0-d tensor step, `value=-lr / bc1`): dynamo's decompositions keep it one graph; with them off
@@ -316,3 +317,66 @@ def test_torch_optims_own_graph_breaks_are_listed_not_warned():
         torch.testing.assert_close(a, b)  # (torch.optim under dynamo rounds its step differently: README)
     breaks = dealias.graph_breaks(jf)
     assert breaks and all("asked for by torch's own code" in b for b in breaks), breaks
+
+
+# Found by review.
+
+
+def test_a_wrapper_of_dealias_dynamo_cannot_see_through_runs_the_frame_eagerly():
+    # The frame is traced without dealias's settings (a forward hook registered after the first call was ignored).
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    m = torch.nn.Linear(2, 2)
+    for backend in (CompileCounterWithBackend("dealias"), lambda gm, ex: dealias_backend(gm, ex, options={})):
+        f = torch.compile(lambda x: m(x), backend=backend)
+        x = torch.ones(1, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            first = f(x)
+            handle = m.register_forward_hook(lambda mod, i, o: o * 100)
+            second = f(x)
+            handle.remove()
+        assert torch.equal(first, m(x)) and torch.equal(second, m(x) * 100)
+
+
+def test_a_tensor_scalar_eager_refuses_is_refused():
+    def step(p, g):
+        with torch.no_grad():
+            p.add_(g, alpha=p[0])  # a view made under no_grad of a leaf requiring grad: eager's TypeError
+
+    p, g = torch.ones(3, requires_grad=True), torch.ones(3)
+    with pytest.raises(TypeError, match="must be Number, not Tensor"):
+        step(p, g)
+    with warnings.catch_warnings(), pytest.raises(TypeError, match="must be Number, not Tensor"):
+        warnings.simplefilter("ignore")
+        dealias.jit(step)(p, g)
+    assert torch.equal(p.detach(), torch.ones(3))
+
+
+def test_a_tensor_scalar_sharing_the_written_memory_keeps_eagers_version_counter():
+    def step(p, g):
+        a = p[0]
+        p.mul_(2)
+        p.add_(g, alpha=a)
+        return p
+
+    p, q, g = torch.ones(3), torch.ones(3), torch.full((3,), 0.5)
+    step(p, g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dealias.jit(step)(q, g)
+    assert torch.equal(p, q) and p._version == q._version == 2
+
+
+def test_without_autograd_facts_a_branch_on_a_stale_view_runs_eagerly():
+    def branch(x, w):
+        t = x * 1
+        v = t[:2]  # made before t carries grad; read only by Python below
+        t.mul_(w)
+        return t.sum() * (2 if v.requires_grad else 3)
+
+    args = [torch.ones(3), torch.ones(3, requires_grad=True)]
+    with compat.forced_off("autograd_facts"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = dealias.jit(branch)(*args)
+    assert torch.equal(got, branch(*args))

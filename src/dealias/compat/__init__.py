@@ -14,7 +14,7 @@ from . import (  # noqa: F401
 )
 from .dynamo_tensor import HOOKED_AFTER, REFRESHED, hooks_of_frame, inplace_view_node, is_inplace_view
 from .registry import Correction, Missing, active, corrections, forced_off, install_all, report
-from .settings import for_dealias, settings_in_force
+from .settings import for_dealias, in_dealias_frame, settings_in_force
 
 __all__ = [
     "HOOKED_AFTER",
@@ -26,6 +26,7 @@ __all__ = [
     "for_dealias",
     "forced_off",
     "hooks_of_frame",
+    "in_dealias_frame",
     "inplace_view_node",
     "install_all",
     "is_inplace_view",

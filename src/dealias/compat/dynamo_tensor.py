@@ -169,8 +169,10 @@ def _hooked_before(tracer: Any) -> list[Any]:
     """The graph-input nodes a hook was registered on in the frame traced so far (dynamo registers those after
     the graph has run), when `tracer` is the frame's root tracer in a dealias compile."""
     output = tracer.output_graph
+    if tracer.parent is not None or not for_dealias(getattr(output, "compiler_fn", None)):
+        return []  # (first: other backends' tracing reads nothing more of dynamo's internals here)
     hooks = output.side_effects.tensor_hooks
-    if not hooks or tracer.parent is not None or not for_dealias(getattr(output, "compiler_fn", None)):
+    if not hooks:
         return []
     nodes = (getattr(getattr(h[0], "proxy", None), "node", None) for h in hooks.values())
     return [n for n in nodes if isinstance(n, torch.fx.Node) and HOOKED_AFTER in n.meta]

@@ -43,7 +43,7 @@ def for_dealias(compiler_fn: Any) -> bool:
     """Whether dynamo's compiler function is a dealias backend, under the wrappers dynamo puts around it
     (`WrapBackendDebug`, `functools.partial` for options, DDPOptimizer's `compile_fn`)."""
     for _ in range(8):
-        if getattr(compiler_fn, "is_dealias_backend", False):
+        if getattr(compiler_fn, "is_dealias_backend", False) is True:  # (not any object answering every getattr)
             return True
         inner = (
             getattr(compiler_fn, "compiler_fn", None)

@@ -26,9 +26,7 @@ import torch
 from .registry import active, correction, replace_method, require, require_module
 from .settings import for_dealias
 
-_LIB = torch.library.Library(
-    "dealias", "FRAGMENT"
-)  # (dealias's own ops; runtime/keep_aten.py and hazards.py define more)
+_LIB: Any = None  # dealias's own ops, made at install (runtime/keep_aten.py and hazards.py define more)
 _OPS = {
     # method name: (the Scalar argument's name, the tensor arguments before it)
     "addcmul_": ("value", ("tensor1", "tensor2")),
@@ -64,18 +62,31 @@ def _define(name: str, scalar: str, tensors: tuple[str, ...]) -> None:
         return getattr(torch, base)(self, *operands[:-1])
 
 
-for _name, (_scalar, _tensors) in _OPS.items():
-    _define(_name, _scalar, _tensors)
-
-
 def _is_tensor(var: Any) -> bool:
     return var is not None and getattr(var, "is_tensor", lambda: False)()
 
 
+def _fake(var: Any) -> Any:
+    node = getattr(getattr(var, "proxy", None), "node", None)
+    return node.meta.get("example_value") if node is not None else None
+
+
 def _requires_grad(var: Any) -> bool:
-    value = getattr(getattr(var, "proxy", None), "node", None)
-    value = value.meta.get("example_value") if value is not None else None
+    value = _fake(var)
     return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _as_eager_takes_it(scalar: Any, self: Any) -> bool:
+    """Whether eager's argument parsing takes the tensor `scalar` as a Scalar (0-d, not requiring grad: else it
+    raises TypeError, which dynamo's own path raises too) and the call can be traced as dealias's op: the scalar
+    does not share memory with the tensor written (eager reads it before the write moves its version counter, and
+    the write-back of a merged write would move that counter once where eager moves it per call)."""
+    value, written = _fake(scalar), _fake(self)
+    if not isinstance(value, torch.Tensor) or value.dim() != 0 or value.requires_grad:
+        return False
+    if not isinstance(written, torch.Tensor):
+        return False
+    return value.untyped_storage()._cdata != written.untyped_storage()._cdata
 
 
 @correction(
@@ -84,10 +95,17 @@ def _requires_grad(var: Any) -> bool:
     without="the graph breaks at such a call, as with dynamo's decompositions off",
 )
 def install() -> None:
+    require(torch.library, "register_fake")
+    require(torch.library, "Library")
     TensorVariable = require(require_module("torch._dynamo.variables.tensor"), "TensorVariable")  # noqa: N806
     variables = require_module("torch._dynamo.variables")
     in_graph = require(variables, "TorchInGraphFunctionVariable")
     originals = {name: require(TensorVariable, f"method_{name}", "self", "tx") for name in _OPS}
+    global _LIB
+    if _LIB is None:  # (defined here, not on import: a torch without these APIs leaves the correction out)
+        _LIB = torch.library.Library("dealias", "FRAGMENT")
+        for name, (scalar, tensors) in _OPS.items():
+            _define(name, scalar, tensors)
 
     def wrap(name: str, original: Any) -> Any:
         scalar, _ = _OPS[name]
@@ -98,6 +116,8 @@ def install() -> None:
             value = kwargs.get(scalar)
             ours = active("tensor_scalars") and for_dealias(getattr(tx.output, "compiler_fn", None))
             if not ours or not _is_tensor(value) or len(kwargs) != 1 or not all(_is_tensor(a) for a in args):
+                return original(self, tx, *args, **kwargs)
+            if not _as_eager_takes_it(value, self):
                 return original(self, tx, *args, **kwargs)
             if torch.is_grad_enabled() and any(_requires_grad(v) for v in (self, *args, value)):
                 return original(self, tx, *args, **kwargs)  # (no derivative formula: dynamo's own path)

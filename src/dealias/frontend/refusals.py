@@ -29,6 +29,15 @@ def refuse_uncorrected(gm: fx.GraphModule, options: Any, name: str) -> None:
             "every frame runs eagerly",
             options,
         )
+    if not compat.in_dealias_frame():
+        # Dynamo traced this frame for a wrapper of dealias's backend that `for_dealias` cannot see through (a
+        # lambda passing options, a graph counter): dealias's settings and corrections were not applied to it.
+        run_frame_eagerly(
+            f"{name}: dealias's backend was called through a wrapper dynamo's tracing did not recognise as dealias, "
+            "so the frame was traced without dealias's settings and corrections; it runs eagerly (pass options "
+            'through torch.compile(fn, backend="dealias", options={...}) or functools.partial)',
+            options,
+        )
     refuse_stale_metadata(gm, options, name)
     refuse_late_hooks(gm, options, name)
     refuse_stale_autograd_facts(gm, options, name)
@@ -96,44 +105,24 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Any, name: str) -> None:
         run_frame_eagerly(message, options)
 
 
-def _storage(node: fx.Node) -> Any:
-    value = node.meta.get("example_value")
-    return value.untyped_storage()._cdata if isinstance(value, torch.Tensor) else None
-
-
 def refuse_stale_autograd_facts(gm: fx.GraphModule, options: Any, name: str) -> None:
     """Without compat's autograd_facts correction, dynamo keeps a view's `requires_grad` and `grad_fn` from when
     the view was made, and re-reads them after a write only on the tensor written: a view made before a write
     that carries grad into its base (`v = t.diagonal(); t.mul_(w)`, w requiring grad) and read after it may have
     been traced with the stale facts (a branch on `v.requires_grad`, `F.apply(v)` traced without its backward).
-    Such a graph runs its frame eagerly when the correction is not in force."""
+    The view need not be in the graph (a read into Python leaves no node, and dynamo drops an unused view): any
+    graph with an in-place write carrying grad runs its frame eagerly when the correction is not in force."""
     if compat.active("autograd_facts"):
         return
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for write in _writes(gm):
         carries = any(
             isinstance(v := a.meta.get("example_value"), torch.Tensor) and v.requires_grad
             for a in write.all_input_nodes[1:]
         )
-        written = _storage(write.all_input_nodes[0]) if write.all_input_nodes else None
-        if not carries or written is None:
-            continue
-        stale = next(
-            (
-                v
-                for v in gm.graph.nodes
-                if order[v] < order[write]
-                and v is not write.all_input_nodes[0]
-                and _storage(v) == written
-                and any(order[u] > order[write] for u in v.users)
-            ),
-            None,
-        )
-        if stale is not None:
+        if carries:
             message = with_location(
-                f"{name}: {stale.name} shares memory with a tensor a later write gives a gradient, and this torch's "
-                "dynamo keeps its autograd facts from before that write (compat's autograd_facts is not in force); "
-                "this frame runs eagerly",
+                f"{name}: a write carries grad into a tensor, and this torch's dynamo keeps the autograd facts of "
+                "its views from before that write (compat's autograd_facts is not in force); this frame runs eagerly",
                 node_location(write),
             )
             run_frame_eagerly(message, options)
