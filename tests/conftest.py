@@ -38,6 +38,10 @@ def verdict_store(monkeypatch, tmp_path):
 _INDUCTOR_FILES = {"test_inductor.py", "test_fused_autograd.py", "test_inductor_fixes.py", "test_keep_aten.py"}
 _INDUCTOR_FILES |= {"test_row_products.py"}
 _DISTRIBUTED_FILES = {"test_distributed.py"}
+# Whole files of long runs (fuzz, the OpInfo sweeps, HF models and optimizers, a thousand statements): 7 of the
+# inner loop's 9 minutes were spent there and in a few single tests marked where they stand.
+_SLOW_FILES = {"test_fuzz.py", "test_opinfo.py", "test_real_programs.py", "test_long_programs.py"}
+_SLOW_FILES |= {"test_fused_errors.py"}
 
 
 def pytest_configure(config):
@@ -53,3 +57,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.inductor)
         if name in _DISTRIBUTED_FILES:
             item.add_marker(pytest.mark.distributed)
+        if name in _SLOW_FILES:
+            item.add_marker(pytest.mark.slow)

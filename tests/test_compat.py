@@ -86,6 +86,7 @@ def _run(script: str, *args: str, env: dict[str, str] | None = None) -> subproce
     )
 
 
+@pytest.mark.slow
 def test_importing_dealias_changes_nothing_other_backends_capture():
     captured = {}
     for imported in ("without", "with"):
@@ -173,6 +174,7 @@ def test_a_missing_internal_leaves_its_correction_out_of_force():
         del registry._CORRECTIONS["test_missing"], registry._CORRECTIONS["test_signature"]
 
 
+@pytest.mark.slow
 def test_import_with_every_correction_off_is_exact():
     script = textwrap.dedent(
         """
