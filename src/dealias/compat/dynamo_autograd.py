@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from .registry import active, correction, require, require_module
-from .settings import for_dealias
+from .registry import correction, require, require_module
+from .settings import applies
 
 
 def _reread_autograd_facts(var: Any) -> None:
@@ -50,18 +50,15 @@ def install() -> None:
     get = require(TensorVariable, getter, "self", "tx", "name")
     apply = require(Function, "call_apply", "self", "tx", "args", "kwargs")
 
-    def ours(tx: Any) -> bool:
-        return active("autograd_facts") and for_dealias(getattr(tx.output, "compiler_fn", None))
-
     @functools.wraps(get)
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
-        if name in ("requires_grad", "grad_fn", "grad") and ours(tx):
+        if name in ("requires_grad", "grad_fn", "grad") and applies("autograd_facts", tx):
             _reread_autograd_facts(self)
         return get(self, tx, name)
 
     @functools.wraps(apply)
     def call_apply(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
-        if ours(tx):
+        if applies("autograd_facts", tx):
             VariableTracker.visit(_reread_autograd_facts, (args, kwargs))
         return apply(self, tx, args, kwargs)
 
@@ -89,7 +86,7 @@ def install_function_names() -> None:
 
     @functools.wraps(apply)
     def call_apply(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
-        if not active("function_names") or not for_dealias(getattr(tx.output, "compiler_fn", None)):
+        if not applies("function_names", tx):
             return apply(self, tx, args, kwargs)
         graph = tx.output.graph  # the graph this apply is recorded in (a subgraph's, inside another body)
         before = len(graph.nodes)

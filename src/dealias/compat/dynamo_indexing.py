@@ -18,8 +18,8 @@ import inspect
 import operator
 from typing import Any
 
-from .registry import active, correction, replace_method, require, require_module
-from .settings import for_dealias
+from .registry import correction, replace_method, require, require_module
+from .settings import applies
 
 
 def _symbolic_selects(tensor: Any, key: Any) -> tuple[list[Any], list[tuple[int, Any]]] | None:
@@ -88,9 +88,7 @@ def install() -> None:
 
     def view(self: Any, tx: Any, key: Any) -> Any:
         """The view `self[key]` as full slices and selects, or None where dynamo's own indexing applies."""
-        if not active("symbolic_indexing") or type(self) is not TensorVariable:
-            return None
-        if not for_dealias(getattr(tx.output, "compiler_fn", None)):
+        if type(self) is not TensorVariable or not applies("symbolic_indexing", tx):
             return None
         found = _symbolic_selects(self, key)
         if found is None:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .registry import active, correction, require, require_module
-from .settings import for_dealias
+from .settings import applies, for_dealias
 
 REFRESHED = "dealias_refreshed_metadata"  # node meta key: dynamo's variable was refreshed after this op
 HOOKED_AFTER = "dealias_hooked_after"  # node meta key: the graph's nodes when a hook was first registered on it
@@ -79,7 +79,7 @@ def _wrap_call_method(name: str, before: Any = None, after: Any = None) -> None:
 
     @functools.wraps(original)
     def call_method(self: Any, tx: Any, method: str, args: Any, kwargs: Any) -> Any:
-        ours = active(name) and for_dealias(getattr(tx.output, "compiler_fn", None))
+        ours = applies(name, tx)
         if ours and before is not None:
             before(self, tx, method)
         result = original(self, tx, method, args, kwargs)

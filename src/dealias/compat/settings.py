@@ -56,6 +56,12 @@ def for_dealias(compiler_fn: Any) -> bool:
     return False
 
 
+def applies(name: str, tx: Any) -> bool:
+    """Whether correction `name` is in force and dynamo's instruction translator `tx` traces for a dealias backend:
+    the test every wrapper of dynamo's tracing makes before changing anything."""
+    return active(name) and for_dealias(getattr(tx.output, "compiler_fn", None))
+
+
 def _tell_skipped(code: Any, e: BaseException) -> None:
     """One FallbackWarning for a frame of the user's that dynamo will run eagerly (module docstring)."""
     import warnings

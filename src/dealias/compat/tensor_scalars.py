@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .registry import active, correction, replace_method, require, require_module
-from .settings import for_dealias
+from .registry import correction, replace_method, require, require_module
+from .settings import applies
 
 _LIB: Any = None  # dealias's own ops, made at install (runtime/keep_aten.py and hazards.py define more)
 _OPS = {
@@ -114,7 +114,7 @@ def install() -> None:
         @functools.wraps(original)
         def method(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
             value = kwargs.get(scalar)
-            ours = active("tensor_scalars") and for_dealias(getattr(tx.output, "compiler_fn", None))
+            ours = applies("tensor_scalars", tx)
             if not ours or not _is_tensor(value) or len(kwargs) != 1 or not all(_is_tensor(a) for a in args):
                 return original(self, tx, *args, **kwargs)
             if not _as_eager_takes_it(value, self):
