@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     dynamo_autograd,
     dynamo_guards,
     dynamo_indexing,
+    dynamo_out,
     dynamo_reads,
     dynamo_resume,
     dynamo_tensor,

@@ -108,6 +108,11 @@ def divided(x: torch.Tensor, s: float) -> torch.Tensor:
     return x / s  # 1 / 0.0 is inf, 1 / -0.0 is -inf
 
 
+def add_into_transpose(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    torch.add(x, 1, out=y.t())  # dynamo: a graph break at any non-contiguous out=
+    return y * 2
+
+
 _MODULE = torch.nn.Linear(3, 3)
 
 
@@ -138,6 +143,7 @@ EXAMPLES: dict[str, Example] = {
         lambda: [(torch.linspace(-1, 1, 7), torch.linspace(0.1, 2.3, 7), torch.tensor(0.3 + k)) for k in range(2)],
     ),
     "kept_index_reads": Example(unused_read, lambda: [(torch.zeros(3), torch.tensor([9]))]),
+    "out_views": Example(add_into_transpose, lambda: [(torch.linspace(-1, 1, 9).view(3, 3), torch.zeros(3, 3))]),
     "signed_zero_guards": Example(divided, lambda: [(torch.ones(2), 0.0), (torch.ones(2), -0.0)], dynamic=False),
 }
 

@@ -1,0 +1,141 @@
+"""`out=` into a non-contiguous tensor (compat/dynamo_out.py): compiled as the op and a copy where eager's kernel
+only fills the strided `out`, left to dynamo's graph break everywhere else, and eager's result either way."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from harness import check, functional_ops
+
+import dealias
+from dealias import compat
+
+
+def add_into_transpose(x, y):
+    r = torch.add(x, 1, out=y.t())
+    return r, y
+
+
+def sum_into_column(x, buf):
+    torch.sum(x, 1, out=buf[:, 0])
+    return buf
+
+
+def mm_into_strided(a, b, buf):
+    r = torch.mm(a, b, out=buf[::2])
+    return r * 1, buf
+
+
+def mul_into_view_then_read_base(x, buf):
+    v = buf[:, 1::2]
+    torch.mul(x, 2, out=v)
+    return buf.sum(), v
+
+
+def _breaks(fn, *args):
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        jf(*args)
+    return jf, [str(w.message) for w in record if issubclass(w.category, dealias.FallbackWarning)]
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (add_into_transpose, lambda: (torch.randn(3, 3), torch.zeros(3, 3))),
+        (sum_into_column, lambda: (torch.randn(4, 5), torch.full((4, 2), 7.0))),
+        (mm_into_strided, lambda: (torch.randn(3, 4), torch.randn(4, 2), torch.full((6, 2), 3.0))),
+        (mul_into_view_then_read_base, lambda: (torch.randn(2, 3), torch.ones(2, 6))),
+    ],
+)
+def test_a_strided_out_is_compiled_and_matches_eager(fn, make):
+    jf = check(fn, *make(), calls=3)  # (no FallbackWarning: no graph break)
+    assert dealias.graph_breaks(jf) == []
+    assert "copy_" not in " ".join(functional_ops(jf))
+
+
+def test_the_result_is_out_itself_as_in_eager():
+    y = torch.zeros(3, 3)
+    r, _ = dealias.jit(add_into_transpose)(torch.randn(3, 3), y)
+    assert r.data_ptr() == y.data_ptr() and r.stride() == (1, 3)
+
+
+def narrow_into_strided(x, buf):
+    torch.narrow_copy(x, 1, 2, 2, out=buf[..., 0])  # eager's kernel writes it contiguously, over buf[..., 1]
+    return buf
+
+
+def test_a_kernel_that_ignores_the_strides_keeps_dynamos_break_and_eagers_result():
+    jf = check(narrow_into_strided, torch.randn(5, 6), torch.full((5, 2, 2), 3.0), allow_fallback=True)
+    assert dealias.graph_breaks(jf), "eager's narrow_copy(out=) does not honour the strides: no rewrite"
+
+
+def add_into_overlapping(x):
+    torch.add(x, 1, out=x.t())  # eager: partial overlap of input and out, an error
+    return x
+
+
+def add_into_expanded(x, y):
+    torch.add(x, 1, out=y.expand(3, 3))  # eager: out repeats its memory, an error
+    return y
+
+
+def add_with_cast(x, y):
+    torch.add(x, 1, out=y.t())  # float into int64: eager raises (result type can't be cast)
+    return y
+
+
+def add_with_grad(x, y):
+    torch.add(x, 1, out=y.t())  # eager: out= does not support autograd
+    return y
+
+
+def normal_into_strided(m, y):
+    torch.normal(m, 1.0, out=y.t())  # random draws: left to dynamo
+    return y
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (add_into_overlapping, lambda: (torch.randn(3, 3),)),
+        (add_into_expanded, lambda: (torch.randn(3, 3), torch.zeros(3, 1))),
+        (add_with_cast, lambda: (torch.randn(3, 3), torch.zeros(3, 3, dtype=torch.long))),
+        (add_with_grad, lambda: (torch.randn(3, 3, requires_grad=True), torch.zeros(3, 3))),
+    ],
+)
+def test_what_eager_refuses_is_still_refused(fn, make):
+    with pytest.raises(RuntimeError):
+        fn(*make())
+    jf = dealias.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError):
+            jf(*make())
+
+
+def test_random_draws_into_a_strided_out_are_left_to_dynamo():
+    jf, messages = _breaks(normal_into_strided, torch.zeros(3, 3), torch.zeros(3, 3))
+    assert messages and "non-contiguous" in messages[0]
+
+
+def test_out_of_force_it_is_dynamos_break():
+    with compat.forced_off("out_views"):
+        jf, messages = _breaks(add_into_transpose, torch.randn(3, 3), torch.zeros(3, 3))
+    assert messages and "non-contiguous" in messages[0]
+
+
+def test_other_backends_still_break():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    y = torch.zeros(3, 3)
+    torch.compile(add_into_transpose, backend=backend)(torch.randn(3, 3), y)
+    targets = [n.target for gm in graphs for n in gm.graph.nodes]
+    assert torch.add not in targets  # dynamo's own graph break at the out= call, as without dealias imported
