@@ -300,6 +300,27 @@ def test_a_frame_dynamo_gives_up_on_runs_eagerly_with_one_warning():
     assert all(torch.equal(a, b) for a, b in zip(xs, expected))
 
 
+def test_a_users_file_in_a_folder_named_torch_is_still_the_users(tmp_path):
+    # torch's own frames are left quiet by the package's directory, not by a `/torch/` in the path.
+    folder = tmp_path / "torch"
+    folder.mkdir()
+    path = folder / "user_loop.py"
+    path.write_text(
+        textwrap.dedent("""
+        def loop(xs):
+            for x in xs:
+                x.add_(1)
+                if x.sum().item() > 1e9:
+                    x.zero_()
+    """)
+    )
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    jf = dealias.jit(namespace["loop"])
+    with pytest.warns(dealias.FallbackWarning, match=r"loop \(.*user_loop.py:\d+\) runs eagerly"):
+        jf([torch.zeros(2)])
+
+
 def test_torch_optims_own_graph_breaks_are_listed_not_warned():
     # torch.optim calls torch._dynamo.graph_break() around its step on purpose: not the user's problem.
     def make():

@@ -25,6 +25,7 @@ from .errors import (
     GraphBreakWarning,
     InvariantError,
     UnsupportedError,
+    is_library_file,
     with_location,
 )
 from .frontend.backend import _EAGER, Backend, Options, Stats
@@ -258,7 +259,7 @@ def _user_code_ran(tb: Any) -> bool:
     """Whether a traceback passes through user code (a frame that is neither torch's nor dealias's)."""
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
-        if not any(d in name for d in ("/torch/", "/dealias/", "\\torch\\", "\\dealias\\")):
+        if not is_library_file(name, dealias_too=True):
             return True
         tb = tb.tb_next
     return False
@@ -305,7 +306,7 @@ def _intended_by_torch(reason: Any) -> bool:
     stack = list(reason.user_stack)
     inner = stack[-1].filename if stack else ""
     explicit = "torch._dynamo.graph_break()" in str(reason.reason)
-    return explicit and any(d in inner for d in ("/torch/", "\\torch\\"))
+    return explicit and is_library_file(inner)
 
 
 def _describe_break(reason: Any) -> str:
@@ -313,7 +314,7 @@ def _describe_break(reason: Any) -> str:
     why = str(reason.reason).strip().splitlines()[0] if reason.reason else "graph break"
     if why.startswith("generic_jump"):
         why = "a Python branch on a tensor's value (data-dependent control flow)"
-    frames = [f for f in reason.user_stack if "/torch/" not in f.filename]
+    frames = [f for f in reason.user_stack if not is_library_file(f.filename)]
     where = f" at {frames[-1].filename}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
     return f"part of the program runs eagerly{where}: {why}"
 

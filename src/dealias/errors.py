@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,6 +95,26 @@ def located(location: str | None) -> Iterator[None]:
         if location and "\n  at " not in str(e) and not getattr(e, "exact", False):
             e.args = (with_location(str(e), location), *e.args[1:])
         raise
+
+
+def _package_dir(module: Any) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+_TORCH_DIR: str | None = None
+_DEALIAS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def is_library_file(filename: str, dealias_too: bool = False) -> bool:
+    """Whether `filename` is torch's own source (or, with `dealias_too`, dealias's): by the installed packages'
+    directories, so a user's file under a folder that happens to be named `torch` is still the user's."""
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        import torch
+
+        _TORCH_DIR = _package_dir(torch)
+    path = os.path.abspath(filename) if filename and not filename.startswith("<") else filename
+    return path.startswith(_TORCH_DIR) or (dealias_too and path.startswith(_DEALIAS_DIR))
 
 
 def user_location(stack_trace: str | None) -> str | None:

@@ -66,9 +66,9 @@ def _tell_skipped(code: Any, e: BaseException) -> None:
     """One FallbackWarning for a frame of the user's that dynamo will run eagerly (module docstring)."""
     import warnings
 
-    from ..errors import FallbackWarning
+    from ..errors import FallbackWarning, is_library_file
 
-    if any(d in code.co_filename for d in ("/torch/", "\\torch\\")):
+    if is_library_file(code.co_filename):
         return  # (torch's own code: its frames are not the user's program)
     reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
     where = f"{code.co_filename}:{code.co_firstlineno}"
