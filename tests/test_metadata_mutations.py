@@ -3,11 +3,14 @@ intermediates and views of inputs, resize_ and writes through `.data`, compared 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
-from harness import check
+from harness import check, same
 
 import dealias
+from dealias import compat
 
 
 def t_input(x):
@@ -61,15 +64,113 @@ META_PROGRAMS = [
     (squeeze_all_and_dim, lambda: (torch.randn(1, 3, 1),)),
     (swapdims_input, lambda: (torch.randn(2, 3),)),
     (as_strided_input, lambda: (torch.randn(6),)),
-    (detach_input, lambda: (torch.randn(3).requires_grad_().clone(),)),
     (metadata_then_view_output, lambda: (torch.randn(2, 3),)),
 ]
 
 
 @pytest.mark.parametrize("fn,make", META_PROGRAMS, ids=[p[0].__name__ for p in META_PROGRAMS])
 def test_metadata_mutation(fn, make):
-    # Dynamo runs an in-place metadata change of a graph input eagerly (a graph break) and compiles around it.
-    check(fn, *make(), allow_fallback=True)
+    # Dynamo breaks the graph at an in-place metadata change of a graph input; for dealias's compiles it is traced
+    # (compat/dynamo_inputs.py) and written back to the caller's tensor: no fallback, eager's layouts.
+    check(fn, *make())
+
+
+@pytest.mark.parametrize("fn,make", META_PROGRAMS, ids=[p[0].__name__ for p in META_PROGRAMS])
+def test_metadata_mutation_of_an_input_out_of_force_is_dynamos_break(fn, make):
+    with compat.forced_off("input_metadata"):
+        check(fn, *make(), allow_fallback=True)
+
+
+def test_detach_of_an_input_keeps_dynamos_break():
+    jf = check(detach_input, torch.randn(3).requires_grad_().clone(), allow_fallback=True)
+    assert dealias.graph_breaks(jf)
+
+
+def t_of_a_leaf_requiring_grad(x):
+    x.t_()  # eager: a leaf requiring grad used in an in-place operation
+    return x
+
+
+def test_what_eager_refuses_on_an_input_is_refused():
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        t_of_a_leaf_requiring_grad(torch.randn(2, 3, requires_grad=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match="leaf Variable"):
+            dealias.jit(t_of_a_leaf_requiring_grad)(torch.randn(2, 3, requires_grad=True))
+
+
+def t_and_write(x, y):
+    x.t_()
+    x[0] += y
+    return x.sum(1)
+
+
+def test_an_inputs_metadata_change_over_dynamic_sizes():
+    # The input's entry sizes stay the record dynamo's shape guards are made from (a wrong record would let one
+    # size's program serve another). The metadata write-back holds the sizes static: one compile per size.
+    jf = dealias.jit(t_and_write, dynamic=True)
+    for n, m in ((2, 3), (4, 5), (3, 7), (4, 5)):
+        x, y = torch.randn(n, m), torch.randn(n)
+        ex, ey = x.clone(), y.clone()
+        same(jf(x, y), t_and_write(ex, ey))
+        assert x.shape == ex.shape and x.stride() == ex.stride() and torch.equal(x, ex)
+    assert dealias.cache_info(jf).misses == 3
+
+
+def test_the_same_input_again_after_its_change():
+    jf = dealias.jit(t_input)
+    x, ex = torch.randn(2, 3), torch.randn(2, 3)
+    ex.copy_(x)
+    for _ in range(3):  # (transposed each call: the guards see each call's layout)
+        got, expected = jf(x), t_input(ex)
+        assert got[0] == expected[0]
+        same(got[1], expected[1])
+        assert x.shape == ex.shape and x.stride() == ex.stride()
+
+
+def t_then_break(x):
+    x.t_()
+    torch._dynamo.graph_break()
+    return x + 1, x.shape
+
+
+def test_an_inputs_metadata_change_before_a_graph_break():
+    check(t_then_break, torch.randn(2, 3), allow_fallback=True)
+
+
+class Buffered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buf", torch.randn(2, 3))
+
+    def forward(self, x):
+        self.buf.t_()
+        return self.buf + x
+
+
+def test_a_module_buffers_metadata_change():
+    m, em = Buffered(), Buffered()
+    em.load_state_dict(m.state_dict())
+    jm = dealias.jit(m)
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            x = torch.randn(3, 2) if m.buf.shape == (2, 3) else torch.randn(2, 3)
+            same(jm(x), em(x))
+        assert m.buf.shape == em.buf.shape and m.buf.stride() == em.buf.stride()
+
+
+def test_other_backends_keep_their_break():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(2, 3)
+    torch.compile(t_input, backend=backend)(x)
+    assert not any(n.target == "t_" or n.target is torch.ops.aten.alias.default for g in graphs for n in g.graph.nodes)
 
 
 # The same ops inside a graph, on intermediates and on views of inputs: compiled (compat keeps dynamo's

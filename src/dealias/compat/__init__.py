@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     dynamo_autograd,
     dynamo_guards,
     dynamo_indexing,
+    dynamo_inputs,
     dynamo_out,
     dynamo_reads,
     dynamo_resume,
@@ -13,6 +14,7 @@ from . import (  # noqa: F401
     settings,
     tensor_scalars,
 )
+from .dynamo_inputs import fold_input_aliases
 from .dynamo_tensor import HOOKED_AFTER, REFRESHED, hooks_of_frame, inplace_view_node, is_inplace_view
 from .registry import Correction, Missing, active, corrections, forced_off, install_all, report
 from .settings import for_dealias, in_dealias_frame, settings_in_force
@@ -24,6 +26,7 @@ __all__ = [
     "Missing",
     "active",
     "corrections",
+    "fold_input_aliases",
     "for_dealias",
     "forced_off",
     "hooks_of_frame",

@@ -12,8 +12,9 @@ eager does. That is eager's behaviour only where eager's `out=` kernel honours t
 every kernel does: in the OpInfo sweep `narrow_copy(out=)` wrote its result contiguously over the neighbouring
 elements, and `gelu(out=)` computed other values. Nothing in the schemas says which kernels do, so each call site
 is checked once, by running eager's kernel both ways on small tensors of the call's own sizes, strides and dtypes
-(random values, a sentinel around `out`), comparing every byte of `out`'s memory; the rewrite applies only where
-they agree (the verdict is kept per op and layout). Everything else keeps dynamo's own handling (a graph break, so
+(random values, a sentinel around `out`), comparing every byte of out's memory and out's own layout after the call
+(`linear(out=)` re-strides out to a contiguous tensor); the rewrite applies only where they agree (the verdict is
+kept per op and layout). Everything else keeps dynamo's own handling (a graph break, so
 eager's behaviour, errors included):
 - an op that draws random numbers (schema tag `nondeterministic_seeded`): eager fills a non-contiguous `out` in
   its memory order, not in the result's element order;
@@ -142,11 +143,14 @@ def _eager_fills(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> bool:
             out = kwargs_r["out"]
             whole = torch.empty(0, dtype=out.dtype).set_(out.untyped_storage())
             before = whole.clone()
+            layout = (out.shape, out.stride(), out.storage_offset())
             fn(*args_r, **kwargs_r)
             by_kernel = whole.clone()
+            kept = (out.shape, out.stride(), out.storage_offset()) == layout  # (linear's kernel re-strides out)
             whole.copy_(before)
+            out = whole.as_strided(*layout)
             out.copy_(fn(*args_r, **{k: v for k, v in kwargs_r.items() if k != "out"}))
-            verdict = torch.equal(by_kernel.view(torch.uint8), whole.view(torch.uint8))
+            verdict = kept and torch.equal(by_kernel.view(torch.uint8), whole.view(torch.uint8))
         except Exception:  # noqa: BLE001 - either way raising: dynamo's own handling (a graph break) decides
             verdict = False
     _verdicts[key] = verdict

@@ -113,6 +113,11 @@ def add_into_transpose(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return y * 2
 
 
+def transpose_input(x: torch.Tensor) -> Any:
+    x.t_()  # dynamo: a graph break at an in-place metadata change of a graph input
+    return x * 2, x.shape
+
+
 _MODULE = torch.nn.Linear(3, 3)
 
 
@@ -143,6 +148,7 @@ EXAMPLES: dict[str, Example] = {
         lambda: [(torch.linspace(-1, 1, 7), torch.linspace(0.1, 2.3, 7), torch.tensor(0.3 + k)) for k in range(2)],
     ),
     "kept_index_reads": Example(unused_read, lambda: [(torch.zeros(3), torch.tensor([9]))]),
+    "input_metadata": Example(transpose_input, lambda: [(torch.linspace(-1, 1, 6).view(2, 3),) for _ in range(2)]),
     "out_views": Example(add_into_transpose, lambda: [(torch.linspace(-1, 1, 9).view(3, 3), torch.zeros(3, 3))]),
     "signed_zero_guards": Example(divided, lambda: [(torch.ones(2), 0.0), (torch.ones(2), -0.0)], dynamic=False),
 }

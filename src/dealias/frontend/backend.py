@@ -547,6 +547,7 @@ class Backend:
         self.stats = stats if stats is not None else Stats()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        compat.fold_input_aliases(gm)  # (first: whatever runs gm, compiled or eagerly, must change the input itself)
         refuse_uncorrected(gm, self.options, self.stats.name)
         return graph_program(gm, self.options, self.stats)
 
@@ -555,6 +556,7 @@ def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict
     """`torch.compile(fn, backend="dealias", options={...})`: registered through the `torch_dynamo_backends`
     entry point. `options` are those of `Options` (executor, verify, strict, cache_limit)."""
     opts = Options(**(options or {}))
+    compat.fold_input_aliases(gm)
     refuse_uncorrected(gm, opts, "a compiled function")
     return graph_program(gm, opts, Stats(name="a compiled function"))
 

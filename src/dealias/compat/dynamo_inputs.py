@@ -1,0 +1,100 @@
+"""A correction to how dynamo traces an in-place metadata change of a graph input, for dealias's compiles only.
+
+`x.t_()`, `x.unsqueeze_(0)`, `x.as_strided_(..)` on a tensor the frame received: dynamo breaks the
+graph there ("Getting an inplace view on a graph input is not supported"). Its reason: the op would run on the
+input's fake value, which is also the record of the input's entry layout (dynamo's shape guards are made from it
+after tracing, and a backend reads its placeholders' sizes from it), and would change that record in place.
+
+For dealias's compiles the input's variable is first moved onto `aten.alias(x)`, a node of its own with a fake
+value of its own and the same layout, so the op changes the alias's fake value and the placeholder's stays the
+entry layout. The alias node is marked (`INPUT_ALIAS`); the backend folds it back into its input before capture
+(`fold_input_aliases`), so the captured graph changes the input itself, which dealias's functionalization already
+carries out on the caller's tensor after the call (a metadata write-back), as eager does. The variable keeps its
+source, so what dynamo hands back to Python code after the graph is the caller's tensor object itself.
+
+Only graph inputs that are placeholders are moved (a tensor dynamo reads as a module's attribute keeps the break),
+and only once: a later in-place metadata change of the same input finds the variable already on its alias.
+`x.detach_()` keeps dynamo's break (inside a graph dealias refuses it: dynamo's variable is not refreshed after
+it). The input's sizes are held static by the metadata write-back (a compile per size under dynamic shapes).
+Without this correction dynamo's graph break applies (the op runs eagerly: exact).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .dynamo_tensor import is_inplace_view
+from .registry import active, correction, require, require_module
+from .settings import applies
+
+NAME = "input_metadata"
+INPUT_ALIAS = "dealias_input_alias"  # node meta key: an alias dynamo's variable for a graph input was moved onto
+
+
+def _move_onto_alias(var: Any, tx: Any) -> None:
+    """Point tensor variable `var` (a graph input's) at a new `aten.alias` node of it, with a fake value of its
+    own (the same sizes, strides and storage as the input's)."""
+    node = var.proxy.node
+    fake = node.meta["example_value"]
+    with tx.fake_mode:
+        if fake._is_view() or fake.grad_fn is not None:
+            alias = torch.ops.aten.alias.default(fake)  # (a view as the input is one, or autograd's record kept)
+        else:  # a tensor of its own on the input's memory, as the input is (`detach_` refuses views)
+            with torch.no_grad():
+                alias = torch.empty((0,), dtype=fake.dtype, device=fake.device)
+                alias.set_(fake.untyped_storage(), fake.storage_offset(), fake.shape, fake.stride())
+            alias.requires_grad_(fake.requires_grad)
+    proxy = tx.output.create_proxy("call_function", torch.ops.aten.alias.default, (var.proxy,), {})
+    proxy.node.meta["example_value"] = alias
+    proxy.node.meta[INPUT_ALIAS] = True
+    var.proxy = proxy
+
+
+@correction(
+    NAME,
+    corrects="`x.t_()` (any in-place metadata change) of a graph input breaks the graph",
+    without="such a change breaks the graph, as with every backend (exact; the op runs eagerly)",
+)
+def install() -> None:
+    """Wrap the TensorVariable method dynamo reads a tensor's attributes with (`var_getattr`; `tp_getattro_impl`
+    since torch 2.14), where it answers an in-place metadata method of a graph input with a delayed graph break."""
+    TensorVariable = require(require_module("torch._dynamo.variables.tensor"), "TensorVariable")  # noqa: N806
+    getter = next((n for n in ("tp_getattro_impl", "var_getattr") if n in vars(TensorVariable)), "var_getattr")
+    get = require(TensorVariable, getter, "self", "tx", "name")
+    require(require_module("torch._dynamo.output_graph"), "OutputGraph")
+
+    def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        if (
+            type(self) is not TensorVariable
+            or self.source is None
+            or not is_inplace_view(name)
+            or name == "detach_"  # (dynamo hands back the tensor itself, unrefreshed: the backend would refuse)
+            or not applies(NAME, tx)
+            or not active("inplace_view_refresh")  # (which refreshes the alias's variable after the op)
+        ):
+            return get(self, tx, name)
+        node = self.proxy.node
+        fake = node.meta.get("example_value")
+        if node.op == "placeholder" and isinstance(fake, torch.Tensor):
+            _move_onto_alias(self, tx)
+        elif not node.meta.get(INPUT_ALIAS):
+            return get(self, tx, name)  # (a tensor dynamo reads as a module's attribute: dynamo's break)
+        source, self.source = self.source, None  # (dynamo delays a break for any tensor with a source)
+        try:
+            return get(self, tx, name)
+        finally:
+            self.source = source
+
+    setattr(TensorVariable, getter, var_getattr)
+
+
+def fold_input_aliases(gm: fx.GraphModule) -> None:
+    """Replace each marked alias of a graph input by the input itself (module docstring), in place."""
+    for node in list(gm.graph.find_nodes(op="call_function", target=torch.ops.aten.alias.default)):
+        if node.meta.get(INPUT_ALIAS):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+    gm.recompile()
