@@ -100,6 +100,17 @@ def test_what_eager_refuses_on_an_input_is_refused():
             dealias.jit(t_of_a_leaf_requiring_grad)(torch.randn(2, 3, requires_grad=True))
 
 
+def add_then_unsqueeze(x0, x1):  # fuzz seed 1100076: after `+=`, dynamo's variable is the op's, on x1's fake value
+    x1 += x1
+    x1.unsqueeze_(0)
+    x0[0] = 0.25
+    return x1, x0
+
+
+def test_a_metadata_change_after_an_inplace_op_on_the_input():
+    check(add_then_unsqueeze, torch.randn(2, 3, 4), torch.randn(3))
+
+
 def t_and_write(x, y):
     x.t_()
     x[0] += y

@@ -12,8 +12,10 @@ entry layout. The alias node is marked (`INPUT_ALIAS`); the backend folds it bac
 carries out on the caller's tensor after the call (a metadata write-back), as eager does. The variable keeps its
 source, so what dynamo hands back to Python code after the graph is the caller's tensor object itself.
 
-Only graph inputs that are placeholders are moved (a tensor dynamo reads as a module's attribute keeps the break),
-and only once: a later in-place metadata change of the same input finds the variable already on its alias.
+Moved are the variables whose fake value is a placeholder's (the input's own, or an in-place op's result on it,
+`x += y; x.unsqueeze_(0)`: there dynamo sees no input and changed the input's record in place, which then failed
+in guard making), once: a later change finds the variable already on its alias. A tensor dynamo reads as a
+module's attribute keeps the break.
 `x.detach_()` keeps dynamo's break (inside a graph dealias refuses it: dynamo's variable is not refreshed after
 it). The input's sizes are held static by the metadata write-back (a compile per size under dynamic shapes).
 Without this correction dynamo's graph break applies (the op runs eagerly: exact).
@@ -69,7 +71,6 @@ def install() -> None:
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
         if (
             type(self) is not TensorVariable
-            or self.source is None
             or not is_inplace_view(name)
             or name == "detach_"  # (dynamo hands back the tensor itself, unrefreshed: the backend would refuse)
             or not applies(NAME, tx)
@@ -78,10 +79,12 @@ def install() -> None:
             return get(self, tx, name)
         node = self.proxy.node
         fake = node.meta.get("example_value")
-        if node.op == "placeholder" and isinstance(fake, torch.Tensor):
+        if isinstance(fake, torch.Tensor) and _is_input_fake(tx, fake):
             _move_onto_alias(self, tx)
         elif not node.meta.get(INPUT_ALIAS):
             return get(self, tx, name)  # (a tensor dynamo reads as a module's attribute: dynamo's break)
+        if self.source is None:
+            return get(self, tx, name)
         source, self.source = self.source, None  # (dynamo delays a break for any tensor with a source)
         try:
             return get(self, tx, name)
@@ -89,6 +92,13 @@ def install() -> None:
             self.source = source
 
     setattr(TensorVariable, getter, var_getattr)
+
+
+def _is_input_fake(tx: Any, fake: torch.Tensor) -> bool:
+    """Whether `fake` is a graph input's fake value itself: the placeholder's, or that of an in-place op's result on
+    it (`x += 1` rebinds x to the op's node, whose fake value is the input's object; dynamo then no longer sees an
+    input there, and an in-place metadata change would change the record its guards are made from)."""
+    return any(n.meta.get("example_value") is fake for n in tx.output.graph.find_nodes(op="placeholder"))
 
 
 def fold_input_aliases(gm: fx.GraphModule) -> None:
