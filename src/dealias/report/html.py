@@ -252,19 +252,17 @@ def _trace_lines(text: str, cid: str) -> str:
     for line in text.splitlines():
         found = _LOCATION.search(line)
         if found is None:
-            out.append(f"<span class='line'>{e(line)}</span>")
+            out.append(f"<span class='line'>{e(line) or ' '}</span>")
             continue
         path, n = found.group(1), found.group(2)
         target = _anchor(cid, path, n)
+        # (the source line the comment repeats after the location is the source column's: kept as the title)
         link = (
-            f"<a class='loc' href='#{target}' data-target='{target}' title='{e(path)}:{n}'>"
+            f"<a class='loc' href='#{target}' data-target='{target}' title='{e(path)}:{n} {e(line[found.end() :])}'>"
             f"{e(os.path.basename(path))}:{n}</a>"
         )
-        out.append(
-            f"<span class='line node' data-src='{target}'>{e(line[: found.start()])}{link}{e(line[found.end() :])}"
-            "</span>"
-        )
-    return "\n".join(out)
+        out.append(f"<span class='line node' data-src='{target}'>{e(line[: found.start()].rstrip())}  {link}</span>")
+    return "".join(out)  # (each line a block)
 
 
 def _source_block(sources: dict[str, dict[str, str]], scope: str) -> str:
@@ -320,8 +318,10 @@ details.compile{border-top:1px solid #eee;padding:6px 0}summary{cursor:pointer}
 table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ddd;padding:2px 6px;text-align:left}
 td.num{text-align:right}.warn{color:#c0392b}.legend .key{margin-right:10px;white-space:nowrap}
 .traces{display:flex;gap:8px;overflow-x:auto;align-items:flex-start}
-.trace{flex:0 0 auto;max-width:900px;min-width:320px;border:1px solid #e3e3e3;border-radius:4px;padding:4px;
+.trace{flex:0 0 auto;max-width:680px;min-width:320px;border:1px solid #e3e3e3;border-radius:4px;padding:4px;
 background:#fcfcfc}
+.trace[data-trace='dynamo']{max-width:460px}
+.trace.source{position:sticky;left:0;z-index:1;max-width:440px;overflow-x:auto;box-shadow:2px 0 4px #0001}
 .trace pre{margin:0;font:11px/1.45 ui-monospace,monospace;overflow-x:auto}
 .trace .line{display:block;white-space:pre}.node.hl{background:#fff3b0}
 .sources pre{margin:0;font:11px/1.45 ui-monospace,monospace}.sources .path{font-size:11px;color:#666}

@@ -209,7 +209,7 @@ def svg(entry: dict[str, Any], title: str = "") -> str:
     """One storage as a bar per lane, its intervals drawn to scale: each written region a rect with
     `data-kind`, `data-start` and `data-end` (bytes), so a test (or a curious user) can read exactly what it is."""
     width, label_w, lane_h, gap = 720, 230, 18, 6
-    bar_w = width - label_w - 10
+    bar_w = width - label_w - 64
     total = max(entry["nbytes"], 1)
     lanes = entry["lanes"]
     height = 22 + len(lanes) * (lane_h + gap)
@@ -218,8 +218,9 @@ def svg(entry: dict[str, Any], title: str = "") -> str:
         f'<svg class="storage-map" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'data-storage="{entry["id"]}" data-nbytes="{entry["nbytes"]}" data-exact="{int(entry["exact"])}">',
         f"<title>{e(title or 'storage')} ({entry['nbytes']} bytes)</title>",
-        f'<text x="0" y="12" class="axis">{e(title)} storage: {entry["nbytes"]} bytes</text>',
-        f'<text x="{width - 4}" y="12" class="axis" text-anchor="end">0 … {entry["nbytes"]}</text>',
+        f'<text x="0" y="12" class="axis">storage of {e(title[:30])}</text>',
+        f'<text x="{label_w}" y="12" class="axis">byte 0</text>',
+        f'<text x="{label_w + bar_w}" y="12" class="axis" text-anchor="end">byte {entry["nbytes"]}</text>',
     ]
     for i, lane in enumerate(lanes):
         y = 22 + i * (lane_h + gap)
@@ -232,6 +233,7 @@ def svg(entry: dict[str, Any], title: str = "") -> str:
         out.append(f"<title>{e(lane['label'])}: {e(lane['kind'])}, {lane['bytes']} bytes</title>")
         out.append(f'<text x="0" y="{y + 13}" class="lane-label">{e(label)}</text>')
         out.append(f'<rect x="{label_w}" y="{y}" width="{bar_w}" height="{lane_h}" class="bar"/>')
+        out.append(f'<text x="{label_w + bar_w + 6}" y="{y + 13}" class="lane-bytes">{lane["bytes"]} B</text>')
         for a, b in lane["intervals"]:
             x = label_w + bar_w * a / total
             w = max(bar_w * (b - a) / total, 1.0)
