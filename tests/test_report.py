@@ -5,6 +5,7 @@ chromium-driver are installed (the Makefile's `browser` step), in headless Chrom
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -268,3 +269,48 @@ def test_page_in_a_browser(run_report, tmp_path):
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda t: t[:, 1],
+        lambda t: t.t()[::2],
+        lambda t: t[1:, ::3],
+        lambda t: t.unsqueeze(0).expand(3, -1, -1)[:, 0],
+        lambda t: t.view(-1)[2:9],
+        lambda t: t.permute(1, 0)[1:3],
+    ],
+)
+def test_written_bytes_match_eager(view):
+    """The map's bytes of a region are those eager writes through the same view (storage_map._spans on a meta
+    tensor of the caller's layout, against a real write into the caller's memory)."""
+    from dealias.report.storage_map import _meta, _spans
+
+    buffer = torch.zeros(64)
+    t = buffer[3:51].view(6, 8)
+    view(t).fill_(1)
+    assert [tuple(s) for s in _spans(view(_meta(t)))] == _byte_runs(buffer != 0, 4)
+
+
+def test_fallback_recorded(tmp_path):
+    """A graph dealias leaves to eager (its cache_limit reached by a new overlap of its inputs) is on the page with
+    the warning's words, and the call still equals eager."""
+
+    def scale(a, b):
+        a.mul_(2)
+        return b + 1
+
+    try:
+        dealias.report(tmp_path)
+        jf = dealias.jit(scale, cache_limit=1)
+        for sl in (slice(4, 8), slice(2, 6)):  # disjoint, then overlapping: a new layout for dealias, not dynamo
+            buf, eager_buf = torch.arange(10.0), torch.arange(10.0)
+            with pytest.warns(dealias.FallbackWarning) if sl.start == 2 else contextlib.nullcontext():
+                got = jf(buf[:4], buf[sl])
+            assert torch.equal(got, scale(eager_buf[:4], eager_buf[sl])) and torch.equal(buf, eager_buf)
+        _, page = _page(dealias.report(tmp_path))
+    finally:
+        records.stop()
+    fallbacks = page.items.get("fallback", [])
+    assert len(fallbacks) == 1 and "cache_limit" in fallbacks[0][1]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-_MAX_ELEMENTS = 1 << 24  # storages larger than this are drawn from their extents only (no per-element positions)
+_MAX_ELEMENTS = 1 << 22  # a non-dense layout with more elements is drawn as its extent (elements not listed)
 _MAX_INTERVALS = 256  # per lane; beyond that runs are merged into their hull (the lane says so)
 
 KIND_COLORS = {
@@ -52,9 +52,8 @@ def storage_maps(program: Any, leaves: list[Any], names: list[str]) -> list[dict
 
     # Inputs sharing memory: each member's footprint, and where they overlap.
     for g in getattr(captured, "groups", []):
-        members = [tensors[i] for i in g.members]
-        entry = storage_of(members[0])
-        spans = [_footprint(t) for t in members]
+        entry = storage_of(tensors[g.members[0]])
+        spans = [_measured(entry, _footprint, tensors[i]) for i in g.members]
         for i, span in zip(g.members, spans):
             _add_lane(entry, tensor_names[i], "tensor", span)
             entry["members"].append(tensor_names[i])
@@ -63,13 +62,13 @@ def storage_maps(program: Any, leaves: list[Any], names: list[str]) -> list[dict
             _add_lane(entry, "overlap", "overlap", shared)
     # Written caller tensors: each region written.
     for report in reports:
-        base, label = _target(report, captured, tensors, tensor_names)
+        real, base, label = _target(report, captured, tensors, tensor_names)
         if base is None:
             continue
-        entry = storage_of(base)
+        entry = storage_of(real)
         if label not in entry["members"]:
             entry["members"].append(label)
-            _add_lane(entry, label, "tensor", _footprint(base))
+            _add_lane(entry, label, "tensor", _measured(entry, _footprint, base))
         chains = list(getattr(report, "chains", []) or [])
         for i, region in enumerate(report.regions):
             kind = _kind(report.mode, region)
@@ -77,30 +76,39 @@ def storage_maps(program: Any, leaves: list[Any], names: list[str]) -> list[dict
             spans = None
             if chain is not None:
                 try:
-                    spans = _region_spans(base, chain, captured, leaves, tensors)
+                    spans = _measured(entry, _region_spans, base, chain, captured, leaves, tensors)
                 except Exception:  # noqa: BLE001 - a chain over a symbol we cannot evaluate: drawn as unknown
                     spans = None
             if spans is None:
                 entry["exact"] = False
-                spans = _footprint(base)
+                spans = _measured(entry, _footprint, base)
             text = region.replace("x", label, 1) if region.startswith("x") else region
             _add_lane(entry, text, kind, spans, written=True)
     return [{k: v for k, v in e.items() if k != "members"} for e in sorted(by_storage.values(), key=lambda e: e["id"])]
 
 
-def _target(report: Any, captured: Any, tensors: list[torch.Tensor], names: list[str]) -> tuple[Any, str]:
-    """The caller tensor a report writes (an input, or an alias group's base over its members' memory)."""
+def _target(report: Any, captured: Any, tensors: list[torch.Tensor], names: list[str]) -> tuple[Any, Any, str]:
+    """The caller tensor a report writes (an input, or an alias group's first member), its layout in its storage
+    as a meta tensor (a group's: its base over the members' memory), and its name."""
     kind = getattr(report.ref.kind, "value", str(report.ref.kind))
     key = report.ref.key
     if kind == "input" and isinstance(key, int) and key < len(tensors):
-        return tensors[key], names[key]
+        return tensors[key], _meta(tensors[key]), names[key]
     if kind == "group" and isinstance(key, int) and key < len(captured.groups):
         g = captured.groups[key]
-        first = tensors[g.members[0]]
-        with torch.no_grad():
-            base = first.detach().as_strided((g.extent,), (1,), first.storage_offset() - g.lead)
-        return base, "(" + " & ".join(names[i] for i in g.members) + ")"
-    return None, ""
+        first = _meta(tensors[g.members[0]])
+        base = first.as_strided((g.extent,), (1,), first.storage_offset() - g.lead)
+        return tensors[g.members[0]], base, "(" + " & ".join(names[i] for i in g.members) + ")"
+    return None, None, ""
+
+
+def _measured(entry: dict[str, Any], spans: Any, *args: Any) -> list[list[int]]:
+    """`spans(*args)`, or the extent of a layout too large to list (the storage's map then says it is not exact)."""
+    try:
+        return spans(*args)
+    except _Inexact as e:
+        entry["exact"] = False
+        return e.hull
 
 
 def _kind(mode: str, region: str) -> str:
@@ -110,40 +118,62 @@ def _kind(mode: str, region: str) -> str:
     return "indexed" if op.startswith(("index", "_index", "scatter", "put")) else "in place"
 
 
-def _positions(t: torch.Tensor) -> torch.Tensor | None:
-    """A tensor laid out as `t` whose elements are their own offsets in `t`'s storage (in elements)."""
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with `t`'s layout in a storage of `t`'s size: view steps applied to it give the layout of the
+    region they select, and allocate nothing."""
     elements = t.untyped_storage().nbytes() // max(t.element_size(), 1)
-    if elements > _MAX_ELEMENTS:
-        return None
-    return torch.arange(elements, dtype=torch.int64).as_strided(t.shape, t.stride(), t.storage_offset())
+    storage = torch.empty(elements, dtype=t.dtype, device="meta")
+    return storage.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def _footprint(t: torch.Tensor) -> list[list[int]]:
-    """The byte intervals `t`'s elements cover in its storage."""
-    if t.numel() == 0:
+    """The byte intervals a layout's elements cover in its storage."""
+    return _spans(t if t.device.type == "meta" else _meta(t))
+
+
+def _spans(v: torch.Tensor) -> list[list[int]]:
+    """A (meta) layout's elements as byte intervals [start, end): one run for a dense layout, otherwise from its
+    elements' offsets (up to _MAX_ELEMENTS of them; past that, _Inexact with its extent)."""
+    size = v.element_size()
+    if v.numel() == 0:
         return []
-    with torch.no_grad():
-        pos = _positions(t.detach())
-        if pos is None:
-            size = t.element_size()
-            lo = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s < 0)
-            hi = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)
-            return [[lo * size, (hi + 1) * size]]
-        return _runs(pos, t.element_size())
+    dims = sorted((s, n) for n, s in zip(v.shape, v.stride()) if n != 1)
+    lo = v.storage_offset() + sum((n - 1) * s for s, n in dims if s < 0)
+    hi = v.storage_offset() + sum((n - 1) * s for s, n in dims if s > 0)
+    expected = 1
+    for s, n in dims:  # dense: strides are the sizes' running products, in some order of the dims
+        if s != expected:
+            break
+        expected *= n
+    else:
+        return [[lo * size, (hi + 1) * size]]
+    if v.numel() > _MAX_ELEMENTS:
+        raise _Inexact([[lo * size, (hi + 1) * size]])
+    pos = torch.tensor(v.storage_offset(), dtype=torch.int64)
+    for d, (n, s) in enumerate(zip(v.shape, v.stride())):
+        shape = [1] * v.dim()
+        shape[d] = n
+        pos = pos + (torch.arange(n, dtype=torch.int64) * s).view(shape)
+    return _runs(pos, size)
+
+
+class _Inexact(Exception):
+    """A layout too large to list its elements: its extent instead."""
+
+    def __init__(self, hull: list[list[int]]) -> None:
+        super().__init__("inexact")
+        self.hull = hull
 
 
 def _region_spans(
     base: torch.Tensor, chain: tuple[Any, ...], captured: Any, leaves: list[Any], tensors: list[torch.Tensor]
 ) -> list[list[int]] | None:
-    with torch.no_grad():
-        pos = _positions(base.detach())
-        if pos is None:
-            return None
-        for step in chain:
-            args = [_value(a, captured, leaves, tensors) for a in step.args]
-            kwargs = {k: _value(v, captured, leaves, tensors) for k, v in step.kwargs}
-            pos = step.op(pos, *args, **kwargs)
-        return _runs(pos, base.element_size())
+    view = base
+    for step in chain:
+        args = [_value(a, captured, leaves, tensors) for a in step.args]
+        kwargs = {k: _value(v, captured, leaves, tensors) for k, v in step.kwargs}
+        view = step.op(view, *args, **kwargs)
+    return _spans(view)
 
 
 def _value(a: Any, captured: Any, leaves: list[Any], tensors: list[torch.Tensor]) -> Any:
