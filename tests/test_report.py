@@ -187,14 +187,25 @@ def test_report_from_code(tmp_path):
         cache, eager_cache, row = torch.zeros(5, 3), torch.zeros(5, 3), torch.randn(3)
         got = dealias.jit(write_row)(cache, row, 2)
         assert torch.equal(got, write_row(eager_cache, row, 2)) and torch.equal(cache, eager_cache)
+
+        def put_rows(cache, index, rows):
+            cache.index_put_((index,), rows)
+            return cache.sum()
+
+        index, rows = torch.tensor([1, 3]), torch.ones(2, 3)
+        got = dealias.jit(put_rows)(cache, index, rows)
+        assert torch.equal(got, put_rows(eager_cache, index, rows)) and torch.equal(cache, eager_cache)
         path = dealias.report(tmp_path)
         _, page = _page(path)
     finally:
         records.stop()
     assert records.ACTIVE is None
     name = "test_report_from_code.<locals>.write_row"
-    assert page.functions == [name]
+    assert page.functions == [name, "test_report_from_code.<locals>.put_rows"]
     assert _rects(page, name, "cache.select") == [(24, 36)]
+    # an indexed write: drawn as the region indexed (the whole cache here), its kind and written bytes said
+    [(f, indexed)] = [(f, a) for f, a in page.rects if (a["lane"] or "").startswith("cache.index_put_")]
+    assert indexed["data-kind"] == "indexed" and indexed["lane"].endswith("(24 B written)")
 
 
 def _browser():

@@ -40,7 +40,8 @@ class Recorder:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / f"records-{os.getpid()}.jsonl"
+        self._pid = os.getpid()
+        self.path = self.dir / f"records-{self._pid}.jsonl"
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
         self._lock = threading.RLock()
         self._ids: dict[int, int] = {}  # id(stats) / id(graph program) -> its number in the records
@@ -69,6 +70,9 @@ class Recorder:
         with self._lock:
             if self._closed:
                 return
+            if os.getpid() != self._pid:  # a forked process (a DataLoader worker): its own file, not its parent's
+                self._pid = os.getpid()
+                self._file = open(self.dir / f"records-{self._pid}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
             self._file.write(line + "\n")
             self._file.flush()
 

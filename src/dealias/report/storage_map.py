@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import operator
+import re
 from typing import Any
 
 import torch
@@ -83,6 +84,8 @@ def storage_maps(program: Any, leaves: list[Any], names: list[str]) -> list[dict
                 entry["exact"] = False
                 spans = _measured(entry, _footprint, base)
             text = region.replace("x", label, 1) if region.startswith("x") else region
+            if kind == "indexed" and len(report.regions) == 1:  # (the region indexed: at most these bytes)
+                text += f" ({report.nbytes} B written)"
             _add_lane(entry, text, kind, spans, written=True)
     return [{k: v for k, v in e.items() if k != "members"} for e in sorted(by_storage.values(), key=lambda e: e["id"])]
 
@@ -112,10 +115,12 @@ def _measured(entry: dict[str, Any], spans: Any, *args: Any) -> list[list[int]]:
 
 
 def _kind(mode: str, region: str) -> str:
+    """`x.select(2, 3).copy_(..)`: in place; `x.index_put_(..)`: indexed; a whole copy: copied."""
     if mode != "in place":
         return "copied"
-    op = region.rsplit(".", 1)[-1]
-    return "indexed" if op.startswith(("index", "_index", "scatter", "put")) else "in place"
+    op = re.search(r"\.(\w+)\(\.\.\)$", region)
+    name = op.group(1) if op else ""
+    return "indexed" if name.startswith(("index", "_index", "scatter", "put")) else "in place"
 
 
 def _meta(t: torch.Tensor) -> torch.Tensor:
