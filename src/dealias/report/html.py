@@ -65,6 +65,8 @@ class _Function:
         self.fallbacks: list[dict[str, Any]] = []
         self.breaks: list[str] = []
         self.cache_info: dict[str, Any] = {}
+        self.cache_info_when = ""
+        self.graphs: dict[Any, int] = {}
         self.sources: dict[str, dict[str, str]] = {}
 
 
@@ -84,17 +86,27 @@ def _group(events: list[dict[str, Any]]) -> tuple[dict[str, Any], list[_Function
         for path, lines in (ev.get("sources") or {}).items():
             f.sources.setdefault(path, {}).update(lines)
         if kind == "miss":
+            for c in f.compiles:  # the compiles this call made: dynamo's reason (cache_info's) is theirs
+                c.setdefault("miss_reason", ev.get("reason", ""))
             f.misses.append(ev)
+            f.cache_info_when = f"at its latest compile, {_clock(ev)}"
             f.where = ev.get("where") or f.where
             f.breaks += ev.get("graph_breaks", [])
             f.cache_info = ev.get("cache_info") or f.cache_info
         elif kind == "compile":
+            # graphs numbered per function, in the order they compiled
+            ev["graph"] = f.graphs.setdefault(ev.get("graph"), len(f.graphs))
             f.compiles.append(ev)
         elif kind == "fallback":
             f.fallbacks.append(ev)
         elif kind == "summary":
             f.cache_info = ev.get("cache_info") or f.cache_info
+            f.cache_info_when = f"as of {_clock(ev)}"
     return run, list(functions.values())
+
+
+def _clock(ev: dict[str, Any]) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ev.get("t", 0)))
 
 
 def render(events: list[dict[str, Any]]) -> str:
@@ -150,7 +162,11 @@ def _function(f: _Function) -> str:
         out.append(f"<p class='where'>defined at {_loc_text(f.where)}</p>")
     if f.cache_info:
         cells = "".join(f"<tr><th>{e(k)}</th><td>{e(_value(v))}</td></tr>" for k, v in f.cache_info.items())
-        out.append(f"<details class='cache-info' open><summary>cache_info</summary><table>{cells}</table></details>")
+        # (a function freed before the page was written keeps the cache_info of its latest compile)
+        when = e(f.cache_info_when)
+        out.append(
+            f"<details class='cache-info' open><summary>cache_info ({when})</summary><table>{cells}</table></details>"
+        )
     if f.misses:
         out.append("<h3>Compiles and recompiles (cache_info's last_miss_reason)</h3><ol class='misses'>")
         for m in f.misses:
@@ -169,15 +185,39 @@ def _function(f: _Function) -> str:
         out.append("</ul>")
     if f.breaks or f.fallbacks or f.where:
         out.append(_source_block(f.sources, f"f{f.number}"))
+    if len(f.compiles) > 1:
+        out.append(_compile_times(f.compiles))
     for i, c in enumerate(f.compiles):
         out.append(_compile(f, c, f"f{f.number}c{i}"))
     out.append("</section>")
     return "\n".join(out)
 
 
+def _compile_times(compiles: list[dict[str, Any]]) -> str:
+    """A bar per compile: its passes' time (a recompile that costs as much as the first is worth avoiding)."""
+    times = [c.get("compile_seconds", 0.0) * 1e3 for c in compiles]
+    top = max(max(times), 1e-3)
+    bars = []
+    for i, (c, ms) in enumerate(zip(compiles, times)):
+        w = 300 * ms / top
+        label = f"graph {c.get('graph')} layout {c.get('layout')}"
+        bars.append(
+            f"<text x='0' y='{i * 16 + 11}'>{e(label)}</text><rect class='time' x='130' y='{i * 16 + 2}' "
+            f"width='{w:.1f}' height='11' fill='#5b8fd6' data-ms='{ms:.2f}'/>"
+            f"<text x='{136 + w:.1f}' y='{i * 16 + 11}'>{ms:.1f} ms</text>"
+        )
+    return (
+        "<h3>Compile time per compile (passes)</h3><svg class='compile-times' xmlns='http://www.w3.org/2000/svg' "
+        f"width='520' height='{len(compiles) * 16 + 4}'>{''.join(bars)}</svg>"
+    )
+
+
 def _compile(f: _Function, c: dict[str, Any], cid: str) -> str:
+    # A graph's first layout compiled because the function's call missed (dynamo's reason); a later layout
+    # because dealias's own key changed (sharing, offsets, a value outside the shape guard).
+    reason = c.get("reason", "") if c.get("layout") else c.get("miss_reason") or c.get("reason", "")
     head = (
-        f"graph {c.get('graph')} · layout {c.get('layout')} · {e(c.get('reason', ''))} · "
+        f"graph {c.get('graph')} · layout {c.get('layout')} · <span class='reason'>{e(reason)}</span> · "
         f"<span class='tier'>{e(str(c.get('tier', '')))}</span>"
     )
     out = [f"<details class='compile' id='{cid}' open><summary>{head}</summary>"]
@@ -328,7 +368,8 @@ background:#fcfcfc}
 .src-line{display:block;white-space:pre}.src-line.hl{background:#ffe27a;outline:1px solid #e0b000}
 .gap{display:block;color:#aaa}a.loc{color:#1a5fb4}.passes{font-size:11px;color:#777;margin:0 0 2px}
 svg.storage-map{display:block;margin:4px 0 10px;font:11px system-ui,sans-serif}
-svg .bar{fill:#f1f1f1;stroke:#ccc}svg .axis{fill:#555}svg .lane-label{fill:#222}
+svg .bar{fill:#f1f1f1;stroke:#ccc}
+svg.compile-times{font:11px system-ui,sans-serif;display:block}svg .axis{fill:#555}svg .lane-label{fill:#222}
 """
 
 # Clicking a node's location shows and highlights its source line; clicking a source line highlights the
