@@ -271,4 +271,7 @@ def stop() -> None:
 def from_environment() -> None:
     directory = os.environ.get(ENV)
     if directory:
-        start(directory)
+        try:
+            start(directory)
+        except OSError as e:  # (a directory it cannot write: the run goes on, unrecorded, and says so)
+            log.warning("dealias: %s=%s: cannot record the run there: %s", ENV, directory, e)
