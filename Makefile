@@ -11,15 +11,25 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
-.PHONY: demo test test-fast test-all-torch lint bench
+.PHONY: demo test test-fast test-all-torch lint bench browser
+# The demo also records its run (DEALIAS_REPORT) and prints where the HTML report is.
+REPORT ?= build/report
 demo: $(VENV)/.installed
-	$(VENV)/bin/dealias demo
+	DEALIAS_REPORT=$(REPORT) $(VENV)/bin/dealias demo
 
-test: $(VENV)/.installed
+# The report's browser test (tests/test_report.py) drives Debian's headless Chromium: installed when missing. An
+# install that fails (no root, no registry) is not an error: that test then skips and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
+		apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1) || \
+		echo "chromium could not be installed: the report's browser test will skip"
+
+test: $(VENV)/.installed browser
 	$(PY) -m pytest -q
 
 # The inner loop: no inductor compiles, no distributed processes, nothing marked slow (tests/conftest.py).
-test-fast: $(VENV)/.installed
+test-fast: $(VENV)/.installed browser
 	$(PY) -m pytest -q -m "not slow and not inductor and not distributed"
 
 # What CI runs: the suite on both supported torch releases.

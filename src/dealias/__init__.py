@@ -1,5 +1,6 @@
 """dealias: a PyTorch compiler that gets in-place ops and tensor aliases exactly right."""
 
+from . import report  # `dealias.report(path)`: the run's HTML report (report/)
 from .api import CacheInfo, JitFunction, JitModule, cache_info, explain, graph_breaks, jit, last_traces
 from .errors import (
     DataDependentError,
@@ -37,4 +38,5 @@ __all__ = [
     "graph_breaks",
     "jit",
     "last_traces",
+    "report",
 ]

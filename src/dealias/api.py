@@ -31,6 +31,7 @@ from .errors import (
 from .frontend.backend import _EAGER, Backend, Options, Stats
 from .ir.plan import WriteBackReport
 from .ir.traces import Trace
+from .report import records as _report
 from .runtime.program import CompiledProgram
 
 log = logging.getLogger("dealias")
@@ -191,6 +192,7 @@ class JitFunction:
 
     def _record_miss(self, compiles: int, breaks: int) -> None:
         self.misses += 1
+        breaks_told = len(self.graph_breaks)  # (for the report: the breaks this miss adds)
         dynamo_reasons = self._new_guard_failures()
         if self.misses == 1:
             self.last_miss_reason = "first call"
@@ -217,6 +219,8 @@ class JitFunction:
                 FallbackWarning,
                 stacklevel=4,
             )
+        if _report.ACTIVE is not None:  # DEALIAS_REPORT: the run's records (report/records.py)
+            _report.ACTIVE.missed(self, breaks_told)
 
     def _new_guard_failures(self) -> list[str]:
         """Dynamo's recompile reasons for this function's entries recorded since the last miss, one line each."""

@@ -48,6 +48,7 @@ from ..ir.plan import Symbolic
 from ..ir.sharing import find_groups_or_none, overlapping_pairs
 from ..passes.capture import COMPILED_RESTRICTIONS, restriction
 from ..passes.pipeline import compile_program
+from ..report import records as _report
 from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, tensor_check
@@ -221,6 +222,8 @@ class GraphProgram:
                     if self.attributes:
                         run = functools.partial(_with_attributes, run, tuple(self.attributes))
                     self.lean = None if check is None else (check, entry, run)
+            if _report.ACTIVE is not None:  # DEALIAS_REPORT: the run's records (report/records.py)
+                _report.ACTIVE.compiled(self, leaves, entry)
             self.entries += 1
             self.stats.compiles += 1
             return entry
@@ -314,6 +317,8 @@ class GraphProgram:
     def _fall_back(self, e: Exception) -> Any:
         if self.options.strict:
             raise e
+        if _report.ACTIVE is not None:  # DEALIAS_REPORT (report/records.py)
+            _report.ACTIVE.fell_back(self, e)
         warnings.warn(f"dealias: a graph of {self.stats.name} runs eagerly: {e}", fallback_warning(e), stacklevel=2)
         return _EAGER
 

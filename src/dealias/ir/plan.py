@@ -241,3 +241,6 @@ class WriteBackReport:
     regions: list[str] = field(default_factory=list)
     nbytes: int = 0
     target: str = ""  # its name in the user's program (given by the pipeline)
+    # per region, its view chain from the caller's tensor (() for all of it): the report's write-back map
+    # (report/storage_map.py) draws which bytes of the caller's storage each write covers
+    chains: list[tuple[Any, ...]] = field(default_factory=list, repr=False, compare=False)

@@ -195,7 +195,8 @@ def lower(
             _refuse_whole_copy_into_overlap(gm, wb, final)
             reports.append(whole_report(wb.target, final))
             continue
-        reports.append(WriteBackReport(wb.target, "in place", *_apply(graph, plan, root, order, fused)))
+        regions, nbytes, chains = _apply(graph, plan, root, order, fused)
+        reports.append(WriteBackReport(wb.target, "in place", regions, nbytes, chains=chains))
         dropped.add(wb.output)
         order = {n: i for i, n in enumerate(graph.nodes)}
     # Intermediates: a base updated by writes whose old versions are dead is updated in place. The walk may
@@ -355,11 +356,12 @@ def _apply(
     root: fx.Node,
     order: dict[fx.Node, int],
     indexed_only: bool = False,
-) -> tuple[list[str], int]:
+) -> tuple[list[str], int, list[tuple[ViewStep, ...]]]:
     """Write each version into `root` in place, right where it was computed; later reads read `root`
-    (`indexed_only`: only indexed writes run as their in-place op). Returns the regions written and their
-    bytes."""
+    (`indexed_only`: only indexed writes run as their in-place op). Returns the regions written, their
+    bytes, and their view chains from `root`."""
     regions: list[str] = []
+    chains = [write.chain for _, write in plan]
     nbytes = 0
     previous = root
     emit = Emitter(graph, root.meta["val"].fake_mode)
@@ -395,7 +397,7 @@ def _apply(
             regions.append(f"{region}.{op_name(op.target)}(..)")
             nbytes += _written_bytes(op)
         previous = version
-    return regions, nbytes
+    return regions, nbytes, chains
 
 
 def _written_bytes(op: fx.Node) -> int:
@@ -483,4 +485,4 @@ def _refuse_whole_copy_into_overlap(gm: fx.GraphModule, wb: Any, final: fx.Node)
 
 
 def whole_report(target: Ref, final: fx.Node) -> WriteBackReport:
-    return WriteBackReport(target, "whole copy", ["x.copy_(..)"], _nbytes(final.meta["val"]))
+    return WriteBackReport(target, "whole copy", ["x.copy_(..)"], _nbytes(final.meta["val"]), chains=[()])

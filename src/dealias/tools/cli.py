@@ -1,5 +1,5 @@
 """The `dealias` command line: `dealias demo` compiles built-in examples, prints their traces and checks
-them against eager PyTorch."""
+them against eager PyTorch; `dealias report DIR` rebuilds a recorded run's HTML report."""
 
 from __future__ import annotations
 
@@ -30,7 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument(
         "--probe", action="store_true", help="run each correction's example under dynamo alone and under dealias"
     )
+    rp = sub.add_parser("report", help="rebuild the HTML report of a run recorded with DEALIAS_REPORT=DIR")
+    rp.add_argument("dir", help="the directory the run recorded into")
     args = parser.parse_args(argv)
+    if args.command == "report":
+        from ..report import rebuild
+
+        print(f"dealias report: {rebuild(args.dir)}")
+        return 0
     if args.command == "doctor":
         return doctor(args.probe)
     if args.command == "demo":

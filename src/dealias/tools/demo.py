@@ -92,4 +92,8 @@ def run() -> int:
         print()
     ok &= _decode_loop()
     print("demo: all examples match eager" if ok else "demo: MISMATCH")
+    from ..report import records
+
+    if records.ACTIVE is not None:  # DEALIAS_REPORT=DIR (make demo sets it): the run's HTML report
+        print(f"demo: report written to {dealias.report(records.ACTIVE.dir)}")
     return 0 if ok else 1
