@@ -478,7 +478,7 @@ def test_opinfo_sweep(family):
         assert rate <= ceilings[family], summary(results)
     if strided:
         # `out=` into a strided view: dynamo breaks at every one; dealias compiles those whose kernel only fills out
-        # (compat/dynamo_out.py). Measured: 65 of 139 such programs broke without that correction, 41 with it (27
+        # (compat/dynamo_out.py). Measured: 65 of 139 such programs broke without that correction, 44 with it (27
         # of them `out=` tuples, left to dynamo; the rest kernels that do not honour the strides, or integer
         # arguments, which are not checked).
         rate = sum(r.status in ("graph-break", "fallback") for r in strided) / len(strided)
