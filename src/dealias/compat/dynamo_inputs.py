@@ -5,20 +5,21 @@ graph there ("Getting an inplace view on a graph input is not supported"). Its r
 input's fake value, which is also the record of the input's entry layout (dynamo's shape guards are made from it
 after tracing, and a backend reads its placeholders' sizes from it), and would change that record in place.
 
-For dealias's compiles the input's variable is first moved onto `aten.alias(x)`, a node of its own with a fake
-value of its own and the same layout, so the op changes the alias's fake value and the placeholder's stays the
-entry layout. The alias node is marked (`INPUT_ALIAS`); the backend folds it back into its input before capture
-(`fold_input_aliases`), so the captured graph changes the input itself, which dealias's functionalization already
-carries out on the caller's tensor after the call (a metadata write-back), as eager does. The variable keeps its
-source, so what dynamo hands back to Python code after the graph is the caller's tensor object itself.
+For dealias's compiles the input's variable is first moved onto an `aten.alias(x)` node whose fake value is a
+tensor of its own on the input's memory with the same layout (no view, as the input is none: only inputs that are
+no view and were not made by autograd are moved), so the op changes that fake value and the placeholder's stays
+the entry layout. The alias node is marked (`INPUT_ALIAS`); the backend folds it back into its input before
+capture (`fold_input_aliases`), so the captured graph changes the input itself, which dealias's functionalization
+already carries out on the caller's tensor after the call (a metadata write-back), as eager does. The variable
+keeps its source, so what dynamo hands back to Python code after the graph is the caller's tensor object itself.
 
 Moved are the variables whose fake value is a placeholder's (the input's own, or an in-place op's result on it,
 `x += y; x.unsqueeze_(0)`: there dynamo sees no input and changed the input's record in place, which then failed
 in guard making), once: a later change finds the variable already on its alias. A tensor dynamo reads as a
-module's attribute keeps the break.
-`x.detach_()` keeps dynamo's break (inside a graph dealias refuses it: dynamo's variable is not refreshed after
-it). The input's sizes are held static by the metadata write-back (a compile per size under dynamic shapes).
-Without this correction dynamo's graph break applies (the op runs eagerly: exact).
+module's attribute keeps the break. `x.detach_()` keeps dynamo's break (inside a graph dealias refuses it:
+dynamo's variable is not refreshed after it). The input's sizes are held static by the metadata write-back (a
+compile per size under dynamic shapes). Without this correction dynamo's graph break applies (the op runs
+eagerly: exact).
 """
 
 from __future__ import annotations
@@ -42,13 +43,12 @@ def _move_onto_alias(var: Any, tx: Any) -> None:
     node = var.proxy.node
     fake = node.meta["example_value"]
     with tx.fake_mode:
-        if fake._is_view() or fake.grad_fn is not None:
-            alias = torch.ops.aten.alias.default(fake)  # (a view as the input is one, or autograd's record kept)
-        else:  # a tensor of its own on the input's memory, as the input is (`detach_` refuses views)
-            with torch.no_grad():
-                alias = torch.empty((0,), dtype=fake.dtype, device=fake.device)
-                alias.set_(fake.untyped_storage(), fake.storage_offset(), fake.shape, fake.stride())
-            alias.requires_grad_(fake.requires_grad)
+        # A tensor of its own on the input's memory, no view, as the input is (autograd checks an in-place op on a
+        # view otherwise: `t_` under no_grad of a view of a tensor requiring grad raises; eager's input is none).
+        with torch.no_grad():
+            alias = torch.empty((0,), dtype=fake.dtype, device=fake.device)
+            alias.set_(fake.untyped_storage(), fake.storage_offset(), fake.shape, fake.stride())
+        alias.requires_grad_(fake.requires_grad)
     proxy = tx.output.create_proxy("call_function", torch.ops.aten.alias.default, (var.proxy,), {})
     proxy.node.meta["example_value"] = alias
     proxy.node.meta[INPUT_ALIAS] = True
@@ -79,7 +79,7 @@ def install() -> None:
             return get(self, tx, name)
         node = self.proxy.node
         fake = node.meta.get("example_value")
-        if isinstance(fake, torch.Tensor) and _is_input_fake(tx, fake):
+        if isinstance(fake, torch.Tensor) and _faithful(fake) and _is_input_fake(tx, fake):
             _move_onto_alias(self, tx)
         elif not node.meta.get(INPUT_ALIAS):
             return get(self, tx, name)  # (a tensor dynamo reads as a module's attribute: dynamo's break)
@@ -92,6 +92,12 @@ def install() -> None:
             self.source = source
 
     setattr(TensorVariable, getter, var_getattr)
+
+
+def _faithful(fake: torch.Tensor) -> bool:
+    """Whether a tensor of its own on `fake`'s memory behaves as `fake` under autograd's checks: not a view and
+    not made by autograd (an input with a grad_fn, or a view, keeps dynamo's own handling)."""
+    return not fake._is_view() and fake.grad_fn is None
 
 
 def _is_input_fake(tx: Any, fake: torch.Tensor) -> bool:
