@@ -8,9 +8,9 @@ import torch
 from harness import check, compare_call
 
 import dealias
-from dealias import compat
 import dealias.ir.viewops as viewops
 import dealias.runtime.program as program
+from dealias import compat
 
 
 def add_input(x):
