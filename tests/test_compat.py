@@ -403,3 +403,27 @@ def test_without_autograd_facts_a_branch_on_a_stale_view_runs_eagerly():
         warnings.simplefilter("ignore")
         got = dealias.jit(branch)(*args)
     assert torch.equal(got, branch(*args))
+
+
+def at_own_offset(x):
+    v = x[1]
+    return v.as_strided((2,), (1,), v.storage_offset()) * 1  # the offset depends on x's placement in its storage
+
+
+def test_storage_offset_with_static_shapes_is_a_guarded_constant():
+    # Dynamo breaks the graph at storage_offset() with static shapes; for dealias's compiles it is this call's
+    # offset, with the inputs' offsets guarded: another placement compiles again, the same one hits.
+    jf = dealias.jit(at_own_offset)
+    base = torch.arange(16.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        for offset in (0, 1, 2, 1, 0):
+            x = base[offset : offset + 12].view(3, 4)
+            assert torch.equal(jf(x), at_own_offset(x))
+    info = dealias.cache_info(jf)
+    assert (info.misses, info.hits) == (3, 2) and "storage_offset" in info.last_miss_reason
+    with compat.forced_off("storage_offset"):
+        torch._dynamo.reset()
+        jf = dealias.jit(at_own_offset)
+        with pytest.warns(dealias.FallbackWarning, match="storage_offset"):
+            jf(base[1:13].view(3, 4))

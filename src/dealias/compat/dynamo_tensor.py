@@ -15,9 +15,11 @@ dynamo's shape guards.)
 `t.storage_offset()` under dynamic shapes: dynamo computes it as an expression of sizes that assumes each input
 tensor's storage offset at the first call (0 there), and no guard checks that offset: a later call whose input
 starts elsewhere in its storage gets the first call's offset (`v = x[1]; v.as_strided(.., v.storage_offset())`
-read the wrong elements, with every backend; fuzz seeds 1290232, 1320641). With static shapes dynamo breaks the
-graph there (the call returns an int); for dealias's compiles it breaks there with dynamic shapes too. Without
-this correction dealias's frames are traced with static shapes (settings.py).
+read the wrong elements, with every backend; fuzz seeds 1290232, 1320641); for dealias's compiles it breaks the
+graph there. With static shapes dynamo breaks the graph there too (the call returns an int); for dealias's
+compiles it is answered with the offset of this call's tensors, a constant, and the storage offset of every
+tensor the graph takes from the frame is guarded (a call with another placement compiles again). Without this
+correction dealias's frames are traced with static shapes and dynamo's break applies (settings.py).
 
 Where a hook is registered on a graph input (`x.register_hook(h)`): dynamo registers such hooks after the graph
 has run, on the tensor as the graph left it; the backend must know whether the graph writes the tensor after the
@@ -72,8 +74,8 @@ def _tensor_variable() -> Any:
 
 def _wrap_call_method(name: str, before: Any = None, after: Any = None) -> None:
     """Wrap `TensorVariable.call_method` for correction `name`: `before(self, tx, method)` runs first (it may
-    break the graph), `after(self, tx, method, result)` once dynamo traced the call; both only while the
-    correction is in force and dynamo traces for dealias."""
+    break the graph, or answer the call with a variable), `after(self, tx, method, result)` once dynamo traced the
+    call; both only while the correction is in force and dynamo traces for dealias."""
     cls = _tensor_variable()
     original = require(cls, "call_method", *_CALL_METHOD)
 
@@ -81,7 +83,9 @@ def _wrap_call_method(name: str, before: Any = None, after: Any = None) -> None:
     def call_method(self: Any, tx: Any, method: str, args: Any, kwargs: Any) -> Any:
         ours = applies(name, tx)
         if ours and before is not None:
-            before(self, tx, method)
+            answer = before(self, tx, method)  # (a variable: the call's result, traced no further)
+            if answer is not None:
+                return answer
         result = original(self, tx, method, args, kwargs)
         if ours and after is not None:
             after(self, tx, method, result)
@@ -117,22 +121,54 @@ def _break(gb_type: str, context: str, explanation: str) -> None:
 
 @correction(
     "storage_offset",
-    corrects="under dynamic shapes, `t.storage_offset()` is the first call's offset, unguarded",
+    corrects="`t.storage_offset()` breaks the graph (static shapes) or is the first call's offset, unguarded (dynamic)",
     without="dealias's frames are traced with static shapes (dynamo breaks the graph at storage_offset() then)",
 )
 def install_storage_offset() -> None:
     require(require_module("torch._dynamo.exc"), "unimplemented", "gb_type", "context", "explanation", "hints")
+    guards = require_module("torch._dynamo.guards")
+    builder = require(guards, "GuardBuilder")
+    require(builder, "EQUALS_MATCH", "self", "guard")
+    source = require_module("torch._dynamo.source")
+    prop = require(source, "TensorPropertySource")
+    require(require(source, "TensorProperty"), "STORAGE_OFFSET")
+    install_guard = require(require_module("torch._dynamo.guards"), "install_guard")
+    constant = require(require_module("torch._dynamo.variables"), "ConstantVariable")
 
-    def refuse(self: Any, tx: Any, method: str) -> None:
-        if method == "storage_offset":
-            _break(
-                "dealias: storage_offset() (dynamo assumes the input's first placement, unguarded)",
-                f"{self.proxy.node.name}.storage_offset()",
-                "under dynamic shapes dynamo computes it from the input's storage offset at the first call without "
-                "guarding that: it runs eagerly, as dynamo runs it with static shapes",
-            )
+    def offsets_guarded(tx: Any) -> bool:
+        """Guard the storage offset of every tensor the graph takes from the frame (the offset of any tensor traced
+        from them follows from theirs). False where one has no source or a symbolic offset."""
+        wanted = []
+        for node in tx.output.graph.find_nodes(op="placeholder"):
+            value = node.meta.get("example_value")
+            if not isinstance(value, torch.Tensor):
+                continue
+            src = getattr(node.meta.get("grapharg"), "source", None)
+            if src is None or type(value.storage_offset()) is not int:
+                return False
+            wanted.append(src)
+        for src in wanted:
+            install_guard(prop(src, source.TensorProperty.STORAGE_OFFSET).make_guard(builder.EQUALS_MATCH))
+        return True
 
-    _wrap_call_method("storage_offset", before=refuse)
+    def answer(self: Any, tx: Any, method: str) -> Any:
+        if method != "storage_offset":
+            return None
+        fake = self.proxy.node.meta.get("example_value")
+        offset = fake.storage_offset() if isinstance(fake, torch.Tensor) else None
+        # With static shapes the offset is a constant of this call's inputs' placements: it is the answer, with
+        # guards on those placements (another placement compiles again).
+        if type(offset) is int and offsets_guarded(tx):
+            return constant.create(offset)
+        _break(
+            "dealias: storage_offset() (dynamo assumes the input's first placement, unguarded)",
+            f"{self.proxy.node.name}.storage_offset()",
+            "under dynamic shapes dynamo computes it from the input's storage offset at the first call without "
+            "guarding that: it runs eagerly",
+        )
+        return None
+
+    _wrap_call_method("storage_offset", before=answer)
 
 
 def hooks_of_frame() -> list[torch.fx.Node] | None:
