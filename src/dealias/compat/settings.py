@@ -35,7 +35,7 @@ from typing import Any
 from .registry import Missing, active, correction, require, require_module
 
 NAME = "dynamo_settings"
-SETTINGS = {"enable_dynamo_decompositions": False, "skip_nnmodule_hook_guards": False, "specialize_float": True}
+SETTINGS = {"enable_dynamo_decompositions": False, "skip_nnmodule_hook_guards": False, "specialize_float": False}
 STATIC = {"automatic_dynamic_shapes": False, "assume_static_by_default": True}
 
 
