@@ -272,3 +272,28 @@ def test_optimizer_with_lambda_lr(name):
     info = dealias.cache_info(jitted[0])
     assert info.misses <= 2 and info.eager_entries == 0, info
     assert _graphs() - before <= 2
+
+
+def test_gradients_through_a_changing_float():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3)
+
+    def f(x, s):
+        y = lin(x) * s
+        y.mul_(s)
+        return (y**2).sum() * s
+
+    jf = dealias.jit(f)
+    for s in [0.5, 1.5, -2.0, 0.0, -0.0, 3.25]:
+        x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        grads = []
+        for fn, inp in ((jf, x), (f, xe)):
+            lin.zero_grad()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", dealias.FallbackWarning)
+                out = fn(inp, s)
+            out.backward()
+            grads.append(_bits([out, inp.grad, *(p.grad for p in lin.parameters())]))
+        assert grads[0] == grads[1], s
+    assert dealias.cache_info(jf).misses <= 2
