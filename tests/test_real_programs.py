@@ -186,9 +186,10 @@ def test_optimizer_step_with_lr_scheduler(name, foreach, form):
             for k, v in opt.state[p].items():
                 if isinstance(v, torch.Tensor):
                     assert_not_fake(v, f"state {j} {k!r}")
-        # lr is a Python float, specialized: a new lr each step is a new program (an int step count is symbolic).
+        # lr is a Python float, a new one each step: specialized on the first step, an input of the graph once it
+        # changed (an int step count is symbolic too), so at most two programs.
         info = dealias.cache_info(jf)
-        assert info.misses <= i + 1 <= jf.options.cache_limit, info
+        assert info.misses <= min(i + 1, 2), info
         assert info.eager_entries == 0, info
 
 

@@ -5,6 +5,9 @@ guards it with `==`, under which `-0.0 == 0.0`: `f(x, 0.0)` then `f(x, -0.0)` re
 `x / s` returned inf where eager gives -inf (a silent wrong result, with every backend on torch 2.13). While
 dynamo builds the guards of a dealias frame, a guard on a float equal to zero also checks its sign. Without this
 correction the program compiled for one zero serves the other, as with every backend.
+
+A nan is specialized too (dynamo's guard modeling cannot reason about nan, so it compiles a nan apart even where
+floats are inputs) and guarded with `isnan`: its sign is checked the same way (`x.copysign(s)`, `x * s` keep it).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ def _same_sign(zero: float) -> Any:
 
 @correction(
     "signed_zero_guards",
-    corrects="a specialized float is guarded with ==: the program for 0.0 served -0.0 (1 / s gave inf, not -inf)",
+    corrects="a specialized float is guarded with ==: the program for 0.0 served -0.0 (1 / s gave inf, not -inf); "
+    "likewise a nan's sign",
     without="the program compiled for one zero serves the other, as with every backend",
 )
 def install() -> None:
@@ -42,7 +46,7 @@ def install() -> None:
         result = original(self, guard, *args, **kwargs)
         if active("signed_zero_guards") and in_dealias_frame():
             value = self.get(guard)
-            if type(value) is float and value == 0.0:
+            if type(value) is float and (value == 0.0 or math.isnan(value)):  # (a nan's sign: copysign reads it)
                 code = [f"copysign(1, {guard.name}) == {math.copysign(1.0, value)}"]
                 self.get_guard_manager(guard).add_lambda_guard(_same_sign(value), code, guard.user_stack)
         return result

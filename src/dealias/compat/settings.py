@@ -5,8 +5,11 @@
   bits; and prims.fma run eagerly is slow: a hand-written Adam ran 2.4x eager with it).
 - `skip_nnmodule_hook_guards = False`: dynamo does not guard module hooks by default, so a forward hook
   registered after the first call would be ignored.
-- `specialize_float = True`: a Python float that changes between calls would reach the graph as a 0-d tensor
-  read back with `.item()`, which dealias's capture cannot trace without data-dependent values.
+- `specialize_float = False` (dynamo's default, set explicitly so a process-wide change does not reach dealias):
+  a Python float is specialized on the first call and, once its value changed, handed over as a 0-d float64 tensor
+  read back with `.item()` (automatic dynamic, as for ints). The backend takes such an input as the Python float
+  itself (frontend/floats.py), traced as a float symbol: an LR schedule compiles twice, not once per value up to
+  `cache_limit` (issue 39). Dynamo still specializes a nan or an inf (its guards cannot reason about them).
 - Where the storage_offset correction is not in force: static shapes (dynamo itself then breaks the graph at
   `t.storage_offset()`; with symbolic shapes it would compute the first call's offset, unguarded).
 
@@ -35,7 +38,7 @@ from typing import Any
 from .registry import Missing, active, correction, require, require_module
 
 NAME = "dynamo_settings"
-SETTINGS = {"enable_dynamo_decompositions": False, "skip_nnmodule_hook_guards": False, "specialize_float": True}
+SETTINGS = {"enable_dynamo_decompositions": False, "skip_nnmodule_hook_guards": False, "specialize_float": False}
 STATIC = {"automatic_dynamic_shapes": False, "assume_static_by_default": True}
 
 
@@ -106,7 +109,7 @@ def _settings() -> dict[str, Any]:
 @correction(
     NAME,
     corrects="dynamo's settings for dealias's frames only: eager's addcmul_/addcdiv_ (no prims.fma), guards on "
-    "module hooks, Python floats specialized",
+    "module hooks, a changing Python float an input of the graph",
     without="every dealias graph runs eagerly, with a warning (importing dealias changes no setting)",
 )
 def install() -> None:

@@ -51,6 +51,7 @@ from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
+from .floats import floats_as_scalars, with_floats
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, tensor_check
 from .refusals import refuse_uncorrected
 from .segments import grad_mode_at_exit, runs_eagerly, split_around_eager_nodes
@@ -303,7 +304,7 @@ class GraphProgram:
         """The shape guard of a program that specialized the symbolic scalars: exactly these values."""
         values = [(p, _leaf_value(leaves[p])) for p in sorted(self.unkeyed)]
         guard = lambda call: all(_leaf_value(call[p]) == v for p, v in values)
-        guard.text = " and ".join(f"{self.names[p]} == {v[1]!r}" for p, v in values)
+        guard.text = " and ".join(f"{self.names[p]} == {leaves[p]!r}" for p in sorted(self.unkeyed))
         return guard
 
     def _failed_shape_guard(self, key: tuple[Any, ...], leaves: list[Any]) -> str:
@@ -438,7 +439,9 @@ def _symbolic_inputs(placeholders: list[fx.Node]) -> Symbolic:
     scalars, sizes = [], {}
     for i, n in enumerate(placeholders):
         val = n.meta.get("example_value")
-        if isinstance(val, torch.SymInt) and val.node.expr.free_symbols:
+        if isinstance(val, torch.SymFloat) and val.node.expr.free_symbols:
+            scalars.append(i)  # (a float dynamo made dynamic: floats.py)
+        elif isinstance(val, torch.SymInt) and val.node.expr.free_symbols:
             if val.node.expr in size_of:
                 sizes[i] = size_of[val.node.expr]
             elif not val.node.expr.free_symbols & set(size_of):
@@ -509,7 +512,7 @@ class _Tiered:
 
 
 def _leaf_value(x: Any) -> tuple[type, Any]:
-    return (type(x), x)
+    return (float, repr(x)) if type(x) is float else (type(x), x)  # (0.0 and -0.0 differ, nan is nan)
 
 
 def _with_attributes(run: Callable[[list[Any]], Any], attributes: tuple[Any, ...], args: list[Any]) -> Any:
@@ -571,7 +574,14 @@ dealias_backend.is_dealias_backend = True  # type: ignore[attr-defined]
 
 def graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callable[..., Any]:
     """A graph from dynamo, compiled; one with higher-order operators (autograd.Function, hooks) as compiled
-    pieces around them, the operators run eagerly (see segments.py)."""
+    pieces around them, the operators run eagerly (see segments.py). Floats dynamo passes as 0-d tensors are taken as
+    Python floats (floats.py)."""
+    gm, floats = floats_as_scalars(gm)
+    program = _graph_program(gm, options, stats)
+    return with_floats(program, floats) if floats else program
+
+
+def _graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callable[..., Any]:
     if not any(runs_eagerly(n) for n in gm.graph.nodes):
         return GraphProgram(gm, options, stats)
     try:

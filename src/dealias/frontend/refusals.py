@@ -39,6 +39,7 @@ def refuse_uncorrected(gm: fx.GraphModule, options: Any, name: str) -> None:
             options,
         )
     refuse_stale_metadata(gm, options, name)
+    refuse_negative_nan(gm, options, name)
     refuse_late_hooks(gm, options, name)
     refuse_stale_autograd_facts(gm, options, name)
 
@@ -126,3 +127,21 @@ def refuse_stale_autograd_facts(gm: fx.GraphModule, options: Any, name: str) -> 
                 node_location(write),
             )
             run_frame_eagerly(message, options)
+
+
+def refuse_negative_nan(gm: fx.GraphModule, options: Any, name: str) -> None:
+    """Dynamo specializes a nan (its guards cannot reason about one) and bakes it into the graph as a constant, which
+    fx's generated code prints as `nan`: a nan with its sign bit set (`-float("nan")`, which `x.copysign(s)` and
+    `x * s` pass on) became a positive one, in every backend. dealias's guard tells the signs apart
+    (compat/dynamo_guards.py); a graph holding a negative nan runs its frame eagerly."""
+    import math
+
+    for node in gm.graph.nodes:
+        for a in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+            if type(a) is float and math.isnan(a) and math.copysign(1.0, a) < 0:
+                run_frame_eagerly(
+                    with_location(
+                        f"{name}: a negative nan constant (generated code would make it positive)", node_location(node)
+                    ),
+                    options,
+                )

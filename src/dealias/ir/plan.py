@@ -39,7 +39,7 @@ class Symbolic:
     symbolic); everything else is specialized. Keys and values are positions among the argument leaves."""
 
     dims: dict[int, frozenset[int]] = field(default_factory=dict)  # tensor -> its dims with symbolic sizes
-    scalars: tuple[int, ...] = ()  # int inputs that are free symbols (a position, a step count)
+    scalars: tuple[int, ...] = ()  # int and float inputs that are free symbols (a position, a step count, an lr)
     sizes: dict[int, tuple[int, int]] = field(default_factory=dict)  # int input -> (tensor, dim) it is the size of
 
     def __bool__(self) -> bool:

@@ -3,14 +3,15 @@ tensors, keeping the ops exactly as dispatched, in-place and view ops included (
 
 Dynamo has already run the user's Python; this runs only the graph, so no user object is touched and no op runs
 on a real tensor. Python scalars among the graph's inputs are specialized (baked into the trace, part of the
-backend's cache key, see `guards.py`), except the ints and sizes dynamo made symbolic, which are traced as
-symbols (`Symbolic`). Each traced op keeps the user's source line.
+backend's cache key, see `guards.py`), except the ints, floats and sizes dynamo made symbolic, which are traced
+as symbols (`Symbolic`). Each traced op keeps the user's source line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import operator
 import re
 from typing import Any
@@ -151,10 +152,7 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
     mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=shape_env)
     inputs = [leaves[p] for p in positions]
     fakes = [_fake(mode, t, symbolic.dims.get(p), names[p], inputs) for p, t in zip(positions, inputs)]
-    syms = [
-        shape_env.create_unspecified_symint_and_symbol(leaves[p], ConstantSource(names[p]), DimDynamic.DYNAMIC)
-        for p in sym_positions
-    ]
+    syms = [_symbol(shape_env, leaves[p], names[p]) for p in sym_positions]
     try:
         # make_fx finds the fake mode through the inputs' tensors; with symbols and no tensor input (`f(n)`), only
         # the active mode tells it which ShapeEnv the symbols belong to.
@@ -188,6 +186,20 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
     captured.fakes = fakes
     captured.names = list(names)
     return captured
+
+
+def _symbol(shape_env: ShapeEnv, value: Any, name: str) -> Any:
+    """A symbol of the capture's ShapeEnv for a scalar input dynamo made symbolic: a SymInt, or a SymFloat for a
+    float (frontend/floats.py). A float symbol only for a finite value other than zero: sympy's guards cannot tell
+    0.0 from -0.0 (a guard `s == 0` would let a program specialized at 0.0 serve -0.0) nor compare a nan; the
+    backend then compiles with the value specialized, guarded by its bits."""
+    source = ConstantSource(name)
+    if type(value) is not float:
+        return shape_env.create_unspecified_symint_and_symbol(value, source, DimDynamic.DYNAMIC)
+    if value == 0.0 or not math.isfinite(value):
+        raise UnsupportedError(f"{name} = {value!r} is traced specialized (a zero's sign, a nan or inf)")
+    symbol = shape_env.create_unspecified_symbol(value, source, DimDynamic.DYNAMIC)
+    return shape_env.create_symfloatnode(symbol, hint=value, source=source)
 
 
 def _drop_unused(gm: fx.GraphModule) -> None:
