@@ -232,3 +232,22 @@ def test_tiered_over_a_changing_position_compiles_a_bounded_number_of_programs(m
         torch.testing.assert_close(cache, eager_cache)
     info = dealias.cache_info(jf)
     assert info.misses <= 2 and info.tiers[-1] == "fused", info
+
+
+def test_an_error_on_the_graph_tier_is_eagers(monkeypatch):
+    faked(monkeypatch, graph=1e-5, torch=2e-5)
+
+    def two_writes(x, i, s):
+        x.add_(1)
+        x.index_copy_(0, i, s)
+
+    jf = dealias.jit(two_writes)
+    calls_like_eager(two_writes, jf, lambda: (torch.zeros(4), torch.tensor([1]), torch.ones(1)))
+    assert dealias.cache_info(jf).tiers == ("graph",)
+    x, eager_x = torch.zeros(4), torch.zeros(4)
+    with pytest.raises(IndexError) as eager:
+        two_writes(eager_x, torch.tensor([7]), torch.ones(1))
+    with pytest.raises(IndexError) as compiled:
+        jf(x, torch.tensor([7]), torch.ones(1))
+    assert str(compiled.value) == str(eager.value)
+    same(x, eager_x)  # eager's first write happened, as eager's did
