@@ -119,6 +119,11 @@ class Tiered:
         return getattr(self.__dict__["shown"], name)
 
     @property
+    def program(self) -> Any:
+        """The compiled program shown (the torch executor's, or the fused one while that runs calls)."""
+        return self.shown
+
+    @property
     def tier(self) -> str:
         """Where calls run now: "torch", "graph" or "fused", with why the fused executor is not among them."""
         return self.current + (f" ({self.fused_note})" if self.fused_note else "")
