@@ -251,3 +251,33 @@ def test_an_error_on_the_graph_tier_is_eagers(monkeypatch):
         jf(x, torch.tensor([7]), torch.ones(1))
     assert str(compiled.value) == str(eager.value)
     same(x, eager_x)  # eager's first write happened, as eager's did
+
+
+@pytest.mark.inductor
+def test_gradients_before_and_after_the_fused_program_is_chosen(monkeypatch):
+    faked(monkeypatch, graph=3e-5, torch=2e-5, fused=1e-5)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 3)
+    monkeypatch.setattr(tiers, "SAMPLES", 1)
+
+    def fn(x, w):
+        y = x * w
+        y.mul_(2)
+        return y.sum(0).sin()
+
+    def make_args():
+        return torch.randn(3, 4, requires_grad=True) * 1, torch.randn(4, requires_grad=True)
+
+    from harness import clone_args
+
+    jf = dealias.jit(fn, executor="tiered")
+    tiers_seen = []
+    for _ in range(8):
+        args = make_args()
+        eager_args = clone_args(args)
+        got, expected = jf(*args), fn(*eager_args)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # (fused: the fuzzer's tolerance)
+        got.square().sum().backward()
+        expected.square().sum().backward()
+        torch.testing.assert_close(args[1].grad, eager_args[1].grad, rtol=1e-4, atol=1e-4)
+        tiers_seen.append(dealias.cache_info(jf).tiers[0])
+    assert tiers_seen[-1] == "fused" and tiers_seen[0] == "torch", tiers_seen
