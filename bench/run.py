@@ -1,5 +1,6 @@
-"""Benchmarks: eager vs dealias.jit (torch executor) vs torch.compile (inductor), timed in one process,
-interleaved, and reported as ratios to eager. Also peak memory of the tensors each call allocates.
+"""Benchmarks: eager vs dealias.jit (the default, executor="auto"; the torch executor; executor="tiered"; the fused
+executor) vs torch.compile (inductor), timed in one process, interleaved, and reported as ratios to eager. Also
+peak memory of the tensors each call allocates, and where the default runs each program (`cache_info().tiers`).
 
     python bench/run.py                 # all workloads
     python bench/run.py --only kv_write --rounds 5
@@ -73,11 +74,26 @@ def _foreach_args(kind: str) -> Callable[[], tuple[Any, ...]]:
         params = [torch.nn.Parameter(torch.randn(256, 256)) for _ in range(10)]
         for p in params:
             p.grad = torch.randn_like(p)
-        if kind == "adam":
-            return (torch.optim.Adam(params, lr=1e-3, foreach=True),)
+        if kind in ("adam", "adam_loop"):
+            return (torch.optim.Adam(params, lr=1e-3, foreach=kind == "adam"),)
         return (torch.optim.SGD(params, lr=1e-3, momentum=0.9, nesterov=True, foreach=True),)
 
     return make
+
+
+def tiny_slice(buf, row):
+    buf[3] = row
+    buf[5].mul_(2)
+    return buf[:8].sum()
+
+
+def mlp(model, x):
+    return model(x)
+
+
+def _mlp_args():
+    layers = [torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    return (torch.nn.Sequential(*layers, torch.nn.Linear(256, 10)).eval(), torch.randn(32, 256))
 
 
 def tiny(x):
@@ -230,6 +246,9 @@ WORKLOADS = [
     Workload("adamw_optim", optim_step, _adamw_args, 1.05, memory=False),
     Workload("adam_foreach", optim_step, _foreach_args("adam"), 1.05, memory=False),
     Workload("sgd_foreach", optim_step, _foreach_args("sgd"), 1.05, memory=False),
+    Workload("adam_loop", optim_step, _foreach_args("adam_loop"), 1.05, memory=False),  # foreach=False
+    Workload("mlp", mlp, _mlp_args, 1.05, memory=False),
+    Workload("tiny_slice", tiny_slice, lambda: (torch.randn(64, 64), torch.randn(64)), 1.5, memory=False),
     Workload("seed_2048", seed, lambda: (torch.randn(2048, 2048), torch.randn(2048, 2048)), 1.05),
     Workload("tiny_call", tiny, lambda: (torch.randn(8),), 1.5, memory=False),
     Workload("bn_train", bn_train, _bn_args, 1.05, memory=False),
@@ -305,14 +324,16 @@ def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[s
         if names and w.name not in names:
             continue
         impls: dict[str, Callable[..., Any]] = {"eager": w.fn, "dealias": dealias.jit(_own_code(w.fn))}
+        impls["dealias torch"] = dealias.jit(_own_code(w.fn), executor="torch")
         if with_compile:
+            impls["dealias tiered"] = dealias.jit(_own_code(w.fn), executor="tiered")
             impls["dealias+inductor"] = dealias.jit(_own_code(w.fn), executor="inductor")
         if with_compile:
             impls["torch.compile"] = torch.compile(_own_code(w.fn), backend="inductor")
         args = {k: w.make() for k in impls}
-        for k, f in impls.items():  # warm up: compile, cache
-            f(*args[k])
-            f(*args[k])
+        for k, f in impls.items():  # warm up: compile, cache; the tiers measured and chosen (auto, tiered)
+            for _ in range(48 if k in ("dealias", "dealias tiered") else 2):
+                f(*args[k])
         iters = {k: _iters_for(f, args[k]) for k, f in impls.items()}  # ~0.2 s per round each
         times: dict[str, list[float]] = {k: [] for k in impls}
         shuffle = random.Random(w.name)
@@ -328,6 +349,9 @@ def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[s
         # Best of the interleaved rounds: on a shared 2-core machine the minimum is the least noisy estimate.
         med = {k: min(v) for k, v in times.items()}
         row: dict[str, Any] = {"workload": w.name, "eager_us": med["eager"] * 1e6, "target": w.target}
+        row["tiers"] = ",".join(dealias.cache_info(impls["dealias"]).tiers)
+        if "dealias tiered" in impls:
+            row["tiered_tiers"] = ",".join(dealias.cache_info(impls["dealias tiered"]).tiers)
         for k in impls:
             if k != "eager":
                 row[k] = med[k] / med["eager"]
@@ -355,13 +379,15 @@ def _format_row(r: dict[str, Any]) -> str:
         else "peak n/a"
     )
     ok = "ok" if r["dealias"] <= r["target"] else "MISSES TARGET"
+    tiered = f" | tiered {r['dealias tiered']:.2f}x ({r['tiered_tiers']})" if "dealias tiered" in r else ""
     paired = ""
     if "fused_vs_compile" in r:
         won, rounds = r["fused_faster_rounds"]
         paired = f" | fused/compile median {r['fused_vs_compile']:.2f}x, faster in {won}/{rounds} rounds"
     return (
-        f"{r['workload']:<12} eager {r['eager_us']:>10.1f} us | dealias {r['dealias']:.2f}x "
-        f"(target <= {r['target']}x: {ok}) | dealias+inductor {di} | torch.compile {tc}{paired} | {mem}"
+        f"{r['workload']:<12} eager {r['eager_us']:>10.1f} us | dealias {r['dealias']:.2f}x ({r['tiers']}; "
+        f"target <= {r['target']}x: {ok}) | torch executor {r['dealias torch']:.2f}x{tiered} | "
+        f"dealias+inductor {di} | torch.compile {tc}{paired} | {mem}"
     )
 
 

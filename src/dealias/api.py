@@ -45,7 +45,13 @@ class CacheInfo:
     eager_entries: int  # input layouts of a graph that run it eagerly, plus 1 if the whole function runs eagerly
     last_miss_reason: str = ""  # why the latest compile happened ("first call" or what changed)
     dynamic: tuple[str, ...] = ()  # what compiled programs hold symbolic: `pos`, `x.size(1)`
-    tiers: tuple[str, ...] = ()  # per compiled program, the executor running it: "torch" or "fused"
+    # per compiled program, what runs it: "torch" (the torch executor), "graph" (dynamo's graph as it is, executors
+    # "auto" and "tiered") or "fused", with why the fused executor does not where it was asked for
+    tiers: tuple[str, ...] = ()
+    # per compiled program, the median seconds per call measured on each tier it was measured on ({} if none)
+    timings: tuple[dict[str, float], ...] = ()
+    # per compiled program, why it runs where it does: "fastest measured: graph 40.1 us vs torch 55.0 us (...)"
+    tier_reasons: tuple[str, ...] = ()
 
 
 class _Backend(Backend):
@@ -72,7 +78,7 @@ class JitFunction:
         fn: Callable[..., Any],
         strict: bool = False,
         verify: bool = False,
-        executor: str = "torch",
+        executor: str = "auto",
         cache_limit: int = 8,
         dynamic: bool | None = None,
     ) -> None:
@@ -242,8 +248,18 @@ class JitFunction:
         eager += self.eager
         programs = [e for g in graphs for bucket in list(g.cache.values()) for *_, e, _ in bucket if e is not _EAGER]
         dynamic = dict.fromkeys(name for p in programs for name in p.symbolic_inputs())
-        tiers = tuple(p.tier for p in programs)  # (a tiered program says where it is now)
-        return CacheInfo(self.hits, self.misses, entries, eager, self.last_miss_reason, tuple(dynamic), tiers)
+        tiers = tuple(str(p.tier) for p in programs)  # (a tiered program says where it is now)
+        timings = tuple(dict(getattr(p, "timings", {})) for p in programs)
+        reasons = tuple(getattr(p, "tier_reason", "") or _fixed_tier(self.options.executor, p) for p in programs)
+        return CacheInfo(
+            self.hits, self.misses, entries, eager, self.last_miss_reason, tuple(dynamic), tiers, timings, reasons
+        )
+
+
+def _fixed_tier(executor: str, program: CompiledProgram) -> str:
+    if executor == "inductor" and program.tier != "fused":
+        return "not fusable (last_traces: the execution trace says why)"
+    return f'executor="{executor}"'
 
 
 _FIRST_CALL_WAIT_SECONDS = 60.0
@@ -328,7 +344,7 @@ def jit(
     *,
     strict: bool = False,
     verify: bool = False,
-    executor: str = "torch",
+    executor: str = "auto",
     cache_limit: int = 8,
     dynamic: bool | None = None,
 ) -> Any:
@@ -338,11 +354,14 @@ def jit(
     The result behaves like `fn` in eager PyTorch (values, mutations of its arguments and of module state,
     outputs that alias arguments or each other). Programs dealias cannot compile exactly run eagerly with a
     FallbackWarning; with `strict=True` they raise instead. With `verify=True` every call also runs `fn`
-    eagerly on copies and raises VerificationError at the first difference. `executor="inductor"` hands the
-    graph, its writes into the caller's memory included, to inductor (fused kernels, not bit-equal to eager's)
-    instead of running it op by op with eager's kernels; `executor="tiered"` runs each program op by op first
-    and fuses it once it has run 16 times (an inductor compile costs seconds). `cache_info(f).tiers` says
-    where each program runs. `dynamic` is torch.compile's: None holds an int or a size symbolic once it has
+    eagerly on copies and raises VerificationError at the first difference. `executor="auto"` (the default)
+    runs each program on whichever is faster on its first calls, measured, of the torch executor (op by op with
+    eager's kernels) and dynamo's graph run as it is (as `backend="eager"` runs it, where that is exact): eager's
+    bits either way. `executor="torch"` keeps the torch executor. `executor="inductor"` hands the graph, its writes
+    into the caller's memory included, to inductor (fused kernels, not bit-equal to eager's); `executor="tiered"`
+    is "auto" that also compiles the fused program once a program has run 16 times (an inductor compile costs
+    seconds) and keeps it if it is measured faster. `cache_info(f).tiers`, `.timings` and `.tier_reasons` say
+    where each program runs and why. `dynamic` is torch.compile's: None holds an int or a size symbolic once it has
     changed between calls, True from the first call, False never."""
     options = dict(strict=strict, verify=verify, executor=executor, cache_limit=cache_limit, dynamic=dynamic)
     if fn is None:
@@ -414,10 +433,27 @@ def graph_breaks(jf: JitFunction | JitModule) -> list[str]:
     return list(_handle(jf).graph_breaks)
 
 
-def explain(jf: JitFunction | JitModule) -> list[WriteBackReport]:
-    """Per caller tensor, what the program `jf` ran last writes back, how, and how many bytes."""
-    last = _handle(jf).last
-    return list(last.reports) if last is not None else []
+class Explanation(list[WriteBackReport]):
+    """`explain`'s list of WriteBackReport, and where the program runs: `tier` ("torch", "graph", "fused"; "graph"
+    runs dynamo's graph, whose in-place ops write the caller's tensors themselves), `tier_reason` (why, with the
+    measured times) and `timings` (median seconds per call per tier)."""
+
+    tier: str = ""
+    tier_reason: str = ""
+    timings: dict[str, float] = {}  # noqa: RUF012 - replaced per instance
+
+
+def explain(jf: JitFunction | JitModule) -> Explanation:
+    """Per caller tensor, what the program `jf` ran last writes back, how, and how many bytes; and on which tier it
+    runs, why (`.tier`, `.tier_reason`, `.timings`)."""
+    handle = _handle(jf)
+    last = handle.last
+    out = Explanation(last.reports if last is not None else [])
+    if last is not None:
+        out.tier = str(last.tier)
+        out.tier_reason = getattr(last, "tier_reason", "") or _fixed_tier(handle.options.executor, last)
+        out.timings = dict(getattr(last, "timings", {}))
+    return out
 
 
 def last_traces(jf: JitFunction | JitModule) -> list[Trace]:

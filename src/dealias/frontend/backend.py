@@ -22,7 +22,6 @@ import functools
 import logging
 import re
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from .floats import floats_as_scalars, with_floats
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, tensor_check
 from .refusals import refuse_uncorrected
 from .segments import grad_mode_at_exit, runs_eagerly, split_around_eager_nodes
+from .tiers import Tiered
 
 log = logging.getLogger("dealias")
 _EAGER = object()  # cache entry: this layout runs the graph eagerly (see the warning given when it was made)
@@ -70,20 +70,26 @@ compat.install_all()
 COMPILE_LOCK = compile_lock
 
 
+EXECUTORS = ("auto", "torch", "inductor", "tiered")
+TIERS = ("auto", "tiered")  # executors whose programs start on the torch executor and are measured (tiers.py)
+
+
 @dataclass(frozen=True)
 class Options:
     """What `torch.compile(..., backend="dealias", options={...})` and `dealias.jit(..., **options)` take."""
 
-    # "torch": eager's kernels, region writes in place; "inductor": the fused executor (fused.py); "tiered": the
-    # torch executor first, the fused one once a program has run `PROMOTE_AFTER` times (its compile costs seconds)
-    executor: str = "torch"
+    # "auto": per program the faster of the torch executor and dynamo's graph run as it is, measured on the calls
+    # (both eager's bits; tiers.py); "torch": eager's kernels, region writes in place; "inductor": the fused
+    # executor (fused.py); "tiered": as "auto", and the fused executor once a program has run `PROMOTE_AFTER` times
+    # (its compile costs seconds), kept if measured faster
+    executor: str = "auto"
     verify: bool = False  # every call of a graph also runs it eagerly on copies; VerificationError on a difference
     strict: bool = False  # a graph dealias cannot compile raises instead of running eagerly
     cache_limit: int = 8  # compiled layouts per graph before it runs eagerly (with a warning)
 
     def __post_init__(self) -> None:
-        if self.executor not in ("torch", "inductor", "tiered"):
-            raise ValueError(f"executor must be 'torch', 'inductor' or 'tiered', not {self.executor!r}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(map(repr, EXECUTORS))}, not {self.executor!r}")
 
 
 @dataclass
@@ -220,6 +226,8 @@ class GraphProgram:
                 if not self.options.verify:
                     check = lean_check(leaves, self.unkeyed, shape_guard, len(self.attributes), layouts)
                     run = entry.lean_call if isinstance(entry, CompiledProgram) else entry
+                    if isinstance(entry, Tiered) and entry.settled:
+                        run = entry.run  # (one tier only: nothing to measure)
                     if self.attributes:
                         run = functools.partial(_with_attributes, run, tuple(self.attributes))
                     self.lean = None if check is None else (check, entry, run)
@@ -269,7 +277,7 @@ class GraphProgram:
                         f"inputs {members} share memory, and not all of them are differentiable views of one tensor"
                     )
                 )
-        executor = "torch" if self.options.executor == "tiered" else self.options.executor
+        executor = "torch" if self.options.executor in TIERS else self.options.executor
         if self.symbolic:
             try:
                 return self._entry(compile_program(self.gm, leaves, self.names, executor, self.symbolic), self.symbolic)
@@ -297,8 +305,11 @@ class GraphProgram:
             return self._fall_back(InternalError(f"tracing failed where eager does not: {type(e).__name__}: {e}"))
 
     def _entry(self, program: Any, symbolic: Symbolic | None) -> Any:
-        """The cache entry for a torch- or fused-executor program: wrapped to be promoted, for the tiered executor."""
-        return _Tiered(self, program, symbolic) if self.options.executor == "tiered" else program
+        """The cache entry for a torch- or fused-executor program: wrapped to be measured against the other tiers
+        (tiers.py), for executors "auto" and "tiered"."""
+        if self.options.executor not in TIERS:
+            return program
+        return Tiered(self, program, symbolic, fuse=self.options.executor == "tiered")
 
     def _same_values(self, leaves: list[Any]) -> Callable[[list[Any]], bool]:
         """The shape guard of a program that specialized the symbolic scalars: exactly these values."""
@@ -355,7 +366,8 @@ class GraphProgram:
         got = entry(leaves)
         if eager_error is not None:
             raise VerificationError(f"{self.stats.name}: eager raised {eager_error!r}, dealias returned")
-        tolerant = ULP_TOLERANT.set(self.options.executor != "torch")  # fused kernels are not bit-equal
+        # fused kernels are not bit-equal; the torch executor and dynamo's graph are
+        tolerant = ULP_TOLERANT.set(self.options.executor not in ("torch", "auto"))
         try:
             diff = first_difference(expected, got, eager_leaves, leaves)
         finally:
@@ -449,66 +461,6 @@ def _symbolic_inputs(placeholders: list[fx.Node]) -> Symbolic:
             else:
                 return Symbolic()  # an expression over sizes (`2 * s0`): specialize everything
     return Symbolic(dims, tuple(scalars), sizes)
-
-
-PROMOTE_AFTER = 16  # calls of a program on the torch executor before the tiered executor fuses it
-# ...or, sooner, seconds spent running it there: an inductor compile costs seconds (a few for a small graph,
-# 12 s for the 40-tensor Adam of bench/run.py), so a program whose calls take long (large tensors) earns one
-# within a few calls.
-PROMOTE_AFTER_SECONDS = 2.0
-
-
-class _Tiered:
-    """A program of the tiered executor: compiled for the torch executor, recompiled for the fused one on its
-    `PROMOTE_AFTER`-th call (sooner once its calls took `PROMOTE_AFTER_SECONDS` in all), with that call's
-    inputs (same layout: the cache entry's check held). A fused compile that fails leaves it on the torch
-    executor. Its results then differ from eager's in the last bits, as fused kernels do."""
-
-    def __init__(self, backend: Backend, program: Any, symbolic: Symbolic | None) -> None:
-        self.backend, self.program, self.symbolic = backend, program, symbolic
-        self.calls = 0
-        self.spent = 0.0  # seconds the program ran on the torch executor
-        self.tier = "torch"
-        self.first = program  # the torch executor's program
-        # The fused program's shape guard where it may hold for fewer calls than the first's, which the cache entry
-        # checks (inductor's decisions on a program over symbols add guards): calls outside it run the first.
-        self.narrower: Callable[[list[Any]], bool] | None = None
-
-    def __getattr__(self, name: str) -> Any:  # traces, reports, layouts, shape_guard: the current program's
-        return getattr(self.program, name)
-
-    def __call__(self, leaves: list[Any]) -> Any:
-        if self.tier != "torch":
-            if self.narrower is not None and not self.narrower(leaves):
-                return self.first(leaves)
-            return self.program(leaves)
-        self.calls += 1
-        if self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS:
-            self._promote(leaves)
-            return self.program(leaves)
-        start = time.perf_counter()
-        try:
-            return self.program(leaves)
-        finally:
-            self.spent += time.perf_counter() - start
-
-    def _promote(self, leaves: list[Any]) -> None:
-        b = self.backend
-        grad = torch.is_grad_enabled()
-        try:
-            with COMPILE_LOCK:
-                self.program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
-            guard, entry_guard = self.program.shape_guard, self.first.shape_guard
-            if guard is not None and (entry_guard is None or guard.text != entry_guard.text):
-                self.narrower = guard
-            self.tier = "fused" if self.program.tier == "fused" else "torch (not fusable)"
-        except InvariantError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the torch executor's program stays: it is exact
-            log.info("dealias: %s stays on the torch executor: %s", b.stats.name, e, exc_info=True)
-            self.tier = "torch (fused compile failed)"
-        finally:
-            torch._C._set_grad_enabled(grad)
 
 
 def _leaf_value(x: Any) -> tuple[type, Any]:

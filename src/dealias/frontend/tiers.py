@@ -1,0 +1,245 @@
+"""Tiers: per compiled program, run the fastest of what can run it, measured on the user's own calls.
+
+A program (one cache entry of a graph: one input layout) can run on
+- "torch": dealias's torch executor (eager's kernels op by op, the functional graph, exact write-back);
+- "graph": dynamo's captured graph run as it is, on the caller's tensors, as `backend="eager"` runs it. Its
+  in-place ops are eager's own, so its results are eager's bit for bit (the same bits as the torch executor's:
+  both run dynamo's graph's ops with eager's kernels). It is used only where dealias's capture of this layout
+  found nothing it had to correct or rebuild around the graph (`graph_tier_refusal`): no inputs sharing memory, no
+  in-place metadata change written back, no version counter kept, no output re-strided, no detach_() of an input,
+  no input whose writes eager restricts. Where dealias does any of that, running the graph as it is might not be
+  eager's behaviour, so it is not tried;
+- "fused": the fused executor (inductor), compiled once the program has run `PROMOTE_AFTER` times or for
+  `PROMOTE_AFTER_SECONDS` (a compile costs seconds). Its results differ from eager's in the last bits.
+
+executor="auto" (the default) measures the two exact tiers and keeps the faster: never slower than eager's run of
+the same graph (beyond measurement noise), and bit for bit eager's results. executor="tiered" adds the fused one.
+Each candidate's first call is not timed (warm-up: lazily built paths, caches); then the candidates take turns,
+call by call (so a noisy stretch of the machine moves them all), until each has `SAMPLES` timed calls (or
+`MEASURE_SECONDS` of them), and the lowest median wins. After that, nothing is timed: the graph's lean call is
+pointed at the winner directly.
+
+The fused compile runs in the calling thread, not in the background: it holds dynamo's compile lock (any other
+compile in the process waits), make_fx patches `nn.Module.__call__` for the whole process while dealias captures
+(a user's module called in another thread meanwhile would be traced into it), and the compile is Python, holding
+the GIL, so the calls it would serve meanwhile would run slower anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._dynamo.convert_frame import compile_lock
+
+from ..errors import InvariantError
+from ..ir.plan import Symbolic
+from ..passes.pipeline import compile_program
+
+log = logging.getLogger("dealias")
+
+PROMOTE_AFTER = 16  # calls of a program before executor="tiered" compiles its fused program
+# ...or, sooner, seconds spent running it: an inductor compile costs seconds (a few for a small graph, 12 s for the
+# 40-tensor Adam of bench/run.py), so a program whose calls take long (large tensors) earns one within a few calls.
+PROMOTE_AFTER_SECONDS = 2.0
+SAMPLES = 5  # timed calls per candidate tier before choosing (after its untimed first call)
+MEASURE_SECONDS = 0.5  # ...or fewer, once a candidate's timed calls took this long in all (long calls)
+
+
+def measure(tier: str, run: Callable[[list[Any]], Any], leaves: list[Any]) -> tuple[Any, float]:
+    """Run one call on `tier`, and how long it took (tests replace this to make the choice deterministic)."""
+    start = time.perf_counter()
+    out = run(leaves)
+    return out, time.perf_counter() - start
+
+
+def graph_tier_refusal(program: Any) -> str:
+    """Why dynamo's graph, run as it is, may not be eager's behaviour for this compiled program; "" when it is.
+    Each reason is something dealias corrects or rebuilds around the graph for this layout."""
+    cap, fp = program.captured, program.functional
+    if cap.groups:
+        return "inputs share memory"
+    if fp.metadata_writebacks or any(slot.restride is not None for slot in fp.outputs):
+        return "it changes a tensor's sizes or strides in place"
+    if fp.unmoved_counters or fp.moved_counters:
+        return "it writes through tensors with version counters of their own"
+    if cap.detached or cap.restricted:
+        return "an input is detached in place or is a view whose writes eager restricts"
+    return ""
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us"
+
+
+class Tiered:
+    """A cache entry of executor "auto" or "tiered": the torch executor's program, the other tiers it may run on,
+    and their measurements. `tier` says where it runs now, `tier_reason` why, `timings` the medians measured
+    (seconds, per tier). Other attributes (traces, reports, layouts, shape_guard) are the torch program's, or the
+    fused one's while that runs it."""
+
+    def __init__(self, backend: Any, program: Any, symbolic: Symbolic | None, fuse: bool) -> None:
+        self.backend, self.symbolic, self.fuse = backend, symbolic, fuse
+        self.first = program  # the torch executor's program
+        self.fused: Any = None  # the fused program, once compiled
+        self.shown = program  # the program whose traces and reports `last_traces` / `explain` show
+        self.runs: dict[str, Callable[[list[Any]], Any]] = {"torch": program.lean_call}
+        refusal = graph_tier_refusal(program)
+        if not refusal:
+            forward = backend.gm.forward
+            self.runs["graph"] = lambda leaves: forward(*leaves)
+        self.notes = [f"graph not tried: {refusal}"] if refusal else []
+        self.fused_note = ""  # "not fusable" or "fused compile failed"
+        self.samples: dict[str, list[float]] = {}
+        self.candidates = list(self.runs) if len(self.runs) > 1 else []
+        self.warm: set[str] = set()  # candidates whose (untimed) first call ran
+        self.timings: dict[str, float] = {}
+        self.current = "torch"  # the tier calls run on when nothing is being measured
+        self.exact = "torch"  # the exact tier chosen (runs calls the fused program's guard rejects)
+        self.run = self.runs["torch"]
+        self.calls = 0
+        self.spent = 0.0  # seconds the program's calls took (until settled)
+        self.promoted = False
+        self.promoting = False
+        # The fused program's shape guard where it may hold for fewer calls than the first's, which the cache entry
+        # checks (inductor's decisions on a program over symbols add guards): calls outside it run the exact tier.
+        self.narrower: Callable[[list[Any]], bool] | None = None
+        self.lock = threading.Lock()
+        self.settled = False
+        self.measured = ""  # "graph 40.1 us vs torch 55.0 us", once measured
+        if not self.candidates and not fuse:
+            self._settle()
+
+    def __getattr__(self, name: str) -> Any:  # traces, reports, layouts, shape_guard: the shown program's
+        return getattr(self.__dict__["shown"], name)
+
+    @property
+    def program(self) -> Any:
+        """The compiled program shown (the torch executor's, or the fused one while that runs calls)."""
+        return self.shown
+
+    @property
+    def tier(self) -> str:
+        """Where calls run now: "torch", "graph" or "fused", with why the fused executor is not among them."""
+        return self.current + (f" ({self.fused_note})" if self.fused_note else "")
+
+    @property
+    def tier_reason(self) -> str:
+        if self.candidates or self.promoting:
+            why = f"measuring ({', '.join(self.candidates) or self.current})"
+        elif self.measured:
+            why = f"fastest measured: {self.measured} (median per call)"
+        elif self.fuse and not self.promoted:
+            why = f"the only exact tier; fused after {PROMOTE_AFTER} calls or {PROMOTE_AFTER_SECONDS} s"
+        else:
+            why = "the only exact tier"
+        return "; ".join([why, *self.notes])
+
+    def __call__(self, leaves: list[Any]) -> Any:
+        if self.settled:
+            return self.run(leaves)
+        with self.lock:
+            self.calls += 1
+            due = self.fuse and not self.promoted and not self.promoting
+            due = due and (self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
+            self.promoting = self.promoting or due
+        if due:
+            self._promote(leaves)
+        with self.lock:
+            # the candidate measured least (one not yet warm first), else the current tier
+            tier = min(self.candidates, key=self._measured) if self.candidates else self.current
+        if tier == "fused" and self.narrower is not None and not self.narrower(leaves):
+            return self.runs[self.exact](leaves)  # (not timed: another program ran)
+        out, seconds = measure(tier, self.runs[tier], leaves)
+        with self.lock:
+            self._record(tier, seconds)
+        return out
+
+    def _measured(self, tier: str) -> tuple[bool, int]:
+        return tier in self.warm, len(self.samples.get(tier, ()))
+
+    def _enough(self, tier: str) -> bool:
+        samples = self.samples.get(tier, ())
+        return len(samples) >= SAMPLES or (len(samples) > 0 and sum(samples) >= MEASURE_SECONDS)
+
+    def _record(self, tier: str, seconds: float) -> None:
+        self.spent += seconds
+        if tier not in self.candidates or self.settled:
+            return
+        if tier not in self.warm:
+            self.warm.add(tier)  # its first call: not a sample
+            return
+        self.samples.setdefault(tier, []).append(seconds)
+        if self.promoting or not all(self._enough(t) for t in self.candidates):
+            return
+        for t in self.candidates:
+            self.timings[t] = statistics.median(self.samples[t])
+        best = min(self.candidates, key=self.timings.__getitem__)
+        others = ", ".join(f"{t} {_us(s)}" for t, s in self.timings.items() if t != best)
+        self.measured = f"{best} {_us(self.timings[best])}" + (f" vs {others}" if others else "")
+        self.candidates, self.samples = [], {}
+        self.current = best
+        if best != "fused":
+            self.exact = best
+        self.shown = self.fused if best == "fused" else self.first
+        if self.promoted or not self.fuse:
+            self._settle()
+        else:
+            self.run = self.runs[best]
+
+    def _settle(self) -> None:
+        """No more measurement: calls run the chosen tier, and the graph's lean call runs it directly."""
+        run = self.runs[self.current]
+        if self.current == "fused" and self.narrower is not None:
+            fused, exact, guard = run, self.runs[self.exact], self.narrower
+            run = lambda leaves: fused(leaves) if guard(leaves) else exact(leaves)
+        self.run = run
+        self.settled = True
+        backend = self.backend
+        lean = backend.lean
+        if lean is not None and lean[1] is self:
+            attributes = tuple(backend.attributes)
+            direct = (lambda args: run([*args, *attributes])) if attributes else run
+            backend.lean = (lean[0], self, direct)
+        log.info("dealias: a program of %s runs on %s: %s", backend.stats.name, self.tier, self.tier_reason)
+
+    def _promote(self, leaves: list[Any]) -> None:
+        """Compile the fused program with this call's inputs (the entry's layout check held: the same program)."""
+        b = self.backend
+        grad = torch.is_grad_enabled()
+        program, note = None, ""
+        try:
+            with compile_lock:
+                program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
+            if program.tier != "fused":
+                note = "not fusable"
+        except InvariantError:
+            with self.lock:
+                self.promoting = False
+            raise
+        except Exception as e:  # noqa: BLE001 - the exact tiers stay
+            log.info("dealias: %s stays on the exact tiers: %s", b.stats.name, e, exc_info=True)
+            note = "fused compile failed"
+        finally:
+            torch._C._set_grad_enabled(grad)
+        with self.lock:
+            self.promoted, self.promoting = True, False
+            if note:
+                self.fused_note = note
+                if not self.candidates:
+                    self._settle()
+                return
+            guard, entry_guard = program.shape_guard, self.first.shape_guard
+            if guard is not None and (entry_guard is None or guard.text != entry_guard.text):
+                self.narrower = guard
+            self.fused = program
+            self.runs["fused"] = program.lean_call
+            if not self.candidates:
+                self.candidates, self.samples = [self.current, "fused"], {}
+            else:
+                self.candidates.append("fused")

@@ -1,0 +1,283 @@
+"""Tiers (frontend/tiers.py): executor="auto" (the default) runs each program on the faster of the torch executor
+and dynamo's graph run as it is, measured on its calls; executor="tiered" adds the fused executor. Every call is
+compared with eager, before, during and after the choice. Timing is faked (`tiers.measure`): which tier wins is
+decided by the test, never by the machine."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from harness import compare_call, grads_like_eager, same
+
+import dealias
+from dealias.frontend import tiers
+
+CALLS = 16  # enough for either exact tier to be chosen (one warm-up and tiers.SAMPLES timed calls each)
+
+
+def faked(monkeypatch, **seconds: float) -> list[str]:
+    """Make `tiers.measure` say each call on tier t took seconds[t]; returns the tiers measured, in order."""
+    ran: list[str] = []
+
+    def measure(tier, run, leaves):
+        ran.append(tier)
+        return run(leaves), seconds[tier]
+
+    monkeypatch.setattr(tiers, "measure", measure)
+    return ran
+
+
+def slice_write(buf, row):
+    buf[123] = row
+    buf[124].add_(row)
+    return buf[3:5], buf.sum()  # a view of the input, and a value
+
+
+def write_through_view(x, y):
+    v = x.t()
+    v[0].mul_(y)
+    return v, x + 1  # returns a view of the caller's tensor
+
+
+def calls_like_eager(fn, jf, make_args, calls: int = CALLS) -> None:
+    for call in range(calls):
+        diff = compare_call(fn, jf, make_args())  # values, mutated inputs, aliasing of outputs
+        assert diff is None, f"call {call + 1}: {diff}"
+
+
+@pytest.mark.parametrize("winner", ["graph", "torch"])
+@pytest.mark.parametrize(
+    "fn, make_args",
+    [
+        (slice_write, lambda: (torch.randn(256, 8), torch.randn(8))),
+        (write_through_view, lambda: (torch.randn(4, 3), torch.randn(4))),
+    ],
+)
+def test_auto_keeps_the_faster_exact_tier_and_stays_exact(monkeypatch, winner, fn, make_args):
+    loser = "torch" if winner == "graph" else "graph"
+    ran = faked(monkeypatch, **{winner: 2e-5, loser: 5e-5})
+    jf = dealias.jit(fn)  # the default: executor="auto"
+    assert jf.options.executor == "auto"
+    calls_like_eager(fn, jf, make_args)
+    info = dealias.cache_info(jf)
+    assert (info.misses, info.hits, info.tiers) == (1, CALLS - 1, (winner,)), info
+    assert info.timings == ({winner: 2e-5, loser: 5e-5},)
+    assert info.tier_reasons == (f"fastest measured: {winner} 20.0 us vs {loser} 50.0 us (median per call)",)
+    # one untimed first call and SAMPLES timed ones per tier, taking turns; nothing timed after the choice
+    assert len(ran) == 2 * (tiers.SAMPLES + 1) and set(ran) == {"torch", "graph"}
+    assert ran[:4] in (["torch", "graph"] * 2, ["graph", "torch"] * 2)
+    explained = dealias.explain(jf)
+    assert (explained.tier, explained.tier_reason) == (winner, info.tier_reasons[0])
+    assert [r.target for r in explained] == ["buf" if fn is slice_write else "x"]
+
+
+def test_after_the_choice_the_graphs_lean_call_runs_the_winner_directly(monkeypatch):
+    faked(monkeypatch, graph=1e-5, torch=2e-5)
+    jf = dealias.jit(slice_write)
+    calls_like_eager(slice_write, jf, lambda: (torch.randn(256, 8), torch.randn(8)))
+    program = jf.stats.graphs[0]
+    tiered = program.lean[1]
+    assert tiered.settled and program.lean[2] is tiered.runs["graph"]
+
+
+def test_inputs_sharing_memory_stay_on_the_torch_executor(monkeypatch):
+    ran = faked(monkeypatch, graph=1e-6, torch=1e-3)  # the graph would win: it must not be tried
+
+    def fn(x, y):
+        x.add_(1)
+        return y * 2
+
+    def make_args():
+        base = torch.randn(10)
+        return base, base[2:]
+
+    jf = dealias.jit(fn)
+    calls_like_eager(fn, jf, make_args)
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("torch",) and info.timings == ({},)
+    assert info.tier_reasons == ("the only exact tier; graph not tried: inputs share memory",)
+    assert ran == []  # nothing measured, nothing to choose
+
+
+def test_a_metadata_change_is_not_run_as_the_graph(monkeypatch):
+    faked(monkeypatch, graph=1e-6, torch=1e-3)
+
+    def fn(x):
+        y = x * 2
+        y.t_()
+        return y
+
+    jf = dealias.jit(fn)
+    calls_like_eager(fn, jf, lambda: (torch.randn(3, 4),))
+    assert dealias.cache_info(jf).tiers == ("torch",)
+    assert "graph not tried" in dealias.cache_info(jf).tier_reasons[0]
+
+
+@pytest.mark.parametrize("winner", ["graph", "torch"])
+def test_gradients_are_eagers_on_either_tier(monkeypatch, winner):
+    faked(monkeypatch, **{winner: 1e-5, ("torch" if winner == "graph" else "graph"): 2e-5})
+
+    def fn(x, w):
+        y = x * w
+        y[0].mul_(2)
+        return y.sum(0), y
+
+    def make_args():
+        return torch.randn(3, 4, requires_grad=True) * 1, torch.randn(4, requires_grad=True)
+
+    jf = dealias.jit(fn)
+    assert grads_like_eager(fn, jf, make_args, calls=CALLS) == []
+    assert dealias.cache_info(jf).tiers == (winner,)
+
+
+def test_module_state_and_optimizer_steps_are_eagers_on_the_graph_tier(monkeypatch):
+    faked(monkeypatch, graph=1e-5, torch=2e-5)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(inplace=True))
+    eager_model = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    jmodel, jstep = dealias.jit(model), dealias.jit(opt.step)
+    for _ in range(CALLS):
+        x = torch.randn(16, 8)
+        jmodel(x).square().sum().backward()
+        eager_model(x).square().sum().backward()
+        jstep()
+        eager_opt.step()
+        for a, b in zip(model.state_dict().values(), eager_model.state_dict().values()):
+            same(a, b)
+        for a, b in zip(model.parameters(), eager_model.parameters()):
+            same(a.grad, b.grad)
+        opt.zero_grad()
+        eager_opt.zero_grad()
+    assert "graph" in dealias.cache_info(jstep).tiers
+
+
+def test_a_program_whose_fused_compile_fails_stays_exact(monkeypatch):
+    faked(monkeypatch, graph=1e-5, torch=2e-5, fused=1e-6)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 3)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("inductor failed")
+
+    monkeypatch.setattr(tiers, "compile_program", failing)
+    jf = dealias.jit(slice_write, executor="tiered")
+    calls_like_eager(slice_write, jf, lambda: (torch.randn(256, 8), torch.randn(8)))  # bit for bit (rtol=0)
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("graph (fused compile failed)",) and info.misses == 1
+    assert "fused" not in info.timings[0]
+
+
+def test_tiered_waits_for_promote_after_before_compiling_the_fused_program(monkeypatch):
+    faked(monkeypatch, graph=1e-5, torch=2e-5)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 20)
+    compiles = []
+    monkeypatch.setattr(tiers, "compile_program", lambda *a, **k: compiles.append(1) or 1 / 0)
+    jf = dealias.jit(slice_write, executor="tiered")
+    calls_like_eager(slice_write, jf, lambda: (torch.randn(256, 8), torch.randn(8)), calls=19)
+    assert compiles == [] and dealias.cache_info(jf).tiers == ("graph",)
+    calls_like_eager(slice_write, jf, lambda: (torch.randn(256, 8), torch.randn(8)), calls=1)
+    assert compiles == [1] and dealias.cache_info(jf).tiers == ("graph (fused compile failed)",)
+
+
+def fused_results_close(fn, jf, make_args, calls: int) -> None:
+    from harness import clone_args
+
+    for _ in range(calls):
+        args = make_args()
+        eager_args = clone_args(args)
+        got, expected = jf(*args), fn(*eager_args)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(args, eager_args)
+        assert got[0]._base is args[0] or got[0]._base is args[0]._base  # a view of the caller's buffer
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("fused_wins", [True, False])
+def test_tiered_keeps_the_fused_program_only_when_it_is_faster(monkeypatch, fused_wins):
+    ran = faked(monkeypatch, graph=3e-5, torch=2e-5, fused=1e-5 if fused_wins else 4e-5)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 14)
+    jf = dealias.jit(slice_write, executor="tiered")
+    make_args = lambda: (torch.randn(256, 8), torch.randn(8))
+    fused_results_close(slice_write, jf, make_args, 13)
+    assert dealias.cache_info(jf).tiers == ("torch",) and "fused" not in ran  # (exact tiers chosen by call 12)
+    fused_results_close(slice_write, jf, make_args, 16)
+    info = dealias.cache_info(jf)
+    assert info.misses == 1
+    assert info.tiers == ("fused" if fused_wins else "torch",)
+    assert set(info.timings[0]) == {"torch", "graph", "fused"}
+    assert info.tier_reasons[0].startswith("fastest measured: " + ("fused 10.0 us" if fused_wins else "torch 20.0 us"))
+    assert (jf.last.shown.tier == "fused") == fused_wins  # last_traces / explain show the program that runs
+    n = len(ran)
+    fused_results_close(slice_write, jf, make_args, 3)
+    assert len(ran) == n  # settled: nothing timed any more
+
+
+@pytest.mark.inductor
+def test_tiered_over_a_changing_position_compiles_a_bounded_number_of_programs(monkeypatch):
+    faked(monkeypatch, graph=3e-5, torch=2e-5, fused=1e-5)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 4)
+
+    def write_at(cache, k, pos: int):
+        cache[:, pos] = k
+        return cache[:, : pos + 1].sum(1)
+
+    jf = dealias.jit(write_at, executor="tiered")
+    cache, eager_cache = torch.zeros(2, 32), torch.zeros(2, 32)
+    for pos in range(24):
+        k = torch.randn(2)
+        torch.testing.assert_close(jf(cache, k, pos), write_at(eager_cache, k, pos))
+        torch.testing.assert_close(cache, eager_cache)
+    info = dealias.cache_info(jf)
+    assert info.misses <= 2 and info.tiers[-1] == "fused", info
+
+
+def test_an_error_on_the_graph_tier_is_eagers(monkeypatch):
+    faked(monkeypatch, graph=1e-5, torch=2e-5)
+
+    def two_writes(x, i, s):
+        x.add_(1)
+        x.index_copy_(0, i, s)
+
+    jf = dealias.jit(two_writes)
+    calls_like_eager(two_writes, jf, lambda: (torch.zeros(4), torch.tensor([1]), torch.ones(1)))
+    assert dealias.cache_info(jf).tiers == ("graph",)
+    x, eager_x = torch.zeros(4), torch.zeros(4)
+    with pytest.raises(IndexError) as eager:
+        two_writes(eager_x, torch.tensor([7]), torch.ones(1))
+    with pytest.raises(IndexError) as compiled:
+        jf(x, torch.tensor([7]), torch.ones(1))
+    assert str(compiled.value) == str(eager.value)
+    same(x, eager_x)  # eager's first write happened, as eager's did
+
+
+@pytest.mark.inductor
+def test_gradients_before_and_after_the_fused_program_is_chosen(monkeypatch):
+    faked(monkeypatch, graph=3e-5, torch=2e-5, fused=1e-5)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 3)
+    monkeypatch.setattr(tiers, "SAMPLES", 1)
+
+    def fn(x, w):
+        y = x * w
+        y.mul_(2)
+        return y.sum(0).sin()
+
+    def make_args():
+        return torch.randn(3, 4, requires_grad=True) * 1, torch.randn(4, requires_grad=True)
+
+    from harness import clone_args
+
+    jf = dealias.jit(fn, executor="tiered")
+    tiers_seen = []
+    for _ in range(8):
+        args = make_args()
+        eager_args = clone_args(args)
+        got, expected = jf(*args), fn(*eager_args)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # (fused: the fuzzer's tolerance)
+        got.square().sum().backward()
+        expected.square().sum().backward()
+        torch.testing.assert_close(args[1].grad, eager_args[1].grad, rtol=1e-4, atol=1e-4)
+        tiers_seen.append(dealias.cache_info(jf).tiers[0])
+    assert tiers_seen[-1] == "fused" and tiers_seen[0] == "torch", tiers_seen
