@@ -119,7 +119,7 @@ def functional(a, b):
     div = aten.div.Tensor(tanh, a)                                # float32[2, 2]  d.div_(a)
     return (region_write, div)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 def execute(a, b):
     exp = a.exp()                                                 # float32[2, 2]  c = torch.exp(a)
     tanh = b.tanh()                                               # float32[2, 2]  d = torch.tanh(b)
@@ -127,6 +127,11 @@ def execute(a, b):
     view_3 = exp.view([4])                                        # float32[4]  e += d.flatten()
     add_ = view_3.add_(view_1)                                    # float32[4]  e += d.flatten()
     div_ = tanh.div_(a)                                           # float32[2, 2]  d.div_(a)
+    return (exp, tanh)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    a, b = leaves
+    exp, tanh = execute(a, b)
     return (exp, tanh)""",
         )
 
@@ -143,11 +148,16 @@ def functional(cache, k):
     sum_1 = aten.sum(region_write)                                # float32[]  return cache.sum()
     return (region_write, sum_1)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to cache: in place, 24 bytes: x.select(1, 2).copy_(..)
 def execute(cache, k):
     cache[:, 2] = k                                               # cache[:, pos] = k
     sum_1 = cache.sum()                                           # float32[]  return cache.sum()
+    return (sum_1,)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    cache, k = leaves
+    sum_1, = execute(cache, k)
     return (sum_1,)""",
         )
 
@@ -164,12 +174,17 @@ def functional(x):
     region_write = region_write(x, select, add)                   # float32[3, 2]  x.t()[0].add_(1)
     return (region_write,)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to x: in place, 12 bytes: x.t().select(0, 0).add_(..)
 def execute(x):
     t_2 = x.t()                                                   # float32[2, 3] strides [1, 2]  x.t()[0].add_(1)
     select_2 = t_2[0]                                             # float32[3] strides [2]  x.t()[0].add_(1)
     add_ = select_2.add_(1)                                       # float32[3] strides [2]  x.t()[0].add_(1)
+    return ()
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    x, = leaves
+    execute(x)
     return (x,)""",
         )
 
@@ -191,7 +206,7 @@ def functional(x):
     sum_1 = aten.sum(region_write_1)                              # float32[]  return y.sum()
     return (sum_1,)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 def execute(x):
     clone = x.clone()                                             # float32[3, 3]  y = x.clone()
     select_4 = clone[0]                                           # float32[3]  y[0].mul_(2)
@@ -200,6 +215,11 @@ def execute(x):
     select_5 = t_2[1]                                             # float32[3] strides [3]  y.t()[1].add_(1)
     add_ = select_5.add_(1)                                       # float32[3] strides [3]  y.t()[1].add_(1)
     sum_1 = clone.sum()                                           # float32[]  return y.sum()
+    return (sum_1,)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    x, = leaves
+    sum_1, = execute(x)
     return (sum_1,)""",
         )
 
@@ -214,12 +234,20 @@ def functional(cache, idx, k):
     index_copy = aten.index_copy(cache, 1, idx, k)                # float32[2, 6, 4]  cache.index_copy_(1, idx, k)
     return (index_copy,)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to cache: in place, 32 bytes: x.index_copy_(..)
 def execute(cache, idx, k):
     check_index_bounds = check_index_bounds(idx, 6, 1)            # cache.index_copy_(1, idx, k)
     index_copy_ = cache.index_copy_(1, idx, k)                    # float32[2, 6, 4]  cache.index_copy_(1, idx, k)
-    return (cache.slice(1, 0, 2),)""",
+    return ()
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    if grad_enabled() is not True:
+        return call_with_grad_off(leaves)
+    cache, idx, k = leaves
+    execute(cache, idx, k)
+    out0 = aten_slice_Tensor(cache, 1, 0, 2)
+    return (out0,)""",
         )
 
     def test_adam_step(self):
@@ -239,7 +267,7 @@ def functional(m, g, v, p):
     addcdiv = aten.addcdiv(p, add, add_1, value=-0.01)            # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
     return (add, addcmul, addcdiv)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to m: in place, 64 bytes: x.mul_(..), x.add_(..)
 # write-back to v: in place, 64 bytes: x.mul_(..), x.addcmul_(..)
 # write-back to p: in place, 32 bytes: x.addcdiv_(..)
@@ -251,6 +279,11 @@ def execute(m, g, v, p):
     sqrt = v.sqrt()                                               # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
     add__1 = sqrt.add_(1e-08)                                     # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
     addcdiv_ = p.addcdiv_(m, sqrt, value=-0.01)                   # float32[8]  p.addcdiv_(m, v.sqrt().add_(1e-8), value=-lr)
+    return ()
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    m, g, v, p = leaves
+    execute(m, g, v, p)
     return ()""",
         )
 
@@ -271,7 +304,7 @@ def functional(x):
     region_write_1 = region_write(region_write, select_4, copy_1)  # float32[2, 3]  x[1] = old
     return (region_write_1,)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to x: in place, 24 bytes: x.select(0, 0).copy_(..), x.select(0, 1).copy_(..)
 def execute(x):
     select = x[0]                                                 # float32[3]  old = x[0] * 1
@@ -279,6 +312,11 @@ def execute(x):
     select_2 = x[1]                                               # float32[3]  x[0] = x[1]
     x[0] = select_2                                               # x[0] = x[1]
     x[1] = mul                                                    # x[1] = old
+    return ()
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    x, = leaves
+    execute(x)
     return (x,)""",
         )
 
@@ -292,11 +330,19 @@ def functional(x):
     add = aten.add.Tensor(x, 1)                                   # float32[2, 3]  x.add_(1)
     return (add,)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to x: in place, 24 bytes: x.add_(..)
 def execute(x):
     add_ = x.add_(1)                                              # float32[2, 3]  x.add_(1)
-    return (x.view([-1]),)""",
+    return ()
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    if grad_enabled() is not True:
+        return call_with_grad_off(leaves)
+    x, = leaves
+    execute(x)
+    out0 = aten_view(x, [-1])
+    return (out0,)""",
         )
 
     def test_out_into_a_row(self):
@@ -311,11 +357,16 @@ def functional(x, a, b):
     region_write = region_write(x, select, add)                   # float32[3, 4]  torch.add(a, b, out=x[1])
     return (region_write,)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to x: in place, 16 bytes: x.select(0, 1).copy_(..)
 def execute(x, a, b):
     add = a.add(b)                                                # float32[4]  torch.add(a, b, out=x[1])
     x[1] = add                                                    # torch.add(a, b, out=x[1])
+    return ()
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    x, a, b = leaves
+    execute(x, a, b)
     return (x,)""",
         )
 
@@ -331,11 +382,16 @@ def functional(x):
     add = aten.add.Tensor(mul, 1)                                 # float32[4]  return y + 1
     return (mul, add)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to x: in place, 16 bytes: x.mul_(..)
 def execute(x):
     mul_ = x.mul_(2)                                              # float32[4]  x.mul_(2)
     add = x.add(1)                                                # float32[4]  return y + 1
+    return (add,)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    x, = leaves
+    add, = execute(x)
     return (add,)""",
         )
 
@@ -352,12 +408,17 @@ def functional(x):
     sum_1 = aten.sum.dim_IntList(region_write, [0])               # float32[3]  return x.sum(0)
     return (region_write, sum_1)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to x: in place, 12 bytes: x.diagonal().fill_(..)
 def execute(x):
     diagonal_2 = x.diagonal()                                     # float32[3] strides [4]  x.diagonal().zero_()
     fill_ = diagonal_2.fill_(0)                                   # float32[3] strides [4]  x.diagonal().zero_()
     sum_1 = x.sum([0])                                            # float32[3]  return x.sum(0)
+    return (sum_1,)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    x, = leaves
+    sum_1, = execute(x)
     return (sum_1,)""",
         )
 
@@ -375,7 +436,7 @@ def functional(x, mean, var):
     getitem_4 = getitem(_native_batch_norm_legit_functional, 4)   # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
     return (getitem_3, getitem_4, getitem)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 # write-back to mean: in place, 12 bytes: x.copy_(..)
 # write-back to var: in place, 12 bytes: x.copy_(..)
 def execute(x, mean, var):
@@ -385,6 +446,14 @@ def execute(x, mean, var):
     copy_ = mean.copy_(getitem_3)                                 # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
     getitem_4 = getitem(_native_batch_norm_legit_functional, 4)   # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
     copy__1 = var.copy_(getitem_4)                                # float32[3]  return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    return (getitem,)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    x, mean, var = leaves
+    kept = (var, mean, )
+    versions = (var._version, mean._version, )
+    getitem, = execute(x, mean, var)
+    set_version_counters(kept, versions)
     return (getitem,)""",
         )
 
@@ -403,12 +472,17 @@ def functional(x):
     region_write = region_write(mul, select_1, clone)             # float32[3, 2]  y[1] = y[0] * 3
     return (region_write,)
 # execution trace (torch executor)
-# made by write-back lowering (.. ms), torch executor (.. ms)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
 def execute(x):
     mul = x.mul(2)                                                # float32[3, 2]  y = x * 2
     select = mul[0]                                               # float32[2]  y[1] = y[0] * 3
     mul_1 = select.mul(3)                                         # float32[2]  y[1] = y[0] * 3
     clone = mul_1.clone()                                         # float32[2]  y[1] = y[0] * 3
     select_scatter = mul.select_scatter(clone, 0, 1)              # float32[3, 2]  y[1] = y[0] * 3
+    return (select_scatter,)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    x, = leaves
+    select_scatter, = execute(x)
     return (select_scatter,)""",
         )
