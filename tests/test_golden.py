@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import dealias
+from dealias.runtime.verify import clone_args
 from dealias.tools.demo import seed_program
 
 
 def traces(fn, *args) -> str:
     """The functional and execution traces of `fn`'s one graph, after checking it against eager."""
-    clones: dict[int, torch.Tensor] = {}  # (the same tensor passed twice stays one tensor)
-    expected_args = [clones.setdefault(id(a), a.clone()) if isinstance(a, torch.Tensor) else a for a in args]
+    expected_args = clone_args(list(args))  # (tensors sharing memory keep sharing it)
     expected = fn(*expected_args)
     # Sizes static from the first call, whatever sizes other tests called the same function with (dynamo's automatic
     # dynamic remembers them per code object).
@@ -100,6 +100,26 @@ def write_under_autograd(x):
     y = x * 2
     y[1] = y[0] * 3
     return y
+
+
+def write_after_a_no_grad_view(x):
+    with torch.no_grad():
+        v = x[0]
+    x.mul_(2)
+    return v
+
+
+def overlapping_writes(a, b):
+    a.add_(1)
+    b.mul_(2)
+    return a.sum()
+
+
+def t_between_views(x):
+    y = x * 2
+    z = y[0]
+    y.t_()
+    return y, z, y[1]
 
 
 class TestGolden(TestCase):
@@ -450,8 +470,8 @@ def execute(x, mean, var):
 # the call, generated from the plan (this source runs)
 def call(leaves):
     x, mean, var = leaves
-    kept = (var, mean, )
-    versions = (var._version, mean._version, )
+    kept = (mean, var)
+    versions = (mean._version, var._version)
     getitem, = execute(x, mean, var)
     set_version_counters(kept, versions)
     return (getitem,)""",
@@ -485,4 +505,103 @@ def call(leaves):
     x, = leaves
     select_scatter, = execute(x)
     return (select_scatter,)""",
+        )
+
+    # The epilogue as it runs: a view made before the graph in eager's grad mode, a whole write-back with grad on,
+    # an alias group's base, a layout set in place after the views of it are made.
+    def test_write_after_a_no_grad_view(self):
+        self.assertExpectedInline(
+            traces(write_after_a_no_grad_view, torch.randn(2, 3, requires_grad=True) * 1),
+            """\
+# functional trace (no mutation)
+# made by alias analysis (.. ms), functionalize (.. ms), optimize (.. ms)
+def functional(x):
+    clone_default = aten.clone(x)                                 # float32[2, 3]
+    mul = aten.mul.Tensor(clone_default, 2)                       # float32[2, 3]  x.mul_(2)
+    return (mul,)
+# execution trace (torch executor)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
+# write-back to x: whole copy, 24 bytes: x.copy_(..)
+def execute(x):
+    clone_default = x.clone()                                     # float32[2, 3]
+    mul = clone_default.mul(2)                                    # float32[2, 3]  x.mul_(2)
+    return (mul,)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    if grad_enabled() is not True:
+        return call_with_grad_off(leaves)
+    x, = leaves
+    with torch.no_grad():
+        out0 = aten_select_int(x, 0, 0)
+    mul, = execute(x)
+    # write-back into the caller's tensors
+    x.copy_(mul)
+    return (out0,)""",
+        )
+
+    def test_overlapping_writes(self):
+        base = torch.zeros(10)
+        self.assertExpectedInline(
+            traces(overlapping_writes, base[:6], base[2:]),
+            """\
+# functional trace (no mutation)
+# made by alias analysis (.. ms), functionalize (.. ms), optimize (.. ms)
+def functional(a, b, alias_group0):
+    add = aten.add.Tensor(a, 1)                                   # float32[6]  a.add_(1)
+    as_strided_rel = as_strided_rel(alias_group0, [6], [1], 0)    # float32[6]  a.add_(1)
+    region_write = region_write(alias_group0, as_strided_rel, add)  # float32[10]  a.add_(1)
+    bump_version = bump_version(a)                                # a.add_(1)
+    as_strided_rel_1 = as_strided_rel(region_write, [8], [1], 2)  # float32[8]  b.mul_(2)
+    mul = aten.mul.Tensor(as_strided_rel_1, 2)                    # float32[8]  b.mul_(2)
+    region_write_1 = region_write(region_write, as_strided_rel_1, mul)  # float32[10]  b.mul_(2)
+    bump_version_1 = bump_version(b)                              # b.mul_(2)
+    as_strided_rel_3 = as_strided_rel(region_write_1, [6], [1], 0)  # float32[6]  return a.sum()
+    sum_1 = aten.sum(as_strided_rel_3)                            # float32[]  return a.sum()
+    return (region_write_1, sum_1)
+# execution trace (torch executor)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
+# write-back to group 0: in place, 56 bytes: x.as_strided_rel([6], [1], 0).copy_(..), x.as_strided_rel([8], [1], 2).mul_(..)
+def execute(a, b, alias_group0):
+    add = a.add(1)                                                # float32[6]  a.add_(1)
+    as_strided_rel_4 = as_strided_rel(alias_group0, [6], [1], 0)  # float32[6]  a.add_(1)
+    copy_ = as_strided_rel_4.copy_(add)                           # float32[6]  a.add_(1)
+    bump_version = bump_version(a)                                # a.add_(1)
+    as_strided_rel_5 = as_strided_rel(alias_group0, [8], [1], 2)  # float32[8]  b.mul_(2)
+    mul_ = as_strided_rel_5.mul_(2)                               # float32[8]  b.mul_(2)
+    bump_version_1 = bump_version(b)                              # b.mul_(2)
+    as_strided_rel_3 = as_strided_rel(alias_group0, [6], [1], 0)  # float32[6]  return a.sum()
+    sum_1 = as_strided_rel_3.sum()                                # float32[]  return a.sum()
+    return (sum_1,)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    a, b = leaves
+    alias_group0 = base_of_group0(a, b)
+    sum_1, = execute(a, b, alias_group0)
+    return (sum_1,)""",
+        )
+
+    def test_t_between_views(self):
+        self.assertExpectedInline(
+            traces(t_between_views, torch.randn(3, 4)),
+            """\
+# functional trace (no mutation)
+# made by alias analysis (.. ms), functionalize (.. ms), optimize (.. ms)
+def functional(x):
+    mul = aten.mul.Tensor(x, 2)                                   # float32[3, 4]  y = x * 2
+    return (mul,)
+# execution trace (torch executor)
+# made by write-back lowering (.. ms), torch executor (.. ms), call generation (.. ms)
+def execute(x):
+    mul = x.mul(2)                                                # float32[3, 4]  y = x * 2
+    return (mul,)
+# the call, generated from the plan (this source runs)
+def call(leaves):
+    if grad_enabled() is not True:
+        return call_with_grad_off(leaves)
+    x, = leaves
+    mul, = execute(x)
+    out1 = aten_select_int(mul, 0, 0)
+    out2 = aten_select_int(aten_t(mul), 0, 1)
+    as_strided_keeping_version(mul, [4, 3], [1, 4], 0)
+    return (mul, out1, out2)""",
         )

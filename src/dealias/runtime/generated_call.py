@@ -210,7 +210,8 @@ class _Call:
             members = ", ".join(self.tensors[m] for m in group.members)
             helper = s.bind(_group_base(group), f"base_of_group{g}")
             self.in_mode(self.grad or any(cap.requires_grad), [f"{name} = {helper}({members})"])
-        unmoved = [self.ref(r) for r in fp.unmoved_counters]
+        # (in a fixed order: the plan's comes from a set, and the printed source should not change between runs)
+        unmoved = [self.ref(r) for r in sorted(fp.unmoved_counters, key=_order)]
         if unmoved:  # (FunctionalProgram.unmoved_counters: set back at the end, whatever the writes moved them by)
             kept, versions = s.fresh("kept"), s.fresh("versions")
             s.emit(f"{kept} = {_tuple(unmoved)}")
@@ -238,7 +239,7 @@ class _Call:
         self.make_outputs()
         self.set_layouts()
         if unmoved:
-            moved = [self.ref(r) for r in fp.moved_counters]
+            moved = [self.ref(r) for r in sorted(fp.moved_counters, key=_order)]
             set_versions = s.bind(torch._C._autograd._unsafe_set_version_counter, "set_version_counters")
             if moved:  # (the moved counters read before the kept are set back)
                 finals = s.fresh("finals")
@@ -301,22 +302,17 @@ class _Call:
         return f"{pack}([{', '.join(self.outs)}])"
 
     def structure(self, spec: pytree.TreeSpec, leaves: Any) -> str | None:
+        """A tuple of outputs and constants (what dynamo's graphs return) as a literal; None for another structure
+        (fx's immutable containers, a torch.Size, a named tuple: pytree rebuilds those)."""
         if spec.is_leaf():
             leaf = next(leaves)
             return leaf.text if isinstance(leaf, _Out) else self.s.literal(leaf, self.result)
-        if spec.type not in (tuple, list, dict, torch.Size):
+        if spec.type is not tuple:
             return None
         parts = [self.structure(c, leaves) for c in spec.children()]
         if any(p is None for p in parts):
             return None
-        if spec.type is dict:
-            if any(type(k) not in (str, int) for k in spec.context):
-                return None
-            return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(spec.context, parts)) + "}"
-        inner = f"{', '.join(parts)}{',' * (len(parts) == 1)}"
-        if spec.type is list:
-            return f"[{', '.join(parts)}]"
-        return f"({inner})" if spec.type is tuple else f"{self.s.bind(torch, 'torch')}.Size(({inner}))"
+        return f"({', '.join(parts)}{',' * (len(parts) == 1)})"
 
 
 def generate_call(cap: Captured, fp: FunctionalProgram, run: Callable[..., Any], grad: bool) -> tuple[str, Any]:
@@ -345,6 +341,10 @@ def _compile(source: str, call: _Call) -> Callable[[list[Any]], Any]:
     exec(compile(source, filename, "exec"), env)  # noqa: S102 - generated from the plan only
     weakref.finalize(env["call"], linecache.cache.pop, filename, None)
     return env["call"]
+
+
+def _order(ref: Ref) -> tuple[str, str]:
+    return ref.kind.value, str(ref.key)
 
 
 def _tuple(items: Any) -> str:
