@@ -249,6 +249,7 @@ _SNAPSHOT_OFF = textwrap.dedent(
     """
     import json, torch, dealias
     from dealias.compat import active
+    from dealias.runtime.hazards import SNAPSHOT
     from dealias.runtime.verify import compare_call
 
     def swap_rows(buf):
@@ -258,22 +259,20 @@ _SNAPSHOT_OFF = textwrap.dedent(
 
     jf = dealias.jit(swap_rows, executor="inductor")
     diffs = [compare_call(swap_rows, jf, (torch.randn(4, 3),)) for _ in range(3)]
-    with torch.profiler.profile() as prof:
-        jf(torch.randn(4, 3))
-    called = any("snapshot" in e.name for e in prof.events())
-    print(json.dumps([diffs, jf.last.tier, called, active("inductor_snapshot_lowering")]))
+    snapshots = [n for n in jf.last.run_graph.graph.graph.nodes if n.target is SNAPSHOT]  # (handed to inductor)
+    print(json.dumps([diffs, jf.last.tier, len(snapshots), active("inductor_snapshot_lowering")]))
     """
 )
 
 
 @pytest.mark.inductor
-def test_without_the_snapshot_lowering_a_snapshot_calls_dealiass_op_and_the_rows_still_swap():
+def test_without_the_snapshot_lowering_the_rows_still_swap_as_eagers():
     # The lowering is registered with inductor once installed: out of force means never installed (a fresh process
-    # with DEALIAS_COMPAT_OFF). The snapshot is then a call of the custom op (slower), the values eager's.
+    # with DEALIAS_COMPAT_OFF). Inductor then runs the custom op as it runs any other (slower), the values eager's.
     run = _run(_SNAPSHOT_OFF, env={**os.environ, "DEALIAS_COMPAT_OFF": "inductor_snapshot_lowering"})
     assert run.returncode == 0, run.stderr[-2000:]
-    diffs, tier, called, active = json.loads(run.stdout.strip().splitlines()[-1])
-    assert diffs == [None, None, None] and tier == "fused" and called and not active
+    diffs, tier, snapshots, active = json.loads(run.stdout.strip().splitlines()[-1])
+    assert diffs == [None, None, None] and tier == "fused" and snapshots > 0 and not active
 
 
 def hand_written_adam(params, grads, ms, vs, step, lr=1e-3):
