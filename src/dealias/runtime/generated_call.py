@@ -111,7 +111,8 @@ class _Out:
 
 
 class _Call:
-    """One call's source for grad mode `grad` (the plan's steps in __call__'s former order)."""
+    """One call's source for grad mode `grad`: the caller's tensors bound, the alias groups' bases, the counters kept,
+    the outputs made early, the graph run, the write-backs, the other outputs, layouts, counters set back, return."""
 
     def __init__(self, cap: Captured, fp: FunctionalProgram, run: Callable[..., Any], grad: bool) -> None:
         self.cap, self.fp, self.grad = cap, fp, grad
@@ -306,7 +307,11 @@ class _Call:
         (fx's immutable containers, a torch.Size, a named tuple: pytree rebuilds those)."""
         if spec.is_leaf():
             leaf = next(leaves)
-            return leaf.text if isinstance(leaf, _Out) else self.s.literal(leaf, self.result)
+            if isinstance(leaf, _Out):
+                return leaf.text
+            # (a returned constant: a literal only where it is a scalar, else the very object, as pytree would)
+            scalar = leaf is None or type(leaf) in (bool, int, str) or type(leaf) is float and math.isfinite(leaf)
+            return repr(leaf) if scalar else self.s.bind(leaf, "constant")
         if spec.type is not tuple:
             return None
         parts = [self.structure(c, leaves) for c in spec.children()]
