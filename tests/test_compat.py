@@ -224,6 +224,57 @@ def test_without_its_autograd_correction_a_graph_autograd_records_runs_unfused()
     torch.testing.assert_close(w.grad, 2 * x * (x * w).cos())
 
 
+def two_linears_of_a_row(x, g, w1, w2):
+    h = g * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))  # a (1, 1, 256) row inductor computes
+    return torch.nn.functional.linear(h, w1), torch.nn.functional.linear(h, w2)
+
+
+@pytest.mark.inductor
+def test_without_the_view_strides_correction_atens_mm_copies_the_row_and_the_results_stay(monkeypatch):
+    # Out of force, inductor's (0, 1) strides reach ATen's mm, which copies the row first: slower, the same values.
+    monkeypatch.setenv("DEALIAS_ROW_PRODUCTS", "aten")  # (the products left to ATen's mm: row_products.py)
+    args = (torch.randn(1, 1, 256), torch.randn(256), torch.randn(256, 256), torch.randn(256, 256))
+    jf = dealias.jit(two_linears_of_a_row, executor="inductor")
+    with compat.forced_off("inductor_view_strides"):
+        torch.testing.assert_close(jf(*args), two_linears_of_a_row(*args))
+    assert jf.last.tier == "fused"
+    with torch.profiler.profile() as prof:
+        got = jf(*args)
+    torch.testing.assert_close(got, two_linears_of_a_row(*args))
+    ops = [e.name for e in prof.events()]
+    assert ops.count("aten::mm") == 2 and ("aten::clone" in ops or "aten::copy_" in ops), ops
+
+
+_SNAPSHOT_OFF = textwrap.dedent(
+    """
+    import json, torch, dealias
+    from dealias.compat import active
+    from dealias.runtime.hazards import SNAPSHOT
+    from dealias.runtime.verify import compare_call
+
+    def swap_rows(buf):
+        t = buf[0].clone()  # read before buf[0] is written: a snapshot in the fused graph
+        buf[0] = buf[1]
+        buf[1] = t
+
+    jf = dealias.jit(swap_rows, executor="inductor")
+    diffs = [compare_call(swap_rows, jf, (torch.randn(4, 3),)) for _ in range(3)]
+    snapshots = [n for n in jf.last.run_graph.graph.graph.nodes if n.target is SNAPSHOT]  # (handed to inductor)
+    print(json.dumps([diffs, jf.last.tier, len(snapshots), active("inductor_snapshot_lowering")]))
+    """
+)
+
+
+@pytest.mark.inductor
+def test_without_the_snapshot_lowering_the_rows_still_swap_as_eagers():
+    # The lowering is registered with inductor once installed: out of force means never installed (a fresh process
+    # with DEALIAS_COMPAT_OFF). Inductor then runs the custom op as it runs any other (slower), the values eager's.
+    run = _run(_SNAPSHOT_OFF, env={**os.environ, "DEALIAS_COMPAT_OFF": "inductor_snapshot_lowering"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    diffs, tier, snapshots, active = json.loads(run.stdout.strip().splitlines()[-1])
+    assert diffs == [None, None, None] and tier == "fused" and snapshots > 0 and not active
+
+
 def hand_written_adam(params, grads, ms, vs, step, lr=1e-3):
     step += 1
     bc1 = 1 - 0.9**step

@@ -46,7 +46,7 @@ def test_batch_norm_training_fuses_with_autograd():
     assert info.tiers == ("fused",) and info.hits == 1, info
     assert "fused with autograd" in str(dealias.last_traces(jf)[3])
     program = jf.last  # the running stats are stored by the kernel, as torch.compile's: nothing after the graph
-    assert not program.functional.writebacks and program.lean_call != program.__call__
+    assert not program.functional.writebacks and "copy_(" not in program.source, program.source
     assert type(y2.grad_fn).__name__ == "CompiledFunctionBackward"  # AOTAutograd's Function, not wrapped
 
 

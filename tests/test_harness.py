@@ -9,7 +9,7 @@ from harness import check, compare_call
 
 import dealias
 import dealias.ir.viewops as viewops
-import dealias.runtime.program as program
+import dealias.runtime.generated_call as generated_call
 from dealias import compat
 
 
@@ -107,9 +107,14 @@ def test_accepts_a_failed_graph_after_a_break_that_wrote_nothing(fn):
     assert compare_call(fn, dealias.jit(fn), args) is None  # (and with every correction in force)
 
 
+def copies_instead_of_views(monkeypatch):
+    """Every view step the generated call replays on an output made a copy."""
+    real = generated_call._Call.step
+    monkeypatch.setattr(generated_call._Call, "step", lambda *a: f"{real(*a)}.clone()")
+
+
 def test_notices_lost_output_aliasing(monkeypatch):
-    real = program.replay_chain
-    monkeypatch.setattr(program, "replay_chain", lambda *a: real(*a).clone())
+    copies_instead_of_views(monkeypatch)
     with pytest.raises(AssertionError, match="aliasing"):
         check(returns_input, torch.randn(3))
 
@@ -121,8 +126,7 @@ def returns_a_view_of_an_intermediate(x):
 
 def test_notices_an_output_that_is_no_longer_a_view(monkeypatch):
     # Same values, no input memory either way: only `_is_view()` (autograd's `_base`) tells them apart.
-    real = program.replay_chain
-    monkeypatch.setattr(program, "replay_chain", lambda *a: real(*a).clone())
+    copies_instead_of_views(monkeypatch)
     with pytest.raises(AssertionError, match="aliasing"):
         check(returns_a_view_of_an_intermediate, torch.randn(3, 2))
 

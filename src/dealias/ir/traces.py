@@ -108,9 +108,7 @@ def _contiguous(shape: torch.Size) -> tuple[int, ...]:
 _INFIX = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//", operator.mod: "%"}
 
 
-def format_graph(
-    gm: fx.GraphModule, name: str, header: str, epilogue: list[str] | None = None, returns: str | None = None
-) -> str:
+def format_graph(gm: fx.GraphModule, name: str, header: str) -> str:
     lines = [f"# {header}"]
     params = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     # Symbolic sizes are shown by the name of the input they come from (`[2, pos + 1]`, not `[2, s33 + 1]`).
@@ -136,8 +134,7 @@ def format_graph(
             args = [_arg(a) for a in node.args[1:]] + [f"{k}={_arg(v)}" for k, v in node.kwargs.items()]
             stmt = f"{node.name} = {_arg(node.args[0])}.{node.target}({', '.join(args)})"
         elif node.op == "output":
-            if returns is None:
-                lines.append(f"    return {_arg(node.args[0])}")
+            lines.append(f"    return {_arg(node.args[0])}")
             continue
         else:
             continue
@@ -146,8 +143,4 @@ def format_graph(
             shape = re.sub(rf"\b{symbol}\b", input_name, shape)
         notes = "  ".join(x for x in (shape, node_location(node)) if x)
         lines.append(f"    {stmt:<60}  # {notes}" if notes else f"    {stmt}")
-    for e in epilogue or []:
-        lines.append(f"    {e}")
-    if returns is not None:
-        lines.append(f"    return {returns}")
     return "\n".join(lines)

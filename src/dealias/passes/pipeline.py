@@ -21,7 +21,7 @@ from ..errors import UnsupportedError
 from ..ir.gradops import caller_tensor, write_back_now
 from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
 from ..ir.traces import Trace, format_graph
-from ..ir.viewops import chain_text, symbolic_layout
+from ..ir.viewops import symbolic_layout
 from ..runtime.executor import torch_executor
 from ..runtime.fused import AUTOGRAD, Unfusable, fused_executor, unfusable
 from ..runtime.fused_autograd import fused_autograd_executor
@@ -36,39 +36,18 @@ from .writeback import lower, whole_writes_in_graph
 
 
 def _execution_trace(
-    fp: FunctionalProgram, reports: list[WriteBackReport], header: str, passes: list[tuple[str, float]]
+    fp: FunctionalProgram, reports: list[WriteBackReport], header: str, passes: list[tuple[str, float]], source: str
 ) -> Trace:
-    return Trace("execution", lambda: _execution_text(fp, reports, header), passes, fp.gm)
+    return Trace("execution", lambda: _execution_text(fp, reports, header, source), passes, fp.gm)
 
 
-def _execution_text(fp: FunctionalProgram, reports: list[WriteBackReport], header: str) -> str:
-    out_node = fp.gm.graph.output_node()
-    results = [a.name for a in out_node.args[0]]
-
-    def name(ref: Ref) -> str:
-        if ref.kind is RefKind.CONSTANT:
-            return f"self.{ref.key}"
-        return results[ref.key] if ref.kind is RefKind.RESULT else root_node(fp.gm, ref).name
-
+def _execution_text(fp: FunctionalProgram, reports: list[WriteBackReport], header: str, source: str) -> str:
+    """The graph the executor runs, then the call around it as it runs: the program's generated source (its
+    epilogue writes back into the caller's tensors and makes the outputs)."""
     for r in reports:
         header += f"\n# write-back to {r.target}: {r.mode}, {r.nbytes} bytes: {', '.join(r.regions)}"
-    epilogue = ["# write-back into the caller's tensors"] if fp.writebacks or fp.metadata_writebacks else []
-    for wb in fp.writebacks:
-        epilogue.append(f"{name(wb.target)}.copy_({results[wb.output]})")
-    outs = []
-    for slot in fp.outputs:
-        text = outs[slot.same_as] if slot.same_as is not None else chain_text(name(slot.source), slot.chain)
-        if slot.restride is not None:
-            size, stride, rel = slot.restride
-            text = f"{text}.as_strided_({list(size)}, {list(stride)}, {text}.storage_offset() + {rel})"
-        outs.append(text)
-    for mw in fp.metadata_writebacks:
-        t = name(mw.target)
-        epilogue.append(f"{t}.as_strided_({list(mw.size)}, {list(mw.stride)}, {t}.storage_offset() + {mw.rel})")
-        if mw.detach:
-            epilogue.append(f"{t}.detach_()")
-    returns = f"({outs[0]},)" if len(outs) == 1 else f"({', '.join(outs)})"
-    return format_graph(fp.gm, "execute", header, epilogue, returns)
+    graph = format_graph(fp.gm, "execute", header)
+    return f"{graph}\n# the call, generated from the plan (this source runs)\n{source.rstrip()}"
 
 
 class _Clock:
@@ -209,11 +188,12 @@ def compile_program(
         Trace("dynamo", lambda: f"# dynamo graph (torch level)\n{gm.code.strip()}"),
         Trace("captured", lambda: format_graph(captured.gm, "captured", captured_header), captured_passes, captured.gm),
         functional,
-        _execution_trace(shown, reports, name, clock.take()),
     ]
-    return CompiledProgram(
-        captured, fp, run, traces, functional_gm, reports, _shape_guard(captured), tensor_layouts(captured), tier
-    )
+    with clock("call generation"):
+        guard, layouts = _shape_guard(captured), tensor_layouts(captured)
+        program = CompiledProgram(captured, fp, run, traces, functional_gm, reports, guard, layouts, tier, grad)
+    traces.append(_execution_trace(shown, reports, name, clock.take(), program.source))
+    return program
 
 
 def _hidden_writes_only(fp: FunctionalProgram, captured: Captured) -> bool:
