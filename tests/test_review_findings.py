@@ -1,0 +1,59 @@
+"""Review findings (issue 39's corrections `out_views` and `input_metadata`): programs where dealias differed from
+eager, each compared with eager by the differential harness."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from harness import compare_call
+
+import dealias
+
+
+def _calls(fn, arglist):
+    """One jitted function called on each argument tuple in turn: the first difference from eager, or None."""
+    jf = dealias.jit(fn)
+    for i, args in enumerate(arglist):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            diff = compare_call(fn, jf, args)
+        if diff is not None:
+            return f"call {i + 1}: {diff}"
+    return None
+
+
+def inv_into(a, o):
+    return torch.linalg.inv(a, out=o)
+
+
+def add_into(a, o):
+    return torch.add(a, 1, out=o)
+
+
+OVERLAP = (
+    "out_views checks at trace time that `out` shares no storage with an argument, but no guard holds that: a later "
+    "call whose `out` is (or overlaps) an input reuses the op + copy_ graph, where eager's kernel writes `out` while "
+    "reading the input"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=OVERLAP)
+def test_out_view_becomes_the_input_on_a_later_call():
+    # eager's inv(a, out=a) overwrites `a` while reading it: another result than inv(a) copied into a
+    m = torch.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.25], [0.5, 0.25, 2.0]]) + torch.eye(3)
+    b = m.clone()
+    assert _calls(inv_into, [(m.clone().t(), torch.zeros(3, 3).t()), (b.t(), b.t())]) is None
+
+
+@pytest.mark.xfail(strict=True, reason=OVERLAP)
+def test_out_view_partly_overlaps_the_input_on_a_later_call():
+    # eager raises ("some elements of the input tensor and the written-to tensor refer to a single memory location")
+    buf = torch.arange(16.0).view(4, 4)
+    assert _calls(add_into, [(torch.ones(4, 4), torch.zeros(4, 4).t()), (buf, buf.t())]) is None
+
+
+def test_out_view_overlapping_on_the_first_call_is_eager():
+    buf = torch.arange(16.0).view(4, 4)
+    assert _calls(add_into, [(buf, buf.t()), (torch.ones(4, 4), torch.zeros(4, 4).t())]) is None
