@@ -119,3 +119,13 @@ def test_version_read_in_a_graph_without_writes_compiles():
     with warnings.catch_warnings():
         warnings.simplefilter("error", dealias.FallbackWarning)
         assert compare_call(version_only, jf, (torch.ones(4, 3),)) is None
+
+
+def test_out_view_overlap_under_strict_raises():
+    m = torch.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.25], [0.5, 0.25, 2.0]]) + torch.eye(3)
+    jf = dealias.jit(inv_into, strict=True)
+    jf(m.clone().t(), torch.zeros(3, 3).t())
+    b = m.clone()
+    with pytest.raises(Exception, match="shares memory"):
+        jf(b.t(), b.t())
+    assert torch.equal(b, m)  # (nothing ran)

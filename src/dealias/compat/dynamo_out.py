@@ -255,13 +255,16 @@ def _restored(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
-def keep_out_overlaps(gm: fx.GraphModule, program: Callable[..., Any], name: str) -> Callable[..., Any]:
+def keep_out_overlaps(
+    gm: fx.GraphModule, program: Callable[..., Any], name: str, strict: bool = False
+) -> Callable[..., Any]:
     """`program` (compiled from `gm`), or where `gm` has marked copies whose `out` and arguments come from graph
-    inputs, a program that runs `gm` restored eagerly on a call where those inputs share a storage."""
+    inputs, a program that runs `gm` restored eagerly on a call where those inputs share a storage (`strict`:
+    raises UnsupportedError there instead)."""
     pairs = _rewrites(gm)
     if not pairs:
         return program
-    from ..errors import OverlapFallbackWarning
+    from ..errors import OverlapFallbackWarning, UnsupportedError
 
     eager: list[fx.GraphModule] = []
 
@@ -270,13 +273,14 @@ def keep_out_overlaps(gm: fx.GraphModule, program: Callable[..., Any], name: str
         if not any(ids(outs) & ids(ins) for outs, ins in pairs):
             return program(*args)
         if not eager:
-            eager.append(_restored(gm))
-            warnings.warn(
+            message = (
                 f"dealias: a graph of {name} runs eagerly on calls where an `out=` tensor shares memory with the "
-                "op's arguments (eager's kernel decides what it writes)",
-                OverlapFallbackWarning,
-                stacklevel=2,
+                "op's arguments (eager's kernel decides what it writes)"
             )
+            if strict:
+                raise UnsupportedError(message)
+            eager.append(_restored(gm))
+            warnings.warn(message, OverlapFallbackWarning, stacklevel=2)
         return eager[0].forward(*args)
 
     return checked
