@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     tensor_scalars,
 )
 from .dynamo_inputs import fold_input_aliases
+from .dynamo_out import keep_out_overlaps
 from .dynamo_tensor import HOOKED_AFTER, REFRESHED, hooks_of_frame, inplace_view_node, is_inplace_view
 from .registry import Correction, Missing, active, corrections, forced_off, install_all, report
 from .settings import for_dealias, in_dealias_frame, settings_in_force
@@ -34,6 +35,7 @@ __all__ = [
     "inplace_view_node",
     "install_all",
     "is_inplace_view",
+    "keep_out_overlaps",
     "report",
     "settings_in_force",
 ]

@@ -23,6 +23,11 @@ eager's behaviour, errors included):
   raises for a partial overlap);
 - a result that requires grad (eager raises: `out=` functions don't support automatic differentiation);
 - `out=` given a tuple of tensors (left to dynamo);
+- on a later call, an `out` that shares memory with an argument where the traced call's did not (`inv(a, out=o)`
+  traced with `o` apart from `a`, called with `o` being `a`): dynamo's guards do not hold storage sharing between
+  inputs, so the copy node is marked (`OUT_COPY`) and the backend's program checks, on each call, the inputs `out`
+  and the op's arguments were made from (`keep_out_overlaps`); where they now share a storage, that call runs the
+  graph eagerly with the call restored to `op(..., out=out)` (eager's kernel, eager's result or error).
 - arguments with symbolic sizes or values, too large to check cheaply (more than `CHECK_LIMIT` elements), or
   tensor arguments of an integer or bool dtype (indices, pivots: random ones are not safe to run a kernel on).
 """
@@ -31,14 +36,18 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
 
 from .registry import correction, replace_method, require, require_module
 from .settings import applies
 
 NAME = "out_views"
+OUT_COPY = "dealias_out_copy"  # node meta key: the `out.copy_(op(...))` a non-contiguous `out=` call was traced as
 CHECK_LIMIT = 1 << 20  # elements of all the call's tensors together, above which no check runs (a graph break)
 _verdicts: dict[Any, bool] = {}
 
@@ -198,7 +207,8 @@ def install() -> None:
             or value.requires_grad
         ):
             return None  # (the node traced above is unused: dynamo's own call below breaks the graph before it)
-        out_vt.call_method(tx, "copy_", [result], {})
+        copied = out_vt.call_method(tx, "copy_", [result], {})
+        copied.as_proxy().node.meta[OUT_COPY] = True
         return out_vt
 
     @functools.wraps(call)
@@ -207,3 +217,70 @@ def install() -> None:
         return call(self, tx, args, kwargs) if result is None else result
 
     replace_method(cls, "call_function", call, call_function)
+
+
+def _storage(node: Any) -> Any:
+    value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
+    return value.untyped_storage()._cdata if isinstance(value, torch.Tensor) else None
+
+
+def _rewrites(gm: fx.GraphModule) -> list[tuple[set[int], set[int]]]:
+    """For each marked copy (module docstring): the input positions `out` was made from, and those the op's tensor
+    arguments were made from (the placeholders whose fake value shares the tensor's fake storage)."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    roots = lambda node: {
+        i for i, p in enumerate(placeholders) if (s := _storage(node)) is not None and _storage(p) == s
+    }
+    found = []
+    for node in gm.graph.find_nodes(op="call_method", target="copy_"):
+        if node.meta.get(OUT_COPY):
+            op = node.args[1]
+            found.append((roots(node.args[0]), set().union(*map(roots, pytree.tree_leaves((op.args, op.kwargs))))))
+    return [(outs, ins) for outs, ins in found if outs and ins]
+
+
+def _restored(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` with each marked copy turned back into the call dynamo traced: `op(..., out=out)`."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for node in list(graph.find_nodes(op="call_method", target="copy_")):
+        if node.meta.get(OUT_COPY):
+            op = node.args[1]
+            with graph.inserting_before(node):
+                call = graph.call_function(op.target, op.args, {**op.kwargs, "out": node.args[0]})
+            node.replace_all_uses_with(call)
+            graph.erase_node(node)
+            if not op.users:
+                graph.erase_node(op)
+    return fx.GraphModule(gm, graph)
+
+
+def keep_out_overlaps(
+    gm: fx.GraphModule, program: Callable[..., Any], name: str, strict: bool = False
+) -> Callable[..., Any]:
+    """`program` (compiled from `gm`), or where `gm` has marked copies whose `out` and arguments come from graph
+    inputs, a program that runs `gm` restored eagerly on a call where those inputs share a storage (`strict`:
+    raises UnsupportedError there instead)."""
+    pairs = _rewrites(gm)
+    if not pairs:
+        return program
+    from ..errors import OverlapFallbackWarning, UnsupportedError
+
+    eager: list[fx.GraphModule] = []
+
+    def checked(*args: Any) -> Any:
+        ids = lambda ps: {args[i].untyped_storage()._cdata for i in ps if isinstance(args[i], torch.Tensor)}
+        if not any(ids(outs) & ids(ins) for outs, ins in pairs):
+            return program(*args)
+        if not eager:
+            message = (
+                f"dealias: a graph of {name} runs eagerly on calls where an `out=` tensor shares memory with the "
+                "op's arguments (eager's kernel decides what it writes)"
+            )
+            if strict:
+                raise UnsupportedError(message)
+            eager.append(_restored(gm))
+            warnings.warn(message, OverlapFallbackWarning, stacklevel=2)
+        return eager[0].forward(*args)
+
+    return checked

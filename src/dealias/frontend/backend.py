@@ -509,7 +509,9 @@ class Backend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         compat.fold_input_aliases(gm)  # (first: whatever runs gm, compiled or eagerly, must change the input itself)
         refuse_uncorrected(gm, self.options, self.stats.name)
-        return graph_program(gm, self.options, self.stats)
+        return compat.keep_out_overlaps(
+            gm, graph_program(gm, self.options, self.stats), self.stats.name, self.options.strict
+        )
 
 
 def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
@@ -518,7 +520,8 @@ def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict
     opts = Options(**(options or {}))
     compat.fold_input_aliases(gm)
     refuse_uncorrected(gm, opts, "a compiled function")
-    return graph_program(gm, opts, Stats(name="a compiled function"))
+    program = graph_program(gm, opts, Stats(name="a compiled function"))
+    return compat.keep_out_overlaps(gm, program, "a compiled function", opts.strict)
 
 
 dealias_backend.is_dealias_backend = True  # type: ignore[attr-defined]

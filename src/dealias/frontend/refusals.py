@@ -42,6 +42,7 @@ def refuse_uncorrected(gm: fx.GraphModule, options: Any, name: str) -> None:
     refuse_negative_nan(gm, options, name)
     refuse_late_hooks(gm, options, name)
     refuse_stale_autograd_facts(gm, options, name)
+    refuse_version_reads(gm, options, name)
 
 
 def run_frame_eagerly(message: str, options: Any) -> None:
@@ -145,3 +146,16 @@ def refuse_negative_nan(gm: fx.GraphModule, options: Any, name: str) -> None:
                     ),
                     options,
                 )
+
+
+def refuse_version_reads(gm: fx.GraphModule, options: Any, name: str) -> None:
+    """`x._version` read in a graph that writes (`v = o._version; o.t().add_(1); o._version - v`): dynamo traces
+    it as `prims._tensor_version`, which dealias's program does not order against its writes (the write-back to
+    the caller's tensors): the difference above was 0 where eager's is 1, and `v` alone read the counter after
+    the write. Such a frame runs eagerly; a graph that only reads counters compiles."""
+    is_version = lambda n: isinstance(n.target, torch._ops.OpOverload) and n.target.name() == "prims::_tensor_version"
+    node = next((n for n in gm.graph.nodes if is_version(n)), None)
+    if node is None or not any(may_write(n) for n in gm.graph.nodes if not is_version(n)):
+        return
+    message = f"{name}: `._version` is read in a graph that writes; this frame runs eagerly"
+    run_frame_eagerly(with_location(message, node_location(node)), options)
