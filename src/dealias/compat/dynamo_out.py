@@ -135,6 +135,8 @@ def _eager_fills(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> bool:
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     if sum(t.numel() for t in tensors) > CHECK_LIMIT or any(t.device.type != "cpu" for t in tensors):
         return False
+    if any(t.is_conj() or t.is_neg() for t in tensors):
+        return False  # (lazily conjugated or negated views: the fresh tensors below would not carry those bits)
     # Random values are safe to compute on only in floating point: integer arguments are indices, pivots, counts,
     # which random ones make kernels reject or, in LAPACK's (ldl_solve's pivots), write outside their memory.
     if any(not (t.dtype.is_floating_point or t.dtype.is_complex) for t in tensors if t is not kwargs["out"]):
