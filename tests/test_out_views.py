@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from harness import check, functional_ops
+from harness import check, compare_call, functional_ops
 
 import dealias
 from dealias import compat
@@ -139,3 +139,42 @@ def test_other_backends_still_break():
     torch.compile(add_into_transpose, backend=backend)(torch.randn(3, 3), y)
     targets = [n.target for gm in graphs for n in gm.graph.nodes]
     assert torch.add not in targets  # dynamo's own graph break at the out= call, as without dealias imported
+
+
+def clamp_in_place_of_intermediate(x):
+    v = x.cumsum(1)
+    torch.clamp(v[:, ::2], -1, 1, out=v[:, ::2])  # out is the argument's very elements: eager allows it
+    return v
+
+
+def clamp_in_place_of_input(w):
+    torch.clamp(w[:, ::2], -1, 1, out=w[:, ::2])
+    return w * 1
+
+
+@pytest.mark.parametrize("fn", [clamp_in_place_of_intermediate, clamp_in_place_of_input])
+def test_an_out_that_is_its_arguments_elements_is_compiled(fn):
+    jf = check(fn, torch.randn(4, 6), calls=3)
+    assert dealias.graph_breaks(jf) == []
+
+
+def clamp_from_another(a, b):
+    torch.clamp(b[:, ::2], -1, 1, out=a[:, ::2])
+    return a
+
+
+def test_an_out_aliasing_its_argument_through_another_input_is_checked_at_every_call():
+    # Traced with b the same memory as a (two inputs): later calls with b apart, and b overlapping a partly, are
+    # each eager's (the calls sharing memory run the restored out= call eagerly).
+    jf = dealias.jit(clamp_from_another)
+    base = torch.randn(4, 8)
+    calls = [
+        lambda: (lambda t: (t, t.view(4, 8)))(base.clone()),
+        lambda: (base.clone(), base.clone() * 2),
+        lambda: (lambda t: (t[:, :6], t[:, 1:7]))(base.clone()),  # (one memory, no element in common)
+        lambda: (lambda t: (t[:, :6], t[:, 2:8]))(base.clone()),  # (columns 2 and 4 in common: eager's kernel decides)
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for make in calls:
+            assert compare_call(clamp_from_another, jf, make()) is None

@@ -19,8 +19,9 @@ eager's behaviour, errors included):
 - an op that draws random numbers (schema tag `nondeterministic_seeded`): eager fills a non-contiguous `out` in
   its memory order, not in the result's element order;
 - a result of another shape or dtype (eager resizes `out`, or casts into it, or raises);
-- an `out` that overlaps itself (an expanded tensor: eager raises) or shares memory with an argument (eager
-  raises for a partial overlap);
+- an `out` that overlaps itself (an expanded tensor: eager raises) or shares memory with an argument other than
+  as the same elements (eager raises for a partial overlap; an argument that is out's very elements,
+  `clamp(v, 0, 1, out=v)`, is checked with that aliasing, and rewritten where eager's kernel agrees);
 - a result that requires grad (eager raises: `out=` functions don't support automatic differentiation);
 - `out=` given a tuple of tensors (left to dynamo);
 - on a later call, an `out` that shares memory with an argument where the traced call's did not (`inv(a, out=o)`
@@ -66,11 +67,23 @@ def _draws_random(fn: Any) -> bool:
     return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
 
 
+def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """`a` and `b` are the same elements of one memory (`clamp(v, 0, 1, out=v)` with v strided): eager's
+    TensorIterator allows that overlap, where it refuses a partial one."""
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata and (
+        a.shape,
+        a.stride(),
+        a.storage_offset(),
+        a.dtype,
+    ) == (b.shape, b.stride(), b.storage_offset(), b.dtype)
+
+
 def _overlaps(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
+    """Whether `t` repeats its memory, or shares memory with one of `others` other than as the same elements."""
     if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
         return True  # (memory repeated: eager refuses to write it)
     mine = t.untyped_storage()
-    return any(o.untyped_storage()._cdata == mine._cdata for o in others)
+    return any(o.untyped_storage()._cdata == mine._cdata and not _same_place(o, t) for o in others)
 
 
 def _arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | None:
@@ -123,13 +136,16 @@ def _key(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
             return (a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.device.type)
         return (type(a), repr(a))
 
-    return (fn, tuple(one(a) for a in args), tuple((k, one(v)) for k, v in sorted(kwargs.items())))
+    out = kwargs["out"]
+    same = tuple(isinstance(a, torch.Tensor) and a is not out and _same_place(a, out) for a in args)
+    return (fn, tuple(one(a) for a in args), tuple((k, one(v)) for k, v in sorted(kwargs.items())), same)
 
 
-def _eager_fills(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> bool:
+def _eager_fills(fn: Any, args: list[Any], kwargs: dict[str, Any], alias: bool = True) -> bool:
     """Whether eager's `fn(*args, **kwargs)` with its `out=` writes exactly what the call without `out=` followed
-    by `out.copy_(result)` writes, every byte of out's memory compared, on tensors of the call's layouts."""
-    key = _key(fn, args, kwargs)
+    by `out.copy_(result)` writes, every byte of out's memory compared, on tensors of the call's layouts (with
+    `alias`, an argument that is out's very elements is out's memory, as in the call; else memory of its own)."""
+    key = (_key(fn, args, kwargs), alias)
     if key in _verdicts:
         return _verdicts[key]
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -149,6 +165,10 @@ def _eager_fills(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> bool:
         try:
             gen = torch.Generator().manual_seed(0)
             real = {id(t): _real(t, gen) for t in tensors}
+            out_fake = kwargs["out"]
+            for t in tensors:  # (an argument that is out's very elements is out's memory here too)
+                if alias and t is not out_fake and _same_place(t, out_fake):
+                    real[id(t)] = real[id(out_fake)]
             args_r = [real[id(a)] if isinstance(a, torch.Tensor) else a for a in args]
             kwargs_r = {k: real[id(v)] if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
             out = kwargs_r["out"]
@@ -198,6 +218,10 @@ def install() -> None:
         ]
         if _overlaps(out, others) or not _eager_fills(self.value, *found):
             return None
+        # An argument that is out's very elements: also checked on memory of its own, which a later call may give it
+        # where it came from another input (keep_out_overlaps then runs the call eagerly only if they share memory).
+        if any(_same_place(a, out) for a in others) and not _eager_fills(self.value, *found, alias=False):
+            return None
         rest = {k: v for k, v in kwargs.items() if k != "out"}
         result = call(self, tx, args, rest)
         value = _fake(result) if result.is_tensor() else None
@@ -236,9 +260,24 @@ def _rewrites(gm: fx.GraphModule) -> list[tuple[set[int], set[int]]]:
     found = []
     for node in gm.graph.find_nodes(op="call_method", target="copy_"):
         if node.meta.get(OUT_COPY):
-            op = node.args[1]
-            found.append((roots(node.args[0]), set().union(*map(roots, pytree.tree_leaves((op.args, op.kwargs))))))
+            op, out = node.args[1], node.args[0]
+            outs = roots(out)
+            # An argument that was out's very elements, made from the same inputs, stays so on every call (the same
+            # view ops of the same inputs: dynamo guards their layouts); the check was made for it (_eager_fills).
+            # (One input only: inputs sharing memory at the traced call may share it otherwise at a later one.)
+            leaves = [
+                a
+                for a in pytree.tree_leaves((op.args, op.kwargs))
+                if not (_same_node_place(a, out) and len(outs) == 1 and roots(a) == outs)
+            ]
+            found.append((outs, set().union(*map(roots, leaves))))
     return [(outs, ins) for outs, ins in found if outs and ins]
+
+
+def _same_node_place(a: Any, b: Any) -> bool:
+    va = a.meta.get("example_value") if isinstance(a, fx.Node) else None
+    vb = b.meta.get("example_value") if isinstance(b, fx.Node) else None
+    return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and _same_place(va, vb)
 
 
 def _restored(gm: fx.GraphModule) -> fx.GraphModule:
