@@ -327,3 +327,30 @@ def test_fallback_recorded(tmp_path):
         records.stop()
     fallbacks = page.items.get("fallback", [])
     assert len(fallbacks) == 1 and "cache_limit" in fallbacks[0][1]
+
+
+def test_the_tier_a_program_settles_on_is_recorded(tmp_path, monkeypatch):
+    # executor "auto" chooses its tier on its calls (frontend/tiers.py): the page says where it runs and why, not
+    # only the torch executor it started on.
+    from dealias.frontend import tiers
+
+    clock = {"torch": 5e-5, "graph": 2e-5}
+    monkeypatch.setattr(tiers, "measure", lambda tier, run, leaves: (run(leaves), clock[tier]))
+
+    def scale_row(buf, s: torch.Tensor):
+        buf[1].mul_(s)
+        return buf.sum()
+
+    try:
+        dealias.report(tmp_path)
+        jf = dealias.jit(scale_row)
+        buf, eager_buf = torch.ones(4, 3), torch.ones(4, 3)
+        for _ in range(20):
+            s = torch.tensor(1.5)
+            assert torch.equal(jf(buf, s), scale_row(eager_buf, s)) and torch.equal(buf, eager_buf)
+        assert dealias.cache_info(jf).tiers == ("graph",)
+        text = dealias.report(tmp_path).read_text()
+    finally:
+        records.stop()
+    assert "torch → graph" in text and "runs on: <b class='tier'>graph</b>" in text
+    assert "fastest measured: graph 20.0 us vs torch 50.0 us" in text

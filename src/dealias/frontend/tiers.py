@@ -40,6 +40,7 @@ from torch._dynamo.convert_frame import compile_lock
 from ..errors import InvariantError
 from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
+from ..report import records as _report
 
 log = logging.getLogger("dealias")
 
@@ -207,6 +208,8 @@ class Tiered:
             direct = (lambda args: run([*args, *attributes])) if attributes else run
             backend.lean = (lean[0], self, direct)
         log.info("dealias: a program of %s runs on %s: %s", backend.stats.name, self.tier, self.tier_reason)
+        if _report.ACTIVE is not None:  # DEALIAS_REPORT (report/records.py)
+            _report.ACTIVE.settled(backend, self)
 
     def _promote(self, leaves: list[Any]) -> None:
         """Compile the fused program with this call's inputs (the entry's layout check held: the same program)."""

@@ -97,6 +97,11 @@ def _group(events: list[dict[str, Any]]) -> tuple[dict[str, Any], list[_Function
             # graphs numbered per function, in the order they compiled
             ev["graph"] = f.graphs.setdefault(ev.get("graph"), len(f.graphs))
             f.compiles.append(ev)
+        elif kind == "tier":  # (the graph's latest compile is the program that chose)
+            graph = f.graphs.get(ev.get("graph"))
+            chosen = [c for c in f.compiles if c.get("graph") == graph]
+            if chosen:
+                chosen[-1]["settled"] = ev
         elif kind == "fallback":
             f.fallbacks.append(ev)
         elif kind == "summary":
@@ -216,9 +221,11 @@ def _compile(f: _Function, c: dict[str, Any], cid: str) -> str:
     # A graph's first layout compiled because the function's call missed (dynamo's reason); a later layout
     # because dealias's own key changed (sharing, offsets, a value outside the shape guard).
     reason = c.get("reason", "") if c.get("layout") else c.get("miss_reason") or c.get("reason", "")
+    settled = c.get("settled") or {}
+    tier = f"{c.get('tier', '')} → {settled['tier']}" if settled else str(c.get("tier", ""))
     head = (
         f"graph {c.get('graph')} · layout {c.get('layout')} · <span class='reason'>{e(reason)}</span> · "
-        f"<span class='tier'>{e(str(c.get('tier', '')))}</span>"
+        f"<span class='tier'>{e(tier)}</span>"
     )
     out = [f"<details class='compile' id='{cid}' open><summary>{head}</summary>"]
     out.append(
@@ -227,6 +234,8 @@ def _compile(f: _Function, c: dict[str, Any], cid: str) -> str:
         + (f"; symbolic: {e(', '.join(c['symbolic']))}" if c.get("symbolic") else "")
         + "</p>"
     )
+    if settled:  # (executor "auto"/"tiered": the tier its calls chose, measured on them)
+        out.append(f"<p class='settled'>runs on: <b class='tier'>{e(settled['tier'])}</b> — {e(settled['why'])}</p>")
     out.append(_inputs(c.get("inputs", [])))
     if c.get("writebacks"):
         rows = "".join(

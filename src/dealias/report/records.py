@@ -184,6 +184,23 @@ class Recorder:
         except Exception:  # noqa: BLE001
             log.debug("dealias: report: could not record a fallback", exc_info=True)
 
+    def settled(self, graph: Any, entry: Any) -> None:
+        """A program of executor "auto"/"tiered" chose its tier (frontend/tiers.py): which, why, the medians."""
+        try:
+            self.write(
+                {
+                    "event": "tier",
+                    "function": self.number(graph.stats),
+                    "name": graph.stats.name,
+                    "graph": self.number(graph, "graph"),
+                    "tier": str(entry.tier),
+                    "why": entry.tier_reason,
+                    "timings": {k: float(v) for k, v in entry.timings.items()},
+                }
+            )
+        except Exception:  # noqa: BLE001 - the report never breaks the run
+            log.debug("dealias: report: could not record a tier", exc_info=True)
+
     def missed(self, jf: Any, breaks_before: int) -> None:
         """A call of a jitted function compiled something (dynamo or dealias): its reason, its new graph breaks."""
         try:
