@@ -74,6 +74,19 @@ class no_fallback(warnings.catch_warnings):
         return out
 
 
+def captured_targets(fn, *args) -> list:
+    """The node targets of the graphs dynamo captures for `fn(*args)` under a backend that only collects them and
+    runs them as they are (what a backend other than dealias's is handed)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(fn, backend=backend)(*args)
+    return [n.target for gm in graphs for n in gm.graph.nodes]
+
+
 def fallback_messages(record) -> list[str]:
     return [str(w.message) for w in record if issubclass(w.category, dealias.FallbackWarning)]
 

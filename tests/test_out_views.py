@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from harness import check, compare_call, functional_ops
+from harness import captured_targets, check, compare_call, fallback_messages, functional_ops
 
 import dealias
 from dealias import compat
@@ -39,7 +39,7 @@ def _breaks(fn, *args):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         jf(*args)
-    return jf, [str(w.message) for w in record if issubclass(w.category, dealias.FallbackWarning)]
+    return jf, fallback_messages(record)
 
 
 @pytest.mark.parametrize(
@@ -129,15 +129,7 @@ def test_out_of_force_it_is_dynamos_break():
 
 
 def test_other_backends_still_break():
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    y = torch.zeros(3, 3)
-    torch.compile(add_into_transpose, backend=backend)(torch.randn(3, 3), y)
-    targets = [n.target for gm in graphs for n in gm.graph.nodes]
+    targets = captured_targets(add_into_transpose, torch.randn(3, 3), torch.zeros(3, 3))
     assert torch.add not in targets  # dynamo's own graph break at the out= call, as without dealias imported
 
 

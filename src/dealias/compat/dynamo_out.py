@@ -44,6 +44,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from .dynamo_tensor import aten_tags
 from .registry import correction, replace_method, require, require_module
 from .settings import applies
 
@@ -57,14 +58,11 @@ def _fake(vt: Any) -> Any:
     return vt.as_proxy().node.meta.get("example_value")
 
 
-@functools.cache
 def _draws_random(fn: Any) -> bool:
     """Whether any overload of the aten op behind torch function `fn` is tagged as drawing random numbers (or
     no aten op of that name exists: unknown, so treated as drawing)."""
-    packet = getattr(torch.ops.aten, getattr(fn, "__name__", ""), None)
-    if not isinstance(packet, torch._ops.OpOverloadPacket):
-        return True
-    return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
+    tags = aten_tags(getattr(fn, "__name__", ""))
+    return tags is None or torch.Tag.nondeterministic_seeded in tags
 
 
 def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:

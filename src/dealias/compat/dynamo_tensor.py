@@ -47,13 +47,18 @@ _CALL_METHOD = ("self", "tx", "name", "args", "kwargs")
 
 
 @functools.cache
+def aten_tags(name: str) -> frozenset[Any] | None:
+    """The tags of the overloads of the aten op named `name`, together (None where aten has no such op)."""
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
+    return frozenset(tag for o in packet.overloads() for tag in getattr(packet, o).tags)
+
+
 def is_inplace_view(name: str) -> bool:
     """Whether the aten op named `name` (`t_`, `unsqueeze_`, `as_strided_`, ...) changes its argument's
     metadata in place (aten's `inplace_view` tag on any overload)."""
-    packet = getattr(torch.ops.aten, name, None) if name.endswith("_") else None
-    if packet is None or not hasattr(packet, "overloads"):
-        return False
-    return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
+    return name.endswith("_") and torch.Tag.inplace_view in (aten_tags(name) or ())
 
 
 def inplace_view_node(node: torch.fx.Node) -> bool:
