@@ -330,7 +330,7 @@ def test_fallback_recorded(tmp_path):
 
 
 def test_the_tier_a_program_settles_on_is_recorded(tmp_path, monkeypatch):
-    # executor "auto" chooses its tier on its calls (frontend/tiers.py): the page says where it runs and why, not
+    # executor "exact" chooses its tier on its calls (frontend/tiers.py): the page says where it runs and why, not
     # only the torch executor it started on.
     from dealias.frontend import tiers
 
@@ -343,7 +343,7 @@ def test_the_tier_a_program_settles_on_is_recorded(tmp_path, monkeypatch):
 
     try:
         dealias.report(tmp_path)
-        jf = dealias.jit(scale_row)
+        jf = dealias.jit(scale_row, executor="exact")
         buf, eager_buf = torch.ones(4, 3), torch.ones(4, 3)
         for _ in range(20):
             s = torch.tensor(1.5)

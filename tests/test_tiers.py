@@ -1,7 +1,8 @@
-"""Tiers (frontend/tiers.py): executor="auto" (the default) runs each program on the faster of the torch executor
-and dynamo's graph run as it is, measured on its calls; executor="tiered" adds the fused executor. Every call is
-compared with eager, before, during and after the choice. Timing is faked (`tiers.measure`): which tier wins is
-decided by the test, never by the machine."""
+"""Tiers (frontend/tiers.py): executor="exact" runs each program on the faster of the torch executor and dynamo's
+graph run as it is, measured on its calls; executor="tiered" (the default) adds the fused executor, compiled in the
+background. Every call is compared with eager, before, during and after the choice. Timing is faked
+(`tiers.measure`): which tier wins is decided by the test, never by the machine; so is when a background compile
+ends."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ import torch
 from harness import compare_call, grads_like_eager, same
 
 import dealias
+from dealias.compat.inductor import compile_beside_calls
 from dealias.frontend import tiers
 
 CALLS = 16  # enough for either exact tier to be chosen (one warm-up and tiers.SAMPLES timed calls each)
 
 
 def faked(monkeypatch, **seconds: float) -> list[str]:
-    """Make `tiers.measure` say each call on tier t took seconds[t]; returns the tiers measured, in order."""
+    """Make `tiers.measure` say each call on tier t took seconds[t]; returns the tiers measured, in order. The fused
+    compile runs in the promoting call (the background compile has tests of its own, below)."""
     ran: list[str] = []
+    monkeypatch.setattr(tiers, "BACKGROUND", False)
 
     def measure(tier, run, leaves):
         ran.append(tier)
@@ -55,11 +59,11 @@ def calls_like_eager(fn, jf, make_args, calls: int = CALLS) -> None:
         (write_through_view, lambda: (torch.randn(4, 3), torch.randn(4))),
     ],
 )
-def test_auto_keeps_the_faster_exact_tier_and_stays_exact(monkeypatch, winner, fn, make_args):
+def test_exact_keeps_the_faster_exact_tier_and_stays_exact(monkeypatch, winner, fn, make_args):
     loser = "torch" if winner == "graph" else "graph"
     ran = faked(monkeypatch, **{winner: 2e-5, loser: 5e-5})
-    jf = dealias.jit(fn)  # the default: executor="auto"
-    assert jf.options.executor == "auto"
+    jf = dealias.jit(fn, executor="auto")  # "exact"'s former name
+    assert jf.options.executor == "exact"
     calls_like_eager(fn, jf, make_args)
     info = dealias.cache_info(jf)
     assert (info.misses, info.hits, info.tiers) == (1, CALLS - 1, (winner,)), info
@@ -75,7 +79,7 @@ def test_auto_keeps_the_faster_exact_tier_and_stays_exact(monkeypatch, winner, f
 
 def test_after_the_choice_the_graphs_lean_call_runs_the_winner_directly(monkeypatch):
     faked(monkeypatch, graph=1e-5, torch=2e-5)
-    jf = dealias.jit(slice_write)
+    jf = dealias.jit(slice_write, executor="exact")
     calls_like_eager(slice_write, jf, lambda: (torch.randn(256, 8), torch.randn(8)))
     program = jf.stats.graphs[0]
     tiered = program.lean[1]
@@ -93,7 +97,7 @@ def test_inputs_sharing_memory_stay_on_the_torch_executor(monkeypatch):
         base = torch.randn(10)
         return base, base[2:]
 
-    jf = dealias.jit(fn)
+    jf = dealias.jit(fn, executor="exact")
     calls_like_eager(fn, jf, make_args)
     info = dealias.cache_info(jf)
     assert info.tiers == ("torch",) and info.timings == ({},)
@@ -109,7 +113,7 @@ def test_a_metadata_change_is_not_run_as_the_graph(monkeypatch):
         y.t_()
         return y
 
-    jf = dealias.jit(fn)
+    jf = dealias.jit(fn, executor="exact")
     calls_like_eager(fn, jf, lambda: (torch.randn(3, 4),))
     assert dealias.cache_info(jf).tiers == ("torch",)
     assert "graph not tried" in dealias.cache_info(jf).tier_reasons[0]
@@ -127,7 +131,7 @@ def test_gradients_are_eagers_on_either_tier(monkeypatch, winner):
     def make_args():
         return torch.randn(3, 4, requires_grad=True) * 1, torch.randn(4, requires_grad=True)
 
-    jf = dealias.jit(fn)
+    jf = dealias.jit(fn, executor="exact")
     assert grads_like_eager(fn, jf, make_args, calls=CALLS) == []
     assert dealias.cache_info(jf).tiers == (winner,)
 
@@ -139,7 +143,7 @@ def test_module_state_and_optimizer_steps_are_eagers_on_the_graph_tier(monkeypat
     eager_model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9, foreach=True)
-    jmodel, jstep = dealias.jit(model), dealias.jit(opt.step)
+    jmodel, jstep = dealias.jit(model, executor="exact"), dealias.jit(opt.step, executor="exact")
     for _ in range(CALLS):
         x = torch.randn(16, 8)
         jmodel(x).square().sum().backward()
@@ -243,7 +247,7 @@ def test_an_error_on_the_graph_tier_is_eagers(monkeypatch):
         x.add_(1)
         x.index_copy_(0, i, s)
 
-    jf = dealias.jit(two_writes)
+    jf = dealias.jit(two_writes, executor="exact")
     calls_like_eager(two_writes, jf, lambda: (torch.zeros(4), torch.tensor([1]), torch.ones(1)))
     assert dealias.cache_info(jf).tiers == ("graph",)
     x, eager_x = torch.zeros(4), torch.zeros(4)
@@ -283,3 +287,105 @@ def test_gradients_before_and_after_the_fused_program_is_chosen(monkeypatch):
         torch.testing.assert_close(args[1].grad, eager_args[1].grad, rtol=1e-4, atol=1e-4)
         tiers_seen.append(dealias.cache_info(jf).tiers[0])
     assert tiers_seen[-1] == "fused" and tiers_seen[0] == "torch", tiers_seen
+
+
+def blocked_compile(monkeypatch, fail: bool = False):
+    """Inductor's compile waits for the test's `release` (and raises if `fail`); `threads` records where it ran."""
+    import threading
+
+    import torch._inductor.compile_fx as compile_fx
+
+    release, threads = threading.Event(), []
+    real = compile_fx.compile_fx_inner
+
+    def compile_fx_inner(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        assert release.wait(120), "the test never released the compile"
+        if fail:
+            raise RuntimeError("inductor failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", compile_fx_inner)
+    return release, threads
+
+
+needs_background = pytest.mark.skipif(
+    not compile_beside_calls(),
+    reason="FX's tracing flag is the process's on this torch: the fused compile runs in the promoting call",
+)
+
+
+def _entry(jf):
+    """The (one) cache entry of jf's graph: a Tiered."""
+    [[(_, _, entry, _)]] = jf.stats.graphs[0].cache.values()
+    return entry
+
+
+@needs_background
+@pytest.mark.inductor
+def test_the_default_compiles_the_fused_program_in_the_background(monkeypatch):
+    ran = faked(monkeypatch, graph=3e-5, torch=2e-5, fused=1e-5)
+    monkeypatch.setattr(tiers, "BACKGROUND", True)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 3)
+    release, threads = blocked_compile(monkeypatch)
+    jf = dealias.jit(slice_write)  # the default
+    assert jf.options.executor == "tiered"
+    make_args = lambda: (torch.randn(256, 8), torch.randn(8))  # noqa: E731
+    # Calls 1-3 on the exact tiers; the third starts the compile, which waits: calls go on, bit for bit eager's.
+    calls_like_eager(slice_write, jf, make_args, calls=12)
+    assert threads == ["dealias fused compile"]
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("torch",) and "fused" not in ran
+    assert info.tier_reasons[0].startswith("the fused program compiling in the background")
+    release.set()
+    assert dealias.wait_compiles(jf, timeout=120)
+    # adopted; the three measured afresh (samples taken while inductor compiled are dropped; the exact tiers' choice
+    # waits for the fused program once it is promoted), the fastest chosen
+    fused_results_close(slice_write, jf, make_args, 3 * tiers.SAMPLES + 1)
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("fused",) and info.misses == 1
+    assert info.tier_reasons[0].startswith("fastest measured: fused 10.0 us")
+    assert jf.last.shown.tier == "fused"
+
+
+@needs_background
+def test_a_fused_compile_failing_in_the_background_leaves_the_exact_tiers(monkeypatch):
+    faked(monkeypatch, graph=3e-5, torch=2e-5, fused=1e-5)
+    monkeypatch.setattr(tiers, "BACKGROUND", True)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 2)
+    release, threads = blocked_compile(monkeypatch, fail=True)
+    jf = dealias.jit(slice_write)
+    make_args = lambda: (torch.randn(256, 8), torch.randn(8))  # noqa: E731
+    calls_like_eager(slice_write, jf, make_args, calls=4)
+    release.set()
+    assert _entry(jf).wait(120) and threads == ["dealias fused compile"]
+    calls_like_eager(slice_write, jf, make_args, calls=12)  # bit for bit: the exact tiers only
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("torch (not fusable)",) and "fused" not in info.timings[0], info
+    assert info.tier_reasons[0].startswith("fastest measured: torch 20.0 us vs graph 30.0 us")
+
+
+def test_a_program_over_symbols_compiles_its_fused_program_in_the_promoting_call(monkeypatch):
+    # Inductor's decisions add guards to the program's ShapeEnv, which its shape guard is made from when it is built.
+    faked(monkeypatch, graph=3e-5, torch=2e-5, fused=1e-5)
+    monkeypatch.setattr(tiers, "BACKGROUND", True)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 2)
+    release, threads = blocked_compile(monkeypatch, fail=True)
+    release.set()  # (fails at once, wherever it runs)
+    jf = dealias.jit(slice_write, dynamic=True)
+    calls_like_eager(slice_write, jf, lambda: (torch.randn(256, 8), torch.randn(8)), calls=3)
+    assert threads == ["MainThread"] and _entry(jf).pending is None
+
+
+def test_where_fx_tracing_is_the_processs_the_fused_compile_runs_in_the_promoting_call(monkeypatch):
+    # (torch 2.13: a compile in another thread would make calls of every compiled function raise meanwhile)
+    faked(monkeypatch, graph=3e-5, torch=2e-5, fused=1e-5)
+    monkeypatch.setattr(tiers, "BACKGROUND", True)
+    monkeypatch.setattr(tiers, "compile_beside_calls", lambda: False)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 2)
+    release, threads = blocked_compile(monkeypatch, fail=True)
+    release.set()
+    jf = dealias.jit(slice_write)
+    calls_like_eager(slice_write, jf, lambda: (torch.randn(256, 8), torch.randn(8)), calls=3)
+    assert threads == ["MainThread"] and _entry(jf).pending is None
+    assert dealias.cache_info(jf).tiers[0].endswith("(not fusable)")

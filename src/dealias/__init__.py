@@ -1,7 +1,17 @@
 """dealias: a PyTorch compiler that gets in-place ops and tensor aliases exactly right."""
 
 from . import report  # `dealias.report(path)`: the run's HTML report (report/)
-from .api import CacheInfo, JitFunction, JitModule, cache_info, explain, graph_breaks, jit, last_traces
+from .api import (
+    CacheInfo,
+    JitFunction,
+    JitModule,
+    cache_info,
+    explain,
+    graph_breaks,
+    jit,
+    last_traces,
+    wait_compiles,
+)
 from .errors import (
     DataDependentError,
     DealiasError,
@@ -38,5 +48,6 @@ __all__ = [
     "graph_breaks",
     "jit",
     "last_traces",
+    "wait_compiles",
     "report",
 ]

@@ -6,6 +6,7 @@ import functools
 import logging
 import re
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ class CacheInfo:
     last_miss_reason: str = ""  # why the latest compile happened ("first call" or what changed)
     dynamic: tuple[str, ...] = ()  # what compiled programs hold symbolic: `pos`, `x.size(1)`
     # per compiled program, what runs it: "torch" (the torch executor), "graph" (dynamo's graph as it is, executors
-    # "auto" and "tiered") or "fused", with why the fused executor does not where it was asked for
+    # "tiered" and "exact") or "fused", with why the fused executor does not where it was asked for
     tiers: tuple[str, ...] = ()
     # per compiled program, the median seconds per call measured on each tier it was measured on ({} if none)
     timings: tuple[dict[str, float], ...] = ()
@@ -78,7 +79,7 @@ class JitFunction:
         fn: Callable[..., Any],
         strict: bool = False,
         verify: bool = False,
-        executor: str = "auto",
+        executor: str = "tiered",
         cache_limit: int = 8,
         dynamic: bool | None = None,
     ) -> None:
@@ -344,7 +345,7 @@ def jit(
     *,
     strict: bool = False,
     verify: bool = False,
-    executor: str = "auto",
+    executor: str = "tiered",
     cache_limit: int = 8,
     dynamic: bool | None = None,
 ) -> Any:
@@ -354,15 +355,17 @@ def jit(
     The result behaves like `fn` in eager PyTorch (values, mutations of its arguments and of module state,
     outputs that alias arguments or each other). Programs dealias cannot compile exactly run eagerly with a
     FallbackWarning; with `strict=True` they raise instead. With `verify=True` every call also runs `fn`
-    eagerly on copies and raises VerificationError at the first difference. `executor="auto"` (the default)
-    runs each program on whichever is faster on its first calls, measured, of the torch executor (op by op with
-    eager's kernels) and dynamo's graph run as it is (as `backend="eager"` runs it, where that is exact): eager's
-    bits either way. `executor="torch"` keeps the torch executor. `executor="inductor"` hands the graph, its writes
-    into the caller's memory included, to inductor (fused kernels, not bit-equal to eager's); `executor="tiered"`
-    is "auto" that also compiles the fused program once a program has run 16 times (an inductor compile costs
-    seconds) and keeps it if it is measured faster. `cache_info(f).tiers`, `.timings` and `.tier_reasons` say
-    where each program runs and why. `dynamic` is torch.compile's: None holds an int or a size symbolic once it has
-    changed between calls, True from the first call, False never."""
+    eagerly on copies and raises VerificationError at the first difference. `executor="tiered"` (the default)
+    runs each program on whichever is fastest, measured on its own calls, of the torch executor (op by op with
+    eager's kernels), dynamo's graph run as it is (as `backend="eager"` runs it, where that is exact) and, once the
+    program has run 16 times (an inductor compile costs seconds), the fused executor: inductor's kernels, the
+    graph's writes into the caller's memory included, within a few ulps of eager's results. `executor="exact"`
+    chooses between the first two only: eager's bits ("auto" is its former name). `executor="torch"` keeps the
+    torch executor, `executor="inductor"` the fused executor from the first call. `cache_info(f).tiers`,
+    `.timings` and `.tier_reasons` say where each program runs and why; `wait_compiles(f)` waits for the fused
+    compiles running in the background (their calls run the exact tiers meanwhile). `dynamic` is torch.compile's:
+    None holds an int or a size symbolic once it has changed between calls, True from the first call, False
+    never."""
     options = dict(strict=strict, verify=verify, executor=executor, cache_limit=cache_limit, dynamic=dynamic)
     if fn is None:
         return functools.partial(jit, **options)
@@ -464,3 +467,16 @@ def last_traces(jf: JitFunction | JitModule) -> list[Trace]:
 
 def cache_info(jf: JitFunction | JitModule) -> CacheInfo:
     return _handle(jf).cache_info()
+
+
+def wait_compiles(jf: JitFunction | JitModule, timeout: float | None = None) -> bool:
+    """Wait until no fused program of `jf` is being compiled in the background (executor "tiered"), e.g. before
+    timing it; True when none is left (False: `timeout` seconds passed). Each waits for the next call to adopt it."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for graph in list(_handle(jf).stats.graphs):
+        for bucket in list(graph.cache.values()):
+            for *_, entry, _ in bucket:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if hasattr(entry, "wait") and not entry.wait(left):
+                    return False
+    return True

@@ -26,6 +26,12 @@ each call; torch 2.13 always did, torch 2.14 does it only while it also asserts 
 dealias turns the asserts off where every call's sizes are already guarded (static sizes: dynamo's guards or the
 cache entry's check held before the program runs), and keeps them on for graphs over symbols, on every release:
 they cost a check per input and call, and they are what binds the symbols.
+
+`compile_beside_calls()`: whether an inductor compile may run in a thread of its own while other threads call
+compiled functions. Inductor traces with FX while it compiles (its pattern matcher's replacements), and dynamo
+refuses a call of a compiled function while FX traces ("Detected that you are using FX to symbolically trace a
+dynamo-optimized function"). Torch 2.14 keeps that flag per thread; torch 2.13 keeps one for the process, so a
+compile in another thread would make calls of any compiled function (torch.compile's too) raise meanwhile.
 """
 
 from __future__ import annotations
@@ -42,6 +48,13 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from .registry import Missing, active, correction, ensure, require, require_module
 
 _local = threading.local()
+
+
+def compile_beside_calls() -> bool:
+    """FX's tracing flag is per thread on this torch (above)."""
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    return isinstance(getattr(symbolic_trace, "_is_fx_tracing_tls", None), threading.local)
 
 
 @contextlib.contextmanager

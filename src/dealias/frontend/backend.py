@@ -70,24 +70,28 @@ compat.install_all()
 COMPILE_LOCK = compile_lock
 
 
-EXECUTORS = ("auto", "torch", "inductor", "tiered")
-TIERS = ("auto", "tiered")  # executors whose programs start on the torch executor and are measured (tiers.py)
+EXECUTORS = ("tiered", "exact", "torch", "inductor")
+# "auto" was the exact tiers' name before the default fused: a program that asked for it keeps eager's bits
+ALIASES = {"auto": "exact"}
+TIERS = ("tiered", "exact")  # executors whose programs start on the torch executor and are measured (tiers.py)
+EXACT = ("torch", "exact")  # executors whose results are eager's bits
 
 
 @dataclass(frozen=True)
 class Options:
     """What `torch.compile(..., backend="dealias", options={...})` and `dealias.jit(..., **options)` take."""
 
-    # "auto": per program the faster of the torch executor and dynamo's graph run as it is, measured on the calls
-    # (both eager's bits; tiers.py); "torch": eager's kernels, region writes in place; "inductor": the fused
-    # executor (fused.py); "tiered": as "auto", and the fused executor once a program has run `PROMOTE_AFTER` times
-    # (its compile costs seconds), kept if measured faster
-    executor: str = "auto"
+    # "tiered" (the default): per program the fastest, measured on its calls, of the torch executor, dynamo's graph
+    # run as it is and, once the program has run `PROMOTE_AFTER` times (its compile costs seconds), the fused
+    # executor (tiers.py); "exact": the same without the fused executor (eager's bits); "torch": eager's kernels,
+    # region writes in place; "inductor": the fused executor (fused.py) from the first call
+    executor: str = "tiered"
     verify: bool = False  # every call of a graph also runs it eagerly on copies; VerificationError on a difference
     strict: bool = False  # a graph dealias cannot compile raises instead of running eagerly
     cache_limit: int = 8  # compiled layouts per graph before it runs eagerly (with a warning)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "executor", ALIASES.get(self.executor, self.executor))
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(map(repr, EXECUTORS))}, not {self.executor!r}")
 
@@ -306,7 +310,7 @@ class GraphProgram:
 
     def _entry(self, program: Any, symbolic: Symbolic | None) -> Any:
         """The cache entry for a torch- or fused-executor program: wrapped to be measured against the other tiers
-        (tiers.py), for executors "auto" and "tiered"."""
+        (tiers.py), for executors "tiered" and "exact"."""
         if self.options.executor not in TIERS:
             return program
         return Tiered(self, program, symbolic, fuse=self.options.executor == "tiered")
@@ -367,7 +371,7 @@ class GraphProgram:
         if eager_error is not None:
             raise VerificationError(f"{self.stats.name}: eager raised {eager_error!r}, dealias returned")
         # fused kernels are not bit-equal; the torch executor and dynamo's graph are
-        tolerant = ULP_TOLERANT.set(self.options.executor not in ("torch", "auto"))
+        tolerant = ULP_TOLERANT.set(self.options.executor not in EXACT)
         try:
             diff = first_difference(expected, got, eager_leaves, leaves)
         finally:

@@ -12,8 +12,9 @@ A program (one cache entry of a graph: one input layout) can run on
 - "fused": the fused executor (inductor), compiled once the program has run `PROMOTE_AFTER` times or for
   `PROMOTE_AFTER_SECONDS` (a compile costs seconds). Its results differ from eager's in the last bits.
 
-executor="auto" (the default) measures the two exact tiers and keeps the faster: never slower than eager's run of
-the same graph (beyond measurement noise), and bit for bit eager's results. executor="tiered" adds the fused one.
+executor="tiered" (the default) measures all three and keeps the fastest; executor="exact" ("auto" before) only the
+two exact tiers: bit for bit eager's results. Either way never slower than eager's run of the same graph (beyond
+measurement noise) where that graph is a candidate.
 Each candidate's first call is not timed (warm-up: lazily built paths, caches); then the candidates take turns,
 call by call (so a noisy stretch of the machine moves them all), until each has `SAMPLES` timed calls (or
 `MEASURE_SECONDS` of them), and the lowest median wins. After that, nothing is timed: the graph's lean call is
@@ -37,10 +38,12 @@ from typing import Any
 import torch
 from torch._dynamo.convert_frame import compile_lock
 
+from ..compat.inductor import compile_beside_calls
 from ..errors import InvariantError
 from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
+from ..runtime import fused
 
 log = logging.getLogger("dealias")
 
@@ -48,6 +51,10 @@ PROMOTE_AFTER = 16  # calls of a program before executor="tiered" compiles its f
 # ...or, sooner, seconds spent running it: an inductor compile costs seconds (a few for a small graph, 12 s for the
 # 40-tensor Adam of bench/run.py), so a program whose calls take long (large tensors) earns one within a few calls.
 PROMOTE_AFTER_SECONDS = 2.0
+# Inductor's compile of the fused program runs in a thread of its own while the exact tiers serve calls (the calls
+# run slower meanwhile, holding the GIL in turns, but none stops for the compile's seconds), on a torch where that
+# is safe for other compiled functions' calls (compat.inductor.compile_beside_calls: 2.14, not 2.13).
+BACKGROUND = True
 SAMPLES = 5  # timed calls per candidate tier before choosing (after its untimed first call)
 MEASURE_SECONDS = 0.5  # ...or fewer, once a candidate's timed calls took this long in all (long calls)
 
@@ -79,7 +86,7 @@ def _us(seconds: float) -> str:
 
 
 class Tiered:
-    """A cache entry of executor "auto" or "tiered": the torch executor's program, the other tiers it may run on,
+    """A cache entry of executor "tiered" or "exact": the torch executor's program, the other tiers it may run on,
     and their measurements. `tier` says where it runs now, `tier_reason` why, `timings` the medians measured
     (seconds, per tier). Other attributes (traces, reports, layouts, shape_guard) are the torch program's, or the
     fused one's while that runs it."""
@@ -106,7 +113,8 @@ class Tiered:
         self.calls = 0
         self.spent = 0.0  # seconds the program's calls took (until settled)
         self.promoted = False
-        self.promoting = False
+        self.promoting = False  # from the promoting call until the fused program is adopted (or failed)
+        self.pending: Any = None  # the fused program while inductor compiles it in the background
         # The fused program's shape guard where it may hold for fewer calls than the first's, which the cache entry
         # checks (inductor's decisions on a program over symbols add guards): calls outside it run the exact tier.
         self.narrower: Callable[[list[Any]], bool] | None = None
@@ -131,7 +139,9 @@ class Tiered:
 
     @property
     def tier_reason(self) -> str:
-        if self.candidates or self.promoting:
+        if self.pending is not None:
+            why = "the fused program compiling in the background"
+        elif self.candidates or self.promoting:
             why = f"measuring ({', '.join(self.candidates) or self.current})"
         elif self.measured:
             why = f"fastest measured: {self.measured} (median per call)"
@@ -149,8 +159,16 @@ class Tiered:
             due = self.fuse and not self.promoted and not self.promoting
             due = due and (self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
             self.promoting = self.promoting or due
+            compiled = self.pending is not None and self.pending.run_graph.pending.done.is_set()
+            if compiled:
+                program, self.pending = self.pending, None
         if due:
             self._promote(leaves)
+        elif compiled:
+            error = program.run_graph.pending.error
+            if error is not None and not isinstance(error, Exception):
+                raise error  # (KeyboardInterrupt, SystemExit: the user's, not a failed compile)
+            self._adopt(program if error is None else None, _failure(error) if error is not None else "")
         with self.lock:
             # the candidate measured least (one not yet warm first), else the current tier
             tier = min(self.candidates, key=self._measured) if self.candidates else self.current
@@ -212,12 +230,14 @@ class Tiered:
             _report.ACTIVE.settled(backend, self)
 
     def _promote(self, leaves: list[Any]) -> None:
-        """Compile the fused program with this call's inputs (the entry's layout check held: the same program)."""
+        """Build the fused program with this call's inputs (the entry's layout check held: the same program).
+        Inductor's compile of it goes to a thread of its own where it can (`BACKGROUND`, fused.in_background): calls
+        run the exact tiers until it is done, and the first call after adopts it."""
         b = self.backend
         grad = torch.is_grad_enabled()
         program, note = None, ""
         try:
-            with compile_lock:
+            with compile_lock, fused.in_background(BACKGROUND and compile_beside_calls()):
                 program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
             if program.tier != "fused":
                 note = "not fusable"
@@ -230,6 +250,14 @@ class Tiered:
             note = "fused compile failed"
         finally:
             torch._C._set_grad_enabled(grad)
+        if program is not None and not note and getattr(program.run_graph, "pending", None) is not None:
+            with self.lock:
+                self.pending = program
+            return
+        self._adopt(program, note)
+
+    def _adopt(self, program: Any, note: str) -> None:
+        """The fused program compiled (or `note`, why not): a candidate measured against the exact tier chosen."""
         with self.lock:
             self.promoted, self.promoting = True, False
             if note:
@@ -242,7 +270,16 @@ class Tiered:
                 self.narrower = guard
             self.fused = program
             self.runs["fused"] = program.lean_call
-            if not self.candidates:
-                self.candidates, self.samples = [self.current, "fused"], {}
-            else:
-                self.candidates.append("fused")
+            # (samples taken while inductor compiled are dropped: the compile slowed those calls)
+            self.candidates, self.samples = [*(self.candidates or [self.current]), "fused"], {}
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
+        next call adopts it."""
+        pending = self.pending
+        return pending is None or pending.run_graph.pending.done.wait(timeout)
+
+
+def _failure(error: BaseException) -> str:
+    log.info("dealias: a fused compile failed: %s", error, exc_info=error)
+    return "not fusable" if isinstance(error, fused.Unfusable) else "fused compile failed"

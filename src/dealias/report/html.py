@@ -234,7 +234,7 @@ def _compile(f: _Function, c: dict[str, Any], cid: str) -> str:
         + (f"; symbolic: {e(', '.join(c['symbolic']))}" if c.get("symbolic") else "")
         + "</p>"
     )
-    if settled:  # (executor "auto"/"tiered": the tier its calls chose, measured on them)
+    if settled:  # (executor "tiered"/"exact": the tier its calls chose, measured on them)
         out.append(f"<p class='settled'>runs on: <b class='tier'>{e(settled['tier'])}</b> — {e(settled['why'])}</p>")
     out.append(_inputs(c.get("inputs", [])))
     if c.get("writebacks"):

@@ -185,7 +185,7 @@ class Recorder:
             log.debug("dealias: report: could not record a fallback", exc_info=True)
 
     def settled(self, graph: Any, entry: Any) -> None:
-        """A program of executor "auto"/"tiered" chose its tier (frontend/tiers.py): which, why, the medians."""
+        """A program of executor "tiered"/"exact" chose its tier (frontend/tiers.py): which, why, the medians."""
         try:
             self.write(
                 {

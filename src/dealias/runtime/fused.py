@@ -27,14 +27,18 @@ of a few rows by a weight as the reduction inductor generates, where that is fas
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from operator import getitem
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dynamo.convert_frame import compile_lock
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from ..compat.inductor import dealias_compile, size_asserts
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
@@ -134,17 +138,79 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     check_hazards(traced)
     traced.recompile()
     handed = copy.deepcopy(traced)  # inductor's passes rewrite the graph they are given (no-op clones go)
-    try:
-        # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
-        # (dynamo's guards or the cache entry's tensor check held before the program runs); over symbols they bind
-        # the symbols (compat/inductor.py).
-        with torch._inductor.config.patch(size_asserts=size_asserts(traced)), dealias_compile():
-            compiled = compile_fx_inner(traced, list(example))
-    except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
-        raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+    # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
+    # (dynamo's guards or the cache entry's tensor check held before the program runs); over symbols they bind
+    # the symbols (compat/inductor.py).
+    asserts = size_asserts(traced)
+
+    def compile_now() -> Any:
+        try:
+            with torch._inductor.config.patch(size_asserts=asserts), dealias_compile():
+                return compile_fx_inner(traced, list(example))
+        except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
+            first_line = str(e).splitlines()[0][:200] if str(e) else ""
+            raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {first_line}") from e
+
+    # Over symbols, inductor's decisions add guards to the program's ShapeEnv, which its shape guard is made from
+    # when the program is built: such a compile cannot be left for later.
+    later = getattr(_background, "on", False) and not any(
+        free_symbols(ph.meta.get("val")) for ph in traced.graph.find_nodes(op="placeholder")
+    )
+    compiled = Background(compile_now) if later else compile_now()
     run = runner(gm, compiled, prologue, written=written)
     run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
+    run.pending = compiled if later else None  # type: ignore[attr-defined]
     return run
+
+
+_background = threading.local()
+
+
+@contextlib.contextmanager
+def in_background(on: bool = True) -> Iterator[None]:
+    """While on (in this thread), fused_executor leaves inductor's compile to a thread of its own (`Background`),
+    where the graph has no symbols: executor "tiered" keeps serving calls on the exact tiers meanwhile."""
+    before = getattr(_background, "on", False)
+    _background.on = on
+    try:
+        yield
+    finally:
+        _background.on = before
+
+
+class Background:
+    """Inductor's compile of one graph in a daemon thread. Everything that reads the call's inputs (capture,
+    lowering, the kernel checks, the trace for inductor) ran before, in the calling thread; the compile itself
+    reads only the traced graph and its inputs' layouts. It takes dynamo's compile lock (re-entrant; the calling
+    thread holds it while it builds the program, so the compile starts after): inductor's config patches and
+    caches are the process's, and a compile of dynamo's in another thread waits for it, as it would wait for a
+    compile in the calling thread. Until `done` is set nothing calls it; then `__call__` is the compiled graph's,
+    or `error` is what the compile raised (Unfusable)."""
+
+    def __init__(self, compile_now: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        grad = torch.is_grad_enabled()  # (a new thread starts with grad mode on)
+
+        def work() -> None:
+            try:
+                with compile_lock:
+                    torch._C._set_grad_enabled(grad)
+                    self.result = compile_now()
+            except BaseException as e:  # noqa: BLE001 - handed to the thread that adopts the program
+                self.error = e
+            finally:
+                self.done.set()
+
+        self.thread = threading.Thread(target=work, name="dealias fused compile", daemon=True)
+        self.thread.start()
+
+    def __call__(self, args: Any) -> Any:
+        return self.result(args)
+
+    def __getattr__(self, name: str) -> Any:  # current_callable, as the compiled graph's (runner's first call)
+        return getattr(self.__dict__["result"], name)
 
 
 # Attention a few queries long over a short key sequence (a decode step) runs faster as inductor's matmuls and

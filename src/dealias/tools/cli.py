@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only programs on inputs that require grad (no_grad regions, autograd.Function, hooks, detach writes)",
     )
-    fz.add_argument("--executor", default="torch", choices=["torch", "inductor", "auto", "tiered"])
+    fz.add_argument("--executor", default="torch", choices=["torch", "inductor", "exact", "tiered"])
     fz.add_argument(
         "--dynamic", action="store_true", help="every size symbolic from the first call (dealias.jit(dynamic=True))"
     )

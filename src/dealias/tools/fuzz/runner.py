@@ -42,7 +42,7 @@ def run_program(prog: Program, executor: str = "torch", dynamic: bool = False) -
     from ...runtime.verify import ULP_TOLERANT
 
     jitted = dealias.jit(program, executor=executor, dynamic=True if dynamic else None)
-    tolerant = ULP_TOLERANT.set(executor not in ("torch", "auto"))  # (both exact tiers give eager's bits)
+    tolerant = ULP_TOLERANT.set(executor not in ("torch", "exact", "auto"))  # (both exact tiers give eager's bits)
     try:
         return _run_calls(prog, program, make_args, jitted)
     finally:
