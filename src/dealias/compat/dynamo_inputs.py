@@ -20,15 +20,6 @@ module's attribute keeps the break. `x.detach_()` keeps dynamo's break (inside a
 dynamo's variable is not refreshed after it). The input's sizes are held static by the metadata write-back (a
 compile per size under dynamic shapes). Without this correction dynamo's graph break applies (the op runs
 eagerly: exact).
-
-`resize_within_memory`: `x.resize_(sizes)` (dynamo: "Unsupported Tensor.resize_() call"). Eager's resize_ sets
-the sizes and contiguous strides, keeps the storage offset, and grows the storage only if the new elements do not
-fit in it; with the same sizes it does nothing at all (the strides stay, the version counter too). Where the new
-elements fit within the memory the tensor already spans (known from its static sizes and strides; the storage
-itself may be larger, which is not guarded, so a resize past the span keeps the break), it is
-`x.as_strided_(sizes, contiguous strides)`: the same metadata, the same version counter bump, no memory touched,
-and it is traced as that, through the correction above for a graph input. Kept as breaks: a tensor that requires
-grad (eager raises), a view, symbolic sizes, `memory_format=`, a module's attribute.
 """
 
 from __future__ import annotations
@@ -39,11 +30,10 @@ import torch
 import torch.fx as fx
 
 from .dynamo_tensor import is_inplace_view
-from .registry import active, correction, replace_method, require, require_module
+from .registry import active, correction, require, require_module
 from .settings import applies
 
 NAME = "input_metadata"
-RESIZE = "resize_within_memory"
 INPUT_ALIAS = "dealias_input_alias"  # node meta key: an alias dynamo's variable for a graph input was moved onto
 
 
@@ -124,68 +114,3 @@ def fold_input_aliases(gm: fx.GraphModule) -> None:
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
     gm.recompile()
-
-
-@correction(
-    RESIZE,
-    corrects="`x.resize_(sizes)` breaks the graph",
-    without="resize_ breaks the graph, as with every backend (exact; it runs eagerly)",
-)
-def install_resize() -> None:
-    """Wrap TensorVariable.method_resize_: a resize within the memory the tensor spans is traced as as_strided_."""
-    variables = require_module("torch._dynamo.variables")
-    TensorVariable = require(require_module("torch._dynamo.variables.tensor"), "TensorVariable")  # noqa: N806
-    ConstantVariable = require(variables, "ConstantVariable")  # noqa: N806
-    original = require(TensorVariable, "method_resize_", "self", "tx")
-
-    def method_resize_(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
-        fake = self.proxy.node.meta.get("example_value")
-        sizes = _constant_sizes(args) if not kwargs else None
-        if type(self) is not TensorVariable or sizes is None or not applies(RESIZE, tx) or not active(NAME):
-            return original(self, tx, *args, **kwargs)
-        if not isinstance(fake, torch.Tensor) or not _resizable(fake, sizes):
-            return original(self, tx, *args, **kwargs)
-        if list(fake.shape) == sizes:
-            return self  # (eager's resize_ to the same sizes returns at once)
-        node = self.proxy.node
-        if _is_input_fake(tx, fake):
-            _move_onto_alias(self, tx)
-        elif self.source is not None and not node.meta.get(INPUT_ALIAS):
-            return original(self, tx, *args, **kwargs)  # (a module's attribute: dynamo's break)
-        with torch._subclasses.fake_tensor.unset_fake_temporarily():
-            strides = list(torch.empty(sizes, device="meta").stride())
-        source, self.source = self.source, None  # (as in var_getattr: no delayed break for a sourced tensor)
-        try:
-            args_vt = [ConstantVariable.create(tuple(sizes)), ConstantVariable.create(tuple(strides))]
-            return self.call_method(tx, "as_strided_", args_vt, {})
-        finally:
-            self.source = source
-
-    replace_method(TensorVariable, "method_resize_", original, method_resize_)
-
-
-def _constant_sizes(args: tuple[Any, ...]) -> list[int] | None:
-    """`resize_(2, 3)` or `resize_((2, 3))` with Python ints only, as a list; None otherwise."""
-    try:
-        values = [a.as_python_constant() for a in args]
-    except Exception:  # noqa: BLE001 - a tensor, a symbol: not a constant
-        return None
-    if len(values) == 1 and isinstance(values[0], (tuple, list, torch.Size)):
-        values = list(values[0])
-    if not all(type(v) is int and v >= 0 for v in values):
-        return None
-    return values
-
-
-def _resizable(fake: torch.Tensor, sizes: list[int]) -> bool:
-    """Eager resizes `fake` to `sizes` without touching memory, and as_strided_ does what it does (docstring)."""
-    if fake.requires_grad or fake._is_view() or fake.grad_fn is not None or fake.layout is not torch.strided:
-        return False
-    shape, stride = list(fake.shape), list(fake.stride())
-    if not all(type(v) is int for v in [*shape, *stride, fake.storage_offset()]):
-        return False  # (symbolic: the span is not known)
-    numel = 1
-    for n in sizes:
-        numel *= n
-    span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
-    return numel <= span
