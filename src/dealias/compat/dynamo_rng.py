@@ -18,10 +18,11 @@ For dealias's frames:
   (`get_attr`), guarded by identity (ID_MATCH: the graph draws from that very object; another generator compiles
   again). Its draws are aten's own overloads with `generator=`, run by the torch executor as eager runs them. A
   generator on another device, or one the frame made, keeps dynamo's graph break;
-- `x.random_()` and `x.random_(to)` trace as aten's; `x.random_(a, b)` as `dealias::random_from_`, eager's op under
-  a printable name (with a functional twin `dealias::random_from`, found from the schema as aten's are), drawn by
-  ir/draws.draw_like into memory of x's layout like any in-place draw. Where x requires grad under grad mode
-  dynamo's break stays (no derivative formula of dealias's).
+- `x.random_()` traces as aten's; `x.random_(a, b)` as `dealias::random_from_`, eager's op under a printable name,
+  and `x.random_(to)` as `dealias::random_to_` (its bound a SymInt: aten's `int to` would pin a changing bound and
+  compile once per value); each has a functional twin (`dealias::random_from`), found from the schema as aten's
+  are, and is drawn by ir/draws.draw_like into memory of x's layout like any in-place draw. Where x requires grad
+  under grad mode dynamo's break stays (no derivative formula of dealias's).
 
 Without this correction each of these breaks the graph, as with every backend (exact: the calls run eagerly).
 """
@@ -50,9 +51,11 @@ def _define() -> None:
     _LIB.define("get_rng_state() -> Tensor", tags=tags)
     _LIB.define("set_rng_state(Tensor new_state) -> ()", tags=tags)
     # (`low`/`high`, not aten's `from`/`to`: a keyword argument named `from` would not print either)
-    bounds = "int low, int? high, *, Generator? generator=None"
+    bounds = "SymInt low, SymInt? high, *, Generator? generator=None"
     _LIB.define(f"random_from_(Tensor(a!) self, {bounds}) -> Tensor(a!)", tags=tags)
     _LIB.define(f"random_from(Tensor self, {bounds}) -> Tensor", tags=tags)
+    _LIB.define("random_to_(Tensor(a!) self, SymInt high, *, Generator? generator=None) -> Tensor(a!)", tags=tags)
+    _LIB.define("random_to(Tensor self, SymInt high, *, Generator? generator=None) -> Tensor", tags=tags)
     state_size = torch.random.default_generator.get_state().numel()
 
     def manual_seed(seed: int) -> None:
@@ -70,7 +73,15 @@ def _define() -> None:
     def random_from(self: torch.Tensor, low: int, high: int | None, *, generator: Any = None) -> torch.Tensor:
         return torch.ops.aten.random.__getattr__("from")(self, low, high, generator=generator)
 
+    def random_to_(self: torch.Tensor, high: int, *, generator: Any = None) -> torch.Tensor:
+        return torch.ops.aten.random_.to(self, high, generator=generator)
+
+    def random_to(self: torch.Tensor, high: int, *, generator: Any = None) -> torch.Tensor:
+        return torch.ops.aten.random.to(self, high, generator=generator)
+
     for name, kernel in [
+        ("random_to_", random_to_),
+        ("random_to", random_to),
         ("manual_seed", manual_seed),
         ("get_rng_state", get_rng_state),
         ("set_rng_state", set_rng_state),
@@ -87,6 +98,10 @@ def _define() -> None:
     torch.library.register_fake("dealias::random_from_", lambda self, low, high, *, generator=None: self, lib=_LIB)
     torch.library.register_fake(
         "dealias::random_from", lambda self, low, high, *, generator=None: torch.empty_like(self), lib=_LIB
+    )
+    torch.library.register_fake("dealias::random_to_", lambda self, high, *, generator=None: self, lib=_LIB)
+    torch.library.register_fake(
+        "dealias::random_to", lambda self, high, *, generator=None: torch.empty_like(self), lib=_LIB
     )
 
 
@@ -129,6 +144,10 @@ def install() -> None:
     translator = require(translator_cls, "current_tx")
     output_graph = require(require_module("torch._dynamo.output_graph"), "OutputGraph")
     require(output_graph, "register_static_attr_and_return_proxy", "self", "attr_prefix", "attr_value")
+    sources = require_module("torch._dynamo.source")
+    builder = require_module("torch._dynamo.variables.builder")
+    require(builder, "VariableBuilder")
+    attr_source, import_source = require(sources, "AttrSource"), require(sources, "ImportSource")
     if _LIB is None:
         _define()
     ops = torch.ops.dealias
@@ -147,8 +166,10 @@ def install() -> None:
             if len(args) != 1 or not _seed(args[0]):
                 return skip_call(self, tx, args, kwargs)
             in_graph(op).call_function(tx, list(args), {})
-            # (eager returns the default generator; a draw from it is a global draw, any other use breaks there)
-            return user_defined.UserDefinedObjectVariable(torch.random.default_generator)
+            # Eager returns the default generator: built from `torch.default_generator`, so that a draw from it goes
+            # into the graph like any generator's and the code after a graph break can be given it.
+            source = attr_source(import_source("torch"), "default_generator")  # (guards `torch` by identity)
+            return builder.VariableBuilder(tx, source)(torch.default_generator)
         if op is ops.set_rng_state.default:
             if len(args) != 1 or not isinstance(_fake(args[0]), torch.Tensor):
                 return skip_call(self, tx, args, kwargs)
@@ -185,7 +206,7 @@ def install() -> None:
         if len(bounds) == 2:
             op = ops.random_from_.default
         elif len(bounds) == 1:
-            op = torch.ops.aten.random_.to
+            op = ops.random_to_.default
         else:
             op = torch.ops.aten.random_.default
         in_graph(op).call_function(tx, [self, *bounds], kwargs)
