@@ -208,6 +208,36 @@ def test_two_generators():
     check_rng(f, lambda i: (torch.zeros(3), gen(i), gen(50 + i)))
 
 
+def test_generator_state_calls():
+    def f(x, g):
+        g.manual_seed(4)
+        a = torch.randn(3, generator=g)
+        s = g.get_state()
+        b = torch.randn(3, generator=g)
+        g.set_state(s)
+        return x + a + b + torch.randn(3, generator=g), s
+
+    check_rng(f, lambda i: (torch.zeros(3), gen(i)))
+
+
+def test_generator_manual_seed_returns_the_generator():
+    def f(x, g):
+        return x + torch.rand(2, generator=g.manual_seed(5)) + torch.rand(2, generator=g)
+
+    check_rng(f, lambda i: (torch.zeros(2), gen(i)))
+
+
+def test_default_generator_methods():
+    def f(x):
+        torch.default_generator.manual_seed(3)
+        s = torch.default_generator.get_state()
+        a = torch.randn(3)
+        torch.default_generator.set_state(s)
+        return x + a - torch.randn(3)
+
+    check_rng(f, lambda i: (torch.zeros(3),))
+
+
 def test_another_generator_object_compiles_again():
     def f(x, g):
         return x + torch.randn(3, generator=g)
@@ -277,12 +307,11 @@ def test_generator_made_inside_breaks_with_a_warning():
         assert torch.equal(jf(torch.zeros(3)), f(torch.zeros(3)))
 
 
-def test_generator_method_breaks_with_a_warning():
+def test_generator_initial_seed_breaks_with_a_warning():
     def f(x, g):
-        g.manual_seed(3)
-        return x + torch.randn(3, generator=g)
+        return x + g.initial_seed()  # (a value of the generator's state at run time: no graph can hold it)
 
-    check_rng(f, lambda i: (torch.zeros(3), gen(i)), warns=True)
+    check_rng(f, lambda i: (torch.zeros(3), gen(7)), warns=True)
 
 
 def test_random_of_a_tensor_requiring_grad_breaks():

@@ -56,7 +56,20 @@ def _define() -> None:
     _LIB.define(f"random_from(Tensor self, {bounds}) -> Tensor", tags=tags)
     _LIB.define("random_to_(Tensor(a!) self, SymInt high, *, Generator? generator=None) -> Tensor(a!)", tags=tags)
     _LIB.define("random_to(Tensor self, SymInt high, *, Generator? generator=None) -> Tensor", tags=tags)
+    # A generator's own state calls (`g.manual_seed(s)`, `g.get_state()`, `g.set_state(t)`), on a CPU generator
+    _LIB.define("generator_manual_seed(Generator generator, SymInt seed) -> ()", tags=tags)
+    _LIB.define("generator_get_state(Generator generator) -> Tensor", tags=tags)
+    _LIB.define("generator_set_state(Generator generator, Tensor new_state) -> ()", tags=tags)
     state_size = torch.random.default_generator.get_state().numel()
+
+    def generator_manual_seed(generator: Any, seed: int) -> None:
+        generator.manual_seed(seed)
+
+    def generator_get_state(generator: Any) -> torch.Tensor:
+        return generator.get_state()
+
+    def generator_set_state(generator: Any, new_state: torch.Tensor) -> None:
+        generator.set_state(new_state)
 
     def manual_seed(seed: int) -> None:
         torch.random.manual_seed(seed)
@@ -80,6 +93,9 @@ def _define() -> None:
         return torch.ops.aten.random.to(self, high, generator=generator)
 
     for name, kernel in [
+        ("generator_manual_seed", generator_manual_seed),
+        ("generator_get_state", generator_get_state),
+        ("generator_set_state", generator_set_state),
         ("random_to_", random_to_),
         ("random_to", random_to),
         ("manual_seed", manual_seed),
@@ -95,6 +111,13 @@ def _define() -> None:
         "dealias::get_rng_state", lambda: torch.empty(state_size, dtype=torch.uint8, device="cpu"), lib=_LIB
     )
     torch.library.register_fake("dealias::set_rng_state", lambda new_state: None, lib=_LIB)
+    torch.library.register_fake("dealias::generator_manual_seed", lambda generator, seed: None, lib=_LIB)
+    torch.library.register_fake(
+        "dealias::generator_get_state",
+        lambda generator: torch.empty(state_size, dtype=torch.uint8, device="cpu"),
+        lib=_LIB,
+    )
+    torch.library.register_fake("dealias::generator_set_state", lambda generator, new_state: None, lib=_LIB)
     torch.library.register_fake("dealias::random_from_", lambda self, low, high, *, generator=None: self, lib=_LIB)
     torch.library.register_fake(
         "dealias::random_from", lambda self, low, high, *, generator=None: torch.empty_like(self), lib=_LIB
@@ -134,6 +157,7 @@ def install() -> None:
     user_defined = require_module("torch._dynamo.variables.user_defined")
     object_cls = require(user_defined, "UserDefinedObjectVariable")
     as_proxy = require(object_cls, "as_proxy", "self")
+    object_call = require(object_cls, "call_method", "self", "tx", "name", "args", "kwargs")
     tensor_cls = require(require_module("torch._dynamo.variables.tensor"), "TensorVariable")
     method_call = require(tensor_cls, "call_method", "self", "tx", "name", "args", "kwargs")
     in_graph = require(require_module("torch._dynamo.variables"), "TorchInGraphFunctionVariable")
@@ -181,6 +205,26 @@ def install() -> None:
             return skip_call(self, tx, args, kwargs)
         return in_graph(op).call_function(tx, [], {})
 
+    def generator_call(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
+        value = self.value
+        if (
+            type(value) is not torch._C.Generator
+            or name not in ("manual_seed", "get_state", "set_state")
+            or kwargs
+            or len(args) != (0 if name == "get_state" else 1)
+            or not applies(NAME, tx)
+            or self.source is None
+            or value.device.type != "cpu"
+        ):
+            return object_call(self, tx, name, args, kwargs)
+        if name == "manual_seed" and not _seed(args[0]):
+            return object_call(self, tx, name, args, kwargs)
+        if name == "set_state" and not isinstance(_fake(args[0]), torch.Tensor):
+            return object_call(self, tx, name, args, kwargs)
+        op = getattr(ops, f"generator_{name}").default
+        result = in_graph(op).call_function(tx, [self, *args], {})
+        return self if name == "manual_seed" else result  # (manual_seed returns the generator, set_state None)
+
     def generator_proxy(self: Any) -> Any:
         value = self.value
         if type(value) is torch._C.Generator and self.source is not None and value.device.type == "cpu":
@@ -214,4 +258,5 @@ def install() -> None:
 
     replace_method(skip_cls, "call_function", skip_call, call_function)
     object_cls.as_proxy = generator_proxy
+    replace_method(object_cls, "call_method", object_call, generator_call)
     replace_method(tensor_cls, "call_method", method_call, call_method)
