@@ -201,6 +201,37 @@ def test_generator_and_global_draws_interleaved():
     check_rng(f, lambda i: (torch.zeros(3), gen(i)))
 
 
+def test_unused_draws_still_move_the_generators():
+    def f(x, g):
+        torch.randn(3, generator=g)
+        torch.rand(2)
+        torch.get_rng_state()
+        return x + 1
+
+    check_rng(f, lambda i: (torch.zeros(3), gen(i)))
+
+
+class _Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_draws_around_a_custom_function():
+    # (the graph is split around the Function, which runs eagerly: the pieces keep the draws' order)
+    def f(x, g):
+        a = torch.randn(3, generator=g) + torch.randn(3)
+        b = _Double.apply(x + a)
+        torch.manual_seed(3)
+        return b * torch.rand(3, generator=g) + torch.rand(3)
+
+    check_rng(f, lambda i: (torch.ones(3, requires_grad=True), gen(i)))
+
+
 def test_two_generators():
     def f(x, g, h):
         return x + torch.randn(3, generator=g) + torch.randn(3, generator=h) * torch.randn(3, generator=g)
