@@ -232,6 +232,32 @@ def test_draws_around_a_custom_function():
     check_rng(f, lambda i: (torch.ones(3, requires_grad=True), gen(i)))
 
 
+def test_checkpointed_draws_recompute_eagers_numbers():
+    # Dynamo's checkpoint operator, run eagerly, recomputed without restoring the random state: backward drew new
+    # numbers (other gradients than eager's) and moved the default generator.
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x, g):
+        y = checkpoint(lambda t: t * torch.randn(3) * torch.rand(3, generator=g), x, use_reentrant=False)
+        return y.sum()
+
+    jf = dealias.jit(f)
+    jit_gen = gen(0)
+    for i in range(2):
+        x, xj = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+        g = gen(i)
+        jit_gen.set_state(g.get_state())
+        torch.manual_seed(i)
+        f(x, g).backward()
+        expected = torch.get_rng_state(), g.get_state()
+        torch.manual_seed(i)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dealias.FallbackWarning)
+            jf(xj, jit_gen).backward()
+        assert torch.equal(xj.grad, x.grad), (xj.grad, x.grad)
+        assert torch.equal(torch.get_rng_state(), expected[0]) and torch.equal(jit_gen.get_state(), expected[1])
+
+
 def test_two_generators():
     def f(x, g, h):
         return x + torch.randn(3, generator=g) + torch.randn(3, generator=h) * torch.randn(3, generator=g)
