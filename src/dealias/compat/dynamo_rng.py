@@ -80,11 +80,14 @@ def _define() -> None:
     def set_rng_state(new_state: torch.Tensor) -> None:
         torch.random.set_rng_state(new_state)
 
+    # (looked up once: the packet's `__getattr__` builds the overload anew on every call, ~150 us)
+    aten_from_, aten_from = getattr(torch.ops.aten.random_, "from"), getattr(torch.ops.aten.random, "from")
+
     def random_from_(self: torch.Tensor, low: int, high: int | None, *, generator: Any = None) -> torch.Tensor:
-        return torch.ops.aten.random_.__getattr__("from")(self, low, high, generator=generator)
+        return aten_from_(self, low, high, generator=generator)
 
     def random_from(self: torch.Tensor, low: int, high: int | None, *, generator: Any = None) -> torch.Tensor:
-        return torch.ops.aten.random.__getattr__("from")(self, low, high, generator=generator)
+        return aten_from(self, low, high, generator=generator)
 
     def random_to_(self: torch.Tensor, high: int, *, generator: Any = None) -> torch.Tensor:
         return torch.ops.aten.random_.to(self, high, generator=generator)
