@@ -248,7 +248,8 @@ def install() -> None:
             return method_call(self, tx, name, args, kwargs)
         kwargs = dict(kwargs)
         bounds = [*args, *([kwargs.pop("to")] if "to" in kwargs else [])]
-        if not all(_seed(b) or (b.is_python_constant() and b.as_python_constant() is None) for b in bounds):
+        none = len(bounds) == 2 and bounds[1].is_python_constant() and bounds[1].as_python_constant() is None
+        if not all(_seed(b) for b in bounds[: 1 if none else 2]):
             return method_call(self, tx, name, args, kwargs)  # (eager's TypeError, or a tensor bound: dynamo's way)
         if len(bounds) == 2:
             op = ops.random_from_.default
