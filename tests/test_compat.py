@@ -24,6 +24,8 @@ from dealias.frontend.backend import dealias_backend
 # What other backends capture, run in a fresh process with and without dealias imported first. The hand-written Adam
 # loop of issue 39 (a 0-d tensor step, `value=-lr / bc1`): dynamo's decompositions keep it one graph; with them off
 # (as importing dealias once did for every backend) dynamo calls `.item()` and the break inside the loop skips it.
+# Random state calls, a generator argument and `random_` break the graph under any other backend (dealias's
+# compat/dynamo_rng.py traces them for dealias's frames only).
 _OTHER_BACKENDS = textwrap.dedent(
     """
     import json, sys
@@ -53,6 +55,13 @@ _OTHER_BACKENDS = textwrap.dedent(
         def forward(self, x):
             return self.lin(x).relu()
 
+    def rng(x, g):
+        torch.manual_seed(2)
+        s = torch.get_rng_state()
+        a = torch.randn(3, generator=g)
+        torch.set_rng_state(s)
+        return x.random_(0, 5) + a
+
     def graphs(fn, *args):
         before = counters["stats"]["unique_graphs"]
         fn(*args)
@@ -73,6 +82,10 @@ _OTHER_BACKENDS = textwrap.dedent(
         first = graphs(fm, torch.ones(2, 3))
         m.lin.register_forward_hook(lambda mod, i, o: o * 2)
         out[backend + " hook"] = [first, graphs(fm, torch.ones(2, 3))]
+        breaks = sum(counters["graph_break"].values())
+        fr = torch.compile(rng, backend=backend)
+        made = graphs(fr, torch.zeros(3), torch.Generator())
+        out[backend + " rng"] = [made, sum(counters["graph_break"].values()) - breaks]
     config = torch._dynamo.config
     out["config"] = [config.enable_dynamo_decompositions, config.skip_nnmodule_hook_guards, config.specialize_float]
     print(json.dumps(out))

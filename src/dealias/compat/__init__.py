@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     dynamo_out,
     dynamo_reads,
     dynamo_resume,
+    dynamo_rng,
     dynamo_tensor,
     settings,
     tensor_scalars,

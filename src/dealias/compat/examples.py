@@ -118,6 +118,14 @@ def transpose_input(x: torch.Tensor) -> Any:
     return x * 2, x.shape
 
 
+def replayed_draws(x: torch.Tensor) -> torch.Tensor:
+    torch.manual_seed(7)  # dynamo: a graph break at each of the state calls and at random_
+    s = torch.get_rng_state()
+    a = torch.randn(3)
+    torch.set_rng_state(s)
+    return a - torch.randn(3) + x.random_(0, 10)
+
+
 _MODULE = torch.nn.Linear(3, 3)
 
 
@@ -150,6 +158,7 @@ EXAMPLES: dict[str, Example] = {
     "kept_index_reads": Example(unused_read, lambda: [(torch.zeros(3), torch.tensor([9]))]),
     "input_metadata": Example(transpose_input, lambda: [(torch.linspace(-1, 1, 6).view(2, 3),) for _ in range(2)]),
     "out_views": Example(add_into_transpose, lambda: [(torch.linspace(-1, 1, 9).view(3, 3), torch.zeros(3, 3))]),
+    "rng": Example(replayed_draws, lambda: [(torch.zeros(3),), (torch.zeros(3),)]),
     "signed_zero_guards": Example(divided, lambda: [(torch.ones(2), 0.0), (torch.ones(2), -0.0)], dynamic=False),
 }
 

@@ -43,6 +43,7 @@ from ..errors import (
     node_location,
     with_location,
 )
+from ..ir.draws import kept_rng
 from ..ir.plan import Symbolic
 from ..ir.sharing import find_groups_or_none, overlapping_pairs
 from ..passes.capture import COMPILED_RESTRICTIONS, restriction
@@ -361,12 +362,11 @@ class GraphProgram:
         VerificationError at the first difference. The graph's inputs include the state it reads (parameters,
         buffers, optimizer state), so the eager run touches nothing of the caller's."""
         eager_leaves = clone_args(leaves)
-        rng = torch.get_rng_state()
-        try:
-            expected, eager_error = self.gm.forward(*eager_leaves), None
-        except Exception as e:  # noqa: BLE001 - compared with what the compiled call does
-            expected, eager_error = None, e
-        torch.set_rng_state(rng)
+        with kept_rng(self.gm, leaves):
+            try:
+                expected, eager_error = self.gm.forward(*eager_leaves), None
+            except Exception as e:  # noqa: BLE001 - compared with what the compiled call does
+                expected, eager_error = None, e
         got = entry(leaves)
         if eager_error is not None:
             raise VerificationError(f"{self.stats.name}: eager raised {eager_error!r}, dealias returned")
@@ -491,13 +491,11 @@ def _n(names: list[str], i: int) -> str:
 
 def _raises(gm: fx.GraphModule, leaves: list[Any]) -> bool:
     """Whether eager raises running the graph, on copies of its inputs and with the random state restored."""
-    rng = torch.get_rng_state()
-    try:
-        gm.forward(*clone_args(leaves))  # forward: fx's __call__ would print the error's traceback
-    except Exception:  # noqa: BLE001 - any error: the program's own
-        return True
-    finally:
-        torch.set_rng_state(rng)
+    with kept_rng(gm, leaves):  # (the default generator's state and that of the generators its draws take)
+        try:
+            gm.forward(*clone_args(leaves))  # forward: fx's __call__ would print the error's traceback
+        except Exception:  # noqa: BLE001 - any error: the program's own
+            return True
     return False
 
 

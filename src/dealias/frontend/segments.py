@@ -22,6 +22,7 @@ afterwards no longer makes backward raise; it runs here as `autograd_function_ap
 from __future__ import annotations
 
 import copy
+import inspect
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -77,6 +78,8 @@ def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.Gra
             setattr(parent, node.target, _Compiled(compile_piece(piece), grad_mode_at_exit(piece)))
             continue
         for n in piece.graph.nodes:
+            if runs_eagerly(n) and n.target.name() == "tag_activation_checkpoint":
+                n.target = checkpoint_like_eager
             if runs_eagerly(n) and n.target.name() == "autograd_function_apply":
                 n.target = autograd_function_apply
                 if FUNCTION_NAME in n.meta:  # (split_module copies each node's meta)
@@ -84,6 +87,21 @@ def split_around_eager_nodes(gm: fx.GraphModule, compile_piece: Callable[[fx.Gra
         piece.recompile()
     parent.recompile()
     return quiet.quiet_calls(parent)  # an error inside (a Function's forward) without fx's print of the code
+
+
+def checkpoint_like_eager(body: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+    """`torch.utils.checkpoint.checkpoint(body, *args, ...)` with the user's own arguments, as eager calls it. Dynamo's
+    operator, run eagerly, recomputes with `preserve_rng_state=False` (it leaves the random state to inductor's RNG
+    functionalization): a draw inside the checkpointed code drew other numbers in backward than in forward, so the
+    gradients were not eager's, and backward moved the default generator, which eager's does not."""
+    from torch.utils.checkpoint import checkpoint
+
+    own = {*inspect.signature(checkpoint).parameters, "preserve_rng_state"} - {"function", "args", "kwargs"}
+    options = {k: v for k, v in kwargs.items() if k in own}
+    context_fn = body.meta.get("_checkpoint_context_fn")  # (the user's `context_fn`, which dynamo keeps there)
+    if context_fn is not None:
+        options["context_fn"] = context_fn
+    return checkpoint(body, *args, **options, **{k: v for k, v in kwargs.items() if k not in own})
 
 
 def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:

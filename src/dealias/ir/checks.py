@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UnsupportedError, node_location, with_location
+from .draws import kept_rng
 from .opfacts import OpKind, bind_args, facts
 
 aten = torch.ops.aten
@@ -83,14 +84,10 @@ def concrete(x: Any, at_hints: bool = True) -> Any:
 
 def _run_quietly(node: fx.Node, *calls: tuple[Any, Any]) -> None:
     """Run `node`'s op on each (args, kwargs), without grad, warnings, or moving the program's random generator."""
-    rng = torch.get_rng_state()
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for args, kwargs in calls:
-                node.target(*args, **kwargs)
-    finally:
-        torch.set_rng_state(rng)
+    with kept_rng(node.graph.owning_module, calls), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for args, kwargs in calls:
+            node.target(*args, **kwargs)
 
 
 def probe(
@@ -420,8 +417,7 @@ def empty_inplace_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
     # (Called from inside a dispatch mode while fake tensors trace: the modes are set aside so that this runs
     # eager's kernels on real tensors.)
-    rng = torch.get_rng_state()
-    with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings():
+    with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings(), kept_rng(args, kwargs):
         warnings.simplefilter("ignore")
         try:
             call = pytree.tree_map(real, (args, kwargs))
@@ -430,6 +426,4 @@ def empty_inplace_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
             return None
         except Exception as e:  # noqa: BLE001 - eager's answer
             return e
-        finally:
-            torch.set_rng_state(rng)
     return None

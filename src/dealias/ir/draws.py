@@ -18,6 +18,8 @@ The draw writes only memory it allocated: the graph stays functional. A random o
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -50,3 +52,30 @@ def draw_like(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
 
 draw_like._dealias_effect = True  # type: ignore[attr-defined]  # a draw: never dropped or merged
 draw_like.dealias_draw = True  # type: ignore[attr-defined]  # runtime.fused.unfusable
+
+
+def generators(*objs: Any) -> list[torch.Generator]:
+    """The torch.Generators among `objs`' leaves (arguments, a node's arguments) and the attributes of the graph
+    modules among them (a generator a draw takes is a graph attribute: compat/dynamo_rng.py)."""
+    found: dict[int, torch.Generator] = {}
+    for leaf in torch.utils._pytree.tree_leaves(objs):
+        if isinstance(leaf, torch.fx.GraphModule):
+            leaf = [v for v in vars(leaf).values() if isinstance(v, torch.Generator)]
+        for g in leaf if isinstance(leaf, list) else [leaf]:
+            if isinstance(g, torch.Generator):
+                found.setdefault(id(g), g)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def kept_rng(*objs: Any) -> Iterator[None]:
+    """Run a probe or an eager run on copies without moving the program's random state: the default generator's
+    and that of every generator among `objs` (see `generators`) are set back afterwards."""
+    gens = generators(*objs)
+    saved = torch.get_rng_state(), [g.get_state() for g in gens]
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        for g, state in zip(gens, saved[1]):
+            g.set_state(state)

@@ -126,6 +126,9 @@ def analyze(gm: fx.GraphModule, groups: list[AliasGroup] = ()) -> AliasInfo:
             inputs += 1
         elif node.op == "get_attr":
             real = getattr(gm, node.target)
+            if isinstance(real, torch.Generator):
+                info.values[node] = None  # a generator the draws take (compat/dynamo_rng.py): no memory
+                continue
             if not isinstance(real, torch.Tensor):
                 raise UnsupportedError(with_location(f"non-tensor attribute {node.target}", node_location(node)))
             # The same tensor constant may be fetched by several get_attr nodes: one object, one value.

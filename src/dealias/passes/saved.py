@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import EagerRaisesError, UnsupportedError, node_location, with_location
 from ..ir.checks import NoProbe, concrete
+from ..ir.draws import kept_rng
 from ..ir.emitter import differentiable
 from ..ir.opfacts import OWN_COUNTER_KEY, OpKind, bind_args, facts, is_view_node
 from .alias import AliasInfo, Storage, Value
@@ -246,13 +247,10 @@ def _probe(
         real[x] = t
         return t
 
-    rng = torch.get_rng_state()  # a random op probed must not move the program's generator
-    try:
-        with torch.enable_grad():  # the probe records autograd whatever the caller's mode
-            args, kwargs = pytree.tree_map_only(fx.Node, make, (node.args, node.kwargs))
-            out = node.target(*args, **kwargs)
-    finally:
-        torch.set_rng_state(rng)
+    # (a random op probed must not move the program's generators)
+    with kept_rng(node.graph.owning_module), torch.enable_grad():  # (records autograd whatever the caller's mode)
+        args, kwargs = pytree.tree_map_only(fx.Node, make, (node.args, node.kwargs))
+        out = node.target(*args, **kwargs)
     result = out[0] if isinstance(out, (list, tuple)) and out else out
     grad_fn = getattr(result, "grad_fn", None)
     if grad_fn is None:

@@ -97,7 +97,7 @@ def _dispatches_exactly(op: Any, call: Callable[..., Any], fargs: Any, fkwargs: 
 def _index(node: fx.Node) -> tuple[Any, ...] | None:
     """`select`/`slice` as a basic Python index (`x[:, 3]`, `x[2:5]`): the same view through the fast
     indexing path eager uses."""
-    if node.op != "call_function" or not isinstance(node.args[0], fx.Node) or node.kwargs:
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node) or node.kwargs:
         return None
     if node.target is aten.select.int:
         _, dim, index = node.args

@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..errors import DealiasError
+from ..ir.draws import kept_rng
 
 
 class VerificationError(DealiasError):
@@ -237,13 +238,12 @@ def run_both(
         (t._version, t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
         for t in pytree.tree_leaves(eager_args)
     ]
-    rng = torch.get_rng_state()
     expected = got = eager_err = jit_err = None
-    try:
-        expected = fn(*eager_args)
-    except Exception as e:  # noqa: BLE001 - eager's error is part of what is compared
-        eager_err = e
-    torch.set_rng_state(rng)
+    with kept_rng(args):  # (a generator among the arguments is one object both runs draw from)
+        try:
+            expected = fn(*eager_args)
+        except Exception as e:  # noqa: BLE001 - eager's error is part of what is compared
+            eager_err = e
     try:
         got = jitted(*jit_args)
     except Exception as e:  # noqa: BLE001

@@ -83,6 +83,11 @@ def group_placeholders(w: Functionalizer) -> None:
 
 
 def get_attr(w: Functionalizer, node: fx.Node) -> None:
+    if w.info.values.get(node) is None:  # a generator the draws take (alias.py): the same object, no memory
+        w.program.constants[node.target] = generator = getattr(w.src, node.target)
+        attr = w.emitted[node] = w.graph.get_attr(node.target)
+        attr.meta["val"] = generator
+        return
     v = w.info.value(node)
     if v.storage in w.timeline.base:
         return
