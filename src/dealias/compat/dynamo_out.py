@@ -36,6 +36,7 @@ eager's behaviour, errors included):
 from __future__ import annotations
 
 import functools
+import operator
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +52,10 @@ from .settings import applies
 NAME = "out_views"
 OUT_COPY = "dealias_out_copy"  # node meta key: the `out.copy_(op(...))` a non-contiguous `out=` call was traced as
 CHECK_LIMIT = 1 << 20  # elements of all the call's tensors together, above which no check runs (a graph break)
-_verdicts: dict[Any, bool] = {}
+_verdicts: dict[Any, type | None] = {}
+_lists: Any = None  # dynamo's modules and classes the rewrite builds its return value with (install)
+_udt: Any = None
+_side_effects: Any = None
 
 
 def _fake(vt: Any) -> Any:
@@ -128,60 +132,76 @@ def _real(fake: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return flat.as_strided(fake.shape, fake.stride(), fake.storage_offset())
 
 
-def _key(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+def _key(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[torch.Tensor]) -> Any:
     def one(a: Any) -> Any:
         if isinstance(a, torch.Tensor):
             return (a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.device.type)
         return (type(a), repr(a))
 
-    out = kwargs["out"]
-    same = tuple(isinstance(a, torch.Tensor) and a is not out and _same_place(a, out) for a in args)
-    return (fn, tuple(one(a) for a in args), tuple((k, one(v)) for k, v in sorted(kwargs.items())), same)
+    same = tuple(
+        tuple(isinstance(a, torch.Tensor) and _same_place(a, o) for o in outs) for a in (*args, *kwargs.values())
+    )
+    keyed = (tuple(one(a) for a in args), tuple((k, one(v)) for k, v in sorted(kwargs.items())))
+    return (fn, keyed, tuple(one(o) for o in outs), same)
 
 
-def _eager_fills(fn: Any, args: list[Any], kwargs: dict[str, Any], alias: bool = True) -> bool:
-    """Whether eager's `fn(*args, **kwargs)` with its `out=` writes exactly what the call without `out=` followed
-    by `out.copy_(result)` writes, every byte of out's memory compared, on tensors of the call's layouts (with
-    `alias`, an argument that is out's very elements is out's memory, as in the call; else memory of its own)."""
-    key = (_key(fn, args, kwargs), alias)
+def _eager_fills(
+    fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[torch.Tensor], single: bool, alias: bool = True
+) -> type | None:
+    """Whether eager's `fn(*args, **kwargs, out=..)` (`out=outs[0]` where `single`, else `out=tuple(outs)`) writes
+    exactly what the call without `out=` followed by `outs[i].copy_(result[i])` writes, every byte of each out's
+    memory compared, on tensors of the call's layouts (with `alias`, an argument that is an out's very elements is
+    that out's memory, as in the call; else memory of its own). Where it does: the type of eager's return value,
+    which for a tuple of outs must hold the out tensors themselves (`torch.return_types.max_out`); else None."""
+    key = (_key(fn, args, kwargs, outs), single, alias)
     if key in _verdicts:
         return _verdicts[key]
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    if sum(t.numel() for t in tensors) > CHECK_LIMIT or any(t.device.type != "cpu" for t in tensors):
-        return False
-    if any(t.is_conj() or t.is_neg() for t in tensors):
-        return False  # (lazily conjugated or negated views: the fresh tensors below would not carry those bits)
+    every = [*tensors, *outs]
+    if sum(t.numel() for t in every) > CHECK_LIMIT or any(t.device.type != "cpu" for t in every):
+        return None
+    if any(t.is_conj() or t.is_neg() for t in every):
+        return None  # (lazily conjugated or negated views: the fresh tensors below would not carry those bits)
     # Random values are safe to compute on only in floating point: integer arguments are indices, pivots, counts,
     # which random ones make kernels reject or, in LAPACK's (ldl_solve's pivots), write outside their memory.
-    if any(not (t.dtype.is_floating_point or t.dtype.is_complex) for t in tensors if t is not kwargs["out"]):
-        return False
+    if any(not (t.dtype.is_floating_point or t.dtype.is_complex) for t in tensors):
+        return None
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    verdict = False
+    verdict = None
     with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             gen = torch.Generator().manual_seed(0)
-            real = {id(t): _real(t, gen) for t in tensors}
-            out_fake = kwargs["out"]
-            for t in tensors:  # (an argument that is out's very elements is out's memory here too)
-                if alias and t is not out_fake and _same_place(t, out_fake):
-                    real[id(t)] = real[id(out_fake)]
+            real = {id(t): _real(t, gen) for t in every}
+            for t in tensors:  # (an argument that is an out's very elements is that out's memory here too)
+                for o in outs:
+                    if alias and _same_place(t, o):
+                        real[id(t)] = real[id(o)]
             args_r = [real[id(a)] if isinstance(a, torch.Tensor) else a for a in args]
             kwargs_r = {k: real[id(v)] if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-            out = kwargs_r["out"]
-            whole = torch.empty(0, dtype=out.dtype).set_(out.untyped_storage())
-            before = whole.clone()
-            layout = (out.shape, out.stride(), out.storage_offset())
-            fn(*args_r, **kwargs_r)
-            by_kernel = whole.clone()
-            kept = (out.shape, out.stride(), out.storage_offset()) == layout  # (linear's kernel re-strides out)
-            whole.copy_(before)
-            out = whole.as_strided(*layout)
-            out.copy_(fn(*args_r, **{k: v for k, v in kwargs_r.items() if k != "out"}))
-            verdict = kept and torch.equal(by_kernel.view(torch.uint8), whole.view(torch.uint8))
+            outs_r = [real[id(o)] for o in outs]
+            wholes = [torch.empty(0, dtype=o.dtype).set_(o.untyped_storage()) for o in outs_r]
+            befores = [w.clone() for w in wholes]
+            layouts = [(o.shape, o.stride(), o.storage_offset()) for o in outs_r]
+            returned = fn(*args_r, **kwargs_r, out=outs_r[0] if single else tuple(outs_r))
+            by_kernel = [w.clone() for w in wholes]
+            # (linear's kernel re-strides out; a tuple's return value holds the outs themselves, as the rewrite's)
+            kept = [(o.shape, o.stride(), o.storage_offset()) for o in outs_r] == layouts
+            if single:
+                kept = kept and returned is outs_r[0]
+            else:
+                kept = kept and isinstance(returned, tuple) and len(returned) == len(outs_r)
+                kept = kept and all(r is o for r, o in zip(returned, outs_r))
+            for w, b in zip(wholes, befores):
+                w.copy_(b)
+            result = fn(*args_r, **kwargs_r)
+            for w, layout, r in zip(wholes, layouts, [result] if single else result):
+                w.as_strided(*layout).copy_(r)
+            same = all(torch.equal(k.view(torch.uint8), w.view(torch.uint8)) for k, w in zip(by_kernel, wholes))
+            verdict = type(returned) if kept and same else None
         except Exception:  # noqa: BLE001 - either way raising: dynamo's own handling (a graph break) decides
-            verdict = False
+            verdict = None
     _verdicts[key] = verdict
     return verdict
 
@@ -199,41 +219,57 @@ def install() -> None:
     call = require(cls, "call_function", "self", "tx", "args", "kwargs")
     require(require_module("torch._dynamo.variables"), "ConstantVariable")
     require(require_module("torch._dynamo.variables"), "SymNodeVariable")
+    global _lists, _udt, _side_effects
+    _lists = require_module("torch._dynamo.variables.lists")
+    require(_lists, "TupleVariable"), require(_lists, "ListVariable")
+    _udt = require(require_module("torch._dynamo.variables.user_defined"), "UserDefinedTupleVariable")
+    require(_udt, "get_vt_cls"), require(_udt, "items")
+    _side_effects = require_module("torch._dynamo.variables.base")
+    require(_side_effects, "ValueMutationNew")
 
     def rewritten(self: Any, tx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """The call as op + copy_, or None where dynamo's own handling applies (module docstring)."""
+        """The call as op + copy_ (one per out tensor), or None where dynamo's own handling applies (module
+        docstring)."""
         out_vt = kwargs.get("out")
-        if out_vt is None or not out_vt.is_tensor() or not applies(NAME, tx):
+        if out_vt is None or not applies(NAME, tx):
             return None
-        out = _fake(out_vt)
-        if not isinstance(out, torch.Tensor) or torch._prims_common.is_contiguous_or_false(out):
+        single = out_vt.is_tensor()
+        out_vts = [out_vt] if single else _tensor_items(out_vt)
+        outs = [_fake(v) for v in out_vts]
+        if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+            return None
+        if all(torch._prims_common.is_contiguous_or_false(o) for o in outs):
             return None  # (contiguous: dynamo's own handling is right)
-        found = _arguments(args, kwargs)
-        if found is None or out.requires_grad or _draws_random(self.value):
-            return None
-        others = [
-            a for a in (*found[0], *(v for k, v in found[1].items() if k != "out")) if isinstance(a, torch.Tensor)
-        ]
-        if _overlaps(out, others) or not _eager_fills(self.value, *found):
-            return None
-        # An argument that is out's very elements: also checked on memory of its own, which a later call may give it
-        # where it came from another input (keep_out_overlaps then runs the call eagerly only if they share memory).
-        if any(_same_place(a, out) for a in others) and not _eager_fills(self.value, *found, alias=False):
-            return None
         rest = {k: v for k, v in kwargs.items() if k != "out"}
+        found = _arguments(args, rest)
+        if found is None or any(o.requires_grad for o in outs) or _draws_random(self.value):
+            return None
+        others = [a for a in (*found[0], *found[1].values()) if isinstance(a, torch.Tensor)]
+        # (outs sharing memory with each other: eager's kernel decides which write lands last; left to dynamo)
+        if any(_overlaps(o, [*others, *outs[:i], *outs[i + 1 :]]) for i, o in enumerate(outs)):
+            return None
+        returned = _eager_fills(self.value, *found, outs, single)
+        if returned is None:
+            return None
+        # An argument that is an out's very elements: also checked on memory of its own, which a later call may give
+        # it where it came from another input (keep_out_overlaps then runs the call eagerly only if they share memory).
+        aliased = any(_same_place(a, o) for a in others for o in outs)
+        if aliased and _eager_fills(self.value, *found, outs, single, alias=False) is None:
+            return None
         result = call(self, tx, args, rest)
-        value = _fake(result) if result.is_tensor() else None
-        if (
-            not isinstance(value, torch.Tensor)
-            or value.shape != out.shape
-            or value.dtype != out.dtype
-            or value.device != out.device
-            or value.requires_grad
+        results = [result] if single else _tensor_items(result)
+        values = [_fake(r) for r in results]
+        if len(values) != len(outs) or not all(
+            isinstance(v, torch.Tensor)
+            and (v.shape, v.dtype, v.device) == (o.shape, o.dtype, o.device)
+            and not v.requires_grad
+            for v, o in zip(values, outs)
         ):
             return None  # (the node traced above is unused: dynamo's own call below breaks the graph before it)
-        copied = out_vt.call_method(tx, "copy_", [result], {})
-        copied.as_proxy().node.meta[OUT_COPY] = True
-        return out_vt
+        for i, (o_vt, r) in enumerate(zip(out_vts, results)):
+            copied = o_vt.call_method(tx, "copy_", [r], {})
+            copied.as_proxy().node.meta[OUT_COPY] = True if single else (i, len(outs))
+        return out_vt if single else _returned(returned, out_vts, outs)
 
     @functools.wraps(call)
     def call_function(self: Any, tx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -243,9 +279,32 @@ def install() -> None:
     replace_method(cls, "call_function", call, call_function)
 
 
+def _tensor_items(vt: Any) -> list[Any]:
+    """The elements of a tuple or list variable (a structseq's too) when all are tensors, else []."""
+    items = getattr(vt, "items", None) if isinstance(vt, (_lists.TupleVariable, _lists.ListVariable, _udt)) else None
+    return list(items) if items and all(v.is_tensor() for v in items) else []
+
+
+def _returned(kind: type, out_vts: list[Any], outs: list[torch.Tensor]) -> Any:
+    """Eager's return value of an `out=` tuple call, as dynamo's variable: `kind` (a structseq such as
+    `torch.return_types.max_out`, or a plain tuple) holding the out tensors themselves."""
+    items = _lists.TupleVariable(list(out_vts), mutation_type=_side_effects.ValueMutationNew())
+    if kind is tuple:
+        return items
+    return _udt.get_vt_cls(kind)(kind(outs), tuple_vt=items)
+
+
 def _storage(node: Any) -> Any:
     value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
     return value.untyped_storage()._cdata if isinstance(value, torch.Tensor) else None
+
+
+def _copied_op(node: fx.Node) -> fx.Node:
+    """The op node a marked copy copies the result of (for an `out=` tuple, the op behind the element's getitem)."""
+    source = node.args[1]
+    if node.meta.get(OUT_COPY) is not True and source.target is operator.getitem:
+        return source.args[0]
+    return source
 
 
 def _rewrites(gm: fx.GraphModule) -> list[tuple[set[int], set[int]]]:
@@ -258,11 +317,12 @@ def _rewrites(gm: fx.GraphModule) -> list[tuple[set[int], set[int]]]:
     found = []
     for node in gm.graph.find_nodes(op="call_method", target="copy_"):
         if node.meta.get(OUT_COPY):
-            op, out = node.args[1], node.args[0]
+            op, out = _copied_op(node), node.args[0]
             outs = roots(out)
             # An argument that was out's very elements, made from the same inputs, stays so on every call (the same
             # view ops of the same inputs: dynamo guards their layouts); the check was made for it (_eager_fills).
-            # (One input only: inputs sharing memory at the traced call may share it otherwise at a later one.)
+            # (One input only: inputs sharing memory at the traced call may share it otherwise at a later one;
+            # keep_out_overlaps compares such sharing with the traced call's.)
             leaves = [
                 a
                 for a in pytree.tree_leaves((op.args, op.kwargs))
@@ -278,19 +338,51 @@ def _same_node_place(a: Any, b: Any) -> bool:
     return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and _same_place(va, vb)
 
 
+def _sharing(tensors: list[Any], absolute: bool) -> tuple[Any, ...]:
+    """How `tensors` share memory: per tensor, the first of them with its storage and its byte offset in it, relative
+    to that first one's (absolute where the graph makes views at absolute offsets: `as_strided`)."""
+    firsts: dict[int, int] = {}
+    shape = []
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            shape.append(None)
+            continue
+        first = firsts.setdefault(t.untyped_storage()._cdata, i)
+        at = lambda x: x.storage_offset() * x.element_size()
+        shape.append((first, at(t) - (0 if absolute else at(tensors[first]))))
+    return tuple(shape)
+
+
+def _absolute_views(gm: fx.GraphModule) -> bool:
+    """Whether the graph makes a view at an absolute storage offset (so that moving memory moves no view of it)."""
+    names = {"as_strided", "as_strided_", "set_"}
+    return any(
+        getattr(n.target, "__name__", n.target) in names for n in gm.graph.nodes if n.op in ("call_function", "call_method")
+    )
+
+
 def _restored(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` with each marked copy turned back into the call dynamo traced: `op(..., out=out)`."""
+    """A copy of `gm` with each marked copy turned back into the call dynamo traced: `op(..., out=out)` (for a tuple
+    of outs, one `op(..., out=(o0, o1, ..))` in place of their copies)."""
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
-    for node in list(graph.find_nodes(op="call_method", target="copy_")):
+    copies: dict[fx.Node, list[fx.Node]] = {}
+    for node in graph.find_nodes(op="call_method", target="copy_"):
         if node.meta.get(OUT_COPY):
-            op = node.args[1]
-            with graph.inserting_before(node):
-                call = graph.call_function(op.target, op.args, {**op.kwargs, "out": node.args[0]})
-            node.replace_all_uses_with(call)
+            copies.setdefault(_copied_op(node), []).append(node)
+    for op, nodes in copies.items():
+        single = len(nodes) == 1 and nodes[0].meta[OUT_COPY] is True
+        outs = [n.args[0] for n in sorted(nodes, key=lambda n: n.meta[OUT_COPY] if not single else 0)]
+        with graph.inserting_before(nodes[0]):
+            call = graph.call_function(op.target, op.args, {**op.kwargs, "out": outs[0] if single else tuple(outs)})
+        for node in nodes:
+            node.replace_all_uses_with(node.args[0] if not single else call)
+            source = node.args[1]
             graph.erase_node(node)
-            if not op.users:
-                graph.erase_node(op)
+            if source is not op and not source.users:
+                graph.erase_node(source)
+        if not op.users:
+            graph.erase_node(op)
     return fx.GraphModule(gm, graph)
 
 
@@ -303,6 +395,13 @@ def keep_out_overlaps(
     pairs = _rewrites(gm)
     if not pairs:
         return program
+    # Inputs sharing memory as they did at the traced call (same storages, same relative offsets; dynamo guards
+    # their sizes and strides) make every view of them as it was there, where the rewrite was checked (_eager_fills
+    # with that aliasing): such calls run the program.
+    involved = sorted(set().union(*(outs | ins for outs, ins in pairs)))
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    absolute = _absolute_views(gm)
+    traced = _sharing([placeholders[i].meta.get("example_value") for i in involved], absolute)
     from ..errors import OverlapFallbackWarning, UnsupportedError
 
     eager: list[fx.GraphModule] = []
@@ -310,6 +409,8 @@ def keep_out_overlaps(
     def checked(*args: Any) -> Any:
         ids = lambda ps: {args[i].untyped_storage()._cdata for i in ps if isinstance(args[i], torch.Tensor)}
         if not any(ids(outs) & ids(ins) for outs, ins in pairs):
+            return program(*args)
+        if _sharing([args[i] for i in involved], absolute) == traced:
             return program(*args)
         if not eager:
             message = (
