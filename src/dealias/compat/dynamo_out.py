@@ -56,6 +56,7 @@ _verdicts: dict[Any, type | None] = {}
 _lists: Any = None  # dynamo's modules and classes the rewrite builds its return value with (install)
 _udt: Any = None
 _side_effects: Any = None
+_constant: Any = None
 
 
 def _fake(vt: Any) -> Any:
@@ -89,10 +90,12 @@ def _overlaps(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
 
 
 def _arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | None:
-    """The call's arguments as fake tensors and Python constants (None where one is neither, a symbolic int or a
-    list holding tensors: such calls are left to dynamo)."""
+    """The call's arguments as fake tensors, lists of them (`cat`'s) and Python constants (None where one is
+    neither, a symbolic int: such calls are left to dynamo)."""
 
     def one(vt: Any) -> Any:
+        if isinstance(vt, (_lists.TupleVariable, _lists.ListVariable)) and (items := _tensor_items(vt)):
+            return vt.python_type()(one(v) for v in items)
         if vt.is_tensor():
             fake = _fake(vt)
             if not isinstance(fake, torch.Tensor) or not _static(fake):
@@ -110,6 +113,10 @@ def _arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict
         if type(e).__name__ == "Unsupported":
             return None
         raise
+
+
+def _tensor_leaves(args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    return [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
 
 
 def _static(t: torch.Tensor) -> bool:
@@ -136,11 +143,11 @@ def _key(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[torch.Tens
     def one(a: Any) -> Any:
         if isinstance(a, torch.Tensor):
             return (a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.device.type)
+        if isinstance(a, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in a):
+            return (type(a), tuple(one(e) for e in a))
         return (type(a), repr(a))
 
-    same = tuple(
-        tuple(isinstance(a, torch.Tensor) and _same_place(a, o) for o in outs) for a in (*args, *kwargs.values())
-    )
+    same = tuple(tuple(_same_place(a, o) for o in outs) for a in _tensor_leaves(args, kwargs))
     keyed = (tuple(one(a) for a in args), tuple((k, one(v)) for k, v in sorted(kwargs.items())))
     return (fn, keyed, tuple(one(o) for o in outs), same)
 
@@ -156,15 +163,16 @@ def _eager_fills(
     key = (_key(fn, args, kwargs, outs), single, alias)
     if key in _verdicts:
         return _verdicts[key]
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    tensors = _tensor_leaves(args, kwargs)
     every = [*tensors, *outs]
     if sum(t.numel() for t in every) > CHECK_LIMIT or any(t.device.type != "cpu" for t in every):
         return None
     if any(t.is_conj() or t.is_neg() for t in every):
         return None  # (lazily conjugated or negated views: the fresh tensors below would not carry those bits)
-    # Random values are safe to compute on only in floating point: integer arguments are indices, pivots, counts,
-    # which random ones make kernels reject or, in LAPACK's (ldl_solve's pivots), write outside their memory.
-    if any(not (t.dtype.is_floating_point or t.dtype.is_complex) for t in tensors):
+    # Random values are safe to compute on only in floating point and as masks: integer arguments are indices,
+    # pivots, counts, which random ones make kernels reject or, in LAPACK's (ldl_solve's pivots), write outside
+    # their memory.
+    if any(not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype is torch.bool) for t in tensors):
         return None
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -178,8 +186,7 @@ def _eager_fills(
                 for o in outs:
                     if alias and _same_place(t, o):
                         real[id(t)] = real[id(o)]
-            args_r = [real[id(a)] if isinstance(a, torch.Tensor) else a for a in args]
-            kwargs_r = {k: real[id(v)] if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            args_r, kwargs_r = pytree.tree_map_only(torch.Tensor, lambda t: real[id(t)], (args, kwargs))
             outs_r = [real[id(o)] for o in outs]
             wholes = [torch.empty(0, dtype=o.dtype).set_(o.untyped_storage()) for o in outs_r]
             befores = [w.clone() for w in wholes]
@@ -191,8 +198,9 @@ def _eager_fills(
             if single:
                 kept = kept and returned is outs_r[0]
             else:
-                kept = kept and isinstance(returned, tuple) and len(returned) == len(outs_r)
-                kept = kept and all(r is o for r, o in zip(returned, outs_r))
+                # (or None: `split_with_sizes_copy(out=)` returns nothing)
+                held = isinstance(returned, tuple) and len(returned) == len(outs_r)
+                kept = kept and (returned is None or (held and all(r is o for r, o in zip(returned, outs_r))))
             for w, b in zip(wholes, befores):
                 w.copy_(b)
             result = fn(*args_r, **kwargs_r)
@@ -217,7 +225,9 @@ def install() -> None:
     module = require_module("torch._dynamo.variables.torch")
     cls = require(module, "TorchInGraphFunctionVariable")
     call = require(cls, "call_function", "self", "tx", "args", "kwargs")
-    require(require_module("torch._dynamo.variables"), "ConstantVariable")
+    global _constant
+    _constant = require(require_module("torch._dynamo.variables"), "ConstantVariable")
+    require(_constant, "create")
     require(require_module("torch._dynamo.variables"), "SymNodeVariable")
     global _lists, _udt, _side_effects
     _lists = require_module("torch._dynamo.variables.lists")
@@ -244,7 +254,7 @@ def install() -> None:
         found = _arguments(args, rest)
         if found is None or any(o.requires_grad for o in outs) or _draws_random(self.value):
             return None
-        others = [a for a in (*found[0], *found[1].values()) if isinstance(a, torch.Tensor)]
+        others = _tensor_leaves(*found)
         # (outs sharing memory with each other: eager's kernel decides which write lands last; left to dynamo)
         if any(_overlaps(o, [*others, *outs[:i], *outs[i + 1 :]]) for i, o in enumerate(outs)):
             return None
@@ -288,6 +298,8 @@ def _tensor_items(vt: Any) -> list[Any]:
 def _returned(kind: type, out_vts: list[Any], outs: list[torch.Tensor]) -> Any:
     """Eager's return value of an `out=` tuple call, as dynamo's variable: `kind` (a structseq such as
     `torch.return_types.max_out`, or a plain tuple) holding the out tensors themselves."""
+    if kind is type(None):
+        return _constant.create(None)
     items = _lists.TupleVariable(list(out_vts), mutation_type=_side_effects.ValueMutationNew())
     if kind is tuple:
         return items
@@ -357,7 +369,9 @@ def _absolute_views(gm: fx.GraphModule) -> bool:
     """Whether the graph makes a view at an absolute storage offset (so that moving memory moves no view of it)."""
     names = {"as_strided", "as_strided_", "set_"}
     return any(
-        getattr(n.target, "__name__", n.target) in names for n in gm.graph.nodes if n.op in ("call_function", "call_method")
+        getattr(n.target, "__name__", n.target) in names
+        for n in gm.graph.nodes
+        if n.op in ("call_function", "call_method")
     )
 
 
