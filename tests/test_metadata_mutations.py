@@ -57,6 +57,21 @@ def metadata_then_view_output(x):
     return x[0]
 
 
+def t_as_a_function(x):
+    r = torch.Tensor.t_(x)  # the method called as a function (OpInfo's in-place variants): dynamo's function path
+    return r, x.shape[0]
+
+
+def unsqueeze_as_a_function_then_write(x):
+    torch.Tensor.unsqueeze_(x, 1)
+    x[:, 0] = 2.0
+    return x * 1
+
+
+def as_strided_as_a_function(x):
+    return torch.Tensor.as_strided_(x, (2, 2), (1, 2))
+
+
 META_PROGRAMS = [
     (t_input, lambda: (torch.randn(2, 3),)),
     (transpose_then_write, lambda: (torch.randn(2, 3),)),
@@ -65,6 +80,9 @@ META_PROGRAMS = [
     (swapdims_input, lambda: (torch.randn(2, 3),)),
     (as_strided_input, lambda: (torch.randn(6),)),
     (metadata_then_view_output, lambda: (torch.randn(2, 3),)),
+    (t_as_a_function, lambda: (torch.randn(2, 3),)),
+    (unsqueeze_as_a_function_then_write, lambda: (torch.randn(3),)),
+    (as_strided_as_a_function, lambda: (torch.randn(6),)),
 ]
 
 
