@@ -282,3 +282,20 @@ def where_into_transpose(c, a, b, ob):
 def test_list_and_mask_arguments_are_probed_too(fn, make):
     jf = check(fn, *make(), calls=3)
     assert dealias.graph_breaks(jf) == []
+
+
+def randn_into_every_other(ob):
+    r = torch.randn(3, 4, out=ob[..., 0])  # eager's kernel draws these in the result's order: compiled
+    return r, ob, torch.rand(2)  # (and leaves the generator where the functional draw leaves it)
+
+
+def randn_large_into_every_other(ob):
+    torch.randn(30, 40, out=ob[..., 0])  # another algorithm for a strided out of this size: eager's break
+    return ob, torch.rand(2)
+
+
+def test_random_draws_into_a_strided_out_that_eager_draws_alike_are_compiled():
+    jf = check(randn_into_every_other, torch.zeros(3, 4, 2), calls=3)
+    assert dealias.graph_breaks(jf) == []
+    jf = check(randn_large_into_every_other, torch.zeros(30, 40, 2), allow_fallback=True)
+    assert dealias.graph_breaks(jf)

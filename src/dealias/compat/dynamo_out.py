@@ -14,23 +14,35 @@ elements, and `gelu(out=)` computed other values. Nothing in the schemas says wh
 is checked once, by running eager's kernel both ways on small tensors of the call's own sizes, strides and dtypes
 (random values, a sentinel around `out`), comparing every byte of out's memory and out's own layout after the call
 (`linear(out=)` re-strides out to a contiguous tensor); the rewrite applies only where they agree (the verdict is
-kept per op and layout). Everything else keeps dynamo's own handling (a graph break, so
-eager's behaviour, errors included):
-- an op that draws random numbers (schema tag `nondeterministic_seeded`): eager fills a non-contiguous `out` in
-  its memory order, not in the result's element order;
+kept per op and layout).
+
+`out=` given a tuple (`torch.max(x, 1, out=(v, i))`, `sort`, `frexp`, `split_with_sizes_copy`'s list) is traced
+alike, one copy per out tensor, each probed the same way, and the call returns what eager's returns: the same
+kind of object (`torch.return_types.max_out`, a plain tuple, or None) holding the out tensors themselves. An op
+that draws random numbers (schema tag `nondeterministic_seeded`) is probed from one state of the default
+generator both ways, and must leave it alike too: eager fills a non-contiguous `out` in its memory order, and
+with another algorithm at larger sizes (`randn(30, 40, out=b[..., 0])`), so only some calls agree (`randn(3, 4,
+out=b[..., 0])`). Everything else keeps dynamo's own handling (a graph break, so eager's behaviour, errors
+included):
+- a random op given a generator, or whose probe disagrees;
 - a result of another shape or dtype (eager resizes `out`, or casts into it, or raises);
 - an `out` that overlaps itself (an expanded tensor: eager raises) or shares memory with an argument other than
   as the same elements (eager raises for a partial overlap; an argument that is out's very elements,
   `clamp(v, 0, 1, out=v)`, is checked with that aliasing, and rewritten where eager's kernel agrees);
 - a result that requires grad (eager raises: `out=` functions don't support automatic differentiation);
-- `out=` given a tuple of tensors (left to dynamo);
+- outs of one tuple that share memory with each other;
 - on a later call, an `out` that shares memory with an argument where the traced call's did not (`inv(a, out=o)`
   traced with `o` apart from `a`, called with `o` being `a`): dynamo's guards do not hold storage sharing between
   inputs, so the copy node is marked (`OUT_COPY`) and the backend's program checks, on each call, the inputs `out`
   and the op's arguments were made from (`keep_out_overlaps`); where they now share a storage, that call runs the
   graph eagerly with the call restored to `op(..., out=out)` (eager's kernel, eager's result or error).
 - arguments with symbolic sizes or values, too large to check cheaply (more than `CHECK_LIMIT` elements), or
-  tensor arguments of an integer or bool dtype (indices, pivots: random ones are not safe to run a kernel on).
+  tensor arguments of an integer dtype (indices, pivots: random ones are not safe to run a kernel on; bool
+  masks are probed with random masks).
+
+Inputs that share memory at a later call exactly as at the traced one (the same storages, the same relative
+offsets; dynamo guards sizes and strides) make every view of them as it was when the call was probed: such calls
+run the compiled program; only a call that shares memory otherwise runs eagerly (`keep_out_overlaps`).
 """
 
 from __future__ import annotations
@@ -153,14 +165,20 @@ def _key(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[torch.Tens
 
 
 def _eager_fills(
-    fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[torch.Tensor], single: bool, alias: bool = True
+    fn: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    outs: list[torch.Tensor],
+    single: bool,
+    alias: bool = True,
+    seeded: bool = False,
 ) -> type | None:
     """Whether eager's `fn(*args, **kwargs, out=..)` (`out=outs[0]` where `single`, else `out=tuple(outs)`) writes
     exactly what the call without `out=` followed by `outs[i].copy_(result[i])` writes, every byte of each out's
     memory compared, on tensors of the call's layouts (with `alias`, an argument that is an out's very elements is
     that out's memory, as in the call; else memory of its own). Where it does: the type of eager's return value,
     which for a tuple of outs must hold the out tensors themselves (`torch.return_types.max_out`); else None."""
-    key = (_key(fn, args, kwargs, outs), single, alias)
+    key = (_key(fn, args, kwargs, outs), single, alias, seeded)
     if key in _verdicts:
         return _verdicts[key]
     tensors = _tensor_leaves(args, kwargs)
@@ -177,6 +195,7 @@ def _eager_fills(
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     verdict = None
+    rng = torch.get_rng_state() if seeded else None
     with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -191,7 +210,11 @@ def _eager_fills(
             wholes = [torch.empty(0, dtype=o.dtype).set_(o.untyped_storage()) for o in outs_r]
             befores = [w.clone() for w in wholes]
             layouts = [(o.shape, o.stride(), o.storage_offset()) for o in outs_r]
+            # (An op drawing random numbers runs both ways from the same state of the default generator, which
+            # must be left alike too: the same draws, in the same order, as many of them.)
+            start = torch.get_rng_state() if seeded else None
             returned = fn(*args_r, **kwargs_r, out=outs_r[0] if single else tuple(outs_r))
+            drawn = torch.get_rng_state() if seeded else None
             by_kernel = [w.clone() for w in wholes]
             # (linear's kernel re-strides out; a tuple's return value holds the outs themselves, as the rewrite's)
             kept = [(o.shape, o.stride(), o.storage_offset()) for o in outs_r] == layouts
@@ -203,13 +226,19 @@ def _eager_fills(
                 kept = kept and (returned is None or (held and all(r is o for r, o in zip(returned, outs_r))))
             for w, b in zip(wholes, befores):
                 w.copy_(b)
+            if seeded:
+                torch.set_rng_state(start)
             result = fn(*args_r, **kwargs_r)
+            kept = kept and (not seeded or torch.equal(drawn, torch.get_rng_state()))
             for w, layout, r in zip(wholes, layouts, [result] if single else result):
                 w.as_strided(*layout).copy_(r)
             same = all(torch.equal(k.view(torch.uint8), w.view(torch.uint8)) for k, w in zip(by_kernel, wholes))
             verdict = type(returned) if kept and same else None
         except Exception:  # noqa: BLE001 - either way raising: dynamo's own handling (a graph break) decides
             verdict = None
+        finally:
+            if seeded:
+                torch.set_rng_state(rng)  # (the program's own random state, as it was)
     _verdicts[key] = verdict
     return verdict
 
@@ -252,19 +281,20 @@ def install() -> None:
             return None  # (contiguous: dynamo's own handling is right)
         rest = {k: v for k, v in kwargs.items() if k != "out"}
         found = _arguments(args, rest)
-        if found is None or any(o.requires_grad for o in outs) or _draws_random(self.value):
+        if found is None or any(o.requires_grad for o in outs):
             return None
+        seeded = _draws_random(self.value)
         others = _tensor_leaves(*found)
         # (outs sharing memory with each other: eager's kernel decides which write lands last; left to dynamo)
         if any(_overlaps(o, [*others, *outs[:i], *outs[i + 1 :]]) for i, o in enumerate(outs)):
             return None
-        returned = _eager_fills(self.value, *found, outs, single)
+        returned = _eager_fills(self.value, *found, outs, single, seeded=seeded)
         if returned is None:
             return None
         # An argument that is an out's very elements: also checked on memory of its own, which a later call may give
         # it where it came from another input (keep_out_overlaps then runs the call eagerly only if they share memory).
         aliased = any(_same_place(a, o) for a in others for o in outs)
-        if aliased and _eager_fills(self.value, *found, outs, single, alias=False) is None:
+        if aliased and _eager_fills(self.value, *found, outs, single, alias=False, seeded=seeded) is None:
             return None
         result = call(self, tx, args, rest)
         results = [result] if single else _tensor_items(result)
