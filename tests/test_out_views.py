@@ -299,3 +299,35 @@ def test_random_draws_into_a_strided_out_that_eager_draws_alike_are_compiled():
     assert dealias.graph_breaks(jf) == []
     jf = check(randn_large_into_every_other, torch.zeros(30, 40, 2), allow_fallback=True)
     assert dealias.graph_breaks(jf)
+
+
+def neg_into_neighbouring_column(x):
+    torch.neg(x[:, 0], out=x[:, 1])  # one memory, no element in common
+    return x
+
+
+def maximum_into_every_other(x, y):
+    torch.maximum(x[1::2], y, out=x[::2])  # reads the odd elements, writes the even ones of one memory
+    return x
+
+
+def add_reading_what_it_wrote(x):
+    torch.add(x[:3], 1, out=x[::2])  # out[2] is x[4], computed from x[2], which out[1] already wrote
+    return x
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (neg_into_neighbouring_column, lambda: (torch.randn(4, 3),)),
+        (maximum_into_every_other, lambda: (torch.randn(6), torch.randn(3))),
+    ],
+)
+def test_an_out_sharing_memory_with_an_argument_is_probed_on_memory_shared_alike(fn, make):
+    jf = check(fn, *make(), calls=3)
+    assert dealias.graph_breaks(jf) == []
+
+
+def test_an_out_whose_kernel_reads_what_it_wrote_keeps_dynamos_break():
+    jf = check(add_reading_what_it_wrote, torch.randn(6), allow_fallback=True)
+    assert dealias.graph_breaks(jf)

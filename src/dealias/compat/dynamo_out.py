@@ -26,9 +26,11 @@ out=b[..., 0])`). Everything else keeps dynamo's own handling (a graph break, so
 included):
 - a random op given a generator, or whose probe disagrees;
 - a result of another shape or dtype (eager resizes `out`, or casts into it, or raises);
-- an `out` that overlaps itself (an expanded tensor: eager raises) or shares memory with an argument other than
-  as the same elements (eager raises for a partial overlap; an argument that is out's very elements,
-  `clamp(v, 0, 1, out=v)`, is checked with that aliasing, and rewritten where eager's kernel agrees);
+- an `out` that overlaps itself (an expanded tensor: eager raises); an `out` sharing memory with an argument is
+  probed on memory shared alike (`clamp(v, 0, 1, out=v)`, `neg(x[:, 0], out=x[:, 1])`; a partial overlap eager
+  raises on, or a kernel reading what it already wrote, `add(x[:3], 1, out=x[::2])`, disagrees), with more fills
+  where the elements differ (a read-after-write may give the same bytes by chance), and only under ATen's grain
+  size (one thread: the kernel's order fixed), and also on memory of its own (a later call may give it that);
 - a result that requires grad (eager raises: `out=` functions don't support automatic differentiation);
 - outs of one tuple that share memory with each other;
 - on a later call, an `out` that shares memory with an argument where the traced call's did not (`inv(a, out=o)`
@@ -63,6 +65,7 @@ from .settings import applies
 
 NAME = "out_views"
 OUT_COPY = "dealias_out_copy"  # node meta key: the `out.copy_(op(...))` a non-contiguous `out=` call was traced as
+SINGLE_THREAD_ELEMENTS = 32768  # ATen's grain size: a pointwise kernel's elements run in one thread under it
 CHECK_LIMIT = 1 << 20  # elements of all the call's tensors together, above which no check runs (a graph break)
 _verdicts: dict[Any, type | None] = {}
 _lists: Any = None  # dynamo's modules and classes the rewrite builds its return value with (install)
@@ -135,20 +138,45 @@ def _static(t: torch.Tensor) -> bool:
     return all(type(x) is int for x in (*t.shape, *t.stride(), t.storage_offset()))
 
 
-def _real(fake: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """A real tensor of `fake`'s sizes, strides, offset and dtype on the CPU, with random values."""
-    # (Beyond the tensor's own extent, room for a kernel that ignores the strides and writes `numel` elements on
+def _real(
+    fake: torch.Tensor, gen: torch.Generator, members: list[torch.Tensor] | None = None, fill: Any = 0
+) -> torch.Tensor:
+    """A real tensor of `fake`'s sizes, strides, offset and dtype on the CPU, with random values (memory for all of
+    `members`, fakes of fake's storage and dtype, each then taken at its own place: `_reals`)."""
+    # (Beyond the tensors' own extent, room for a kernel that ignores the strides and writes `numel` elements on
     # from the first: in the user's program they would land on other memory; here the comparison sees them.)
-    extent = fake.storage_offset() + sum((n - 1) * st for n, st in zip(fake.shape, fake.stride())) + 1
-    extent += fake.numel() + 64
+    members = members or [fake]
+    last = lambda t: t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
+    extent = max(map(last, members)) + max(t.numel() for t in members) + 64
     flat = torch.empty(extent, dtype=fake.dtype)
-    if fake.dtype.is_floating_point or fake.dtype.is_complex:
+    if fill in ("rising", "falling") and fake.dtype.is_floating_point:
+        flat.copy_(torch.arange(extent, dtype=torch.float64) * (1 if fill == "rising" else -1))
+    elif fake.dtype.is_floating_point or fake.dtype.is_complex:
         flat.copy_(torch.randn(extent, generator=gen, dtype=torch.complex128 if fake.dtype.is_complex else None))
     elif fake.dtype is torch.bool:
         flat.copy_(torch.rand(extent, generator=gen) > 0.5)
     else:
         flat.copy_(torch.randint(-4, 5, (extent,), generator=gen))
     return flat.as_strided(fake.shape, fake.stride(), fake.storage_offset())
+
+
+def _reals(tensors: list[torch.Tensor], gen: torch.Generator, alias: bool, fill: Any = 0) -> dict[int, torch.Tensor]:
+    """Real tensors laid out like the fakes `tensors`, by id: with `alias`, those of one fake storage on one memory
+    at their own offsets (the call's aliasing kept; KeyError where they differ in dtype), else each on its own."""
+    if not alias:
+        return {id(t): _real(t, gen) for t in tensors}
+    groups: dict[int, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault(t.untyped_storage()._cdata, []).append(t)
+    real = {}
+    for members in groups.values():
+        if len({t.dtype for t in members}) > 1:
+            raise KeyError("one memory viewed with several dtypes")
+        flat = _real(members[0], gen, members, fill)
+        base = flat.as_strided((flat.untyped_storage().nbytes() // flat.element_size(),), (1,), 0)
+        for t in members:
+            real[id(t)] = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    return real
 
 
 def _key(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[torch.Tensor]) -> Any:
@@ -172,13 +200,14 @@ def _eager_fills(
     single: bool,
     alias: bool = True,
     seeded: bool = False,
+    fill: Any = 0,
 ) -> type | None:
     """Whether eager's `fn(*args, **kwargs, out=..)` (`out=outs[0]` where `single`, else `out=tuple(outs)`) writes
     exactly what the call without `out=` followed by `outs[i].copy_(result[i])` writes, every byte of each out's
     memory compared, on tensors of the call's layouts (with `alias`, an argument that is an out's very elements is
     that out's memory, as in the call; else memory of its own). Where it does: the type of eager's return value,
     which for a tuple of outs must hold the out tensors themselves (`torch.return_types.max_out`); else None."""
-    key = (_key(fn, args, kwargs, outs), single, alias, seeded)
+    key = (_key(fn, args, kwargs, outs), single, alias, seeded, fill)
     if key in _verdicts:
         return _verdicts[key]
     tensors = _tensor_leaves(args, kwargs)
@@ -199,12 +228,8 @@ def _eager_fills(
     with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            gen = torch.Generator().manual_seed(0)
-            real = {id(t): _real(t, gen) for t in every}
-            for t in tensors:  # (an argument that is an out's very elements is that out's memory here too)
-                for o in outs:
-                    if alias and _same_place(t, o):
-                        real[id(t)] = real[id(o)]
+            gen = torch.Generator().manual_seed(fill if isinstance(fill, int) else 0)
+            real = _reals(every, gen, alias, fill)  # (an argument sharing an out's memory shares it here too)
             args_r, kwargs_r = pytree.tree_map_only(torch.Tensor, lambda t: real[id(t)], (args, kwargs))
             outs_r = [real[id(o)] for o in outs]
             wholes = [torch.empty(0, dtype=o.dtype).set_(o.untyped_storage()) for o in outs_r]
@@ -286,14 +311,26 @@ def install() -> None:
         seeded = _draws_random(self.value)
         others = _tensor_leaves(*found)
         # (outs sharing memory with each other: eager's kernel decides which write lands last; left to dynamo)
-        if any(_overlaps(o, [*others, *outs[:i], *outs[i + 1 :]]) for i, o in enumerate(outs)):
+        if any(_overlaps(o, [*outs[:i], *outs[i + 1 :]]) for i, o in enumerate(outs)):
+            return None
+        # An argument sharing an out's memory otherwise than as its very elements (`torch.add(x, 1, out=x[::2])`):
+        # eager's kernel may read what it already wrote, in its order; the probe runs it on memory shared alike,
+        # where one thread runs it (over ATen's grain size, the order may change from run to run).
+        shared = [a for a in others for o in outs if _storage_of(a) == _storage_of(o) and not _same_place(a, o)]
+        if shared and sum(t.numel() for t in (*others, *outs)) >= SINGLE_THREAD_ELEMENTS:
             return None
         returned = _eager_fills(self.value, *found, outs, single, seeded=seeded)
         if returned is None:
             return None
-        # An argument that is an out's very elements: also checked on memory of its own, which a later call may give
-        # it where it came from another input (keep_out_overlaps then runs the call eagerly only if they share memory).
-        aliased = any(_same_place(a, o) for a in others for o in outs)
+        # (Read-after-write through shared memory can give the same bytes by chance, `maximum` rewriting a value
+        # that already was the larger: more fills, and values rising and falling through memory, as
+        # checks.aliasing_is_benign asks of in-place ops.)
+        fills = (1, 2, 3, "rising", "falling") if shared else ()
+        if any(_eager_fills(self.value, *found, outs, single, seeded=seeded, fill=f) is None for f in fills):
+            return None
+        # An argument sharing an out's memory: also checked on memory of its own, which a later call may give it
+        # where it came from another input (keep_out_overlaps runs the call eagerly where they share it otherwise).
+        aliased = any(_storage_of(a) == _storage_of(o) for a in others for o in outs)
         if aliased and _eager_fills(self.value, *found, outs, single, alias=False, seeded=seeded) is None:
             return None
         result = call(self, tx, args, rest)
@@ -317,6 +354,10 @@ def install() -> None:
         return call(self, tx, args, kwargs) if result is None else result
 
     replace_method(cls, "call_function", call, call_function)
+
+
+def _storage_of(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
 
 
 def _tensor_items(vt: Any) -> list[Any]:
