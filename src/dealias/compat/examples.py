@@ -118,6 +118,11 @@ def transpose_input(x: torch.Tensor) -> Any:
     return x * 2, x.shape
 
 
+def resize_within(x: torch.Tensor) -> Any:
+    x.resize_(3, 2)  # dynamo: a graph break at any resize_
+    return x * 2, x.shape
+
+
 _MODULE = torch.nn.Linear(3, 3)
 
 
@@ -150,6 +155,7 @@ EXAMPLES: dict[str, Example] = {
     "kept_index_reads": Example(unused_read, lambda: [(torch.zeros(3), torch.tensor([9]))]),
     "input_metadata": Example(transpose_input, lambda: [(torch.linspace(-1, 1, 6).view(2, 3),) for _ in range(2)]),
     "out_views": Example(add_into_transpose, lambda: [(torch.linspace(-1, 1, 9).view(3, 3), torch.zeros(3, 3))]),
+    "resize_within_memory": Example(resize_within, lambda: [(torch.linspace(-1, 1, 6).view(2, 3),) for _ in range(2)]),
     "signed_zero_guards": Example(divided, lambda: [(torch.ones(2), 0.0), (torch.ones(2), -0.0)], dynamic=False),
 }
 
