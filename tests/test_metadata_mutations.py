@@ -57,6 +57,21 @@ def metadata_then_view_output(x):
     return x[0]
 
 
+def t_as_a_function(x):
+    r = torch.Tensor.t_(x)  # the method called as a function (OpInfo's in-place variants): dynamo's function path
+    return r, x.shape[0]
+
+
+def unsqueeze_as_a_function_then_write(x):
+    torch.Tensor.unsqueeze_(x, 1)
+    x[:, 0] = 2.0
+    return x * 1
+
+
+def as_strided_as_a_function(x):
+    return torch.Tensor.as_strided_(x, (2, 2), (1, 2))
+
+
 META_PROGRAMS = [
     (t_input, lambda: (torch.randn(2, 3),)),
     (transpose_then_write, lambda: (torch.randn(2, 3),)),
@@ -65,6 +80,9 @@ META_PROGRAMS = [
     (swapdims_input, lambda: (torch.randn(2, 3),)),
     (as_strided_input, lambda: (torch.randn(6),)),
     (metadata_then_view_output, lambda: (torch.randn(2, 3),)),
+    (t_as_a_function, lambda: (torch.randn(2, 3),)),
+    (unsqueeze_as_a_function_then_write, lambda: (torch.randn(3),)),
+    (as_strided_as_a_function, lambda: (torch.randn(6),)),
 ]
 
 
@@ -295,9 +313,50 @@ def resize_same_numel_write(x):
     return y
 
 
-@pytest.mark.parametrize("fn", [resize_shrink_input, resize_shrink_intermediate, resize_same_numel_write])
-def test_resize_within_memory(fn):
-    check(fn, torch.randn(4, 3), allow_fallback=True)  # dynamo runs resize_ eagerly (a graph break)
+def resize_transposed_view_of_input(xb):
+    x = xb.transpose(0, 1)
+    r = torch.Tensor.resize_(x, (25, 5))  # (OpInfo's form) the same elements, now contiguous
+    return r, xb
+
+
+def resize_as_same_sizes(xb, o):
+    x = xb.transpose(0, 1)
+    x.resize_as_(o)  # the same sizes: eager changes nothing, the strides stay transposed
+    return x.stride(), x * 1
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (resize_shrink_input, lambda: (torch.randn(4, 3),)),
+        (resize_shrink_intermediate, lambda: (torch.randn(4, 3),)),
+        (resize_same_numel_write, lambda: (torch.randn(4, 3),)),
+        (resize_transposed_view_of_input, lambda: (torch.randn(5, 5, 5),)),
+        (resize_as_same_sizes, lambda: (torch.randn(5, 5, 5), torch.randn(5, 5, 5))),
+    ],
+)
+def test_resize_within_memory(fn, make):
+    # Dynamo traces no resize_ (a graph break); within the tensor's own elements it is traced as as_strided_
+    # (compat/dynamo_resize.py): no fallback, eager's layouts, first and cached call.
+    jf = check(fn, *make(), calls=3)
+    assert dealias.graph_breaks(jf) == []
+
+
+def test_resize_out_of_force_is_dynamos_break():
+    with compat.forced_off("resize_within_memory"):
+        jf = check(resize_shrink_input, torch.randn(4, 3), allow_fallback=True)
+    assert dealias.graph_breaks(jf)
+
+
+def resize_input_beyond_its_elements(xb):
+    x = xb[:2]
+    x.resize_(3, 3)  # within xb's storage, but x spans 6 elements: a later call's storage may be smaller
+    return x * 1
+
+
+def test_a_resize_beyond_the_tensors_own_elements_keeps_dynamos_break():
+    jf = check(resize_input_beyond_its_elements, torch.randn(4, 3), allow_fallback=True)
+    assert dealias.graph_breaks(jf)
 
 
 def test_resize_growing_falls_back():

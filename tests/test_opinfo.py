@@ -81,10 +81,15 @@ KNOWN_MISMATCHES: dict[tuple[str, str], str] = {
 # never write out=, empty(out=view); out= into lu's tuple compiles: a resize to a tensor's own size is a
 # no-op); graph breaks inplace 13/364, view 1/47, out 4/382: 22 of 793 programs (2.8 %) in all. None of
 # the graph breaks is dealias's choice: dynamo breaks at in-place metadata changes of inputs (t_, squeeze_,
-# resize_...) and at data-dependent and dynamic-shape ops.
+# resize_...) and at data-dependent and dynamic-shape ops. Issue 39 (torch 2.13, 829 programs with out-strided):
+# 64 (7.7 %) partly eager before, 23 (2.8 %) after: inplace 13 -> 0 (`torch.Tensor.t_(x)` traced as the method,
+# resize_ within the tensor's elements as as_strided_), out-strided 44 -> 16 (out= tuples, random draws, bool
+# masks and lists of tensors probed); left: view 1 (data-dependent), out 4 fallbacks (composites that never write
+# out=), 3 dynamic-shape breaks, and 16 out-strided (kernels that compute other bits into a strided out: gelu,
+# sinh, native_batch_norm...; integer arguments, not probed; random draws in another order; dynamic shapes).
 FALLBACK_CEILING = {"inplace": 0.01, "view": 0.03, "out": 0.015}
-GRAPH_BREAK_CEILING = {"inplace": 0.05, "view": 0.06, "out": 0.02}
-STRIDED_CEILING = 0.35  # out= into a strided view (below)
+GRAPH_BREAK_CEILING = {"inplace": 0.01, "view": 0.03, "out": 0.02}
+STRIDED_CEILING = 0.14  # out= into a strided view (below)
 
 
 @dataclass
@@ -478,9 +483,9 @@ def test_opinfo_sweep(family):
         assert rate <= ceilings[family], summary(results)
     if strided:
         # `out=` into a strided view: dynamo breaks at every one; dealias compiles those whose kernel only fills out
-        # (compat/dynamo_out.py). Measured: 65 of 139 such programs broke without that correction, 44 with it (27
-        # of them `out=` tuples, left to dynamo; the rest kernels that do not honour the strides, or integer
-        # arguments, which are not checked).
+        # (compat/dynamo_out.py). Measured: 65 of 139 such programs broke without that correction, 44 with it when
+        # `out=` tuples were left to dynamo (27 of them), 16 now (kernels that do not honour the strides, integer
+        # arguments, which are not checked, random draws in another order, dynamic shapes).
         rate = sum(r.status in ("graph-break", "fallback") for r in strided) / len(strided)
         print(f"[{family}] out-strided partly eager {rate:.1%} (ceiling {STRIDED_CEILING:.1%})")
         assert rate <= STRIDED_CEILING, summary(strided)

@@ -170,3 +170,164 @@ def test_an_out_aliasing_its_argument_through_another_input_is_checked_at_every_
         warnings.simplefilter("ignore")
         for make in calls:
             assert compare_call(clamp_from_another, jf, make()) is None
+
+
+# --- out= tuples into strided views: each out probed, eager's return_types object holding the outs themselves ----
+
+
+def max_into_columns(x, vb, ib):
+    v, i = vb[..., 0], ib[..., 0]
+    r = torch.max(x, 1, out=(v, i))
+    return r, vb, ib, r.values is v, r[1] is i, type(r).__name__
+
+
+def cummax_into_transposes(x, ab, bb):
+    r = torch.cummax(x, 1, out=(ab.t(), bb.t()))
+    return r.values * 1, ab, bb
+
+
+def frexp_into_strided(x, mb, eb):
+    m, e = torch.frexp(x, out=(mb[::2], eb[:, 1]))
+    return m.sum(), e, mb, eb
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (max_into_columns, lambda: (torch.randn(3, 4), torch.full((3, 2), 3.0), torch.full((3, 2), 3))),
+        (cummax_into_transposes, lambda: (torch.randn(3, 4), torch.full((4, 3), 3.0), torch.full((4, 3), 3))),
+        (
+            frexp_into_strided,
+            lambda: (torch.randn(3, 4), torch.full((6, 4), 3.0), torch.full((3, 2, 4), 3, dtype=torch.int32)),
+        ),
+    ],
+)
+def test_an_out_tuple_into_strided_views_is_compiled_and_matches_eager(fn, make):
+    jf = check(fn, *make(), calls=3)  # (no FallbackWarning: no graph break)
+    assert dealias.graph_breaks(jf) == []
+
+
+def test_an_out_tuple_call_returns_eagers_structseq_of_the_outs():
+    x, vb, ib = torch.randn(3, 4), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.long)
+    jf = dealias.jit(max_into_columns)
+    for _ in range(2):  # first and cached call
+        r, _, _, values_is_v, indices_is_i, kind = jf(x, vb, ib)
+        assert (values_is_v, indices_is_i, kind) == (True, True, "max_out")
+        assert type(r) is torch.return_types.max_out
+        assert r.values.data_ptr() == vb.data_ptr() and r.indices.stride() == (2,)
+
+
+def test_out_of_force_an_out_tuple_is_dynamos_break():
+    with compat.forced_off("out_views"):
+        jf, messages = _breaks(
+            max_into_columns, torch.randn(3, 4), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.long)
+        )
+    assert messages and "non-contiguous" in messages[0]
+
+
+def max_into_shared(x, b):
+    torch.max(x, 1, out=(b[:, 0], b.view(torch.int64)[:, 1]))  # (float values and int64 indices, one memory)
+    return b
+
+
+def test_an_out_tuple_whose_outs_share_memory_is_left_to_dynamo():
+    b = torch.zeros(3, 2, dtype=torch.float64)
+    jf, messages = _breaks(max_into_shared, torch.randn(3, 4, dtype=torch.float64), b)
+    assert messages and "non-contiguous" in messages[0]
+    assert (
+        compare_call(
+            max_into_shared, jf, (torch.randn(3, 4, dtype=torch.float64), torch.zeros(3, 2, dtype=torch.float64))
+        )
+        is None
+    )
+
+
+# --- inputs sharing memory as at the traced call: the compiled program, not the eager one ------------------------
+
+
+def test_inputs_sharing_memory_as_at_the_traced_call_run_the_compiled_program():
+    # Traced with b the very memory of a: a later call shaped alike (and one moved elsewhere in memory) runs the
+    # compiled program; eager's values either way.
+    jf = dealias.jit(clamp_from_another)
+    base = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for pad in (0, 0, 3):
+            t = torch.cat([torch.zeros(pad), base.clone().view(-1)])[pad:].view(4, 8)
+            assert compare_call(clamp_from_another, jf, (t, t.view(4, 8))) is None
+    assert fallback_messages(record) == []
+    assert dealias.cache_info(jf).misses == 1
+
+
+def cat_into_strided(a, b, ob):
+    torch.cat([a, b], 0, out=ob[..., 0])  # a list of tensors among the arguments
+    return ob
+
+
+def where_into_transpose(c, a, b, ob):
+    torch.where(c, a, b, out=ob.t())  # a bool mask among the arguments: random masks are valid ones
+    return ob
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (cat_into_strided, lambda: (torch.randn(2, 3), torch.randn(1, 3), torch.zeros(3, 3, 2))),
+        (
+            where_into_transpose,
+            lambda: (torch.randn(3, 3) > 0, torch.randn(3, 3), torch.randn(3, 3), torch.zeros(3, 3)),
+        ),
+    ],
+)
+def test_list_and_mask_arguments_are_probed_too(fn, make):
+    jf = check(fn, *make(), calls=3)
+    assert dealias.graph_breaks(jf) == []
+
+
+def randn_into_every_other(ob):
+    r = torch.randn(3, 4, out=ob[..., 0])  # eager's kernel draws these in the result's order: compiled
+    return r, ob, torch.rand(2)  # (and leaves the generator where the functional draw leaves it)
+
+
+def randn_large_into_every_other(ob):
+    torch.randn(30, 40, out=ob[..., 0])  # another algorithm for a strided out of this size: eager's break
+    return ob, torch.rand(2)
+
+
+def test_random_draws_into_a_strided_out_that_eager_draws_alike_are_compiled():
+    jf = check(randn_into_every_other, torch.zeros(3, 4, 2), calls=3)
+    assert dealias.graph_breaks(jf) == []
+    jf = check(randn_large_into_every_other, torch.zeros(30, 40, 2), allow_fallback=True)
+    assert dealias.graph_breaks(jf)
+
+
+def neg_into_neighbouring_column(x):
+    torch.neg(x[:, 0], out=x[:, 1])  # one memory, no element in common
+    return x
+
+
+def maximum_into_every_other(x, y):
+    torch.maximum(x[1::2], y, out=x[::2])  # reads the odd elements, writes the even ones of one memory
+    return x
+
+
+def add_reading_what_it_wrote(x):
+    torch.add(x[:3], 1, out=x[::2])  # out[2] is x[4], computed from x[2], which out[1] already wrote
+    return x
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (neg_into_neighbouring_column, lambda: (torch.randn(4, 3),)),
+        (maximum_into_every_other, lambda: (torch.randn(6), torch.randn(3))),
+    ],
+)
+def test_an_out_sharing_memory_with_an_argument_is_probed_on_memory_shared_alike(fn, make):
+    jf = check(fn, *make(), calls=3)
+    assert dealias.graph_breaks(jf) == []
+
+
+def test_an_out_whose_kernel_reads_what_it_wrote_keeps_dynamos_break():
+    jf = check(add_reading_what_it_wrote, torch.randn(6), allow_fallback=True)
+    assert dealias.graph_breaks(jf)

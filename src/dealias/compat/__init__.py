@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     dynamo_inputs,
     dynamo_out,
     dynamo_reads,
+    dynamo_resize,
     dynamo_resume,
     dynamo_rng,
     dynamo_tensor,

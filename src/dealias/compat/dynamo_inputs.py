@@ -24,13 +24,14 @@ eagerly: exact).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from .dynamo_tensor import is_inplace_view
-from .registry import active, correction, require, require_module
+from .registry import active, correction, replace_method, require, require_module
 from .settings import applies
 
 NAME = "input_metadata"
@@ -92,6 +93,34 @@ def install() -> None:
             self.source = source
 
     setattr(TensorVariable, getter, var_getattr)
+
+    # `torch.Tensor.t_(x)`, the method called as a function (as OpInfo's in-place variants are): dynamo's function
+    # path breaks the graph at it for an input ("Inplace op on input tensor"). It is `getattr(x, "t_")()`, which
+    # the method path above (and the refresh after it) traces: the call is traced so.
+    functions = require(require_module("torch._dynamo.variables.torch"), "TorchInGraphFunctionVariable")
+    call = require(functions, "call_function", "self", "tx", "args", "kwargs")
+    require(functions, "is_tensor_method")
+    tracker = require(require_module("torch._dynamo.variables.base"), "VariableTracker")
+    require(tracker, "build")
+    constant = require(require_module("torch._dynamo.variables"), "ConstantVariable")
+
+    @functools.wraps(call)
+    def call_function(self: Any, tx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        name = getattr(getattr(self, "value", None), "__name__", "")
+        if (
+            type(self) is functions
+            and args
+            and is_inplace_view(name)
+            and type(args[0].realize() if hasattr(args[0], "realize") else args[0]) is TensorVariable
+            and name != "detach_"
+            and applies(NAME, tx)
+            and self.is_tensor_method()
+        ):
+            method = tracker.build(tx, getattr).call_function(tx, [args[0], constant.create(name)], {})
+            return method.call_function(tx, list(args[1:]), kwargs)
+        return call(self, tx, args, kwargs)
+
+    replace_method(functions, "call_function", call, call_function)
 
 
 def _faithful(fake: torch.Tensor) -> bool:

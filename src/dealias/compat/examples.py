@@ -126,6 +126,11 @@ def replayed_draws(x: torch.Tensor) -> torch.Tensor:
     return a - torch.randn(3) + x.random_(0, 10)
 
 
+def resize_within(x: torch.Tensor) -> Any:
+    x.resize_(3, 2)  # dynamo: a graph break at any resize_
+    return x * 2, x.shape
+
+
 _MODULE = torch.nn.Linear(3, 3)
 
 
@@ -159,6 +164,7 @@ EXAMPLES: dict[str, Example] = {
     "input_metadata": Example(transpose_input, lambda: [(torch.linspace(-1, 1, 6).view(2, 3),) for _ in range(2)]),
     "out_views": Example(add_into_transpose, lambda: [(torch.linspace(-1, 1, 9).view(3, 3), torch.zeros(3, 3))]),
     "rng": Example(replayed_draws, lambda: [(torch.zeros(3),), (torch.zeros(3),)]),
+    "resize_within_memory": Example(resize_within, lambda: [(torch.linspace(-1, 1, 6).view(2, 3),) for _ in range(2)]),
     "signed_zero_guards": Example(divided, lambda: [(torch.ones(2), 0.0), (torch.ones(2), -0.0)], dynamic=False),
 }
 

@@ -202,16 +202,23 @@ def _benign_once(node: fx.Node, written: list[fx.Node], seed: int, density: floa
         shared.append((n, out))
         return out
 
+    def written_of(call: tuple[Any, Any]) -> list[torch.Tensor]:
+        # (By the written argument's position: a node given twice, `cumsum(x, 0, out=x)`, is read through one
+        # position and written through the other, and only the latter's copy is written in the run on copies.)
+        bound = bind_args(node.target._schema, *call)
+        leaves = [a for name in facts(node.target).mutated for a in pytree.tree_leaves(bound.get(name))]
+        return [a for a in leaves if isinstance(a, torch.Tensor)]
+
     try:
         call = pytree.tree_map_only(fx.Node, real, (node.args, node.kwargs))
         copied = [v.clone() if isinstance(v, torch.Tensor) else v for _, v in shared]  # after every fill
         it = iter(copied)
         copies = pytree.tree_map_only(fx.Node, lambda n: next(it), (node.args, node.kwargs))
         _run_quietly(node, call, copies)
-        return all(
+        pairs = list(zip(written_of(call), written_of(copies)))
+        return bool(pairs) and all(
             torch.equal(a, b) or torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)  # bit-equal, NaN too
-            for (n, a), b in zip(shared, copied)
-            if n in written and isinstance(a, torch.Tensor)
+            for a, b in pairs
         )
     except Exception:  # noqa: BLE001 - nothing learned: not benign
         return False

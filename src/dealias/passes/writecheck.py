@@ -60,23 +60,44 @@ def check_writable(node: fx.Node, written: list[Value], others: list[Value]) -> 
                 # ..)` quantizes x with its new running minimum), often behind integer flags that the probe
                 # below fills with zeros: not asked, refused.
                 raise OverlapError(f"{node.target} reads memory it writes, through another argument")
-            bound = bind_args(node.target._schema, node.args, node.kwargs)
-            targets = [a for name in facts(node.target).mutated for a in pytree.tree_leaves(bound.get(name))]
-            if aliasing_is_benign(node, [a for a in targets if isinstance(a, fx.Node)]):
+            if aliasing_is_benign(node, _written_nodes(node)):
                 continue  # (`slice_scatter(x, s, out=x.view(..))`: eager copies x first, as copies would)
             raise OverlapError(f"{node.target} reads memory it writes, through another argument")
+        benign: list[bool] = []  # (asked of eager once per node)
         for o in shared:
             if same_layout(o.meta, v.meta):
                 continue  # the same elements: a pointwise kernel reads each before writing it
             if not _partial_overlap(v.meta, o.meta):
                 # Eager's check cannot tell (non-dense layouts) and it reads elements it may already have
-                # written, in an order it does not promise: refuse rather than guess.
+                # written, in an order its kernel decides: asked of eager (as above) where one thread runs it,
+                # else refused rather than guessed.
+                if not benign:
+                    benign.append(_single_threaded(node) and aliasing_is_benign(node, _written_nodes(node)))
+                if benign[0]:
+                    continue
                 raise OverlapError(f"{node.target} reads memory it writes through another view")
             raise EagerSemanticsError(
                 f"{node.target}: unsupported operation: some elements of the input tensor and the "
                 "written-to tensor refer to a single memory location. Please clone() the tensor "
                 "before performing the operation."
             )
+
+
+# Elements a pointwise kernel runs in one thread (ATen's GRAIN_SIZE): over it, eager splits the elements between
+# threads, and which of two aliased elements is written first may differ from run to run.
+SINGLE_THREAD_ELEMENTS = 32768
+
+
+def _single_threaded(node: fx.Node) -> bool:
+    tensors = [a.meta.get("val") for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)]
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    return not any(has_symbols(t) for t in tensors) and all(t.numel() < SINGLE_THREAD_ELEMENTS for t in tensors)
+
+
+def _written_nodes(node: fx.Node) -> list[fx.Node]:
+    bound = bind_args(node.target._schema, node.args, node.kwargs)
+    targets = [a for name in facts(node.target).mutated for a in pytree.tree_leaves(bound.get(name))]
+    return [a for a in targets if isinstance(a, fx.Node)]
 
 
 def check_invertible(chain: tuple[ViewStep, ...], bases: list[fx.Node], node: fx.Node) -> None:

@@ -1,0 +1,78 @@
+"""In-place and `out=` writes whose written tensor is also read through another argument or another view of its
+memory (passes/writecheck.py): eager's kernel is asked (checks.aliasing_is_benign, on memory laid out like the
+call's) whether it computes what the functional program computes, on copies; where it does the graph compiles,
+where it does not (an order of its own) the graph runs eagerly with an OverlapFallbackWarning. Eager's values
+either way, first and cached call."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from harness import check, compare_call
+
+import dealias
+
+
+def cumsum_into_itself(x):
+    torch.cumsum(x, 0, out=x)  # the same tensor read and written: eager's kernel reads x[i] before it writes out[i]
+    return x
+
+
+def where_into_its_argument(x, y):
+    torch.where(y > 0, x, y, out=x)
+    return x
+
+
+def lerp_towards_own_column(x):
+    x.lerp_(x.narrow(1, 3, 1), 0.5)  # column 3 is written with its own value: each row agrees with copies
+    return x
+
+
+def clamp_by_own_column(x):
+    x.clamp_(min=x.narrow(1, 2, 1))  # max(x, x[:, 2]): column 2 stays itself, the rest agree with copies
+    return x
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (cumsum_into_itself, lambda: (torch.randn(6),)),
+        (where_into_its_argument, lambda: (torch.randn(4, 5), torch.randn(4, 5))),
+        (lerp_towards_own_column, lambda: (torch.randn(4, 6),)),
+        (clamp_by_own_column, lambda: (torch.randn(4, 6),)),
+    ],
+)
+def test_a_write_that_eager_computes_as_on_copies_is_compiled(fn, make):
+    check(fn, *make(), calls=3)  # (a FallbackWarning fails it)
+
+
+def add_own_column(x):
+    x.add_(x.narrow(1, 3, 1))  # column 3 doubles, then columns 4 and 5 read the doubled value
+    return x
+
+
+def mul_by_own_diagonal(x):
+    x.mul_(x.diagonal())  # (a strided view: eager cannot tell the overlap) x[1, 1] squares, then x[2:, 1] read it
+    return x
+
+
+@pytest.mark.parametrize(
+    "fn, make", [(add_own_column, lambda: (torch.randn(4, 6),)), (mul_by_own_diagonal, lambda: (torch.randn(4, 4),))]
+)
+def test_a_write_whose_result_depends_on_eagers_order_runs_eagerly(fn, make):
+    jf = dealias.jit(fn)
+    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
+        for _ in range(2):
+            assert compare_call(fn, jf, make()) is None
+
+
+def test_a_large_pointwise_overlap_is_not_asked():
+    # Over ATen's grain size eager's pointwise kernel runs in several threads: which aliased element is written
+    # first may change from run to run, so no probe answer holds.
+    jf = dealias.jit(clamp_by_own_column)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert compare_call(clamp_by_own_column, jf, (torch.randn(2048, 32),)) is None
+    assert any(issubclass(w.category, dealias.OverlapFallbackWarning) for w in record)
