@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import copy
 import types
+import warnings
 
 import pytest
 import torch
-from harness import AddsItsInput, check, grads_like_eager
+from harness import AddsItsInput, check, compare_call, grads_like_eager
 
 import dealias
 from dealias.errors import InternalError
@@ -807,6 +808,34 @@ def test_writes_through_real_views_of_complex_tensors_stay_on_the_torch_executor
     jf = check(fn, c, torch.tensor([10.0, 20.0, 30.0]), executor="inductor")
     assert jf.last.tier == "torch"
     assert "complex" in dealias.last_traces(jf)[-1].text
+
+
+def test_a_graph_kept_on_the_torch_executor_is_named_in_one_warning_with_its_reason():
+    # executor="inductor" ran such graphs on the torch executor silently (seen only in cache_info().tiers): one
+    # NotFusedWarning names the function and says why, once for the graph however many layouts it compiles.
+    jf = dealias.jit(real_part_add_, executor="inductor")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (3, 3, 5, 5):  # (two layouts: two compiles of the graph, one warning)
+            c = torch.complex(torch.randn(n), torch.randn(n))
+            x = torch.randn(n)
+            diff = compare_call(real_part_add_, jf, (c, x))
+            assert diff is None, diff
+    told = [str(w.message) for w in caught if issubclass(w.category, dealias.NotFusedWarning)]
+    assert len(told) == 1, told
+    assert "real_part_add_ runs on the torch executor, not fused: complex tensors" in told[0]
+    assert "test_inductor.py" in told[0]  # (the graph's source line)
+    assert not [w for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("torch", "torch")
+    assert all(r.startswith("not fused: complex tensors") for r in info.tier_reasons), info.tier_reasons
+
+
+def test_a_fused_graph_gives_no_not_fused_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.NotFusedWarning)
+        jf = check(flip_in_place, torch.randn(4), executor="inductor")
+    assert jf.last.tier == "fused"
 
 
 def add_to_first_row(x):
