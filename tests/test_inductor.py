@@ -464,7 +464,7 @@ def adam_state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [t for state in opt.state.values() for t in state.values()]
 
 
-@pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.parametrize("kind", ["adam", "sgd", "adagrad_loop"])
 def test_a_foreach_optimizer_step_is_fused_without_snapshots(kind):
     # Each result of a foreach op reads only its own parameter's tensors, so writing the first parameter is no
     # hazard for the others' new values: the step takes no snapshot (it took 40 for 10 parameters, each a copy of
@@ -480,6 +480,8 @@ def test_a_foreach_optimizer_step_is_fused_without_snapshots(kind):
             p.grad = torch.randn_like(p)
         if kind == "adam":
             return ps, torch.optim.Adam(ps, lr=0.1, foreach=True)
+        if kind == "adagrad_loop":  # (foreach=False: `p.addcdiv_(g, std, value=-clr)` with a 0-d tensor clr)
+            return ps, torch.optim.Adagrad(ps, lr=0.1, foreach=False)
         return ps, torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, foreach=True)
 
     (pe, oe), (pt, ot), (pf, of) = make(), make(), make()
@@ -498,6 +500,33 @@ def test_a_foreach_optimizer_step_is_fused_without_snapshots(kind):
                 p.grad.copy_(torch.randn_like(p))
     assert jf.last.tier == "fused", dealias.last_traces(jf)[3].text.splitlines()[0]
     assert SNAPSHOT not in targets(fused_graph(jf))
+    assert not python_ops(fused_graph(jf))
+
+
+def python_ops(gm) -> list:
+    """The ops of a fused graph inductor calls through Python and the dispatcher: dealias's own, but the snapshot
+    (lowered to a copy in inductor's code: test_a_snapshot_is_a_copy_in_inductors_code_not_a_python_call)."""
+    return [t for t in targets(gm) if getattr(t, "namespace", None) == "dealias" and t is not SNAPSHOT]
+
+
+def adam_like_update(p, m, v, g, step):
+    # A 0-d tensor as the Scalar of an in-place op (an optimizer's bias corrections): traced as dealias::addcdiv_
+    # and friends (compat/tensor_scalars.py), which inductor called as Python extern kernels.
+    bc = 1 - 0.9**step
+    m.addcmul_(g, g, value=bc)
+    v.add_(g, alpha=bc * 2)
+    p.addcdiv_(m, v.abs() + 1, value=-0.1 / bc)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_tensor_as_the_scalar_of_an_in_place_op_is_fused_arithmetic(dtype):
+    args = [torch.randn(64, dtype=dtype) for _ in range(4)] + [torch.tensor(3.0)]
+    jf = check(adam_like_update, *args, executor="inductor")
+    assert jf.last.tier == "fused"
+    if dtype is torch.bfloat16:  # (eager's kernel kept: inductor's fused bfloat16 operands are not rounded)
+        assert len(python_ops(fused_graph(jf))) == 3
+    else:
+        assert not python_ops(fused_graph(jf)), python_ops(fused_graph(jf))
 
 
 def cumsum_of_ones(x):

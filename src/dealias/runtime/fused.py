@@ -109,6 +109,9 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         reduction = by_reduction(n)  # (a decode step's one-row products: row_products.py)
         if reduction is not None:
             n.target = reduction
+        by_tensors = _by_tensor_scalar(n)
+        if by_tensors is not None:
+            n.target, n.kwargs = by_tensors, {**n.kwargs, "dtype": n.meta["val"].dtype}
     gm.recompile()
     # Inductor's own decompositions (index_copy_ -> index_put_, ...; a variance's: inductor_fixes.py), dealias's
     # helpers traced to aten ops; each node keeps the user's source line.
@@ -168,6 +171,42 @@ def _attention_by_matmuls(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torc
     """The flash kernel's result computed by torch's own decomposition of it (matmuls, softmax), which make_fx
     traces into the graph inductor fuses. Its second result is not the logsumexp (`_short_attention`: unread)."""
     return torch._decomp.decomposition_table[_FLASH_CPU](*args, **kwargs)
+
+
+# `p.addcdiv_(m, d, value=t)` with a 0-d tensor t is traced as dealias's own op (compat/tensor_scalars.py), whose
+# kernel reads t with `.item()` and calls eager's: inductor called it as an extern kernel, through Python and the
+# dispatcher, once per parameter and call (a single-tensor Adagrad step: 10 of them, 2.7x torch.compile's time). In
+# fused graphs of float32 and float64 it is the kernel's own arithmetic over tensors instead, which inductor fuses:
+# the Scalar as eager's kernel takes it (t's value rounded once to the dtype), the same order of operations. Not for
+# half-precision results: inductor keeps a fused bfloat16 operand (`v.abs() + 1`) in float32 where eager rounded it
+# (1 bfloat16 ulp apart), which the op's own kernel, reading the rounded operand, avoids.
+def _addcmul(self: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, value: torch.Tensor, *, dtype: Any) -> Any:
+    return self + value.to(dtype) * t1 * t2
+
+
+def _addcdiv(self: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, value: torch.Tensor, *, dtype: Any) -> Any:
+    return self + value.to(dtype) * t1 / t2
+
+
+def _add(self: torch.Tensor, other: torch.Tensor, alpha: torch.Tensor, *, dtype: Any) -> Any:
+    return self + alpha.to(dtype) * other
+
+
+_BY_TENSORS = {"addcmul": _addcmul, "addcdiv": _addcdiv, "add": _add}
+
+
+def _by_tensor_scalar(n: fx.Node) -> Callable[..., Any] | None:
+    """The tensor arithmetic for a functional `dealias::addcdiv` (addcmul, add) of a float32 or float64 result whose
+    tensors all have its dtype, or None."""
+    op = n.target
+    if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or op.namespace != "dealias":
+        return None
+    out = n.meta.get("val")
+    if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.float64) or n.kwargs:
+        return None
+    if any(a.meta.get("val").dtype != out.dtype for a in n.args[:-1]):
+        return None  # (mixed dtypes: eager's kernel casts each operand; left to it)
+    return _BY_TENSORS.get(op_name(op))
 
 
 def runner(
