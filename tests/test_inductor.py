@@ -930,3 +930,49 @@ def test_an_op_recorded_on_a_callers_tensor_is_not_run_unrecorded(fn):
     grads_like_eager(fn, jf, make_args)
     out = jf(*make_args())
     assert type(out.grad_fn).__name__ == "ReluBackward0"
+
+
+def scaled_update(x, g, lr):
+    x.add_(g, alpha=-lr)
+    return x * lr
+
+
+def foreach_decay_step(ps, gs, lr, wd):
+    torch._foreach_mul_(ps, 1 - lr * wd)
+    torch._foreach_add_(ps, torch._foreach_mul(gs, -lr))
+
+
+def clamped_to_lr(x, lr):
+    x.clamp_(max=lr)  # (clamp's bound: no tensor form for tensorify_python_scalars: the float stays a float)
+    return x + 1
+
+
+@pytest.mark.parametrize(
+    "fn, make, fused",
+    [
+        (scaled_update, lambda: (torch.randn(8), torch.randn(8)), True),
+        (foreach_decay_step, lambda: ([torch.randn(5) for _ in range(3)], [torch.randn(5) for _ in range(3)]), True),
+        (clamped_to_lr, lambda: (torch.randn(8),), False),
+    ],
+)
+def test_a_float_that_changes_every_call_is_fused_once_for_all_its_values(fn, make, fused):
+    # A learning rate that changes (a schedule) becomes a float input after its second value (frontend/floats.py).
+    # Inductor compiles no code for a float symbol: such graphs ran on the torch executor. Taken as a 0-d float64
+    # tensor input with its arithmetic as tensor arithmetic, one fused program serves every value; where that
+    # cannot be done, the torch executor runs the graph, over the float still (no compile per value).
+    jf = dealias.jit(fn, executor="inductor")
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for lr in (0.1, 0.2, 0.3, 0.05):
+            extra = (0.01,) if fn is foreach_decay_step else ()
+            diff = compare_call(fn, jf, (*make(), lr, *extra))
+            assert diff is None, f"lr={lr}: {diff}"
+    info = dealias.cache_info(jf)
+    assert info.misses == 2 and info.dynamic == ("lr",), info  # (the first value specialized, then one for all)
+    told = [str(w.message) for w in caught if issubclass(w.category, dealias.NotFusedWarning)]
+    if fused:
+        assert info.tiers == ("fused", "fused") and not told, (info, told)
+    else:
+        assert info.tiers == ("fused", "torch"), info
+        assert len(told) == 1 and "a float input inductor cannot take" in told[0], told

@@ -36,7 +36,8 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..compat.inductor import dealias_compile, size_asserts
+from ..compat.inductor import dealias_compile, floats_as_tensors, size_asserts
+from ..compat.registry import Missing
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
@@ -63,7 +64,7 @@ def unfusable(gm: fx.GraphModule) -> str | None:
         if n.op == "placeholder":
             if alias_group_of(n) is not None:
                 return "inputs share memory (an alias group)"
-            if not isinstance(val, (torch.Tensor, torch.SymInt)):
+            if not isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat)):
                 return f"a symbolic {type(val).__name__} input"
         if n.op != "call_function":
             continue
@@ -128,6 +129,12 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         # Its storage offset is absolute: traced from one call's placement, it would be baked into the kernels,
         # while a program serves every placement of its inputs.
         raise Unfusable("an as_strided view (its storage offset is absolute)")
+    try:
+        floats = floats_as_tensors(traced)  # (a float input: a 0-d float64 tensor, its arithmetic tensor arithmetic)
+    except Missing as e:
+        raise Unfusable(f"a float input inductor cannot take: {e}") from e
+    float_inputs = [ph.meta["val"] for ph in traced.graph.find_nodes(op="placeholder")]
+    example = [float_inputs[i] if i in floats else x for i, x in enumerate(example)]
     # Inductor's kernels write the caller's tensors through pointers, which moves no version counter: the call
     # moves each written one itself, or what autograd saved of it before would be read as if unchanged.
     traced_inputs = traced.graph.find_nodes(op="placeholder")
@@ -145,7 +152,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
             compiled = compile_fx_inner(traced, list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    run = runner(gm, compiled, prologue, written=written)
+    run = runner(gm, compiled, prologue, written=written, floats=floats)
     run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
     return run
 
@@ -215,6 +222,7 @@ def runner(
     prologue: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None,
     autograd: bool = False,
     written: tuple[int, ...] = (),
+    floats: tuple[int, ...] = (),
 ) -> Callable[..., Any]:
     """The call of a compiled graph: prologue (its checks, and the inputs it computes), inductor's callable (without
     autograd, unless it is AOTAutograd's and records it), the version counters of the inputs it wrote (`written`)
@@ -277,6 +285,8 @@ def runner(
             return restrided(outs) if state["restride"] or dense else tuple(outs)
         if prologue is not None:
             args = (*args, *prologue(args))
+        if floats:  # (float inputs taken as 0-d float64 tensors: floats_as_tensors)
+            args = tuple(torch.scalar_tensor(a, dtype=torch.float64) if i in floats else a for i, a in enumerate(args))
         # Autograd records nothing here (`unfusable`), but the aten kernels inductor falls back to would record
         # on inputs that require grad, through the detach() its decompositions dropped.
         grad = torch.is_grad_enabled()
