@@ -211,8 +211,9 @@ def _by_tensor_scalar(n: fx.Node) -> Callable[..., Any] | None:
     out = n.meta.get("val")
     if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.float64) or n.kwargs:
         return None
-    if any(a.meta.get("val").dtype != out.dtype for a in n.args[:-1]):
-        return None  # (mixed dtypes: eager's kernel casts each operand; left to it)
+    operands = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in n.args[:-1]]
+    if any(not isinstance(v, torch.Tensor) or v.dtype != out.dtype or v.device != out.device for v in operands):
+        return None  # (mixed dtypes or devices: eager's kernel casts each operand; left to it)
     return _BY_TENSORS.get(op_name(op))
 
 
