@@ -976,3 +976,27 @@ def test_a_float_that_changes_every_call_is_fused_once_for_all_its_values(fn, ma
     else:
         assert info.tiers == ("fused", "torch"), info
         assert len(told) == 1 and "a float input inductor cannot take" in told[0], told
+
+
+def add_position_embedding(x, wpe, out):
+    pos = torch.arange(x.shape[0])  # (GPT-2's position ids: computed from nothing of the call's)
+    out.copy_(x + torch.nn.functional.embedding(pos, wpe))
+
+
+def test_an_index_computed_from_nothing_of_the_calls_is_computed_and_checked_once():
+    # The prologue computed such an index with aten calls from Python on every call (GPT-2's forward: 7% of its
+    # time), and checked it: its values and its check's outcome are the same on every call.
+    jf = check(add_position_embedding, torch.randn(6, 4), torch.randn(8, 4), torch.zeros(6, 4), executor="inductor")
+    assert jf.last.tier == "fused"
+    args = (torch.randn(6, 4), torch.randn(8, 4), torch.zeros(6, 4))
+    with torch.profiler.profile() as prof:
+        for _ in range(3):
+            jf(*args)
+    assert not [e.name for e in prof.events() if e.name == "aten::arange"]
+    # Out of range (a table of 5 positions for 6 rows): eager's error on every call, before the write.
+    short = dealias.jit(add_position_embedding, executor="inductor")
+    for _ in range(3):
+        out = torch.zeros(6, 4)
+        with pytest.raises(IndexError, match="index out of range"):
+            short(torch.randn(6, 4), torch.randn(5, 4), out)
+        assert not out.any()
