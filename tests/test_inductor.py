@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import copy
 import types
+import warnings
 
 import pytest
 import torch
-from harness import AddsItsInput, check, grads_like_eager
+from harness import AddsItsInput, check, compare_call, grads_like_eager
 
 import dealias
 from dealias.errors import InternalError
@@ -463,7 +464,7 @@ def adam_state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [t for state in opt.state.values() for t in state.values()]
 
 
-@pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.parametrize("kind", ["adam", "sgd", "adagrad_loop"])
 def test_a_foreach_optimizer_step_is_fused_without_snapshots(kind):
     # Each result of a foreach op reads only its own parameter's tensors, so writing the first parameter is no
     # hazard for the others' new values: the step takes no snapshot (it took 40 for 10 parameters, each a copy of
@@ -479,6 +480,8 @@ def test_a_foreach_optimizer_step_is_fused_without_snapshots(kind):
             p.grad = torch.randn_like(p)
         if kind == "adam":
             return ps, torch.optim.Adam(ps, lr=0.1, foreach=True)
+        if kind == "adagrad_loop":  # (foreach=False: `p.addcdiv_(g, std, value=-clr)` with a 0-d tensor clr)
+            return ps, torch.optim.Adagrad(ps, lr=0.1, foreach=False)
         return ps, torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, foreach=True)
 
     (pe, oe), (pt, ot), (pf, of) = make(), make(), make()
@@ -497,6 +500,33 @@ def test_a_foreach_optimizer_step_is_fused_without_snapshots(kind):
                 p.grad.copy_(torch.randn_like(p))
     assert jf.last.tier == "fused", dealias.last_traces(jf)[3].text.splitlines()[0]
     assert SNAPSHOT not in targets(fused_graph(jf))
+    assert not python_ops(fused_graph(jf))
+
+
+def python_ops(gm) -> list:
+    """The ops of a fused graph inductor calls through Python and the dispatcher: dealias's own, but the snapshot
+    (lowered to a copy in inductor's code: test_a_snapshot_is_a_copy_in_inductors_code_not_a_python_call)."""
+    return [t for t in targets(gm) if getattr(t, "namespace", None) == "dealias" and t is not SNAPSHOT]
+
+
+def adam_like_update(p, m, v, g, step):
+    # A 0-d tensor as the Scalar of an in-place op (an optimizer's bias corrections): traced as dealias::addcdiv_
+    # and friends (compat/tensor_scalars.py), which inductor called as Python extern kernels.
+    bc = 1 - 0.9**step
+    m.addcmul_(g, g, value=bc)
+    v.add_(g, alpha=bc * 2)
+    p.addcdiv_(m, v.abs() + 1, value=-0.1 / bc)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_tensor_as_the_scalar_of_an_in_place_op_is_fused_arithmetic(dtype):
+    args = [torch.randn(64, dtype=dtype) for _ in range(4)] + [torch.tensor(3.0)]
+    jf = check(adam_like_update, *args, executor="inductor")
+    assert jf.last.tier == "fused"
+    if dtype is torch.bfloat16:  # (eager's kernel kept: inductor's fused bfloat16 operands are not rounded)
+        assert len(python_ops(fused_graph(jf))) == 3
+    else:
+        assert not python_ops(fused_graph(jf)), python_ops(fused_graph(jf))
 
 
 def cumsum_of_ones(x):
@@ -810,6 +840,34 @@ def test_writes_through_real_views_of_complex_tensors_stay_on_the_torch_executor
     assert "complex" in dealias.last_traces(jf)[-1].text
 
 
+def test_a_graph_kept_on_the_torch_executor_is_named_in_one_warning_with_its_reason():
+    # executor="inductor" ran such graphs on the torch executor silently (seen only in cache_info().tiers): one
+    # NotFusedWarning names the function and says why, once for the graph however many layouts it compiles.
+    jf = dealias.jit(real_part_add_, executor="inductor")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (3, 3, 5, 5):  # (two layouts: two compiles of the graph, one warning)
+            c = torch.complex(torch.randn(n), torch.randn(n))
+            x = torch.randn(n)
+            diff = compare_call(real_part_add_, jf, (c, x))
+            assert diff is None, diff
+    told = [str(w.message) for w in caught if issubclass(w.category, dealias.NotFusedWarning)]
+    assert len(told) == 1, told
+    assert "real_part_add_ runs on the torch executor, not fused: complex tensors" in told[0]
+    assert "test_inductor.py" in told[0]  # (the graph's source line)
+    assert not [w for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("torch", "torch")
+    assert all(r.startswith("not fused: complex tensors") for r in info.tier_reasons), info.tier_reasons
+
+
+def test_a_fused_graph_gives_no_not_fused_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.NotFusedWarning)
+        jf = check(flip_in_place, torch.randn(4), executor="inductor")
+    assert jf.last.tier == "fused"
+
+
 def add_to_first_row(x):
     x[0].add_(1)
     return x.sum()
@@ -873,3 +931,73 @@ def test_an_op_recorded_on_a_callers_tensor_is_not_run_unrecorded(fn):
     grads_like_eager(fn, jf, make_args)
     out = jf(*make_args())
     assert type(out.grad_fn).__name__ == "ReluBackward0"
+
+
+def scaled_update(x, g, lr):
+    x.add_(g, alpha=-lr)
+    return x * lr
+
+
+def foreach_decay_step(ps, gs, lr, wd):
+    torch._foreach_mul_(ps, 1 - lr * wd)
+    torch._foreach_add_(ps, torch._foreach_mul(gs, -lr))
+
+
+def clamped_to_lr(x, lr):
+    x.clamp_(max=lr)  # (clamp's bound: no tensor form for tensorify_python_scalars: the float stays a float)
+    return x + 1
+
+
+@pytest.mark.parametrize(
+    "fn, make, fused",
+    [
+        (scaled_update, lambda: (torch.randn(8), torch.randn(8)), True),
+        (foreach_decay_step, lambda: ([torch.randn(5) for _ in range(3)], [torch.randn(5) for _ in range(3)]), True),
+        (clamped_to_lr, lambda: (torch.randn(8),), False),
+    ],
+)
+def test_a_float_that_changes_every_call_is_fused_once_for_all_its_values(fn, make, fused):
+    # A learning rate that changes (a schedule) becomes a float input after its second value (frontend/floats.py).
+    # Inductor compiles no code for a float symbol: such graphs ran on the torch executor. Taken as a 0-d float64
+    # tensor input with its arithmetic as tensor arithmetic, one fused program serves every value; where that
+    # cannot be done, the torch executor runs the graph, over the float still (no compile per value).
+    jf = dealias.jit(fn, executor="inductor")
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for lr in (0.1, 0.2, 0.3, 0.05):
+            extra = (0.01,) if fn is foreach_decay_step else ()
+            diff = compare_call(fn, jf, (*make(), lr, *extra))
+            assert diff is None, f"lr={lr}: {diff}"
+    info = dealias.cache_info(jf)
+    assert info.misses == 2 and info.dynamic == ("lr",), info  # (the first value specialized, then one for all)
+    told = [str(w.message) for w in caught if issubclass(w.category, dealias.NotFusedWarning)]
+    if fused:
+        assert info.tiers == ("fused", "fused") and not told, (info, told)
+    else:
+        assert info.tiers == ("fused", "torch"), info
+        assert len(told) == 1 and "a float input inductor cannot take" in told[0], told
+
+
+def add_position_embedding(x, wpe, out):
+    pos = torch.arange(x.shape[0])  # (GPT-2's position ids: computed from nothing of the call's)
+    out.copy_(x + torch.nn.functional.embedding(pos, wpe))
+
+
+def test_an_index_computed_from_nothing_of_the_calls_is_computed_and_checked_once():
+    # The prologue computed such an index with aten calls from Python on every call (GPT-2's forward: 7% of its
+    # time), and checked it: its values and its check's outcome are the same on every call.
+    jf = check(add_position_embedding, torch.randn(6, 4), torch.randn(8, 4), torch.zeros(6, 4), executor="inductor")
+    assert jf.last.tier == "fused"
+    args = (torch.randn(6, 4), torch.randn(8, 4), torch.zeros(6, 4))
+    with torch.profiler.profile() as prof:
+        for _ in range(3):
+            jf(*args)
+    assert not [e.name for e in prof.events() if e.name == "aten::arange"]
+    # Out of range (a table of 5 positions for 6 rows): eager's error on every call, before the write.
+    short = dealias.jit(add_position_embedding, executor="inductor")
+    for _ in range(3):
+        out = torch.zeros(6, 4)
+        with pytest.raises(IndexError, match="index out of range"):
+            short(torch.randn(6, 4), torch.randn(5, 4), out)
+        assert not out.any()

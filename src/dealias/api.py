@@ -259,7 +259,7 @@ class JitFunction:
 
 def _fixed_tier(executor: str, program: CompiledProgram) -> str:
     if executor == "inductor" and program.tier != "fused":
-        return "not fusable (last_traces: the execution trace says why)"
+        return f"not fused: {program.unfused or 'see the execution trace (last_traces)'}"
     return f'executor="{executor}"'
 
 

@@ -74,6 +74,11 @@ class EagerRaisesFallbackWarning(FallbackWarning):
     """A graph ran eagerly on an EagerRaisesError: eager raises on it (at backward, or at a fragile view)."""
 
 
+class NotFusedWarning(UserWarning):
+    """executor="inductor": a graph runs on the torch executor (eager's kernels, exact), not fused, for the
+    reason the warning gives. Once per graph and reason."""
+
+
 def fallback_warning(e: Exception) -> type[FallbackWarning]:
     """The warning category for a graph that runs eagerly because compiling it raised `e`."""
     if isinstance(e, OverlapError):

@@ -164,3 +164,99 @@ def size_asserts(gm: fx.GraphModule) -> bool:
         if value is not None and free_symbols(value):
             return True
     return False
+
+
+def floats_as_tensors(gm: fx.GraphModule) -> tuple[int, ...]:
+    """Each float input of `gm` (a SymFloat placeholder: a learning rate dynamo made dynamic, frontend/floats.py)
+    made a 0-d float64 tensor input, and the float arithmetic over it tensor arithmetic, by torch's own pass for
+    torch.compile's dynamic floats (`tensorify_python_scalars`): inductor generates no code for a float symbol (its C++
+    did not compile). Ops it cannot take a tensor for get the float specialized, a guard in the program's ShapeEnv
+    (its shape guard then holds the value). Returns those inputs' positions. Raises Missing where this torch has no
+    such pass, or it gives up (it would have restarted dynamo's analysis)."""
+    import torch
+    from torch._guards import detect_fake_mode
+
+    module = require_module("torch.fx.passes._tensorify_python_scalars")
+    tensorify = require(module, "tensorify_python_scalars", "gm", "shape_env", "fake_mode")
+    restart = require(require_module("torch._dynamo.exc"), "TensorifyScalarRestartAnalysis")
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    found = [i for i, ph in enumerate(placeholders) if isinstance(ph.meta.get("val"), torch.SymFloat)]
+    if not found:
+        return ()
+    fake_mode = detect_fake_mode([ph.meta.get("val") for ph in placeholders])
+    shape_env = placeholders[found[0]].meta["val"].node.shape_env
+    if fake_mode is None or shape_env is None:
+        raise Missing("no fake mode or ShapeEnv for a float input")
+    _alpha_as_product(gm)
+    # The pass specializes (a guard on the float's value: a compile per learning rate) what it cannot make tensor
+    # arithmetic, and its guards cannot be taken back: such a graph is refused before it runs.
+    supported = require(module, "SUPPORTED_OPS")
+    for n in gm.graph.nodes:
+        if isinstance(n.meta.get("val"), torch.SymFloat):
+            _tensorifiable(n, supported)
+    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for i in found:
+        ph = placeholders[i]
+        with gm.graph.inserting_before(first):
+            item = gm.graph.call_function(torch.ops.aten._local_scalar_dense.default, (ph,))
+        item.meta["val"] = ph.meta["val"]
+        ph.replace_all_uses_with(item, delete_user_cb=lambda u, item=item: u is not item)
+        with fake_mode:
+            ph.meta["val"] = torch.empty((), dtype=torch.float64)
+    try:
+        tensorify(gm, shape_env, fake_mode)
+    except restart as e:
+        raise Missing("tensorify_python_scalars gave up on a float input") from e
+    left = [n for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.SymFloat)]
+    if left:
+        raise Missing(f"a float input left as a float: {left[0].format_node()}")
+    gm.recompile()
+    return tuple(found)
+
+
+def _alpha_as_product(gm: fx.GraphModule) -> None:
+    """`add(x, y, alpha=a)` (and `sub`) with a float input's `a` as `add(x, mul(y, a))`, and `_foreach_mul(xs, a)`
+    (add, div) as `_foreach_mul(xs, 1.0 * a)` with a 0-d tensor (its `Tensor` overload): forms the pass takes."""
+    import torch
+
+    aten = torch.ops.aten
+    by_tensor = {aten._foreach_mul.Scalar: aten._foreach_mul.Tensor, aten._foreach_add.Scalar: aten._foreach_add.Tensor}
+    by_tensor[aten._foreach_div.Scalar] = aten._foreach_div.Tensor
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and n.target in by_tensor and isinstance(n.args[1], fx.Node):
+            value = n.args[1].meta.get("val")
+            if not isinstance(value, torch.SymFloat):
+                continue
+            fake_mode = next(v for v in (x.meta.get("val") for x in n.args[0]) if isinstance(v, torch.Tensor)).fake_mode
+            with gm.graph.inserting_before(n):
+                one = gm.graph.call_function(aten.scalar_tensor.default, (1.0,), {"dtype": torch.float64})
+                scalar = gm.graph.call_function(aten.mul.Tensor, (one, n.args[1]))  # (exact: the float in float64)
+            with fake_mode:
+                one.meta["val"] = scalar.meta["val"] = torch.empty((), dtype=torch.float64)
+            n.target, n.args = by_tensor[n.target], (n.args[0], scalar)
+            continue
+        alpha = n.kwargs.get("alpha") if n.op == "call_function" else None
+        if n.target not in (aten.add.Tensor, aten.sub.Tensor) or not isinstance(alpha, fx.Node):
+            continue
+        if not isinstance(alpha.meta.get("val"), torch.SymFloat) or not isinstance(n.args[1], fx.Node):
+            continue
+        with gm.graph.inserting_before(n):
+            scaled = gm.graph.call_function(aten.mul.Tensor, (n.args[1], alpha))
+        scaled.meta["val"] = n.meta["val"]  # (the product's dtype: promoted as the sum's)
+        n.args, n.kwargs = (n.args[0], scaled), {}
+
+
+def _tensorifiable(n: fx.Node, supported: Any) -> None:
+    """Raise Missing unless every use of the float `n` is float arithmetic over float inputs only, or a
+    positional argument of an op `tensorify_python_scalars` makes a tensor op."""
+    import torch
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    if not all(symbol_is_type(s, SymT.FLOAT) for s in n.meta["val"].node.expr.free_symbols):
+        raise Missing(f"{n.format_node()} mixes a float input with other symbols")
+    for u in n.users:
+        if isinstance(u.meta.get("val"), torch.SymFloat):
+            continue  # (float arithmetic: its own uses are checked, the pass computes it from the symbols)
+        tensor_op = u.op == "call_function" and u.target in supported and isinstance(u.meta.get("val"), torch.Tensor)
+        if not tensor_op or n in u.kwargs.values():
+            raise Missing(f"{u.format_node()} takes a float input where no tensor goes")

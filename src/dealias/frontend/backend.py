@@ -38,6 +38,7 @@ from ..errors import (
     EagerSemanticsError,
     InternalError,
     InvariantError,
+    NotFusedWarning,
     UnsupportedError,
     fallback_warning,
     node_location,
@@ -107,6 +108,9 @@ class Stats:
     last: Any = None  # the CompiledProgram a call ran last
     last_miss_reason: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # (source line, reason) of graphs executor="inductor" runs on the torch executor, once warned of (a graph dynamo
+    # recompiles for another layout, or over symbols, is another graph with the same line: not warned again)
+    unfused_told: set[tuple[str | None, str]] = field(default_factory=set)
 
 
 def source_name(node: fx.Node) -> str:
@@ -313,6 +317,12 @@ class GraphProgram:
         """The cache entry for a torch- or fused-executor program: wrapped to be measured against the other tiers
         (tiers.py), for executors "tiered" and "exact"."""
         if self.options.executor not in TIERS:
+            where = program.unfused and next(filter(None, map(node_location, self.gm.graph.nodes)), None)
+            if program.unfused and (where, program.unfused) not in self.stats.unfused_told:
+                # Asked for the fused executor, this graph runs on the torch executor: said once per graph and reason.
+                self.stats.unfused_told.add((where, program.unfused))
+                message = f"dealias: a graph of {self.stats.name} runs on the torch executor, not fused: "
+                warnings.warn(with_location(message + program.unfused, where), NotFusedWarning, stacklevel=2)
             return program
         return Tiered(self, program, symbolic, fuse=self.options.executor == "tiered")
 

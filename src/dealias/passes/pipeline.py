@@ -125,11 +125,13 @@ def compile_program(
         functional_gm,
     )
     run, tier, name = None, Tier.TORCH, "execution trace (torch executor)"
+    unfused = ""  # why a graph the fused executor was asked for runs on the torch executor
     if executor == Executor.INDUCTOR and not torch.is_inference_mode_enabled():
         if any(isinstance(x, torch.Tensor) and x.is_inference() for x in leaves):
             # Eager raises at a write of an inference tensor outside inference mode; the torch executor's ops
             # raise it, inductor's kernels would write (a write through a view of one: found in review).
             executor, name = Executor.TORCH, "execution trace (torch executor: not fused, an inference tensor input)"
+            unfused = "an inference tensor input"
     why = unfusable(fp.gm) if executor == Executor.INDUCTOR else None
     if why == AUTOGRAD and _hidden_writes_only(fp, captured):
         why = None
@@ -150,7 +152,7 @@ def compile_program(
             fp, shown, tier = trial, trial, Tier.FUSED
             name = "execution trace (fused with autograd: AOTAutograd and inductor compile this graph)"
         except Unfusable as e:
-            name = f"execution trace (torch executor: not fused, {e})"
+            name, unfused = f"execution trace (torch executor: not fused, {e})", str(e)
     elif executor == Executor.INDUCTOR:
         try:
             if why is not None:
@@ -167,7 +169,7 @@ def compile_program(
             if hasattr(run, "raises"):  # (runtime/kernel_checks.py: eager's kernel rejects these dtypes or sizes)
                 name = f"execution trace (fused: {run.raises})"
         except Unfusable as e:
-            name = f"execution trace (torch executor: not fused, {e})"
+            name, unfused = f"execution trace (torch executor: not fused, {e})", str(e)
     if run is None:
         aliases = _alias_placeholders(fp.gm, captured)
         with clock("write-back lowering"):
@@ -192,6 +194,7 @@ def compile_program(
     with clock("call generation"):
         guard, layouts = _shape_guard(captured), tensor_layouts(captured)
         program = CompiledProgram(captured, fp, run, traces, functional_gm, reports, guard, layouts, tier, grad)
+        program.unfused = unfused
     traces.append(_execution_trace(shown, reports, name, clock.take(), program.source))
     return program
 

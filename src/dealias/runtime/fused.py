@@ -40,7 +40,8 @@ from torch._dynamo.convert_frame import compile_lock
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
-from ..compat.inductor import dealias_compile, size_asserts
+from ..compat.inductor import dealias_compile, floats_as_tensors, size_asserts
+from ..compat.registry import Missing
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
@@ -67,7 +68,7 @@ def unfusable(gm: fx.GraphModule) -> str | None:
         if n.op == "placeholder":
             if alias_group_of(n) is not None:
                 return "inputs share memory (an alias group)"
-            if not isinstance(val, (torch.Tensor, torch.SymInt)):
+            if not isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat)):
                 return f"a symbolic {type(val).__name__} input"
         if n.op != "call_function":
             continue
@@ -113,6 +114,9 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         reduction = by_reduction(n)  # (a decode step's one-row products: row_products.py)
         if reduction is not None:
             n.target = reduction
+        by_tensors = _by_tensor_scalar(n)
+        if by_tensors is not None:
+            n.target, n.kwargs = by_tensors, {**n.kwargs, "dtype": n.meta["val"].dtype}
     gm.recompile()
     # Inductor's own decompositions (index_copy_ -> index_put_, ...; a variance's: inductor_fixes.py), dealias's
     # helpers traced to aten ops; each node keeps the user's source line.
@@ -129,6 +133,12 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         # Its storage offset is absolute: traced from one call's placement, it would be baked into the kernels,
         # while a program serves every placement of its inputs.
         raise Unfusable("an as_strided view (its storage offset is absolute)")
+    try:
+        floats = floats_as_tensors(traced)  # (a float input: a 0-d float64 tensor, its arithmetic tensor arithmetic)
+    except Missing as e:
+        raise Unfusable(f"a float input inductor cannot take: {e}") from e
+    float_inputs = [ph.meta["val"] for ph in traced.graph.find_nodes(op="placeholder")]
+    example = [float_inputs[i] if i in floats else x for i, x in enumerate(example)]
     # Inductor's kernels write the caller's tensors through pointers, which moves no version counter: the call
     # moves each written one itself, or what autograd saved of it before would be read as if unchanged.
     traced_inputs = traced.graph.find_nodes(op="placeholder")
@@ -157,7 +167,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         free_symbols(ph.meta.get("val")) for ph in traced.graph.find_nodes(op="placeholder")
     )
     compiled = Background(compile_now) if later else compile_now()
-    run = runner(gm, compiled, prologue, written=written)
+    run = runner(gm, compiled, prologue, written=written, floats=floats)
     run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
     run.pending = compiled if later else None  # type: ignore[attr-defined]
     return run
@@ -236,12 +246,50 @@ def _attention_by_matmuls(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torc
     return torch._decomp.decomposition_table[_FLASH_CPU](*args, **kwargs)
 
 
+# `p.addcdiv_(m, d, value=t)` with a 0-d tensor t is traced as dealias's own op (compat/tensor_scalars.py), whose
+# kernel reads t with `.item()` and calls eager's: inductor called it as an extern kernel, through Python and the
+# dispatcher, once per parameter and call (a single-tensor Adagrad step: 10 of them, 2.7x torch.compile's time). In
+# fused graphs of float32 and float64 it is the kernel's own arithmetic over tensors instead, which inductor fuses:
+# the Scalar as eager's kernel takes it (t's value rounded once to the dtype), the same order of operations. Not for
+# half-precision results: inductor keeps a fused bfloat16 operand (`v.abs() + 1`) in float32 where eager rounded it
+# (1 bfloat16 ulp apart), which the op's own kernel, reading the rounded operand, avoids.
+def _addcmul(self: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, value: torch.Tensor, *, dtype: Any) -> Any:
+    return self + value.to(dtype) * t1 * t2
+
+
+def _addcdiv(self: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, value: torch.Tensor, *, dtype: Any) -> Any:
+    return self + value.to(dtype) * t1 / t2
+
+
+def _add(self: torch.Tensor, other: torch.Tensor, alpha: torch.Tensor, *, dtype: Any) -> Any:
+    return self + alpha.to(dtype) * other
+
+
+_BY_TENSORS = {"addcmul": _addcmul, "addcdiv": _addcdiv, "add": _add}
+
+
+def _by_tensor_scalar(n: fx.Node) -> Callable[..., Any] | None:
+    """The tensor arithmetic for a functional `dealias::addcdiv` (addcmul, add) of a float32 or float64 result whose
+    tensors all have its dtype, or None."""
+    op = n.target
+    if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or op.namespace != "dealias":
+        return None
+    out = n.meta.get("val")
+    if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.float64) or n.kwargs:
+        return None
+    operands = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in n.args[:-1]]
+    if any(not isinstance(v, torch.Tensor) or v.dtype != out.dtype or v.device != out.device for v in operands):
+        return None  # (mixed dtypes or devices: eager's kernel casts each operand; left to it)
+    return _BY_TENSORS.get(op_name(op))
+
+
 def runner(
     gm: fx.GraphModule,
     compiled: Any,
     prologue: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None,
     autograd: bool = False,
     written: tuple[int, ...] = (),
+    floats: tuple[int, ...] = (),
 ) -> Callable[..., Any]:
     """The call of a compiled graph: prologue (its checks, and the inputs it computes), inductor's callable (without
     autograd, unless it is AOTAutograd's and records it), the version counters of the inputs it wrote (`written`)
@@ -304,6 +352,8 @@ def runner(
             return restrided(outs) if state["restride"] or dense else tuple(outs)
         if prologue is not None:
             args = (*args, *prologue(args))
+        if floats:  # (float inputs taken as 0-d float64 tensors: floats_as_tensors)
+            args = tuple(torch.scalar_tensor(a, dtype=torch.float64) if i in floats else a for i, a in enumerate(args))
         # Autograd records nothing here (`unfusable`), but the aten kernels inductor falls back to would record
         # on inputs that require grad, through the detach() its decompositions dropped.
         grad = torch.is_grad_enabled()

@@ -57,6 +57,7 @@ class CompiledProgram:
     layouts: list[tuple[list[Any], list[Any]]] | None = None  # per tensor input: static sizes, strides (or None)
     tier: Tier = Tier.TORCH  # the executor running it
     grad: bool | None = None  # the grad mode calls come in (keyed): None, the mode at construction
+    unfused: str = ""  # executor="inductor": why this program runs on the torch executor instead ("" if fused)
 
     def __post_init__(self) -> None:
         # Everything a call does beyond running the graph is generated here once, as Python (generated_call.py): a

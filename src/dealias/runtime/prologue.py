@@ -23,6 +23,7 @@ from ..errors import node_location, with_location
 from ..ir.checks import bounds_check, index_args, index_policy, indexed_write, is_bounds_check
 from ..ir.gradops import bump_version
 from ..ir.opfacts import facts, has_effect, is_view_node, may_raise, op_name
+from ..ir.viewops import symbolic_layout
 from .hazards import Unfusable, is_scatter, memory_of, reads_of
 
 aten = torch.ops.aten
@@ -90,6 +91,11 @@ def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple
 
     handed = hoisted.handed
     every = compute is None or len(handed) == len(hoisted.indices)
+    # A check of a constant index (`hoisted.constant`) against a static size passes or raises alike on every call:
+    # it runs until a call passed it.
+    once = [c for c in checks if hoisted.constant and c[1] >= len(placeholders) and c[0] is not bump_version]
+    checks = [c for c in checks if c not in once]
+    passed = []
 
     def prologue(args: tuple[Any, ...]) -> tuple[Any, ...]:
         extra = compute(*args) if compute is not None else ()
@@ -98,6 +104,10 @@ def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple
             fn(args[i], *rest)
         for fn, i, (t, d), dim in sized:  # (against a symbolic size: the call's input `t` has it, or is it)
             fn(args[i], args[t] if d is None else args[t].shape[d], dim)
+        if once and not passed:
+            for fn, i, rest in once:
+                fn(args[i], *rest)
+            passed.append(True)
         return extra if every else tuple(extra[k] for k in handed)
 
     return prologue
@@ -114,6 +124,9 @@ class _Hoisted:
         self.gm, self.placeholders = gm, placeholders
         self.indices: list[fx.Node] = []  # in the order the prologue computes them
         self.handed: list[int] = []  # positions in `indices` of those handed to the graph (`finish`)
+        # the indices are computed from nothing of the call's (GPT-2's `arange(n)` position ids, n static): the
+        # same values on every call, computed once (`finish`)
+        self.constant = False
 
     @functools.cached_property
     def _order(self) -> dict[fx.Node, int]:
@@ -163,6 +176,7 @@ class _Hoisted:
         for n in cone:
             env[n] = graph.node_copy(n, env.__getitem__)
         root = self._memory[1]
+        self.constant = _computed_from_nothing(cone, self.indices)
         graph.output(tuple(env[i] for i in self.indices))
         self.handed = [k for k, i in enumerate(self.indices) if i not in root]
         # (Aten calls. torch_executor's Tensor methods cost half as much, but choosing them pinned length symbols
@@ -180,15 +194,38 @@ class _Hoisted:
             if not n.users:
                 self.gm.graph.erase_node(n)
 
+        computed: list[tuple[Any, ...]] = []
+
         def run(*args: Any) -> tuple[Any, ...]:
+            if computed:
+                return computed[0]
             grad = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)  # (nothing in the fused graph records autograd: `unfusable`)
             try:
-                return compute(*args)
+                values = compute(*args)
             finally:
                 torch._C._set_grad_enabled(grad)
+            if self.constant:  # (the graph only reads them: nothing writes memory that is not the caller's)
+                computed.append(values)
+            return values
 
         return run
+
+
+def _computed_from_nothing(cone: list[fx.Node], indices: list[fx.Node]) -> bool:
+    """Whether `cone` (the nodes computing `indices`) reads no input of the call, no symbol and no constant tensor
+    (whose values a graph could change), so that its values are the same on every call; and no op writes them."""
+    for n in cone:
+        if any(a.op in ("placeholder", "get_attr") for a in n.all_input_nodes) or n.op == "get_attr":
+            return False
+        val = n.meta.get("val")
+        if isinstance(val, SYMBOLIC) or isinstance(val, torch.Tensor) and symbolic_layout(val):
+            return False
+    for i in indices:
+        for u in i.users:
+            if isinstance(u.target, torch._ops.OpOverload) and facts(u.target).mutated:
+                return False
+    return True
 
 
 def example_like(val: torch.Tensor, example: list[Any]) -> torch.Tensor:
