@@ -151,3 +151,13 @@ def size_asserts(gm: fx.GraphModule) -> bool:
         if value is not None and free_symbols(value):
             return True
     return False
+
+
+def layout_options(channels_last: bool | None) -> dict[str, Any]:
+    """Inductor's config for a graph whose convolutions go channels-last (`channels_last`) or stay in eager's layout;
+    {} (inductor's own choice) for None, or where this release has no such setting (runtime/conv_layout.py)."""
+    import torch._inductor.config as config
+
+    if channels_last is None or not hasattr(config, "layout_optimization"):
+        return {}
+    return {"layout_optimization": channels_last}

@@ -36,10 +36,11 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..compat.inductor import dealias_compile, size_asserts
+from ..compat.inductor import dealias_compile, layout_options, size_asserts
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
+from .conv_layout import channels_last
 from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
 from .inductor_fixes import decompositions
 from .keep_aten import twin_for
@@ -96,6 +97,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     if raising is not None:
         return raising
     prologue = make_prologue(gm)
+    layout = channels_last(gm)  # (convolutions channels-last, or in eager's layout: measured, conv_layout.py)
     example = [
         *example,
         *(example_like(ph.meta["val"], example) for ph in gm.graph.find_nodes(op="placeholder")[len(example) :]),
@@ -134,11 +136,13 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     check_hazards(traced)
     traced.recompile()
     handed = copy.deepcopy(traced)  # inductor's passes rewrite the graph they are given (no-op clones go)
+    handed.meta["channels_last"] = layout  # (for traces and tests: the convolutions' layout, None: inductor's)
     try:
         # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
         # (dynamo's guards or the cache entry's tensor check held before the program runs); over symbols they bind
         # the symbols (compat/inductor.py).
-        with torch._inductor.config.patch(size_asserts=size_asserts(traced)), dealias_compile():
+        options = {"size_asserts": size_asserts(traced), **layout_options(layout)}
+        with torch._inductor.config.patch(options), dealias_compile():
             compiled = compile_fx_inner(traced, list(example))
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
