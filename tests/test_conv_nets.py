@@ -1,0 +1,101 @@
+"""Convolution nets on the fused executor (runtime/conv_layout.py, fused_autograd.py): the convolutions' layout is
+the one measured faster here, a training graph saves no boolean masks for backward, and outputs, BatchNorm's
+running statistics and gradients match eager's. Small nets: each compile costs seconds."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dealias
+from dealias.runtime import conv_layout
+
+pytestmark = pytest.mark.inductor
+
+CLOSE = dict(rtol=1e-4, atol=1e-4)
+
+
+class Block(nn.Module):
+    """A resnet BasicBlock in small: conv, BatchNorm, ReLU(inplace), a residual add, maxpool, avgpool, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)  # (a mobilenet's depthwise convolution, ReLU6)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = self.pool(self.relu(self.bn1(self.stem(x))))
+        out = self.bn2(self.conv(x))
+        out += x
+        out = F.relu6(self.dw(self.relu(out)))
+        return self.fc(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+@pytest.fixture
+def layouts_measured(monkeypatch, verdict_store):
+    """The layout measured, with channels-last `slower` times eager's layout (and the sizes each was asked for)."""
+    monkeypatch.setenv("DEALIAS_CONV_LAYOUT", "measure")
+    asked = []
+
+    def measure(slower):
+        def fake(x, w, bias, rest):
+            asked.append((tuple(x.shape), tuple(w.shape)))
+            return 1.0, slower
+
+        monkeypatch.setattr(conv_layout, "measure", fake)
+
+    return measure, asked
+
+
+@pytest.mark.parametrize("slower", [2.0, 0.5])
+def test_eval_takes_the_layout_measured_faster(layouts_measured, slower):
+    measure, asked = layouts_measured
+    measure(slower)
+    torch.manual_seed(0)
+    net, x = Block().eval(), torch.randn(2, 3, 8, 8)
+    expected = net(x)
+    jf = dealias.jit(copy.deepcopy(net), executor="inductor")
+    with torch.no_grad():
+        got = jf(x)
+    torch.testing.assert_close(got, expected.detach(), **CLOSE)
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    assert jf.last.run_graph.graph.meta["channels_last"] is (slower < 1.0)
+    assert ((2, 3, 8, 8), (8, 3, 3, 3)) in asked and len(asked) == 3  # each convolution, at its own sizes
+
+
+def test_training_matches_eager_and_saves_no_masks():
+    torch.manual_seed(0)
+    net, x, y = Block().train(), torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    twin = copy.deepcopy(net)
+    jf = dealias.jit(twin, executor="inductor")
+    saved = []
+
+    def pack(t):
+        saved.append(t.dtype)
+        return t
+
+    for step in range(2):
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            got = F.cross_entropy(jf(x), y)
+        got.backward()
+        torch.testing.assert_close(got, loss, **CLOSE)
+        for (name, a), b in zip(twin.named_parameters(), net.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, **CLOSE, msg=name)
+        for a, b in zip(twin.buffers(), net.buffers()):  # running statistics, batches tracked
+            torch.testing.assert_close(a, b, **CLOSE)
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    # ReLU's backward mask is computed in the backward from the saved result, not stored as bools by the forward
+    # (inductor's CPU bool stores are slow).
+    assert saved and torch.bool not in saved, saved
