@@ -84,7 +84,7 @@ def test_training_matches_eager_and_saves_no_masks():
         saved.append(t.dtype)
         return t
 
-    for step in range(2):
+    for _ in range(2):
         loss = F.cross_entropy(net(x), y)
         loss.backward()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
