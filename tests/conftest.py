@@ -10,6 +10,7 @@ import pytest
 os.environ.setdefault("DEALIAS_CHECK", "1")
 os.environ.setdefault("DEALIAS_KEEP_ATEN", "gelu,tanh,exp,_softmax")
 os.environ.setdefault("DEALIAS_ROW_PRODUCTS", "inductor")
+os.environ.setdefault("DEALIAS_CONV_LAYOUT", "contiguous")
 
 
 @pytest.fixture(autouse=True)

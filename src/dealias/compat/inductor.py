@@ -260,3 +260,13 @@ def _tensorifiable(n: fx.Node, supported: Any) -> None:
         tensor_op = u.op == "call_function" and u.target in supported and isinstance(u.meta.get("val"), torch.Tensor)
         if not tensor_op or n in u.kwargs.values():
             raise Missing(f"{u.format_node()} takes a float input where no tensor goes")
+
+
+def layout_options(channels_last: bool | None) -> dict[str, Any]:
+    """Inductor's config for a graph whose convolutions go channels-last (`channels_last`) or stay in eager's layout;
+    {} (inductor's own choice) for None, or where this release has no such setting (runtime/conv_layout.py)."""
+    import torch._inductor.config as config
+
+    if channels_last is None or not hasattr(config, "layout_optimization"):
+        return {}
+    return {"layout_optimization": channels_last}

@@ -40,11 +40,12 @@ from torch._dynamo.convert_frame import compile_lock
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
-from ..compat.inductor import dealias_compile, floats_as_tensors, size_asserts
+from ..compat.inductor import dealias_compile, floats_as_tensors, layout_options, size_asserts
 from ..compat.registry import Missing
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
+from .conv_layout import channels_last
 from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
 from .inductor_fixes import decompositions
 from .keep_aten import twin_for
@@ -101,6 +102,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     if raising is not None:
         return raising
     prologue = make_prologue(gm)
+    layout = channels_last(gm)  # (convolutions channels-last, or in eager's layout: measured, conv_layout.py)
     example = [
         *example,
         *(example_like(ph.meta["val"], example) for ph in gm.graph.find_nodes(op="placeholder")[len(example) :]),
@@ -148,14 +150,15 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     check_hazards(traced)
     traced.recompile()
     handed = copy.deepcopy(traced)  # inductor's passes rewrite the graph they are given (no-op clones go)
+    handed.meta["channels_last"] = layout  # (for traces and tests: the convolutions' layout, None: inductor's)
     # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
     # (dynamo's guards or the cache entry's tensor check held before the program runs); over symbols they bind
     # the symbols (compat/inductor.py).
-    asserts = size_asserts(traced)
+    options = {"size_asserts": size_asserts(traced), **layout_options(layout)}
 
     def compile_now() -> Any:
         try:
-            with torch._inductor.config.patch(size_asserts=asserts), dealias_compile():
+            with torch._inductor.config.patch(options), dealias_compile():
                 return compile_fx_inner(traced, list(example))
         except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
             first_line = str(e).splitlines()[0][:200] if str(e) else ""

@@ -1,0 +1,111 @@
+"""Convolution nets on the fused executor (runtime/conv_layout.py, fused_autograd.py): the convolutions' layout is
+the one measured faster here, a training graph saves no boolean masks for backward, and outputs, BatchNorm's
+running statistics and gradients match eager's. Small nets: each compile costs seconds."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dealias
+from dealias.runtime import conv_layout
+
+pytestmark = pytest.mark.inductor
+
+CLOSE = dict(rtol=1e-4, atol=1e-4)
+
+
+class Block(nn.Module):
+    """A resnet BasicBlock in small: conv, BatchNorm, ReLU(inplace), a residual add, maxpool, avgpool, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)  # (a mobilenet's depthwise convolution, ReLU6)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = self.pool(self.relu(self.bn1(self.stem(x))))
+        out = self.bn2(self.conv(x))
+        out += x
+        out = F.relu6(self.dw(self.relu(out)))
+        return self.fc(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+@pytest.fixture
+def layouts_measured(monkeypatch, verdict_store):
+    """The layout measured, with channels-last `slower` times eager's layout (and the sizes each was asked for)."""
+    monkeypatch.setenv("DEALIAS_CONV_LAYOUT", "measure")
+    asked = []
+
+    def measure(slower):
+        def fake(x, w, bias, rest):
+            asked.append((tuple(x.shape), tuple(w.shape)))
+            return 1.0, slower
+
+        monkeypatch.setattr(conv_layout, "measure", fake)
+
+    return measure, asked
+
+
+@pytest.mark.parametrize("slower", [2.0, 0.5])
+def test_eval_takes_the_layout_measured_faster(layouts_measured, slower):
+    measure, asked = layouts_measured
+    measure(slower)
+    torch.manual_seed(0)
+    net, x = Block().eval(), torch.randn(2, 3, 8, 8)
+    expected = net(x)
+    jf = dealias.jit(copy.deepcopy(net), executor="inductor")
+    with torch.no_grad():
+        got = jf(x)
+    torch.testing.assert_close(got, expected.detach(), **CLOSE)
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    assert jf.last.run_graph.graph.meta["channels_last"] is (slower < 1.0)
+    assert ((2, 3, 8, 8), (8, 3, 3, 3)) in asked and len(asked) == 3  # each convolution, at its own sizes
+
+
+@pytest.mark.parametrize("name", ["block", "conv_bn_relu"])
+def test_training_matches_eager_and_saves_no_masks(layouts_measured, name):
+    layouts_measured[0](0.5)  # (channels-last measured faster: a training graph keeps eager's layout anyway)
+    torch.manual_seed(0)
+    if name == "block":
+        net, x = Block().train(), torch.randn(4, 3, 8, 8)
+    else:  # (its ReLU's result is the graph's: min-cut saved `out <= 0` as bools for the backward)
+        net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True)).train()
+        x = torch.randn(4, 3, 8, 8)
+    twin = copy.deepcopy(net)
+    jf = dealias.jit(twin, executor="inductor")
+    saved = []
+
+    def pack(t):
+        saved.append(t.dtype)
+        return t
+
+    def loss_of(out):
+        return (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
+
+    for _ in range(2):
+        loss = loss_of(net(x))
+        loss.backward()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            got = loss_of(jf(x))
+        got.backward()
+        torch.testing.assert_close(got, loss, **CLOSE)
+        for (name, a), b in zip(twin.named_parameters(), net.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, **CLOSE, msg=name)
+        for a, b in zip(twin.buffers(), net.buffers()):  # running statistics, batches tracked
+            torch.testing.assert_close(a, b, **CLOSE)
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    assert jf.last.run_graph.graph.meta["channels_last"] is False  # (training: eager's layout, unmeasured)
+    # ReLU's backward mask is computed in the backward from the saved result, not stored as bools by the forward
+    # (inductor's CPU bool stores are slow).
+    assert saved and torch.bool not in saved, saved
