@@ -36,6 +36,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ..compat.graph_cache import graph_cache
 from ..compat.inductor import dealias_compile, size_asserts
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
@@ -138,8 +139,13 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
         # (dynamo's guards or the cache entry's tensor check held before the program runs); over symbols they bind
         # the symbols (compat/inductor.py).
-        with torch._inductor.config.patch(size_asserts=size_asserts(traced)), dealias_compile():
-            compiled = compile_fx_inner(traced, list(example))
+        # Inductor's FX graph cache in use (a second process loads the generated code: compat/graph_cache.py).
+        with (
+            torch._inductor.config.patch(size_asserts=size_asserts(traced)),
+            dealias_compile(),
+            graph_cache(list(example)) as handed_example,
+        ):
+            compiled = compile_fx_inner(traced, handed_example)
     except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
     run = runner(gm, compiled, prologue, written=written)
