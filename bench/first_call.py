@@ -11,7 +11,7 @@ read the ratios, not the seconds.
 
     python bench/first_call.py                        # every workload, 1 round
     python bench/first_call.py --only mha --rounds 3
-    python bench/first_call.py --modes fused tiered tc
+    python bench/first_call.py --modes fused fused_uncached tc
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ def workloads() -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, .
     return {**{n: found[n] for n in names}, "mha": (mha, _mha_args)}
 
 
-# dealias's executor per mode; "tc" is torch.compile(backend="inductor")
-EXECUTOR = {"fused": "inductor", "tiered": "tiered"}
+# dealias's executor per mode; "tc" is torch.compile(backend="inductor"); "fused_uncached" is the fused executor
+# with its compiles kept out of inductor's FX graph cache (as before compat/graph_cache.py)
+EXECUTOR = {"fused": "inductor", "fused_uncached": "inductor", "tiered": "tiered"}
 MODES = (*EXECUTOR, "tc")
 
 
@@ -81,6 +82,8 @@ def first_call(name: str, mode: str, cache_dir: Path) -> dict[str, Any]:
     env = dict(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
     env["DEALIAS_CACHE_DIR"] = str(cache_dir / "dealias")
+    if mode == "fused_uncached":
+        env["DEALIAS_COMPAT_OFF"] = ",".join(filter(None, (env.get("DEALIAS_COMPAT_OFF"), "inductor_graph_cache")))
     src = HERE.parent / "src"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, mode]

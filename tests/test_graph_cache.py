@@ -1,6 +1,7 @@
 """Inductor's FX graph cache for dealias's fused compiles (compat/graph_cache.py): a second process compiling the
-same program loads inductor's code from the cache directory and gives eager's results; an entry is dealias's own
-(the corrections in force are in its key); a graph over symbols no SymInt input binds is not cached."""
+same program loads inductor's code from the cache directory and gives eager's results (over a symbol too, with
+the compile's guards); an entry is dealias's own (the corrections in force are in its key); a graph over symbols
+no SymInt input binds is not cached."""
 
 import json
 import os
@@ -33,6 +34,10 @@ _SCRIPT = textwrap.dedent(
     def forward(lin, x):
         return (lin(x).relu_() * 2).sum(1)
 
+    def at_position(cache, k, pos: int):
+        cache[:, pos] = k
+        return cache[:, : pos + 1].sum(1)
+
     def same(a, b):
         return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-6, atol=1e-6))
 
@@ -56,6 +61,20 @@ _SCRIPT = textwrap.dedent(
     ok = same(got, expected) and same(x.grad, eager_x.grad) and jf.last.tier == "fused"
     ok = ok and all(same(a.grad, b.grad) for a, b in zip(lin.parameters(), eager_lin.parameters()))
     out["autograd"] = {"ok": ok, **{k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph")}}
+
+    # Over a symbol (the position, dynamic from its second value on): a cache hit's guards go into the program's
+    # shape guard as the compile's did.
+    counters.clear()
+    jf = dealias.jit(at_position, executor="inductor")
+    ok = True
+    for pos in (2, 5, 7):
+        cache, k = torch.randn(2, 9), torch.randn(2)
+        eager_cache = cache.clone()
+        ok = ok and same(jf(cache, k, pos), at_position(eager_cache, k, pos)) and same(cache, eager_cache)
+    guard = jf.last.shape_guard
+    ok = ok and jf.last.tier == "fused" and guard is not None
+    counts = {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph")}
+    out["symbolic"] = {"ok": ok, "guard": guard.text, **counts}
     print(json.dumps(out))
     """
 )
@@ -73,15 +92,16 @@ def _process(cache_dir, **env) -> dict:
 
 def test_a_second_process_loads_the_fused_code_from_the_cache_and_gives_eagers_results(tmp_path):
     cold = _process(tmp_path)
-    for program in ("writes", "autograd"):
+    for program in ("writes", "autograd", "symbolic"):
         assert cold[program]["ok"], program
         assert cold[program].get("fxgraph_cache_miss", 0) >= 1, (program, cold[program])  # (stored, not bypassed)
         assert cold[program].get("fxgraph_cache_bypass", 0) == 0, (program, cold[program])
     warm = _process(tmp_path)
-    for program in ("writes", "autograd"):
+    for program in ("writes", "autograd", "symbolic"):
         assert warm[program]["ok"], program
         assert warm[program].get("fxgraph_cache_hit", 0) >= 1, (program, warm[program])
         assert warm[program].get("fxgraph_cache_miss", 0) == 0, (program, warm[program])
+    assert warm["symbolic"]["guard"] == cold["symbolic"]["guard"]
     # A correction out of force changes what inductor generates for dealias's graphs, and is not in the graph's
     # code: the cached entries are not taken then.
     other = _process(tmp_path, DEALIAS_COMPAT_OFF="inductor_view_strides")
