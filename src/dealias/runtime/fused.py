@@ -40,6 +40,7 @@ from torch._dynamo.convert_frame import compile_lock
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
+from ..compat.graph_cache import graph_cache
 from ..compat.inductor import dealias_compile, floats_as_tensors, layout_options, size_asserts
 from ..compat.registry import Missing
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
@@ -158,8 +159,13 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
 
     def compile_now() -> Any:
         try:
-            with torch._inductor.config.patch(options), dealias_compile():
-                return compile_fx_inner(traced, list(example))
+            # Inductor's FX graph cache in use (a second process loads the generated code: compat/graph_cache.py).
+            with (
+                torch._inductor.config.patch(options),
+                dealias_compile(),
+                graph_cache(list(example)) as handed_example,
+            ):
+                return compile_fx_inner(traced, handed_example)
         except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph
             first_line = str(e).splitlines()[0][:200] if str(e) else ""
             raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {first_line}") from e

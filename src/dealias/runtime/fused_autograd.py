@@ -27,6 +27,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..compat.graph_cache import graph_cache, key_config
 from ..compat.inductor import dealias_compile, layout_options, no_donated_buffers, size_asserts
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
@@ -331,8 +332,11 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
             torch._inductor.config.patch(options),
             no_donated_buffers(),
             dealias_compile(),
+            graph_cache(list(example)) as handed_example,  # (AOTAutograd's and inductor's caches: graph_cache.py)
         ):
-            compiled = compile_fx(_clones_of_inputs_kept(gm), list(example), decompositions=decompositions())
+            compiled = compile_fx(
+                _clones_of_inputs_kept(gm), handed_example, decompositions=decompositions(), config_patches=key_config()
+            )
         # compile_fx hands back AOTAutograd's function inside a `torch._dynamo.disable` of its own (~3 us a call):
         # it is only ever called from a program dynamo already runs under its own disable.
         compiled = getattr(compiled, "_torchdynamo_orig_callable", compiled)

@@ -42,7 +42,18 @@ def decompositions() -> dict[Any, Any]:
     """Inductor's decomposition table, with the variance in two float64 passes (see the module's text)."""
     from torch._inductor.decomposition import select_decomp_table
 
-    return {**select_decomp_table(), aten.var_mean.correction: _var_mean_two_pass, aten.var.correction: _var_two_pass}
+    table = {**select_decomp_table(), aten.var_mean.correction: _var_mean_two_pass, aten.var.correction: _var_two_pass}
+    return _Table(table)
+
+
+class _Table(dict):
+    """The table, pickled as the call of `decompositions` that makes it: inductor hashes the table handed to
+    `compile_fx` into its cache keys, and one of inductor's own entries is a C++ function that cannot be pickled (the
+    FX graph cache was then bypassed for every graph autograd records). What the entries do is in dealias's source,
+    which the key holds (compat/graph_cache.py)."""
+
+    def __reduce__(self) -> Any:
+        return decompositions, ()
 
 
 def _var_two_pass(x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
