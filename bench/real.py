@@ -205,6 +205,9 @@ def _time(f: Callable[..., Any], args: tuple[Any, ...], backward: bool, iters: i
 
 
 def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
+    # Dynamo's automatic dynamic remembers values per code location across compiles: Adam's and AdamW's steps share
+    # Adam.step, so AdamW's weight decay, seen changed from Adam's, would be made symbolic, as in no user's process.
+    torch._dynamo.reset()
     row: dict[str, Any] = {"workload": w.name, "title": w.title, "ratio": {}, "tiers": {}, "check": {}, "warm": {}}
     impls = {v: compiled(v, w.fn) for v in ["eager", *variants]}
     args = {v: make_args(w) for v in impls}
@@ -357,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         if a.json:  # (written as it goes: a long run that stops keeps its rows)
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
             Path(a.json).write_text(json.dumps(rows, indent=1))
     print(markdown(rows, variants, first))
     return 1 if any(c.startswith("WRONG") for r in rows for c in r["check"].values()) else 0
