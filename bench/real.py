@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 import dealias
+from dealias.frontend import tiers as dealias_tiers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_workloads import WORKLOADS, Workload  # noqa: E402 - bench/ is not a package
@@ -51,7 +52,10 @@ EXACT_TIERS = {"torch", "graph"}
 FUSED_TOLERANCE = dict(rtol=1e-3, atol=1e-4)  # one call of a fused program against eager's, from the same state
 MIN_WARM_CALLS = 20
 SETTLE_CALLS = 48  # calls before the default and "tiered" count as settled (16 before the fused compile, then
-SETTLE_STABLE = 16  # ...measurement); and the tiers must not have changed over the last SETTLE_STABLE calls
+# measurement), and their tiers and reasons unchanged over the last SETTLE_STABLE calls: more than a program's
+# measurement of three tiers takes (each tier's untimed first call and its samples), so that a program still
+# "measuring" after that is one no longer called (an optimizer's first step, which creates its state)
+SETTLE_STABLE = max(24, 3 * (getattr(dealias_tiers, "SAMPLES", 5) + 1) + 6)
 MAX_WARM_SECONDS = 300.0
 ROUND_SECONDS = 0.2  # per variant per round
 
@@ -150,22 +154,28 @@ def differ(a: list[Any], b: list[Any], exact: bool) -> str:
 
 
 def check(f: Callable[..., Any], w: Workload, args: tuple[Any, ...], exact: bool) -> str:
-    """One call of `f` against eager's on a copy of the same state: "" when they agree, else the first difference.
-    Within the fused tolerance of eager's results always; for an exact tier also bit for bit, eager's bits or those
-    of dynamo's graph run as it is (`backend="eager"`): under dynamo, torch.optim runs code of its own
-    (`torch.compiler.is_compiling()` branches, tests/test_real_programs.py), whose bits are the exact reference."""
+    """One call of `f` against eager's on a copy of the same state: "exact", "exact (dynamo's graph)" or "within
+    tolerance" when they agree; "WRONG: ..." (the first difference) when `f`'s results are beyond the fused
+    tolerance of eager's; "NOT BIT-EXACT: ..." when an exact tier's are within it but neither eager's bits nor
+    those of dynamo's graph run as it is (`backend="eager"`), which are the exact reference where dynamo's graph is
+    not eager's op sequence: under dynamo, torch.optim runs code of its own (`torch.compiler.is_compiling()`
+    branches; tests/test_real_programs.py)."""
     ref, by_dynamo = clone_state(args), clone_state(args) if exact else None
     expected = call(w.fn, ref, w.backward)
     got = call(f, args, w.backward)
     a, b = state((got, args)), state((expected, ref))
     wrong = differ(a, b, exact=False)
-    if wrong or not exact or not differ(a, b, exact=True):
-        return wrong
-    graph = torch.compile(own_code(w.fn), backend="eager")
+    if wrong:
+        return "WRONG: " + wrong
+    if not exact:
+        return "within tolerance"
+    if not differ(a, b, exact=True):
+        return "exact"
+    graph = torch.compile(own_code(w.fn), backend="eager", dynamic=False)  # (the copy's compile: no symbols)
     c = state((call(graph, by_dynamo, w.backward), by_dynamo))
     if not differ(a, c, exact=True):
-        return ""
-    return f"not bit for bit eager's ({differ(a, b, exact=True)}) nor dynamo's graph's ({differ(a, c, exact=True)})"
+        return "exact (dynamo's graph)"
+    return f"NOT BIT-EXACT: eager's {differ(a, b, exact=True)}; dynamo's graph's {differ(a, c, exact=True)}"
 
 
 # --- per call ---------------------------------------------------------------------------------------
@@ -174,8 +184,8 @@ def tiers(f: Callable[..., Any]) -> tuple[str, ...]:
 
 
 def warm_up(variant: str, f: Callable[..., Any], w: Workload, args: tuple[Any, ...]) -> dict[str, Any]:
-    """Call until warm: MIN_WARM_CALLS; the default and "tiered" until their tiers settle (no program measuring,
-    SETTLE_CALLS calls at least, the tiers unchanged over the last SETTLE_STABLE)."""
+    """Call until warm: MIN_WARM_CALLS; the default and "tiered" until their tiers settle (SETTLE_CALLS calls at
+    least, the tiers and their reasons unchanged over the last SETTLE_STABLE)."""
     start, n, seen, stable = time.perf_counter(), 0, None, 0
     settling = variant in ("default", "tiered")
     while True:
@@ -189,8 +199,7 @@ def warm_up(variant: str, f: Callable[..., Any], w: Workload, args: tuple[Any, .
             continue
         info = dealias.cache_info(f)
         now = (info.tiers, info.tier_reasons)
-        measuring = any(r.startswith("measuring") for r in info.tier_reasons)
-        stable = stable + 1 if now == seen and not measuring else 0
+        stable = stable + 1 if now == seen else 0
         seen = now
         if n >= SETTLE_CALLS and stable >= SETTLE_STABLE:
             break
@@ -220,17 +229,17 @@ def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
             exact = v == "torch" or (
                 v in ("default", "tiered") and {t.split()[0] for t in dealias_tiers} <= EXACT_TIERS
             )
-            wrong = check(f, w, args[v], exact)
+            verdict = check(f, w, args[v], exact)
         except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the others still run
-            wrong = f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            dealias_tiers, exact = (), False
+            verdict = f"WRONG: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            dealias_tiers = ()
         if v != "torch.compile":
             row["tiers"][v] = list(dealias_tiers)
-        row["check"][v] = ("WRONG: " + wrong) if wrong else ("exact" if exact else "within tolerance")
-        if not wrong:
+        row["check"][v] = verdict
+        if not verdict.startswith("WRONG"):  # (a benchmark of wrong results is worthless)
             timed.append(v)
-        else:
-            print(f"  {w.name} {v}: {row['check'][v]}", flush=True)
+        if verdict.startswith(("WRONG", "NOT")):
+            print(f"  {w.name} {v}: {verdict}", flush=True)
     for _ in range(2):
         call(w.fn, args["eager"], w.backward)
     iters = {v: max(1, int(ROUND_SECONDS / max(_time(impls[v], args[v], w.backward, 1), 1e-6))) for v in timed}
@@ -247,6 +256,10 @@ def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
     for v in [v for v in variants if v != "torch.compile" and v in timed]:
         row["tiers"][v] = list(tiers(impls[v]))  # (after timing: what the timed calls ran on)
     return row
+
+
+def _empty_row(w: Workload) -> dict[str, Any]:
+    return {"workload": w.name, "title": w.title, "ratio": {}, "tiers": {}, "check": {}, "warm": {}, "eager_ms": 0.0}
 
 
 # --- first call -------------------------------------------------------------------------------------
@@ -300,7 +313,7 @@ def _cell(row: dict[str, Any], v: str) -> str:
             ts = sorted(set(row["tiers"].get(v, [])))
             shown = ts if v != "inductor" or ts != ["fused"] else []
             text += f" ({', '.join(shown)})" if shown else ""
-        return text
+        return text + (" (not bit-exact)" if row["check"][v].startswith("NOT") else "")
     return "wrong" if row["check"].get(v, "").startswith("WRONG") else ""
 
 
@@ -318,7 +331,7 @@ def markdown(rows: list[dict[str, Any]], variants: list[str], first: list[str]) 
         head += [f"first call s, cold: {' / '.join(short.get(v, v) for v in first)}", "warm cache"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["title"], f"{r['eager_ms']:.2f}", *(_cell(r, v) for v in variants)]
+        cells = [r["title"], f"{r['eager_ms']:.2f}" if r["eager_ms"] else "", *(_cell(r, v) for v in variants)]
         if first:
             cells += [" / ".join(_seconds(r, v, k) for v in first) for k in ("cold", "warm")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -331,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS, help="besides eager")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--no-first-call", action="store_true", help="skip the first-call processes (slow)")
+    ap.add_argument("--first-call-only", action="store_true", help="only the first-call processes")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -349,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.only and w.name not in a.only:
             continue
         start = time.perf_counter()
-        row = per_call(w, variants, a.rounds)
+        row = per_call(w, variants, a.rounds) if not a.first_call_only else _empty_row(w)
         if first:
             row["first_call"] = first_calls(w, first)
         rows.append(row)
