@@ -333,9 +333,26 @@ def markdown(rows: list[dict[str, Any]], variants: list[str], first: list[str]) 
     for r in rows:
         cells = [r["title"], f"{r['eager_ms']:.2f}" if r["eager_ms"] else "", *(_cell(r, v) for v in variants)]
         if first:
-            cells += [" / ".join(_seconds(r, v, k) for v in first) for k in ("cold", "warm")]
+            cells += [
+                " / ".join(_seconds(r, v, k) for v in first) if r.get("first_call") else "" for k in ("cold", "warm")
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def merged(files: list[str]) -> list[dict[str, Any]]:
+    """The rows of several runs' --json files, one per workload in the table's order: a later file's per-call
+    numbers replace an earlier one's, its first calls are added."""
+    rows: dict[str, dict[str, Any]] = {}
+    for name in files:
+        for r in json.loads(Path(name).read_text()):
+            row = rows.setdefault(r["workload"], r)
+            if row is not r and r["eager_ms"]:
+                row.update({k: v for k, v in r.items() if k != "first_call"})
+            if row is not r and r.get("first_call"):
+                row.setdefault("first_call", {}).update(r["first_call"])
+    order = [w.name for w in WORKLOADS]
+    return sorted(rows.values(), key=lambda r: order.index(r["workload"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,10 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-first-call", action="store_true", help="skip the first-call processes (slow)")
     ap.add_argument("--first-call-only", action="store_true", help="only the first-call processes")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="print the table of earlier runs' --json files")
     ap.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.first_call:
         first_call_child(*a.first_call)
+        return 0
+    if a.table:
+        rows = merged(a.table)
+        done = {v for r in rows for v in r["ratio"]}
+        fc = {v for r in rows for v in r.get("first_call", {})}
+        print(markdown(rows, [v for v in VARIANTS if v in done], [v for v in FIRST_CALL_VARIANTS if v in fc]))
         return 0
     unknown = set(a.only or ()) - {w.name for w in WORKLOADS}
     if unknown:
