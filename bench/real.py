@@ -354,14 +354,16 @@ def markdown(rows: list[dict[str, Any]], variants: list[str], first: list[str]) 
 
 
 def merged(files: list[str]) -> list[dict[str, Any]]:
-    """The rows of several runs' --json files, one per workload in the table's order: a later file's per-call
-    numbers replace an earlier one's, its first calls are added."""
+    """The rows of several runs' --json files, one per workload in the table's order: a later file's variants
+    replace an earlier one's, its first calls are added."""
     rows: dict[str, dict[str, Any]] = {}
     for name in files:
         for r in json.loads(Path(name).read_text()):
             row = rows.setdefault(r["workload"], r)
-            if row is not r and r["eager_ms"]:
-                row.update({k: v for k, v in r.items() if k != "first_call"})
+            if row is not r and r["eager_ms"]:  # its variants' cells replace the earlier run's (eager's ms stays)
+                for k in ("ratio", "tiers", "check", "warm"):
+                    row[k].update(r[k])
+                row["eager_ms"] = row["eager_ms"] or r["eager_ms"]
             if row is not r and r.get("first_call"):
                 row.setdefault("first_call", {}).update(r["first_call"])
     order = [w.name for w in WORKLOADS]
