@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
-.PHONY: demo test test-fast test-all-torch lint bench browser
+.PHONY: demo test test-fast test-all-torch lint bench bench-real browser
 # The demo also records its run (DEALIAS_REPORT) and prints where the HTML report is.
 REPORT ?= build/report
 demo: $(VENV)/.installed
@@ -43,3 +43,7 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) bench/run.py
+
+# The real workloads (torch.optim, resnet18, GPT-2, MHA, decode steps...): per call and first call, ~25 minutes.
+bench-real: $(VENV)/.installed
+	$(PY) bench/real.py --json build/bench-real.json

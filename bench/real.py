@@ -1,0 +1,423 @@
+"""Real workloads (issue 38's table: torch.optim steps, a resnet18, GPT-2, MultiheadAttention, decode steps, small
+fused programs; bench/real_workloads.py), timed as users run them: eager; dealias's default (`dealias.jit(f)`, no
+options); executor="tiered"; executor="torch"; executor="inductor" (fused); torch.compile(backend="inductor").
+
+Per call, once warm: each variant on its own copy of the arguments, warmed up (20 calls; the default and "tiered"
+until the tier of each program has settled, which `cache_info(f).tiers` then reports), timed in one process on one
+thread in rounds whose order is shuffled, as the median over rounds of the ratio to eager's time in the same round.
+Before timing, each variant's next call is checked against eager's call on a deep copy of the same state (outputs,
+mutated arguments, module and optimizer state, gradients): bit for bit where every program runs on an exact tier,
+within the fused tolerance otherwise. A variant that fails the check is reported, not timed.
+
+First call (unless --no-first-call): in a fresh process with a fresh TORCHINDUCTOR_CACHE_DIR (cold), then in a
+second process with the same cache directory (warm cache): the seconds of the first call alone (the backward
+included on backward rows), after imports and building the arguments.
+
+    python bench/real.py                          # everything (~25 min on a 2-core machine)
+    python bench/real.py --only mha gpt2 --rounds 5 --no-first-call
+    python bench/real.py --variants torch --rounds 1 --no-first-call --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import glob
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import dealias
+from dealias.frontend import tiers as dealias_tiers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_workloads import WORKLOADS, Workload  # noqa: E402 - bench/ is not a package
+
+VARIANTS = ("default", "tiered", "torch", "inductor", "torch.compile")
+FIRST_CALL_VARIANTS = ("default", "inductor", "torch.compile")  # ("tiered" and "torch" start as the default does)
+EXACT_TIERS = {"torch", "graph"}
+# one call of a fused program against eager's, from the same state (atol times the tensor's largest magnitude)
+FUSED_TOLERANCE = dict(rtol=1e-3, atol=1e-4)
+MIN_WARM_CALLS = 20
+SETTLE_CALLS = 48  # calls before the default and "tiered" count as settled (16 before the fused compile, then
+# measurement), and their tiers and reasons unchanged over the last SETTLE_STABLE calls: more than a program's
+# measurement of three tiers takes (each tier's untimed first call and its samples), so that a program still
+# "measuring" after that is one no longer called (an optimizer's first step, which creates its state)
+SETTLE_STABLE = max(24, 3 * (getattr(dealias_tiers, "SAMPLES", 5) + 1) + 6)
+MAX_WARM_SECONDS = 600.0  # (the default and "tiered" settle within seconds of calls, unless the machine is loaded)
+ROUND_SECONDS = 0.2  # per variant per round
+
+
+def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` on a code object of its own: dynamo keeps its cache entries on the code object, so variants compiled
+    from one function would each check the others' guards first on every call."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def compiled(variant: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    if variant == "eager":
+        return fn
+    fn = own_code(fn)
+    if variant == "default":
+        return dealias.jit(fn)
+    if variant == "torch.compile":
+        return torch.compile(fn, backend="inductor")
+    return dealias.jit(fn, executor=variant)
+
+
+def make_args(w: Workload) -> tuple[Any, ...]:
+    torch.manual_seed(0)
+    return w.make()
+
+
+def call(f: Callable[..., Any], args: tuple[Any, ...], backward: bool) -> Any:
+    out = f(*args)
+    if backward:
+        out.backward()
+    return out
+
+
+# --- the exactness check ----------------------------------------------------------------------------
+def _leaf_params(args: Any) -> list[torch.Tensor]:
+    """Parameters whose .grad deepcopy does not copy (Parameter.__deepcopy__ leaves it out)."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.nn.Module):
+            out += list(a.parameters())
+        elif isinstance(a, torch.optim.Optimizer):
+            out += [p for g in a.param_groups for p in g["params"]]
+    return out
+
+
+def clone_state(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    memo: dict[int, Any] = {}
+    copied = copy.deepcopy(args, memo)
+    for p in _leaf_params(args):
+        if p.grad is not None:
+            memo[id(p)].grad = p.grad.clone()
+    return copied
+
+
+def state(obj: Any, depth: int = 0) -> list[Any]:
+    """The tensors (and numbers) a call can read or write, in a fixed order: outputs, tensors, module parameters,
+    buffers and gradients, optimizer state, and the tensors of plain objects (KV caches)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (int, float, bool)) or obj is None:
+        return [obj]
+    if isinstance(obj, torch.nn.Module):
+        out: list[Any] = []
+        for _, p in obj.named_parameters():
+            out += [p, p.grad]
+        return out + [b for _, b in obj.named_buffers()]
+    if isinstance(obj, torch.optim.Optimizer):
+        out = []
+        for p in (p for g in obj.param_groups for p in g["params"]):
+            out += [p, p.grad] + [v for _, v in sorted(obj.state.get(p, {}).items())]
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [x for o in obj for x in state(o, depth)]
+    if isinstance(obj, dict):
+        return [x for k in sorted(obj, key=str) for x in state(obj[k], depth)]
+    if depth < 3 and hasattr(obj, "__dict__"):  # a KV cache object, HF's StaticCache and its layers
+        return [x for k in sorted(vars(obj)) for x in state(vars(obj)[k], depth + 1)]
+    return []
+
+
+def differ(a: list[Any], b: list[Any], exact: bool) -> str:
+    """The first difference between two states ("" if none): bit for bit, or within the fused tolerance."""
+    if len(a) != len(b):
+        return f"{len(a)} state values against {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            tol = dict(rtol=0, atol=0)
+            if not exact:  # atol relative to the tensor's largest value: gradients accumulated over the warm-up grow
+                scale = max(1.0, y.detach().abs().max().item()) if y.numel() and y.is_floating_point() else 1.0
+                tol = dict(rtol=FUSED_TOLERANCE["rtol"], atol=FUSED_TOLERANCE["atol"] * scale)
+            try:
+                torch.testing.assert_close(x.detach(), y.detach(), equal_nan=True, **tol)
+            except AssertionError as e:
+                lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+                return f"state value {i}: " + "; ".join(lines[:1] + lines[-2:])
+        elif type(x) is not type(y) or (x != y and not isinstance(x, torch.Tensor)):
+            return f"state value {i}: {x!r} against {y!r}"
+    return ""
+
+
+def check(f: Callable[..., Any], w: Workload, args: tuple[Any, ...], exact: bool) -> str:
+    """One call of `f` against eager's on a copy of the same state: "exact", "exact (dynamo's graph)" or "within
+    tolerance" when they agree; "WRONG: ..." (the first difference) when `f`'s results are beyond the fused
+    tolerance of eager's; "NOT BIT-EXACT: ..." when an exact tier's are within it but neither eager's bits nor
+    those of dynamo's graph run as it is (`backend="eager"`), which are the exact reference where dynamo's graph is
+    not eager's op sequence: under dynamo, torch.optim runs code of its own (`torch.compiler.is_compiling()`
+    branches; tests/test_real_programs.py)."""
+    ref, by_dynamo = clone_state(args), clone_state(args) if exact else None
+    expected = call(w.fn, ref, w.backward)
+    got = call(f, args, w.backward)
+    a, b = state((got, args)), state((expected, ref))
+    wrong = differ(a, b, exact=False)
+    if wrong:
+        return "WRONG: " + wrong
+    if not exact:
+        return "within tolerance"
+    if not differ(a, b, exact=True):
+        return "exact"
+    graph = torch.compile(own_code(w.fn), backend="eager", dynamic=False)  # (the copy's compile: no symbols)
+    c = state((call(graph, by_dynamo, w.backward), by_dynamo))
+    if not differ(a, c, exact=True):
+        return "exact (dynamo's graph)"
+    return f"NOT BIT-EXACT: eager's {differ(a, b, exact=True)}; dynamo's graph's {differ(a, c, exact=True)}"
+
+
+# --- per call ---------------------------------------------------------------------------------------
+def tiers(f: Callable[..., Any]) -> tuple[str, ...]:
+    return dealias.cache_info(f).tiers
+
+
+def warm_up(variant: str, f: Callable[..., Any], w: Workload, args: tuple[Any, ...]) -> dict[str, Any]:
+    """Call until warm: MIN_WARM_CALLS; the default and "tiered" until their tiers settle (SETTLE_CALLS calls at
+    least, the tiers and their reasons unchanged over the last SETTLE_STABLE)."""
+    start, n, seen, stable = time.perf_counter(), 0, None, 0
+    settling = variant in ("default", "tiered")
+    while True:
+        call(f, args, w.backward)
+        n += 1
+        if time.perf_counter() - start > MAX_WARM_SECONDS:
+            break
+        if not settling:
+            if n >= MIN_WARM_CALLS:
+                break
+            continue
+        info = dealias.cache_info(f)
+        now = (info.tiers, info.tier_reasons)
+        stable = stable + 1 if now == seen else 0
+        seen = now
+        if n >= SETTLE_CALLS and stable >= SETTLE_STABLE:
+            break
+    seconds = time.perf_counter() - start
+    if seconds > MAX_WARM_SECONDS:
+        print(f"  {w.name} {variant}: not settled after {n} calls ({seconds:.0f} s): {tiers(f)}", flush=True)
+    return {"calls": n, "seconds": seconds, "settled": seconds <= MAX_WARM_SECONDS}
+
+
+def _time(f: Callable[..., Any], args: tuple[Any, ...], backward: bool, iters: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iters):
+        call(f, args, backward)
+    return (time.perf_counter() - start) / iters
+
+
+def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
+    # Dynamo's automatic dynamic remembers values per code location across compiles: Adam's and AdamW's steps share
+    # Adam.step, so AdamW's weight decay, seen changed from Adam's, would be made symbolic, as in no user's process.
+    torch._dynamo.reset()
+    row: dict[str, Any] = {"workload": w.name, "title": w.title, "ratio": {}, "tiers": {}, "check": {}, "warm": {}}
+    impls = {v: compiled(v, w.fn) for v in ["eager", *variants]}
+    args = {v: make_args(w) for v in impls}
+    timed = ["eager"]
+    for v in variants:
+        f = impls[v]
+        try:
+            row["warm"][v] = warm_up(v, f, w, args[v])
+            dealias_tiers = tiers(f) if v != "torch.compile" else ()
+            # exact where every program runs on an exact tier and none is still measuring the fused one (a warm-up
+            # cut short by MAX_WARM_SECONDS, or a one-off program): its next call may run either
+            reasons = dealias.cache_info(f).tier_reasons if v in ("default", "tiered") else ()
+            exact = v == "torch" or (
+                v in ("default", "tiered")
+                and {t.split()[0] for t in dealias_tiers} <= EXACT_TIERS
+                and not any(r.startswith("measuring") and "fused" in r.split(";")[0] for r in reasons)
+            )
+            verdict = check(f, w, args[v], exact)
+        except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the others still run
+            verdict = f"WRONG: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            dealias_tiers = ()
+        if v != "torch.compile":
+            row["tiers"][v] = list(dealias_tiers)
+        row["check"][v] = verdict
+        if not verdict.startswith("WRONG"):  # (a benchmark of wrong results is worthless)
+            timed.append(v)
+        if verdict.startswith(("WRONG", "NOT")):
+            print(f"  {w.name} {v}: {verdict}", flush=True)
+    for _ in range(2):
+        call(w.fn, args["eager"], w.backward)
+    iters = {v: max(1, int(ROUND_SECONDS / max(_time(impls[v], args[v], w.backward, 1), 1e-6))) for v in timed}
+    times: dict[str, list[float]] = {v: [] for v in timed}
+    order = random.Random(w.name)
+    for _ in range(rounds):
+        # each round in another order, so that what one variant leaves behind (the allocator's heap, the caches)
+        # does not always fall on the same other one
+        for v in order.sample(timed, len(timed)):
+            times[v].append(_time(impls[v], args[v], w.backward, iters[v]))
+    row["eager_ms"] = statistics.median(times["eager"]) * 1e3
+    for v in timed[1:]:
+        row["ratio"][v] = statistics.median(t / e for t, e in zip(times[v], times["eager"]))
+    for v in [v for v in variants if v != "torch.compile" and v in timed]:
+        row["tiers"][v] = list(tiers(impls[v]))  # (after timing: what the timed calls ran on)
+    return row
+
+
+def _empty_row(w: Workload) -> dict[str, Any]:
+    return {"workload": w.name, "title": w.title, "ratio": {}, "tiers": {}, "check": {}, "warm": {}, "eager_ms": 0.0}
+
+
+# --- first call -------------------------------------------------------------------------------------
+def first_call_child(name: str, variant: str) -> None:
+    """In a fresh process: build the workload's arguments, then time the first call alone."""
+    torch.set_num_threads(1)
+    w = next(w for w in WORKLOADS if w.name == name)
+    args = make_args(w)
+    f = compiled(variant, w.fn)
+    start = time.perf_counter()
+    call(f, args, w.backward)
+    print(json.dumps({"seconds": time.perf_counter() - start}))
+
+
+def _verdicts_dir() -> Path:
+    return Path(os.environ.get("DEALIAS_CACHE_DIR") or Path.home() / ".cache" / "dealias")
+
+
+def first_calls(w: Workload, variants: list[str]) -> dict[str, dict[str, float | str]]:
+    """Per variant, the first call's seconds in a process with a fresh inductor cache, then in a second process
+    with the same one. dealias's cache directory is fresh too, but for the host's keep-ATen verdicts (measured once
+    per machine, not per program), copied in."""
+    out: dict[str, dict[str, float | str]] = {}
+    for v in variants:
+        root = Path(tempfile.mkdtemp(prefix="dealias-real-"))
+        try:
+            (root / "dealias").mkdir()
+            for verdicts in glob.glob(str(_verdicts_dir() / "keep_aten-*.json")):
+                shutil.copy(verdicts, root / "dealias")
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"), OMP_NUM_THREADS="1")
+            env["DEALIAS_CACHE_DIR"] = str(root / "dealias")
+            out[v] = {}
+            for kind in ("cold", "warm"):
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--first-call", w.name, v]
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+                lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+                if p.returncode or not lines:
+                    out[v][kind] = f"failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}"
+                    break
+                out[v][kind] = json.loads(lines[-1])["seconds"]
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+# --- report -----------------------------------------------------------------------------------------
+def _cell(row: dict[str, Any], v: str) -> str:
+    if v in row["ratio"]:
+        notes: list[str] = []
+        if v in ("default", "tiered", "inductor"):
+            ts = sorted(set(row["tiers"].get(v, [])))
+            notes += ts if v != "inductor" or ts != ["fused"] else []
+        notes += ["not bit-exact"] if row["check"][v].startswith("NOT") else []
+        return f"{row['ratio'][v]:.2f}" + (f" ({'; '.join(notes)})" if notes else "")
+    verdict = row["check"].get(v, "")
+    return "wrong" if verdict.startswith("WRONG") else ("not bit-exact, untimed" if verdict.startswith("NOT") else "")
+
+
+def _seconds(row: dict[str, Any], v: str, kind: str) -> str:
+    value = row.get("first_call", {}).get(v, {}).get(kind)
+    return f"{value:.1f}" if isinstance(value, float) else ("failed" if value else "")
+
+
+def markdown(rows: list[dict[str, Any]], variants: list[str], first: list[str]) -> str:
+    names = {"default": "default", "tiered": '"tiered"', "torch": '"torch"', "inductor": "fused"}
+    names["torch.compile"] = "torch.compile"
+    head = ["workload", "eager ms", *(names[v] for v in variants)]
+    if first:
+        short = {"default": "default", "inductor": "fused", "torch.compile": "tc"}
+        head += [f"first call s, cold: {' / '.join(short.get(v, v) for v in first)}", "warm cache"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["title"], f"{r['eager_ms']:.2f}" if r["eager_ms"] else "", *(_cell(r, v) for v in variants)]
+        if first:
+            cells += [
+                " / ".join(_seconds(r, v, k) for v in first) if r.get("first_call") else "" for k in ("cold", "warm")
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def merged(files: list[str]) -> list[dict[str, Any]]:
+    """The rows of several runs' --json files, one per workload in the table's order: a later file's variants
+    replace an earlier one's, its first calls are added."""
+    rows: dict[str, dict[str, Any]] = {}
+    for name in files:
+        for r in json.loads(Path(name).read_text()):
+            row = rows.setdefault(r["workload"], r)
+            if row is not r and r["eager_ms"]:  # its variants' cells replace the earlier run's (eager's ms stays)
+                for k in ("ratio", "tiers", "check", "warm"):
+                    row[k].update(r[k])
+                row["eager_ms"] = row["eager_ms"] or r["eager_ms"]
+            if row is not r and r.get("first_call"):
+                row.setdefault("first_call", {}).update(r["first_call"])
+    order = [w.name for w in WORKLOADS]
+    return sorted(rows.values(), key=lambda r: order.index(r["workload"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", help="workload names: " + ", ".join(w.name for w in WORKLOADS))
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS, help="besides eager")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--no-first-call", action="store_true", help="skip the first-call processes (slow)")
+    ap.add_argument("--first-call-only", action="store_true", help="only the first-call processes")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="print the table of earlier runs' --json files")
+    ap.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.first_call:
+        first_call_child(*a.first_call)
+        return 0
+    if a.table:
+        rows = merged(a.table)
+        done = {v for r in rows for v in r["ratio"]}
+        fc = {v for r in rows for v in r.get("first_call", {})}
+        print(markdown(rows, [v for v in VARIANTS if v in done], [v for v in FIRST_CALL_VARIANTS if v in fc]))
+        return 0
+    unknown = set(a.only or ()) - {w.name for w in WORKLOADS}
+    if unknown:
+        ap.error(f"unknown workloads: {', '.join(sorted(unknown))}")
+    torch.set_num_threads(1)
+    warnings.simplefilter("once")
+    variants = [v for v in VARIANTS if v in a.variants]
+    first = [] if a.no_first_call else [v for v in FIRST_CALL_VARIANTS if v in variants]
+    rows = []
+    for w in WORKLOADS:
+        if a.only and w.name not in a.only:
+            continue
+        start = time.perf_counter()
+        row = per_call(w, variants, a.rounds) if not a.first_call_only else _empty_row(w)
+        if first:
+            row["first_call"] = first_calls(w, first)
+        rows.append(row)
+        ratios = ", ".join(f"{v} {x:.2f}" for v, x in row["ratio"].items())
+        print(
+            f"{w.name}: eager {row['eager_ms']:.3f} ms | {ratios} | tiers {row['tiers']} | first call "
+            f"{row.get('first_call', {})} ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+        if a.json:  # (written as it goes: a long run that stops keeps its rows)
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.json).write_text(json.dumps(rows, indent=1))
+    print(markdown(rows, variants, first))
+    return 1 if any(c.startswith("WRONG") for r in rows for c in r["check"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
