@@ -333,7 +333,7 @@ def test_the_default_compiles_the_fused_program_in_the_background(monkeypatch):
     make_args = lambda: (torch.randn(256, 8), torch.randn(8))  # noqa: E731
     # Calls 1-3 on the exact tiers; the third starts the compile, which waits: calls go on, bit for bit eager's.
     calls_like_eager(slice_write, jf, make_args, calls=12)
-    assert threads == ["dealias fused compile"]
+    assert threads == ["dealias fused compile"], dealias.cache_info(jf)
     info = dealias.cache_info(jf)
     assert info.tiers == ("torch",) and "fused" not in ran
     assert info.tier_reasons[0].startswith("the fused program compiling in the background")
