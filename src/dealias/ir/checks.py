@@ -186,19 +186,25 @@ def _benign_once(node: fx.Node, written: list[fx.Node], seed: int, density: floa
     shared: list[tuple[fx.Node, Any]] = []  # per argument, in order: its node and the value it was given
     count = [0]  # values given so far, in an ordered fill: each is distinct
 
+    indices = {i for i, _, _ in index_args(node)}
+
     def real(n: fx.Node) -> Any:
         t = n.meta.get("val")
         out = memory.like(t) if isinstance(t, torch.Tensor) else t
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            if order is None:
+        if isinstance(t, torch.Tensor) and t.dtype == torch.bool:  # masks: any value is valid
+            out.copy_(torch.rand(t.shape, generator=gen) < density)
+        elif isinstance(t, torch.Tensor) and n not in indices:  # (index arguments stay 0: valid positions)
+            # Integers and complex numbers too: on zeros a cascade (`x.add_(x[:, 3:4])` on int64 reads the
+            # doubled column) computes the zeros copies compute, and the op would be wrongly called benign.
+            if order is None and (t.is_floating_point() or t.is_complex()):
                 values = torch.randn(t.shape, generator=gen, dtype=t.dtype)
+            elif order is None:  # (from 1, below every integer type's maximum: no division by zero)
+                values = torch.randint(1, 100, t.shape, generator=gen).to(t.dtype)
             else:
-                values = torch.arange(count[0], count[0] + t.numel(), dtype=t.dtype).reshape(t.shape)
-                values = values if order == "rising" else -values
+                values = torch.arange(count[0] + 1, count[0] + 1 + t.numel()).reshape(t.shape)
+                values = (values if order == "rising" else -values).to(t.dtype)
                 count[0] += t.numel()
             out.copy_(values)
-        elif isinstance(t, torch.Tensor) and t.dtype == torch.bool:  # masks: any value is valid
-            out.copy_(torch.rand(t.shape, generator=gen) < density)  # (integer arguments, indices, stay 0)
         shared.append((n, out))
         return out
 
