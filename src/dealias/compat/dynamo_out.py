@@ -188,8 +188,14 @@ def _key(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[torch.Tens
         return (type(a), repr(a))
 
     same = tuple(tuple(_same_place(a, o) for o in outs) for a in _tensor_leaves(args, kwargs))
+    # Which tensors share a storage (each tensor's first with its storage; with the offsets above, where): the
+    # verdict was learned on memory shared so, and another call with the same layouts may share it otherwise
+    # (`lerp(z, x, 0.0, out=x[..])` agrees with copies whatever x holds, `lerp(x, z, 0.0, out=x[..])` does not).
+    every = [*_tensor_leaves(args, kwargs), *outs]
+    firsts: dict[int, int] = {}
+    shared = tuple(firsts.setdefault(_storage_of(t), i) for i, t in enumerate(every))
     keyed = (tuple(one(a) for a in args), tuple((k, one(v)) for k, v in sorted(kwargs.items())))
-    return (fn, keyed, tuple(one(o) for o in outs), same)
+    return (fn, keyed, tuple(one(o) for o in outs), same, shared)
 
 
 def _eager_fills(
