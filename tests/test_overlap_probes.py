@@ -87,3 +87,18 @@ def test_an_order_dependent_write_of_integers_or_complex_runs_eagerly(fn, shape,
     with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
         for _ in range(2):
             assert compare_call(fn, jf, (torch.randint(1, 9, shape).to(dtype),)) is None
+
+
+def add_zero_times_what_it_wrote(x, y):
+    torch.add(y, x[0:10:2], alpha=0, out=x[4:9])  # out[2] (x[6]) reads x[4], which out[0] already wrote
+    return x
+
+
+def test_a_write_that_agrees_with_copies_on_finite_values_only_runs_eagerly():
+    # 0 * x: whatever x held, on finite values. Eager's x[4] had been written (finite) when it was read; the
+    # functional program reads the caller's inf there, and 0 * inf is NaN.
+    x = torch.tensor([1.0, 2, 3, 4, float("inf"), 5, float("nan"), 6, 7, 8, 9, 10])
+    jf = dealias.jit(add_zero_times_what_it_wrote)
+    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
+        for _ in range(2):
+            assert compare_call(add_zero_times_what_it_wrote, jf, (x.clone(), torch.randn(5))) is None
