@@ -102,3 +102,18 @@ def test_a_write_that_agrees_with_copies_on_finite_values_only_runs_eagerly():
     with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
         for _ in range(2):
             assert compare_call(add_zero_times_what_it_wrote, jf, (x.clone(), torch.randn(5))) is None
+
+
+def indexed_write_of_own_strided_view(x, idx):
+    x[idx] = x[0:6:2]  # with idx = [2, 4, 0] eager writes x[2], then reads it as the value for x[4]
+    return x
+
+
+def test_an_indexed_write_of_its_own_memory_runs_eagerly():
+    # The probe leaves indices at 0 (valid positions), where only x[0] is written and copies agree: which
+    # elements are read after being written depends on the index's values, so the probe's answer cannot hold.
+    jf = dealias.jit(indexed_write_of_own_strided_view)
+    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
+        for _ in range(2):
+            args = (torch.randn(6), torch.tensor([2, 4, 0]))
+            assert compare_call(indexed_write_of_own_strided_view, jf, args) is None
