@@ -58,7 +58,31 @@ def flip_in_place(x):
     x.copy_(x.flip(0))
 
 
-@pytest.mark.parametrize("fn", [swap_rows, read_then_write_region, shift_rows, flip_in_place])
+def fill_then_flipped_update(x):
+    # (found by the fuzzer, seed 9128) after a write into x, inductor fused the snapshot's generated copy with
+    # the copy_ of it into x: one loop read x[3 - i] after writing it
+    x[2:] = 3.0
+    x += x.flip(0)
+
+
+def rolled_update_after_a_write(x):
+    # (fuzzer, seed 9137) the same through a rolled view
+    v = x[:, 1:]
+    torch.abs(v[3, 0], out=v[3, 0])
+    v.addcmul_(v.roll(1, 0), v.roll(1, 0), value=0.5)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        swap_rows,
+        read_then_write_region,
+        shift_rows,
+        flip_in_place,
+        fill_then_flipped_update,
+        rolled_update_after_a_write,
+    ],
+)
 def test_read_before_a_write_is_snapshotted(fn):
     # Inductor alone recomputes these values after (or during) the write (both rows equal, y all zeros, every
     # shifted row equal to the first): a snapshot keeps them where the program computed them, and the verifier

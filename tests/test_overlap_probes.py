@@ -76,3 +76,44 @@ def test_a_large_pointwise_overlap_is_not_asked():
         warnings.simplefilter("always")
         assert compare_call(clamp_by_own_column, jf, (torch.randn(2048, 32),)) is None
     assert any(issubclass(w.category, dealias.OverlapFallbackWarning) for w in record)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.complex64])
+@pytest.mark.parametrize("fn, shape", [(add_own_column, (4, 6)), (mul_by_own_diagonal, (4, 4))])
+def test_an_order_dependent_write_of_integers_or_complex_runs_eagerly(fn, shape, dtype):
+    # The probe once filled only floating-point and boolean tensors: on integer (complex) zeros the cascade
+    # computes zeros, as copies do, so these compiled and returned the values of copies, not eager's.
+    jf = dealias.jit(fn)
+    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
+        for _ in range(2):
+            assert compare_call(fn, jf, (torch.randint(1, 9, shape).to(dtype),)) is None
+
+
+def add_zero_times_what_it_wrote(x, y):
+    torch.add(y, x[0:10:2], alpha=0, out=x[4:9])  # out[2] (x[6]) reads x[4], which out[0] already wrote
+    return x
+
+
+def test_a_write_that_agrees_with_copies_on_finite_values_only_runs_eagerly():
+    # 0 * x: whatever x held, on finite values. Eager's x[4] had been written (finite) when it was read; the
+    # functional program reads the caller's inf there, and 0 * inf is NaN.
+    x = torch.tensor([1.0, 2, 3, 4, float("inf"), 5, float("nan"), 6, 7, 8, 9, 10])
+    jf = dealias.jit(add_zero_times_what_it_wrote)
+    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
+        for _ in range(2):
+            assert compare_call(add_zero_times_what_it_wrote, jf, (x.clone(), torch.randn(5))) is None
+
+
+def indexed_write_of_own_strided_view(x, idx):
+    x[idx] = x[0:6:2]  # with idx = [2, 4, 0] eager writes x[2], then reads it as the value for x[4]
+    return x
+
+
+def test_an_indexed_write_of_its_own_memory_runs_eagerly():
+    # The probe leaves indices at 0 (valid positions), where only x[0] is written and copies agree: which
+    # elements are read after being written depends on the index's values, so the probe's answer cannot hold.
+    jf = dealias.jit(indexed_write_of_own_strided_view)
+    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
+        for _ in range(2):
+            args = (torch.randn(6), torch.tensor([2, 4, 0]))
+            assert compare_call(indexed_write_of_own_strided_view, jf, args) is None

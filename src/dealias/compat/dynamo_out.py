@@ -188,8 +188,14 @@ def _key(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[torch.Tens
         return (type(a), repr(a))
 
     same = tuple(tuple(_same_place(a, o) for o in outs) for a in _tensor_leaves(args, kwargs))
+    # Which tensors share a storage (each tensor's first with its storage; with the offsets above, where): the
+    # verdict was learned on memory shared so, and another call with the same layouts may share it otherwise
+    # (`lerp(z, x, 0.0, out=x[..])` agrees with copies whatever x holds, `lerp(x, z, 0.0, out=x[..])` does not).
+    every = [*_tensor_leaves(args, kwargs), *outs]
+    firsts: dict[int, int] = {}
+    shared = tuple(firsts.setdefault(_storage_of(t), i) for i, t in enumerate(every))
     keyed = (tuple(one(a) for a in args), tuple((k, one(v)) for k, v in sorted(kwargs.items())))
-    return (fn, keyed, tuple(one(o) for o in outs), same)
+    return (fn, keyed, tuple(one(o) for o in outs), same, shared)
 
 
 def _eager_fills(
@@ -232,6 +238,11 @@ def _eager_fills(
             real = _reals(every, gen, alias, fill)  # (an argument sharing an out's memory shares it here too)
             args_r, kwargs_r = pytree.tree_map_only(torch.Tensor, lambda t: real[id(t)], (args, kwargs))
             outs_r = [real[id(o)] for o in outs]
+            if fill == "special":  # (in the outs' memory only: elsewhere they would mask what is read there)
+                for o in outs_r:
+                    if o.dtype.is_floating_point or o.dtype.is_complex:
+                        flat = torch.empty(0, dtype=o.dtype).set_(o.untyped_storage())
+                        flat[1::5], flat[3::7], flat[2::11] = float("inf"), float("nan"), float("-inf")
             wholes = [torch.empty(0, dtype=o.dtype).set_(o.untyped_storage()) for o in outs_r]
             befores = [w.clone() for w in wholes]
             layouts = [(o.shape, o.stride(), o.storage_offset()) for o in outs_r]
@@ -323,9 +334,10 @@ def install() -> None:
         if returned is None:
             return None
         # (Read-after-write through shared memory can give the same bytes by chance, `maximum` rewriting a value
-        # that already was the larger: more fills, and values rising and falling through memory, as
+        # that already was the larger: more fills, values rising and falling through memory, and infinities and
+        # NaNs (`add(y, x[..], alpha=0, out=x[..])` reads 0 * x: the same on finite values only), as
         # checks.aliasing_is_benign asks of in-place ops.)
-        fills = (1, 2, 3, "rising", "falling") if shared else ()
+        fills = (1, 2, 3, "rising", "falling", "special") if shared else ()
         if any(_eager_fills(self.value, *found, outs, single, seeded=seeded, fill=f) is None for f in fills):
             return None
         # An argument sharing an out's memory: also checked on memory of its own, which a later call may give it

@@ -42,6 +42,7 @@ import unittest.mock
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
@@ -115,21 +116,25 @@ def _unit_dims_strided(ir: Any, view: Any) -> Any:
     lazy=True,
 )
 def install_snapshot_lowering() -> None:
-    """`dealias::snapshot` as a copy inductor generates and realizes where the graph has it, instead of a call of
-    the custom op: inductor called that through Python (the dispatcher, then `clone`), ~25 us a snapshot on
-    small tensors. A realized buffer is what the snapshot is for: inductor's scheduler orders it before any later
-    write of the memory it reads (it tracks each buffer's readers before a mutation), and a consumer loads the
-    buffer instead of recomputing its value after the write. It may still fuse the copy into a kernel that runs
-    before that write. Only dealias's graphs hold the op, so registering it for every compile changes no other."""
+    """`dealias::snapshot` as ATen's clone called from inductor's wrapper, instead of a call of the custom op:
+    inductor called that through Python (the dispatcher, then `clone`), ~25 us a snapshot on small tensors. A
+    buffer of its own, written by a kernel inductor never fuses, is what the snapshot is for: inductor's scheduler
+    orders it before any later write of the memory it reads, and a consumer loads the buffer instead of
+    recomputing its value after the write. (A copy inductor generated instead was fused with the write it must
+    precede: below.) Only dealias's graphs hold the op, so registering it for every compile changes no other."""
     lowering = require_module("torch._inductor.lowering")
     register = require(lowering, "register_lowering")
-    clone = require(lowering, "clone")
     from ..runtime.hazards import SNAPSHOT
 
+    fallback = require(lowering, "fallback_handler")
+    extern_clone = fallback(torch.ops.aten.clone.default, add_to_fallback_set=False)
+
     def snapshot(x: Any) -> Any:
-        copy = clone(x)
-        copy.realize()
-        return copy
+        # ATen's clone called from inductor's wrapper (no Python), not a copy inductor generates: its scheduler
+        # fused a generated copy with the `copy_` of it into the memory it read, after an earlier write there
+        # (`x0[3:] = 3.0; x0 += x0.flip(0)`: one loop read x0[5 - i] after writing it), the very hazard a
+        # snapshot is for. An extern kernel is never fused.
+        return extern_clone(x)
 
     register(SNAPSHOT, type_promotion_kind=None)(snapshot)
 

@@ -173,11 +173,24 @@ def aliasing_is_benign(node: fx.Node, written: list[fx.Node]) -> bool:
     values rising and falling through memory, so that an order-dependent reduction shows (`amax(v, 0,
     out=v[:1])` starts from its identity in v[0]: it agrees with copies on random values whenever v[0] is not
     the largest). False where nothing can be learned."""
+    if index_args(node):
+        # Which elements it writes, and in which order, are the index's values, which the probe leaves at 0 (valid
+        # positions): `x[idx] = x[0:6:2]` writes only x[0] there, agreeing with copies, but with idx = [2, 4, 0]
+        # eager reads x[2] after writing it. Not asked: refused.
+        return False
     fills = [(seed, density, None) for seed, density in enumerate((0.5, 0.2, 0.8, 0.5))] + [
         (0, 0.5, "rising"),
         (0, 0.5, "falling"),
+        (0, 0.5, "special"),
     ]
     return all(_benign_once(node, written, seed, density, order) for seed, density, order in fills)
+
+
+def with_specials(flat: torch.Tensor) -> torch.Tensor:
+    """`flat` (1-D, floating) with infinities and NaNs among its values, in place: a read-after-write multiplied
+    by zero (`add(y, x, alpha=0)`, `lerp(.., weight=0)`) agrees with copies on finite values only."""
+    flat[1::5], flat[3::7], flat[2::11] = float("inf"), float("nan"), float("-inf")
+    return flat
 
 
 def _benign_once(node: fx.Node, written: list[fx.Node], seed: int, density: float, order: str | None) -> bool:
@@ -186,19 +199,25 @@ def _benign_once(node: fx.Node, written: list[fx.Node], seed: int, density: floa
     shared: list[tuple[fx.Node, Any]] = []  # per argument, in order: its node and the value it was given
     count = [0]  # values given so far, in an ordered fill: each is distinct
 
+    indices = {i for i, _, _ in index_args(node)}
+
     def real(n: fx.Node) -> Any:
         t = n.meta.get("val")
         out = memory.like(t) if isinstance(t, torch.Tensor) else t
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            if order is None:
+        if isinstance(t, torch.Tensor) and t.dtype == torch.bool:  # masks: any value is valid
+            out.copy_(torch.rand(t.shape, generator=gen) < density)
+        elif isinstance(t, torch.Tensor) and n not in indices:  # (index arguments stay 0: valid positions)
+            # Integers and complex numbers too: on zeros a cascade (`x.add_(x[:, 3:4])` on int64 reads the
+            # doubled column) computes the zeros copies compute, and the op would be wrongly called benign.
+            if order in (None, "special") and (t.is_floating_point() or t.is_complex()):
                 values = torch.randn(t.shape, generator=gen, dtype=t.dtype)
+            elif order in (None, "special"):  # (from 1, below every integer type's maximum: no division by zero)
+                values = torch.randint(1, 100, t.shape, generator=gen).to(t.dtype)
             else:
-                values = torch.arange(count[0], count[0] + t.numel(), dtype=t.dtype).reshape(t.shape)
-                values = values if order == "rising" else -values
+                values = torch.arange(count[0] + 1, count[0] + 1 + t.numel()).reshape(t.shape)
+                values = (values if order == "rising" else -values).to(t.dtype)
                 count[0] += t.numel()
             out.copy_(values)
-        elif isinstance(t, torch.Tensor) and t.dtype == torch.bool:  # masks: any value is valid
-            out.copy_(torch.rand(t.shape, generator=gen) < density)  # (integer arguments, indices, stay 0)
         shared.append((n, out))
         return out
 
@@ -211,6 +230,11 @@ def _benign_once(node: fx.Node, written: list[fx.Node], seed: int, density: floa
 
     try:
         call = pytree.tree_map_only(fx.Node, real, (node.args, node.kwargs))
+        if order == "special":  # (in the written tensors' memory only: elsewhere they would mask what is read there)
+            for n in written:
+                t = n.meta.get("val")
+                if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+                    with_specials(torch.empty(0, dtype=t.dtype).set_(memory.like(t).untyped_storage()))
         copied = [v.clone() if isinstance(v, torch.Tensor) else v for _, v in shared]  # after every fill
         it = iter(copied)
         copies = pytree.tree_map_only(fx.Node, lambda n: next(it), (node.args, node.kwargs))
