@@ -1,6 +1,7 @@
 """Real workloads (issue 38's table: torch.optim steps, a resnet18, GPT-2, MultiheadAttention, decode steps, small
 fused programs; bench/real_workloads.py), timed as users run them: eager; dealias's default (`dealias.jit(f)`, no
-options); executor="tiered"; executor="torch"; executor="inductor" (fused); torch.compile(backend="inductor").
+options: executor="tiered"); executor="exact"; executor="torch"; executor="inductor" (fused);
+torch.compile(backend="inductor").
 
 Per call, once warm: each variant on its own copy of the arguments, warmed up (20 calls; the default and "tiered"
 until the tier of each program has settled, which `cache_info(f).tiers` then reports), timed in one process on one
@@ -46,7 +47,7 @@ from dealias.frontend import tiers as dealias_tiers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_workloads import WORKLOADS, Workload  # noqa: E402 - bench/ is not a package
 
-VARIANTS = ("default", "tiered", "torch", "inductor", "torch.compile")
+VARIANTS = ("default", "exact", "torch", "inductor", "torch.compile")  # (the default is "tiered")
 FIRST_CALL_VARIANTS = ("default", "inductor", "torch.compile")  # ("tiered" and "torch" start as the default does)
 EXACT_TIERS = {"torch", "graph"}
 # one call of a fused program against eager's, from the same state (atol times the tensor's largest magnitude)
@@ -191,7 +192,7 @@ def warm_up(variant: str, f: Callable[..., Any], w: Workload, args: tuple[Any, .
     """Call until warm: MIN_WARM_CALLS; the default and "tiered" until their tiers settle (SETTLE_CALLS calls at
     least, the tiers and their reasons unchanged over the last SETTLE_STABLE)."""
     start, n, seen, stable = time.perf_counter(), 0, None, 0
-    settling = variant in ("default", "tiered")
+    settling = variant in ("default", "tiered", "exact")
     while True:
         call(f, args, w.backward)
         n += 1
@@ -201,6 +202,8 @@ def warm_up(variant: str, f: Callable[..., Any], w: Workload, args: tuple[Any, .
             if n >= MIN_WARM_CALLS:
                 break
             continue
+        if n == SETTLE_CALLS:
+            dealias.wait_compiles(f, timeout=MAX_WARM_SECONDS)  # (fused compiles in the background, torch 2.14)
         info = dealias.cache_info(f)
         now = (info.tiers, info.tier_reasons)
         stable = stable + 1 if now == seen else 0
@@ -235,9 +238,9 @@ def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
             dealias_tiers = tiers(f) if v != "torch.compile" else ()
             # exact where every program runs on an exact tier and none is still measuring the fused one (a warm-up
             # cut short by MAX_WARM_SECONDS, or a one-off program): its next call may run either
-            reasons = dealias.cache_info(f).tier_reasons if v in ("default", "tiered") else ()
+            reasons = dealias.cache_info(f).tier_reasons if v in ("default", "tiered", "exact") else ()
             exact = v == "torch" or (
-                v in ("default", "tiered")
+                v in ("default", "tiered", "exact")
                 and {t.split()[0] for t in dealias_tiers} <= EXACT_TIERS
                 and not any(r.startswith("measuring") and "fused" in r.split(";")[0] for r in reasons)
             )
@@ -321,7 +324,7 @@ def first_calls(w: Workload, variants: list[str]) -> dict[str, dict[str, float |
 def _cell(row: dict[str, Any], v: str) -> str:
     if v in row["ratio"]:
         notes: list[str] = []
-        if v in ("default", "tiered", "inductor"):
+        if v in ("default", "tiered", "exact", "inductor"):
             ts = sorted(set(row["tiers"].get(v, [])))
             notes += ts if v != "inductor" or ts != ["fused"] else []
         notes += ["not bit-exact"] if row["check"][v].startswith("NOT") else []
@@ -336,7 +339,7 @@ def _seconds(row: dict[str, Any], v: str, kind: str) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], variants: list[str], first: list[str]) -> str:
-    names = {"default": "default", "tiered": '"tiered"', "torch": '"torch"', "inductor": "fused"}
+    names = {"default": "default", "exact": '"exact"', "tiered": '"tiered"', "torch": '"torch"', "inductor": "fused"}
     names["torch.compile"] = "torch.compile"
     head = ["workload", "eager ms", *(names[v] for v in variants)]
     if first:

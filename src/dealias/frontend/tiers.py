@@ -142,7 +142,8 @@ class Tiered:
         if self.pending is not None:
             why = "the fused program compiling in the background"
         elif self.candidates or self.promoting:
-            why = f"measuring ({', '.join(self.candidates) or self.current})"
+            calls = f"{self.calls} call{'s' if self.calls != 1 else ''} so far"
+            why = f"measuring ({', '.join(self.candidates) or self.current}; {calls})"
         elif self.measured:
             why = f"fastest measured: {self.measured} (median per call)"
         elif self.fuse and not self.promoted:
