@@ -1,4 +1,4 @@
-"""Benchmarks: eager vs dealias.jit (the default, executor="auto"; the torch executor; executor="tiered"; the fused
+"""Benchmarks: eager vs dealias.jit (the default, executor="tiered"; the torch executor; executor="exact"; the fused
 executor) vs torch.compile (inductor), timed in one process, interleaved, and reported as ratios to eager. Also
 peak memory of the tensors each call allocates, and where the default runs each program (`cache_info().tiers`).
 
@@ -326,13 +326,13 @@ def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[s
         impls: dict[str, Callable[..., Any]] = {"eager": w.fn, "dealias": dealias.jit(_own_code(w.fn))}
         impls["dealias torch"] = dealias.jit(_own_code(w.fn), executor="torch")
         if with_compile:
-            impls["dealias tiered"] = dealias.jit(_own_code(w.fn), executor="tiered")
+            impls["dealias exact"] = dealias.jit(_own_code(w.fn), executor="exact")
             impls["dealias+inductor"] = dealias.jit(_own_code(w.fn), executor="inductor")
         if with_compile:
             impls["torch.compile"] = torch.compile(_own_code(w.fn), backend="inductor")
         args = {k: w.make() for k in impls}
-        for k, f in impls.items():  # warm up: compile, cache; the tiers measured and chosen (auto, tiered)
-            for _ in range(48 if k in ("dealias", "dealias tiered") else 2):
+        for k, f in impls.items():  # warm up: compile, cache; the tiers measured and chosen (tiered, exact)
+            for _ in range(48 if k in ("dealias", "dealias exact") else 2):
                 f(*args[k])
         iters = {k: _iters_for(f, args[k]) for k, f in impls.items()}  # ~0.2 s per round each
         times: dict[str, list[float]] = {k: [] for k in impls}
@@ -350,8 +350,8 @@ def run(names: list[str] | None, rounds: int, with_compile: bool) -> list[dict[s
         med = {k: min(v) for k, v in times.items()}
         row: dict[str, Any] = {"workload": w.name, "eager_us": med["eager"] * 1e6, "target": w.target}
         row["tiers"] = ",".join(dealias.cache_info(impls["dealias"]).tiers)
-        if "dealias tiered" in impls:
-            row["tiered_tiers"] = ",".join(dealias.cache_info(impls["dealias tiered"]).tiers)
+        if "dealias exact" in impls:
+            row["exact_tiers"] = ",".join(dealias.cache_info(impls["dealias exact"]).tiers)
         for k in impls:
             if k != "eager":
                 row[k] = med[k] / med["eager"]
@@ -379,7 +379,7 @@ def _format_row(r: dict[str, Any]) -> str:
         else "peak n/a"
     )
     ok = "ok" if r["dealias"] <= r["target"] else "MISSES TARGET"
-    tiered = f" | tiered {r['dealias tiered']:.2f}x ({r['tiered_tiers']})" if "dealias tiered" in r else ""
+    tiered = f" | exact {r['dealias exact']:.2f}x ({r['exact_tiers']})" if "dealias exact" in r else ""
     paired = ""
     if "fused_vs_compile" in r:
         won, rounds = r["fused_faster_rounds"]
