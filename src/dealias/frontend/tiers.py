@@ -20,10 +20,11 @@ call by call (so a noisy stretch of the machine moves them all), until each has 
 `MEASURE_SECONDS` of them), and the lowest median wins. After that, nothing is timed: the graph's lean call is
 pointed at the winner directly.
 
-The fused compile runs in the calling thread, not in the background: it holds dynamo's compile lock (any other
-compile in the process waits), make_fx patches `nn.Module.__call__` for the whole process while dealias captures
-(a user's module called in another thread meanwhile would be traced into it), and the compile is Python, holding
-the GIL, so the calls it would serve meanwhile would run slower anyway.
+The promoting call builds the fused program (capture, passes, lowering and the trace for inductor read its inputs
+and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process while it traces).
+Inductor's compile of the traced graph, the seconds-long part, then runs in a thread of its own where the torch
+allows it (`BACKGROUND`, fused.Background): the exact tiers serve calls meanwhile, slower (the compile holds the
+GIL in turns), and the first call after it is done adopts the program, measured afresh against the exact tier.
 """
 
 from __future__ import annotations
