@@ -242,12 +242,17 @@ class JitFunction:
         # what changed since the last compile.
         return [_one_line(max(new, key=_entry_number))]
 
+    def programs(self) -> list[Any]:
+        """Every compiled program of every graph (the cache entries that do not run eagerly)."""
+        graphs = list(self.stats.graphs)
+        return [e for g in graphs for bucket in list(g.cache.values()) for *_, e, _ in bucket if e is not _EAGER]
+
     def cache_info(self) -> CacheInfo:
         graphs = list(self.stats.graphs)
         entries = sum(g.entries for g in graphs)
         eager = sum(1 for g in graphs for bucket in g.cache.values() for *_, e, _ in bucket if e is _EAGER)
         eager += self.eager
-        programs = [e for g in graphs for bucket in list(g.cache.values()) for *_, e, _ in bucket if e is not _EAGER]
+        programs = self.programs()
         dynamic = dict.fromkeys(name for p in programs for name in p.symbolic_inputs())
         tiers = tuple(str(p.tier) for p in programs)  # (a tiered program says where it is now)
         timings = tuple(dict(getattr(p, "timings", {})) for p in programs)
@@ -473,10 +478,8 @@ def wait_compiles(jf: JitFunction | JitModule, timeout: float | None = None) -> 
     """Wait until no fused program of `jf` is being compiled in the background (executor "tiered"), e.g. before
     timing it; True when none is left (False: `timeout` seconds passed). Each waits for the next call to adopt it."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    for graph in list(_handle(jf).stats.graphs):
-        for bucket in list(graph.cache.values()):
-            for *_, entry, _ in bucket:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if hasattr(entry, "wait") and not entry.wait(left):
-                    return False
+    for program in _handle(jf).programs():
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if hasattr(program, "wait") and not program.wait(left):
+            return False
     return True
