@@ -127,6 +127,13 @@ class HalvesGradient(torch.autograd.Function):
         return g * 0.5
 
 
+def decode_prefix(kc, vc, q, k, v, pos: int):
+    """A decode step over a position that changes every call (test_inductor.py, test_inductor_symbolic.py)."""
+    kc[:, :, pos] = k
+    vc[:, :, pos] = v
+    return torch.nn.functional.scaled_dot_product_attention(q, kc[:, :, : pos + 1], vc[:, :, : pos + 1])
+
+
 class AddsItsInput(torch.autograd.Function):
     """A custom Function whose backward is not zero for a zero gradient (`g * 3 + x`): whether eager runs it (a
     zero gradient sent into its result) shows in the leaf's gradient."""
