@@ -19,11 +19,14 @@ from dealias.frontend import tiers
 CALLS = 16  # enough for either exact tier to be chosen (one warm-up and tiers.SAMPLES timed calls each)
 
 
-def faked(monkeypatch, **seconds: float) -> list[str]:
+def faked(monkeypatch, now: list[float] | None = None, **seconds: float) -> list[str]:
     """Make `tiers.measure` say each call on tier t took seconds[t]; returns the tiers measured, in order. The fused
-    compile runs in the promoting call (the background compile has tests of its own, below)."""
+    compile runs in the promoting call (the background compile has tests of its own, below). The clock that times a
+    call with autograd history until the next call reads `now[0]` (stands still unless the test moves it)."""
     ran: list[str] = []
     monkeypatch.setattr(tiers, "BACKGROUND", False)
+    now = [0.0] if now is None else now
+    monkeypatch.setattr(tiers, "clock", lambda: now[0])
 
     def measure(tier, run, leaves):
         ran.append(tier)
@@ -136,6 +139,35 @@ def test_gradients_are_eagers_on_either_tier(monkeypatch, winner):
     assert dealias.cache_info(jf).tiers == (winner,)
 
 
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("slow_backward", ["graph", "torch"])
+def test_a_calls_backward_counts_in_its_tiers_time(monkeypatch, slow_backward, grad):
+    """A call whose outputs carry autograd history is timed until the program's next call, its backward included:
+    the tier with the faster forward loses when its backward costs more. Without history, the forward decides."""
+    other = "torch" if slow_backward == "graph" else "graph"
+    now = [0.0]
+    ran = faked(monkeypatch, now, **{slow_backward: 1e-5, other: 2e-5})
+
+    def fn(x, w):
+        y = x * w
+        y[0].mul_(2)
+        return y.sum(0), y
+
+    jf = dealias.jit(fn, executor="exact")
+    torch.manual_seed(0)
+    for _ in range(CALLS):
+        x, w = torch.randn(3, 4, requires_grad=True) * 1, torch.randn(4, requires_grad=True)
+        with torch.set_grad_enabled(grad):
+            got, expected = jf(x, w), fn(x.detach().clone().requires_grad_(grad), w)
+        same(got[1], expected[1])
+        now[0] += 1e-3 if ran[-1] == slow_backward else 0.0  # (the backward below, on the tier that ran)
+        if grad:
+            got[0].sum().backward()
+    assert dealias.cache_info(jf).tiers == ((other,) if grad else (slow_backward,))
+    reason = f"{other} 20.0 us vs {slow_backward} 1010.0 us" if grad else f"{slow_backward} 10.0 us vs {other} 20.0 us"
+    assert dealias.cache_info(jf).tier_reasons[0].startswith("fastest measured: " + reason)
+
+
 def test_module_state_and_optimizer_steps_are_eagers_on_the_graph_tier(monkeypatch):
     faked(monkeypatch, graph=1e-5, torch=2e-5)
     torch.manual_seed(0)
@@ -144,19 +176,23 @@ def test_module_state_and_optimizer_steps_are_eagers_on_the_graph_tier(monkeypat
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     jmodel, jstep = dealias.jit(model, executor="exact"), dealias.jit(opt.step, executor="exact")
+    versions = [[t._version for t in m.state_dict().values()] for m in (model, eager_model)]
     for _ in range(CALLS):
         x = torch.randn(16, 8)
         jmodel(x).square().sum().backward()
         eager_model(x).square().sum().backward()
         jstep()
         eager_opt.step()
-        for a, b in zip(model.state_dict().values(), eager_model.state_dict().values()):
+        for a, b, a0, b0 in zip(model.state_dict().values(), eager_model.state_dict().values(), *versions):
             same(a, b)
+            assert a._version - a0 == b._version - b0  # (deepcopy's tensors start at 0, the model's after init)
         for a, b in zip(model.parameters(), eager_model.parameters()):
             same(a.grad, b.grad)
         opt.zero_grad()
         eager_opt.zero_grad()
     assert "graph" in dealias.cache_info(jstep).tiers
+    # BatchNorm's running statistics, written where eager's counters stay, run as dynamo's graph too (eager's ops)
+    assert dealias.cache_info(jmodel).tiers == ("graph",)
 
 
 def test_a_program_whose_fused_compile_fails_stays_exact(monkeypatch):

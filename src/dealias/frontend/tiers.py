@@ -6,7 +6,7 @@ A program (one cache entry of a graph: one input layout) can run on
   in-place ops are eager's own, so its results are eager's bit for bit (the same bits as the torch executor's:
   both run dynamo's graph's ops with eager's kernels). It is used only where dealias's capture of this layout
   found nothing it had to correct or rebuild around the graph (`graph_tier_refusal`): no inputs sharing memory, no
-  in-place metadata change written back, no version counter kept, no output re-strided, no detach_() of an input,
+  in-place metadata change written back, no output re-strided, no detach_() of an input,
   no input whose writes eager restricts. Where dealias does any of that, running the graph as it is might not be
   eager's behaviour, so it is not tried;
 - "fused": the fused executor (inductor), compiled once the program has run `PROMOTE_AFTER` times or for
@@ -17,8 +17,11 @@ two exact tiers: bit for bit eager's results. Either way never slower than eager
 measurement noise) where that graph is a candidate.
 Each candidate's first call is not timed (warm-up: lazily built paths, caches); then the candidates take turns,
 call by call (so a noisy stretch of the machine moves them all), until each has `SAMPLES` timed calls (or
-`MEASURE_SECONDS` of them), and the lowest median wins. After that, nothing is timed: the graph's lean call is
-pointed at the winner directly.
+`MEASURE_SECONDS` of them), and the lowest median wins. A call whose outputs carry autograd history is timed until
+the program's next call: its backward (and the freeing of its autograd graph) is part of what the tier costs, and
+the tiers differ there most (the fused program's backward is inductor's, the others' eager's). The user's code
+between the calls is timed along, the same for every tier, as noise the medians absorb. After that, nothing is
+timed: the graph's lean call is pointed at the winner directly.
 
 The promoting call builds the fused program (capture, passes, lowering and the trace for inductor read its inputs
 and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process while it traces).
@@ -67,6 +70,17 @@ def measure(tier: str, run: Callable[[list[Any]], Any], leaves: list[Any]) -> tu
     return out, time.perf_counter() - start
 
 
+clock = time.perf_counter  # times from a call with autograd history to the next (tests replace it, as `measure`)
+
+
+def _has_history(out: Any) -> bool:
+    """Whether a call's outputs carry autograd history, whose backward the next call's timing then includes."""
+    if not torch.is_grad_enabled():
+        return False
+    outs = out if isinstance(out, (list, tuple)) else (out,)
+    return any(isinstance(t, torch.Tensor) and t.grad_fn is not None for t in outs)
+
+
 def graph_tier_refusal(program: Any) -> str:
     """Why dynamo's graph, run as it is, may not be eager's behaviour for this compiled program; "" when it is.
     Each reason is something dealias corrects or rebuilds around the graph for this layout."""
@@ -75,8 +89,9 @@ def graph_tier_refusal(program: Any) -> str:
         return "inputs share memory"
     if fp.metadata_writebacks or any(slot.restride is not None for slot in fp.outputs):
         return "it changes a tensor's sizes or strides in place"
-    if fp.unmoved_counters or fp.moved_counters:
-        return "it writes through tensors with version counters of their own"
+    # (Version counters that dealias's write-back would move where eager's writes do not, FunctionalProgram.
+    # unmoved_counters: BatchNorm's running statistics, writes through `x.data` or unsafe_split elements, are
+    # dealias's correction of its own write-back, not of dynamo's graph, whose ops move them as eager's do.)
     if cap.detached or cap.restricted:
         return "an input is detached in place or is a view whose writes eager restricts"
     return ""
@@ -105,6 +120,8 @@ class Tiered:
         self.notes = [f"graph not tried: {refusal}"] if refusal else []
         self.fused_note = ""  # "not fusable" or "fused compile failed"
         self.samples: dict[str, list[float]] = {}
+        # a call with autograd history being timed until the next call: (tier, its seconds, when it returned)
+        self.open: tuple[str, float, float] | None = None
         self.candidates = list(self.runs) if len(self.runs) > 1 else []
         self.warm: set[str] = set()  # candidates whose (untimed) first call ran
         self.timings: dict[str, float] = {}
@@ -156,7 +173,11 @@ class Tiered:
     def __call__(self, leaves: list[Any]) -> Any:
         if self.settled:
             return self.run(leaves)
+        now = clock()
         with self.lock:
+            if self.open is not None:  # the previous call's backward ran since: its tier's sample, whole
+                (tier, seconds, returned), self.open = self.open, None
+                self._record(tier, seconds + max(0.0, now - returned))
             self.calls += 1
             due = self.fuse and not self.promoted and not self.promoting
             due = due and (self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
@@ -178,7 +199,10 @@ class Tiered:
             return self.runs[self.exact](leaves)  # (not timed: another program ran)
         out, seconds = measure(tier, self.runs[tier], leaves)
         with self.lock:
-            self._record(tier, seconds)
+            if tier in self.candidates and not self.settled and _has_history(out):
+                self.open = (tier, seconds, clock())
+            else:
+                self._record(tier, seconds)
         return out
 
     def _measured(self, tier: str) -> tuple[bool, int]:
@@ -273,7 +297,7 @@ class Tiered:
             self.fused = program
             self.runs["fused"] = program.lean_call
             # (samples taken while inductor compiled are dropped: the compile slowed those calls)
-            self.candidates, self.samples = [*(self.candidates or [self.current]), "fused"], {}
+            self.candidates, self.samples, self.open = [*(self.candidates or [self.current]), "fused"], {}, None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
