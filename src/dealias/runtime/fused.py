@@ -43,6 +43,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from ..compat.graph_cache import graph_cache
 from ..compat.inductor import dealias_compile, floats_as_tensors, layout_options, size_asserts
 from ..compat.registry import Missing
+from ..compat.vec_isa import vec_isa_config
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
@@ -155,7 +156,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
     # (dynamo's guards or the cache entry's tensor check held before the program runs); over symbols they bind
     # the symbols (compat/inductor.py).
-    options = {"size_asserts": size_asserts(traced), **layout_options(layout)}
+    options = {"size_asserts": size_asserts(traced), **layout_options(layout), **vec_isa_config()}
 
     def compile_now() -> Any:
         try:

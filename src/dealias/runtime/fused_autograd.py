@@ -29,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..compat.graph_cache import graph_cache, key_config
 from ..compat.inductor import dealias_compile, layout_options, no_donated_buffers, size_asserts
+from ..compat.vec_isa import vec_isa_config
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.opfacts import is_view_node, may_raise, op_name
@@ -335,7 +336,10 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
             graph_cache(list(example)) as handed_example,  # (AOTAutograd's and inductor's caches: graph_cache.py)
         ):
             compiled = compile_fx(
-                _clones_of_inputs_kept(gm), handed_example, decompositions=decompositions(), config_patches=key_config()
+                _clones_of_inputs_kept(gm),
+                handed_example,
+                decompositions=decompositions(),
+                config_patches={**key_config(), **vec_isa_config()},  # (the backward, compiled later, too)
             )
         # compile_fx hands back AOTAutograd's function inside a `torch._dynamo.disable` of its own (~3 us a call):
         # it is only ever called from a program dynamo already runs under its own disable.
