@@ -156,13 +156,13 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
     # (dynamo's guards or the cache entry's tensor check held before the program runs); over symbols they bind
     # the symbols (compat/inductor.py).
-    options = {"size_asserts": size_asserts(traced), **layout_options(layout), **vec_isa_config()}
+    options = {"size_asserts": size_asserts(traced), **layout_options(layout)}
 
     def compile_now() -> Any:
         try:
             # Inductor's FX graph cache in use (a second process loads the generated code: compat/graph_cache.py).
             with (
-                torch._inductor.config.patch(options),
+                torch._inductor.config.patch({**options, **vec_isa_config()}),  # (a first probe: in the compile)
                 dealias_compile(),
                 graph_cache(list(example)) as handed_example,
             ):
