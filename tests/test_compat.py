@@ -5,12 +5,14 @@ own error propagates, never a wrong result and never an import error."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -491,3 +493,42 @@ def test_storage_offset_with_static_shapes_is_a_guarded_constant():
         jf = dealias.jit(at_own_offset)
         with pytest.warns(dealias.FallbackWarning, match="storage_offset"):
             jf(base[1:13].view(3, 4))
+
+
+def _lerp_ema(ema, params):
+    torch._foreach_lerp_(ema, params, 0.25)
+
+
+def test_foreach_lerp_stays_eagers_op_in_dealias_graphs_only():
+    """Dynamo 2.13 rewrites `_foreach_lerp_` into a sub, a full_like per tensor and an addcmul_ for every backend
+    (5.7x eager run as they are); in dealias's frames the graph holds eager's op (dynamo_lerp.py), as 2.14 does
+    with decompositions off. Other backends capture what they captured before."""
+    from harness import functional_ops
+
+    def make():
+        torch.manual_seed(0)
+        return [torch.randn(5, 3) for _ in range(3)], [torch.randn(5, 3) for _ in range(3)]
+
+    jf = dealias.jit(_lerp_ema, executor="torch")
+    for _ in range(2):  # first and cached call: eager's bits, every tensor of the average written
+        (ema, params), (expected, _) = make(), make()
+        _lerp_ema(expected, params)
+        jf(ema, params)
+        assert all(torch.equal(a, b) for a, b in zip(ema, expected))
+    assert dealias.cache_info(jf).misses == 1
+    ops = functional_ops(jf)
+    assert "aten._foreach_lerp.Scalar" in ops and not any("addcmul" in op or "full_like" in op for op in ops), ops
+
+    def captured(forced_off: bool) -> list[str]:
+        graphs: list[Any] = []
+
+        def record(gm, example):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        with compat.forced_off("foreach_lerp_kept") if forced_off else contextlib.nullcontext():
+            torch.compile(_lerp_ema, backend=record)(*make())
+        return [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+
+    assert captured(False) == captured(True)

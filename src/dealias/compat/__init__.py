@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     dynamo_guards,
     dynamo_indexing,
     dynamo_inputs,
+    dynamo_lerp,
     dynamo_out,
     dynamo_reads,
     dynamo_resize,
