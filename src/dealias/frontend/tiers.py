@@ -20,7 +20,9 @@ call by call (so a noisy stretch of the machine moves them all), until each has 
 `MEASURE_SECONDS` of them), and the lowest median wins. A call whose outputs carry autograd history is timed until
 the program's next call: its backward (and the freeing of its autograd graph) is part of what the tier costs, and
 the tiers differ there most (the fused program's backward is inductor's, the others' eager's). The user's code
-between the calls is timed along, the same for every tier, as noise the medians absorb. After that, nothing is
+between the calls is timed along, the same for every tier, as noise the medians absorb. (So are the other programs
+of the same step, a graph break's second graph: measured in step with this one, turn by turn, each then chooses the
+tier best for the two together, never worse than both on exact tiers.) After that, nothing is
 timed: the graph's lean call is pointed at the winner directly.
 
 The promoting call builds the fused program (capture, passes, lowering and the trace for inductor read its inputs
