@@ -76,11 +76,13 @@ clock = time.perf_counter  # times from a call with autograd history to the next
 
 
 def _has_history(out: Any) -> bool:
-    """Whether a call's outputs carry autograd history, whose backward the next call's timing then includes."""
+    """Whether a call's outputs may carry autograd history, whose backward the next call's timing then includes.
+    (`requires_grad`, not `grad_fn`: reading a view's grad_fn after its base was written rebuilds it, or raises
+    where eager forbids it, a view made under no_grad; an output that is a leaf only times a little more.)"""
     if not torch.is_grad_enabled():
         return False
     outs = out if isinstance(out, (list, tuple)) else (out,)
-    return any(isinstance(t, torch.Tensor) and t.grad_fn is not None for t in outs)
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in outs)
 
 
 def graph_tier_refusal(program: Any) -> str:
