@@ -53,3 +53,4 @@ def island(
 # Never dropped or merged: its kernel may draw random numbers (in program order with the graph's other draws) or
 # raise eager's error on the values it gets; the fused executor leaves such a graph to the torch executor.
 island._dealias_effect = True  # type: ignore[attr-defined]
+island.dealias_island = True  # type: ignore[attr-defined]  # runtime.fused.unfusable

@@ -80,6 +80,8 @@ def unfusable(gm: fx.GraphModule) -> str | None:
             return f"{op} draws random numbers (inductor's generator is not eager's)"
         if getattr(op, "dealias_draw", False):  # (ir.draws: an in-place draw on fresh memory)
             return f"{n.args[0]} draws random numbers (inductor's generator is not eager's)"
+        if getattr(op, "dealias_island", False):  # (ir.island: eager's kernel on a copy of the caller's layout)
+            return f"{n.args[0]} reads what it writes in eager's order (an eager island, run by the torch executor)"
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not in_prologue(n):
             return f"{op_name(op)} runs in Python"
     return AUTOGRAD if records else None

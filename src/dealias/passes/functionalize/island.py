@@ -22,6 +22,7 @@ from ...ir.island import island
 from ...ir.opfacts import OpKind
 from ...ir.plan import StorageKind
 from ...ir.sharing import has_symbols
+from ...ir.viewops import internal_overlap, strided_positions
 from ..alias import Value
 from ..writecheck import _single_threaded
 from .timeline import write
@@ -70,8 +71,8 @@ def why_not(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any], tar
     s = targets[0].storage
     root = s.root_meta
     base = w.timeline.base.get(s)
-    if base is None or root is None or has_symbols(root) or not is_non_overlapping_and_dense(root):
-        return "the written memory's base is symbolic, or not dense"
+    if base is None or root is None or has_symbols(root) or internal_overlap(root) != "no":
+        return "the written memory's base is symbolic, or its elements may share memory"
     if tuple(base.meta["val"].shape) != tuple(root.shape) or base.meta["val"].dtype != root.dtype:
         return "the base's value is not in its traced layout"
     if s.kind is StorageKind.CONSTANT:
@@ -89,6 +90,8 @@ def why_not(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any], tar
             return "an argument views the memory in another dtype, or symbolically"
     if base.meta.get("rg"):
         return "autograd records it"
+    if not is_non_overlapping_and_dense(root) and not _inside_base(w, node, s, root):
+        return "an argument reaches memory between the base's elements"
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(targets[0].meta.shape):
         return "the op resizes its out= tensor"
@@ -100,6 +103,21 @@ def why_not(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any], tar
     except NoProbe:
         return "eager's kernel cannot be asked"
     return None
+
+
+def _inside_base(w: Functionalizer, node: fx.Node, s: Any, root: torch.Tensor) -> bool:
+    """Every element of the memory's arguments is an element of its base (a base with gaps, `x[:, :5]` of a
+    row of 6: the buffer's gaps hold no caller's values; only an `as_strided` view could reach them)."""
+    lo = root.storage_offset()
+    elements = strided_positions(list(root.shape), list(root.stride()), 0)
+    for a in [*node.args, *node.kwargs.values()]:
+        v = w.info.values.get(a) if isinstance(a, fx.Node) else None
+        if isinstance(v, Value) and v.storage is s:
+            m = v.meta
+            at = strided_positions(list(m.shape), list(m.stride()), m.storage_offset() - lo)
+            if not bool(torch.isin(at, elements).all()):
+                return False
+    return True
 
 
 def _of(w: Functionalizer, a: Any, s: Any) -> bool:
