@@ -205,8 +205,19 @@ def test_a_large_write_keeps_the_fallback():
 
 
 @pytest.mark.inductor
-def test_fused_executor_leaves_an_island_to_the_torch_executor():
+def test_the_fused_executor_calls_the_island_as_an_extern_kernel():
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dealias.NotFusedWarning)
-        jf = compiled_with_an_island(add_own_shifted_columns, torch.randn(3, 6), executor="inductor", calls=2)
-    assert "an eager island" in str(dealias.cache_info(jf).tier_reasons)
+        warnings.simplefilter("error", dealias.NotFusedWarning)
+        warnings.simplefilter("ignore", UserWarning)  # (eager's own: "index_fill_ on expanded tensors is deprecated")
+        jf = compiled_with_an_island(index_fill_expanded, torch.randn(5, 5), executor="inductor")
+    handed = jf.last.run_graph.graph  # (what inductor was given)
+    assert torch.ops.dealias.island.default in [n.target for n in handed.graph.nodes]
+
+
+@pytest.mark.inductor
+def test_a_draw_in_an_island_stays_on_the_torch_executor():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dealias.NotFusedWarning)
+        compiled_with_an_island(bernoulli_of_unfold, torch.randn(2, 5), executor="inductor")
+    told = [str(w.message) for w in caught if issubclass(w.category, dealias.NotFusedWarning)]
+    assert told and "draws random numbers" in told[0]
