@@ -22,7 +22,7 @@ from ...ir.island import island
 from ...ir.opfacts import OpKind
 from ...ir.plan import StorageKind
 from ...ir.sharing import has_symbols
-from ...ir.viewops import internal_overlap, strided_positions
+from ...ir.viewops import extent, internal_overlap, strided_positions
 from ..alias import Value
 from ..writecheck import _single_threaded
 from .timeline import write
@@ -90,7 +90,7 @@ def why_not(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any], tar
             return "an argument views the memory in another dtype, or symbolically"
     if base.meta.get("rg"):
         return "autograd records it"
-    if not is_non_overlapping_and_dense(root) and not _inside_base(w, node, s, root):
+    if not _inside_base(w, node, s, root):
         return "an argument reaches memory between the base's elements"
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(targets[0].meta.shape):
@@ -106,15 +106,22 @@ def why_not(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any], tar
 
 
 def _inside_base(w: Functionalizer, node: fx.Node, s: Any, root: torch.Tensor) -> bool:
-    """Every element of the memory's arguments is an element of its base (a base with gaps, `x[:, :5]` of a
-    row of 6: the buffer's gaps hold no caller's values; only an `as_strided` view could reach them)."""
-    lo = root.storage_offset()
-    elements = strided_positions(list(root.shape), list(root.stride()), 0)
+    """Every element of the memory's arguments is an element of its base: the buffer holds the base's elements only
+    (an `as_strided` view of a caller's tensor may reach past it, into memory the caller's storage holds; in a
+    base with gaps, `x[:, :5]` of rows of 6, into the gaps)."""
+    lo, hi = extent(root)
+    dense = is_non_overlapping_and_dense(root)
+    elements = None if dense else strided_positions(list(root.shape), list(root.stride()), 0)
     for a in [*node.args, *node.kwargs.values()]:
         v = w.info.values.get(a) if isinstance(a, fx.Node) else None
-        if isinstance(v, Value) and v.storage is s:
+        if not (isinstance(v, Value) and v.storage is s) or v.meta.numel() == 0:
+            continue
+        first, last = extent(v.meta)
+        if first < lo or last > hi:
+            return False
+        if elements is not None:
             m = v.meta
-            at = strided_positions(list(m.shape), list(m.stride()), m.storage_offset() - lo)
+            at = strided_positions(list(m.shape), list(m.stride()), first - lo)
             if not bool(torch.isin(at, elements).all()):
                 return False
     return True
