@@ -2,7 +2,9 @@
 memory (passes/writecheck.py): eager's kernel is asked (checks.aliasing_is_benign, on memory laid out like the
 call's) whether it computes what the functional program computes, on copies; where it does the graph compiles,
 where it does not (an order of its own) the graph runs eagerly with an OverlapFallbackWarning. Eager's values
-either way, first and cached call."""
+either way, first and cached call. Where eager's order decides, the op runs as an eager island (its own kernel on
+a copy of the memory laid out as the caller's: ir/island.py, tests/test_overlap_islands.py), not the graph
+eagerly, except where eager's own result varies (several threads)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import warnings
 
 import pytest
 import torch
-from harness import check, compare_call
+from harness import check, compare_call, functional_ops
 
 import dealias
+from dealias.ir.island import island
 
 
 def cumsum_into_itself(x):
@@ -61,11 +64,8 @@ def mul_by_own_diagonal(x):
 @pytest.mark.parametrize(
     "fn, make", [(add_own_column, lambda: (torch.randn(4, 6),)), (mul_by_own_diagonal, lambda: (torch.randn(4, 4),))]
 )
-def test_a_write_whose_result_depends_on_eagers_order_runs_eagerly(fn, make):
-    jf = dealias.jit(fn)
-    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
-        for _ in range(2):
-            assert compare_call(fn, jf, make()) is None
+def test_a_write_whose_result_depends_on_eagers_order_runs_as_an_island(fn, make):
+    assert str(island) in functional_ops(check(fn, *make()))
 
 
 def test_a_large_pointwise_overlap_is_not_asked():
@@ -80,13 +80,10 @@ def test_a_large_pointwise_overlap_is_not_asked():
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.complex64])
 @pytest.mark.parametrize("fn, shape", [(add_own_column, (4, 6)), (mul_by_own_diagonal, (4, 4))])
-def test_an_order_dependent_write_of_integers_or_complex_runs_eagerly(fn, shape, dtype):
+def test_an_order_dependent_write_of_integers_or_complex_runs_as_an_island(fn, shape, dtype):
     # The probe once filled only floating-point and boolean tensors: on integer (complex) zeros the cascade
     # computes zeros, as copies do, so these compiled and returned the values of copies, not eager's.
-    jf = dealias.jit(fn)
-    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
-        for _ in range(2):
-            assert compare_call(fn, jf, (torch.randint(1, 9, shape).to(dtype),)) is None
+    assert str(island) in functional_ops(check(fn, torch.randint(1, 9, shape).to(dtype)))
 
 
 def add_zero_times_what_it_wrote(x, y):
@@ -94,14 +91,11 @@ def add_zero_times_what_it_wrote(x, y):
     return x
 
 
-def test_a_write_that_agrees_with_copies_on_finite_values_only_runs_eagerly():
-    # 0 * x: whatever x held, on finite values. Eager's x[4] had been written (finite) when it was read; the
-    # functional program reads the caller's inf there, and 0 * inf is NaN.
+def test_a_write_that_agrees_with_copies_on_finite_values_only_runs_as_an_island():
+    # 0 * x: whatever x held, on finite values. Eager's x[4] had been written (finite) when it was read; a
+    # functional program reading the caller's inf there computed 0 * inf = NaN.
     x = torch.tensor([1.0, 2, 3, 4, float("inf"), 5, float("nan"), 6, 7, 8, 9, 10])
-    jf = dealias.jit(add_zero_times_what_it_wrote)
-    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
-        for _ in range(2):
-            assert compare_call(add_zero_times_what_it_wrote, jf, (x.clone(), torch.randn(5))) is None
+    assert str(island) in functional_ops(check(add_zero_times_what_it_wrote, x, torch.randn(5)))
 
 
 def indexed_write_of_own_strided_view(x, idx):
@@ -109,11 +103,9 @@ def indexed_write_of_own_strided_view(x, idx):
     return x
 
 
-def test_an_indexed_write_of_its_own_memory_runs_eagerly():
+def test_an_indexed_write_of_its_own_memory_runs_as_an_island():
     # The probe leaves indices at 0 (valid positions), where only x[0] is written and copies agree: which
     # elements are read after being written depends on the index's values, so the probe's answer cannot hold.
-    jf = dealias.jit(indexed_write_of_own_strided_view)
-    with pytest.warns(dealias.OverlapFallbackWarning, match="reads memory it writes"):
-        for _ in range(2):
-            args = (torch.randn(6), torch.tensor([2, 4, 0]))
-            assert compare_call(indexed_write_of_own_strided_view, jf, args) is None
+    # Eager's own kernel, on memory laid out as the caller's, reads what it wrote as eager's does.
+    jf = check(indexed_write_of_own_strided_view, torch.randn(6), torch.tensor([2, 4, 0]))
+    assert str(island) in functional_ops(jf)

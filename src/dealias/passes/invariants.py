@@ -31,6 +31,7 @@ from ..errors import InvariantError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.draws import draw_like
 from ..ir.gradops import bump_version, caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
+from ..ir.island import island
 from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
 from ..ir.plan import RefKind, ResultArg, root_node
 from ..ir.regions import is_region_write, region_write
@@ -54,6 +55,7 @@ def enabled() -> bool:
 # into memory it allocates (a random draw: pure but for the generator it moves, as a functional random op).
 PURE_FUNCTIONS: dict[Callable[..., Any], int | None] = {
     draw_like: None,
+    island: None,
     keep_history: 1,
     overwritten: 1,
     grad_leaf: 0,

@@ -44,9 +44,11 @@ from ..compat.graph_cache import graph_cache
 from ..compat.inductor import dealias_compile, floats_as_tensors, layout_options, size_asserts
 from ..compat.registry import Missing
 from ..compat.vec_isa import vec_isa_config
+from ..ir.island import island
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
+from . import island_op
 from .conv_layout import channels_last
 from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
 from .inductor_fixes import decompositions
@@ -81,6 +83,12 @@ def unfusable(gm: fx.GraphModule) -> str | None:
             return f"{op} draws random numbers (inductor's generator is not eager's)"
         if getattr(op, "dealias_draw", False):  # (ir.draws: an in-place draw on fresh memory)
             return f"{n.args[0]} draws random numbers (inductor's generator is not eager's)"
+        if getattr(op, "dealias_island", False):  # (ir.island: eager's kernel on a copy of the caller's layout)
+            if facts(n.args[0]).nondeterministic:
+                return f"{n.args[0]} draws random numbers (inductor's generator is not eager's)"
+            if not n.users or island_op.encode(n) is None:  # (unused: inductor would drop it, and eager's errors)
+                return f"{n.args[0]} reads what it writes in eager's order (an eager island inductor cannot take)"
+            continue  # (runtime/island_op.py: an extern kernel of inductor's)
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not in_prologue(n):
             return f"{op_name(op)} runs in Python"
     return AUTOGRAD if records else None
@@ -118,6 +126,8 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         reduction = by_reduction(n)  # (a decode step's one-row products: row_products.py)
         if reduction is not None:
             n.target = reduction
+        if n.target is island:  # (eager's kernel as an extern kernel, in program order: island_op.py)
+            n.target, n.args, n.kwargs = torch.ops.dealias.island.default, island_op.encode(n), {}
         by_tensors = _by_tensor_scalar(n)
         if by_tensors is not None:
             n.target, n.kwargs = by_tensors, {**n.kwargs, "dtype": n.meta["val"].dtype}

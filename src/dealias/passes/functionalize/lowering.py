@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ...errors import UnsupportedError
+from ...errors import OverlapError, UnsupportedError
 from ...ir.draws import draw_like
 from ...ir.opfacts import OpKind, bind_args, is_view_node, returned_args
 from ...ir.plan import StorageKind
@@ -19,6 +19,7 @@ from ...ir.viewops import internal_overlap
 from ..alias import Value
 from ..writecheck import check_writable, eager_metadata_error
 from .counters import move_counter
+from .island import lower_island
 from .timeline import write
 
 if TYPE_CHECKING:
@@ -127,7 +128,14 @@ def _mutate(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any]) -> 
         for a in (arg if isinstance(arg, (list, tuple)) else [arg])
         if isinstance(a, fx.Node) and isinstance(w.info.values.get(a), Value)
     ]
-    check_writable(node, targets, others)
+    try:
+        check_writable(node, targets, others)
+    except OverlapError:
+        # Eager's result is its kernel's visiting order: where exact, that kernel runs on a copy of the memory
+        # laid out as the caller's (an island); else the graph runs eagerly.
+        if lower_island(w, node, f, bound, targets, counted):
+            return
+        raise
     if f.kind is OpKind.INPLACE and len(targets) == 1 and w.autograd.saves_caller_result(node, targets[0]):
         w.autograd.run_in_place_on_caller(node, targets[0], bound)
         w.counters.record_move(targets[0])  # (in place on the caller's tensor itself)
