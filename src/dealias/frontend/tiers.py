@@ -181,7 +181,7 @@ class Tiered:
         with self.lock:
             if self.open is not None:  # the previous call's backward ran since: its tier's sample, whole
                 (tier, seconds, returned), self.open = self.open, None
-                self._record(tier, seconds + max(0.0, now - returned))
+                self._record(tier, seconds + max(0.0, now - returned), seconds)
             self.calls += 1
             due = self.fuse and not self.promoted and not self.promoting
             due = due and (self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
@@ -206,7 +206,7 @@ class Tiered:
             if tier in self.candidates and not self.settled and _has_history(out):
                 self.open = (tier, seconds, clock())
             else:
-                self._record(tier, seconds)
+                self._record(tier, seconds, seconds)
         return out
 
     def _measured(self, tier: str) -> tuple[bool, int]:
@@ -216,8 +216,10 @@ class Tiered:
         samples = self.samples.get(tier, ())
         return len(samples) >= SAMPLES or (len(samples) > 0 and sum(samples) >= MEASURE_SECONDS)
 
-    def _record(self, tier: str, seconds: float) -> None:
-        self.spent += seconds
+    def _record(self, tier: str, seconds: float, own: float) -> None:
+        """A call on `tier` took `seconds` (until the next call, for one with autograd history), `own` of them in
+        the call itself: what promotion counts (the rest may be anything, another graph's compile)."""
+        self.spent += own
         if tier not in self.candidates or self.settled:
             return
         if tier not in self.warm:
