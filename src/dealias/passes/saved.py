@@ -29,13 +29,20 @@ from ..ir.draws import kept_rng
 from ..ir.emitter import differentiable
 from ..ir.opfacts import OWN_COUNTER_KEY, OpKind, bind_args, facts, is_view_node
 from .alias import AliasInfo, Storage, Value
+from .stale import eager_messages
+
+STALE_KEY = "dealias_stale_saved"  # node meta: (eager's message at backward, the EagerRaisesError to fall back on)
 
 _PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate
 
 
-def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> None:
-    """Raise EagerRaisesError (the graph runs eagerly) if a tensor some differentiable op saved for backward is
-    written in place afterwards, or by the op itself (`x.mul_(x)` saves `x` as its other factor)."""
+def refuse_saved_then_written(
+    gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool], tensors: list[Any] | None = None
+) -> None:
+    """Find the ops whose tensor saved for backward is written in place afterwards, or by the op itself
+    (`x.mul_(x)` saves `x` as its other factor): eager's backward raises if it reaches their node. Each is marked
+    to raise eager's error there (_raise_at_backward, asked of eager's run of `gm` on copies of the call's
+    `tensors`); where that cannot be asked, raise EagerRaisesError (the graph runs eagerly)."""
     if not any(requires_grad) or not torch.is_grad_enabled() and not _switches_grad_on(gm):
         return
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
@@ -48,6 +55,7 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
     if not written_later:
         return
     rg = _requires_grad(gm, info, requires_grad)
+    stale: dict[fx.Node, EagerRaisesError] = {}
     for i, n in enumerate(nodes):
         if not n.meta.get("grad", True) or not rg.get(n):
             continue
@@ -85,7 +93,7 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
                     node_location(n),
                 )
             )
-        raise EagerRaisesError(
+        stale[n] = EagerRaisesError(
             with_location(
                 f"{n.target} saves a tensor for backward that {writer.target} "
                 f"{'itself modifies' if own else 'then modifies'} in place (at "
@@ -94,6 +102,21 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
                 node_location(n),
             )
         )
+    if stale:
+        _raise_at_backward(gm, stale, tensors)
+
+
+def _raise_at_backward(gm: fx.GraphModule, stale: dict[fx.Node, EagerRaisesError], tensors: list[Any] | None) -> None:
+    """Compile the ops whose saved tensors go stale as if they saved nothing stale, their results behind a node
+    raising eager's error at backward (meta STALE_KEY, read by the functionalizer: gradops.stale_saved), with
+    the message eager's run of the graph raises (stale.eager_messages). An op whose message eager's run does not
+    give raises here: the graph runs eagerly."""
+    messages = eager_messages(gm, tensors, list(stale)) if tensors is not None else {}
+    for n, error in stale.items():
+        if n not in messages:
+            raise error
+    for n, error in stale.items():
+        n.meta[STALE_KEY] = (messages[n], error)
 
 
 def _through_own_counter(writer: fx.Node, storage: Storage, info: AliasInfo) -> bool:

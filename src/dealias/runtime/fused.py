@@ -80,6 +80,8 @@ def unfusable(gm: fx.GraphModule) -> str | None:
             return f"{op} draws random numbers (inductor's generator is not eager's)"
         if getattr(op, "dealias_draw", False):  # (ir.draws: an in-place draw on fresh memory)
             return f"{n.args[0]} draws random numbers (inductor's generator is not eager's)"
+        if isinstance(why := getattr(op, "dealias_unfused", None), str):  # (gradops.stale_saved)
+            return why
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not in_prologue(n):
             return f"{op_name(op)} runs in Python"
     return AUTOGRAD if records else None

@@ -12,11 +12,13 @@ import torch.fx as fx
 
 from ...errors import UnsupportedError, located, node_location
 from ...ir.emitter import Emitter
+from ...ir.gradops import stale_saved
 from ...ir.opfacts import OpKind, facts, is_view_target, writes_nothing
 from ...ir.plan import Captured, FunctionalProgram, StorageKind
 from ...ir.viewops import ViewStep, map_chain_args, replay_chain
 from ..alias import AliasInfo, Storage, Value, resizes_nothing
 from ..autograd_facts import AutogradFacts
+from ..saved import STALE_KEY
 from . import inputs
 from .counters import VersionCounters, move_counter
 from .inputs import CallerInputs
@@ -44,6 +46,7 @@ class Functionalizer:
         self.counters = VersionCounters()
         self.emitted: dict[fx.Node, fx.Node] = {}  # captured multi-output node -> its functional node
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
+        self.stale_done: set[fx.Node] = set()  # ops whose result raises eager's error at backward (saved.STALE_KEY)
         self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
         # Eager's autograd facts no aten op states: told of every op, read, write and output (see Walk for what it
         # asks of this walk).
@@ -106,6 +109,15 @@ class Functionalizer:
         self.timeline.cache[v] = (node, 0)
         self.objects.latest[v.obj] = v
 
+    def raise_at_backward(self, node: fx.Node, out: fx.Node) -> fx.Node:
+        """`out`, the functional result of captured op `node`, behind a node raising eager's error at backward if
+        eager's node for `node` reads a saved tensor the program writes afterwards (saved.STALE_KEY)."""
+        stale = node.meta.get(STALE_KEY)
+        if stale is None or not isinstance(out.meta.get("val"), torch.Tensor):
+            return out
+        self.stale_done.add(node)
+        return self.emit.call(stale_saved, out, stale[0])
+
     # -- the walk ------------------------------------------------------------------------------------
     def run(self) -> FunctionalProgram:
         groups_done = False
@@ -125,6 +137,10 @@ class Functionalizer:
                     self._call(node)
                 elif node.op == "output":
                     plan_outputs(self, node)
+        for node in self.src.graph.nodes:
+            stale = node.meta.get(STALE_KEY)
+            if stale is not None and node not in self.stale_done:
+                raise stale[1]  # (its result is made another way: the graph runs eagerly, raising as eager does)
         inputs.protect_written_inputs(self)
         self.program.gm = fx.GraphModule(self.program.constants, self.graph)
         return self.program
@@ -153,7 +169,7 @@ class Functionalizer:
             self._layout_change(node, v)
             return
         if f.kind is OpKind.FUNCTIONAL or writes_nothing(op, node.args, node.kwargs, f.mutated):
-            out = self.emit.call(op, *self.read(node.args), **self.read(node.kwargs))
+            out = self.raise_at_backward(node, self.emit.call(op, *self.read(node.args), **self.read(node.kwargs)))
             if isinstance(v, Value):
                 self.bind_fresh(v, out)
             else:
