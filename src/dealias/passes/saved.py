@@ -4,8 +4,9 @@ When a differentiable op saves a tensor for its backward (mul saves its factors,
 program then writes that tensor's memory in place, eager's backward raises "one of the variables needed for
 gradient computation has been modified by an inplace operation". dealias's functional program never modifies a
 saved value, so its backward would return a gradient where eager raises: code developed under dealias would
-break without it. This pass finds such programs when compiling, and the graph then runs eagerly, so backward
-raises eager's own error at the moment eager raises it.
+break without it. This pass finds such programs when compiling; the op's result is then compiled behind a node
+raising eager's own error (its message asked of eager's run of the graph: stale.py) where a backward reaches it,
+or, where that message cannot be asked, the graph runs eagerly.
 
 Which arguments (or result) an op saves is asked of eager: the op runs once on zero-filled tensors of the traced
 sizes and strides (meta tensors where real ones cannot be used), and its grad_fn's saved tensors are matched to
