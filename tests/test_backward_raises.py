@@ -46,6 +46,12 @@ def saved_input_then_written(x, w):
     return s, x
 
 
+def topk_values_then_shift_(x):
+    values, indices = x.topk(2, dim=1)  # one node for both results: it saves the indices...
+    indices.add_(1)  # ...which are written
+    return values * 2, indices
+
+
 def two_branches(x, y):
     a = x.exp()
     a.add_(1)  # a backward reaching exp raises...
@@ -59,6 +65,7 @@ PROGRAMS = [
     (row_squared_, lambda: (torch.randn(3, 4, 2, requires_grad=True) * 1,)),
     (relu_then_written, lambda: (torch.randn(4, 6, requires_grad=True) * 1,)),
     (saved_input_then_written, lambda: (torch.randn(6, requires_grad=True) * 1, torch.randn(6, requires_grad=True))),
+    (topk_values_then_shift_, lambda: (torch.randn(3, 5, requires_grad=True) * 1,)),
     (two_branches, lambda: (torch.randn(3, requires_grad=True) * 1, torch.randn(3, requires_grad=True))),
 ]
 

@@ -13,7 +13,7 @@ message. The compiled graph raises it (gradops.stale_saved) where its backward r
 
 What this cannot see (the graph then runs eagerly, as before): inputs sharing memory that are not views of one
 tensor, a tensor input that is not dense, symbolic sizes (the message names the sizes: the backend compiles with
-sizes specialized), an op with several results, and an op whose node does not raise in the run. The message is
+sizes specialized), and an op whose node does not raise in the run. The message is
 that of calls whose inputs have the versions they had at this compile: eager counts versions from the caller's
 counter, and a write of the saved memory after the call moves the version eager reports; dealias's stays.
 """

@@ -113,7 +113,13 @@ class Functionalizer:
         """`out`, the functional result of captured op `node`, behind a node raising eager's error at backward if
         eager's node for `node` reads a saved tensor the program writes afterwards (saved.STALE_KEY)."""
         stale = node.meta.get(STALE_KEY)
-        if stale is None or not isinstance(out.meta.get("val"), torch.Tensor):
+        if stale is None:
+            return out
+        if node.op == "call_function" and all(u.target is operator.getitem for u in node.users):
+            # A multi-output functional op (`topk`, `linalg_cholesky_ex`): eager's one node is reached through any
+            # result, so each result read (an element of the tuple, above) goes behind the raising node.
+            self.stale_done.add(node)
+        if not isinstance(out.meta.get("val"), torch.Tensor):
             return out
         self.stale_done.add(node)
         return self.emit.call(stale_saved, out, stale[0])
@@ -160,7 +166,7 @@ class Functionalizer:
         if op is operator.getitem:
             if isinstance(v, Value) and v.storage not in self.timeline.base:  # an element of a functional tuple
                 item = self.emit.call(operator.getitem, self.emitted[node.args[0]], node.args[1])
-                self.bind_fresh(v, item)
+                self.bind_fresh(v, self.raise_at_backward(node.args[0], item))
             return
         f = facts(op)
         if is_view_target(op):
