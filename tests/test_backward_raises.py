@@ -166,3 +166,21 @@ def test_default_executor_compiles_too():
             got = _backward(jf, make())
             assert got == expected, call
     assert dealias.cache_info(jf).eager_entries == 0
+
+
+@pytest.mark.parametrize("fn", [mul_itself_, saved_input_then_written])
+def test_versions_count_from_the_callers_counter(fn):
+    # The saved tensor is the caller's: eager's message counts versions from its counter at the call, which the
+    # compiling call's message is for; a later call with the counter elsewhere reports eager's numbers.
+    jf = dealias.jit(fn, executor="torch")
+    for bumps in (0, 2, 5, 1):
+        results = []
+        for f in (fn, jf):
+            torch.manual_seed(bumps)
+            args = PROGRAMS[[g for g, _ in PROGRAMS].index(fn)][1]()
+            with torch.no_grad():
+                for _ in range(bumps):
+                    args[0].add_(0)  # moves the caller's version counter only
+            results.append(_backward(f, args))
+        assert results[1] == results[0], (bumps, results)
+    assert dealias.cache_info(jf).misses == 1

@@ -20,6 +20,7 @@ tensors carry a history their values do not:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -107,14 +108,24 @@ class _StaleSaved(torch.autograd.Function):
         raise RuntimeError(ctx.message)
 
 
-def stale_saved(t: torch.Tensor, message: str) -> torch.Tensor:
+def stale_saved(t: torch.Tensor, message: str, caller: torch.Tensor | None = None, version: int = 0) -> torch.Tensor:
     """`t`, the result of an op whose eager backward node reads a saved tensor the program wrote afterwards
     (passes/stale.py): the values of `t`, and a backward node in front of its history that raises eager's error
     `message` when a backward reaches it, where eager's node would raise. A backward that does not reach it (or
-    none) gets eager's gradients: the functional op saved nothing stale."""
+    none) gets eager's gradients: the functional op saved nothing stale. `message` is eager's for a call where the
+    caller's tensor `caller` (the saved tensor's memory, when it is a caller's) was at `version`: eager counts
+    from the caller's counter, so its versions move by as much as the counter has since."""
     if not (torch.is_grad_enabled() and isinstance(t, torch.Tensor) and t.requires_grad):
         return t
+    if caller is not None and caller._version != version:
+        moved = caller._version - version
+        message = _VERSIONS.sub(
+            lambda m: f"is at version {int(m[1]) + moved}; expected version {int(m[2]) + moved} instead", message, 1
+        )
     return _StaleSaved.apply(t, message)
+
+
+_VERSIONS = re.compile(r"is at version (\d+); expected version (\d+) instead")
 
 
 # (a Python autograd.Function raising at backward: AOTAutograd would trace its backward, and raise, when compiling)

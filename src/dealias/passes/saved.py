@@ -29,10 +29,13 @@ from ..ir.checks import NoProbe, concrete
 from ..ir.draws import kept_rng
 from ..ir.emitter import differentiable
 from ..ir.opfacts import OWN_COUNTER_KEY, OpKind, bind_args, facts, is_view_node
+from ..ir.plan import StorageKind
 from .alias import AliasInfo, Storage, Value
 from .stale import eager_messages
 
-STALE_KEY = "dealias_stale_saved"  # node meta: (eager's message at backward, the EagerRaisesError to fall back on)
+# node meta: (eager's message at backward, the EagerRaisesError to fall back on, (a caller's storage the saved
+# tensor is of, its version at this compile) or None)
+STALE_KEY = "dealias_stale_saved"
 
 _PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate
 
@@ -57,6 +60,7 @@ def refuse_saved_then_written(
         return
     rg = _requires_grad(gm, info, requires_grad)
     stale: dict[fx.Node, EagerRaisesError] = {}
+    stale_storage: dict[fx.Node, Storage] = {}  # the memory of the tensor each saved
     for i, n in enumerate(nodes):
         if not n.meta.get("grad", True) or not rg.get(n):
             continue
@@ -94,6 +98,7 @@ def refuse_saved_then_written(
                     node_location(n),
                 )
             )
+        stale_storage[n] = info.values[n.args[0] if own else saved[0]].storage
         stale[n] = EagerRaisesError(
             with_location(
                 f"{n.target} saves a tensor for backward that {writer.target} "
@@ -104,10 +109,15 @@ def refuse_saved_then_written(
             )
         )
     if stale:
-        _raise_at_backward(gm, stale, tensors)
+        _raise_at_backward(gm, stale, stale_storage, tensors)
 
 
-def _raise_at_backward(gm: fx.GraphModule, stale: dict[fx.Node, EagerRaisesError], tensors: list[Any] | None) -> None:
+def _raise_at_backward(
+    gm: fx.GraphModule,
+    stale: dict[fx.Node, EagerRaisesError],
+    storages: dict[fx.Node, Storage],
+    tensors: list[Any] | None,
+) -> None:
     """Compile the ops whose saved tensors go stale as if they saved nothing stale, their results behind a node
     raising eager's error at backward (meta STALE_KEY, read by the functionalizer: gradops.stale_saved), with
     the message eager's run of the graph raises (stale.eager_messages). An op whose message eager's run does not
@@ -117,7 +127,11 @@ def _raise_at_backward(gm: fx.GraphModule, stale: dict[fx.Node, EagerRaisesError
         if n not in messages:
             raise error
     for n, error in stale.items():
-        n.meta[STALE_KEY] = (messages[n], error)
+        s = storages[n]
+        # Of a caller's tensor, eager's versions count from its counter at the call: the message is for the
+        # version it had at this compile, and the compiled graph adds the difference (gradops.stale_saved).
+        caller = (s, tensors[s.index]._version) if s.kind is StorageKind.INPUT and tensors is not None else None
+        n.meta[STALE_KEY] = (messages[n], error, caller)
 
 
 def _through_own_counter(writer: fx.Node, storage: Storage, info: AliasInfo) -> bool:

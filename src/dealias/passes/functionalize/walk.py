@@ -12,7 +12,7 @@ import torch.fx as fx
 
 from ...errors import UnsupportedError, located, node_location
 from ...ir.emitter import Emitter
-from ...ir.gradops import stale_saved
+from ...ir.gradops import bump_version, caller_tensor, stale_saved, write_back_now
 from ...ir.opfacts import OpKind, facts, is_view_target, writes_nothing
 from ...ir.plan import Captured, FunctionalProgram, StorageKind
 from ...ir.viewops import ViewStep, map_chain_args, replay_chain
@@ -122,6 +122,12 @@ class Functionalizer:
         if not isinstance(out.meta.get("val"), torch.Tensor):
             return out
         self.stale_done.add(node)
+        caller = stale[2]
+        if caller is not None:
+            ph = self.caller_placeholder(caller[0])
+            # (a write of the caller's tensor emitted before the op would move its counter before it is read)
+            if not any(u.target in (write_back_now, bump_version, caller_tensor) for u in ph.users):
+                return self.emit.call(stale_saved, out, stale[0], ph, caller[1])
         return self.emit.call(stale_saved, out, stale[0])
 
     # -- the walk ------------------------------------------------------------------------------------
