@@ -8,14 +8,16 @@ type and sizes, the node its saved original belongs to when backward runs (`Copy
 view, `AsStrided` for a view whose base was written), and two versions of its counter: all facts of the whole
 program's history, not of the op. So the captured graph runs once, eagerly, on copies of the call's tensors
 (same values, sizes, strides, versions, requires_grad, leaf or not), and each such op's node is differentiated
-after the run, from a tensor computed of its result right after the op: eager's own check raises eager's own
-message. The compiled graph raises it (gradops.stale_saved) where its backward reaches the op's result.
+after the run (its results kept alive, as the caller keeps them), from a tensor computed of its result right after
+the op: eager's own check raises eager's own message. The compiled graph raises it (gradops.stale_saved) where
+its backward reaches the op's result.
 
 What this cannot see (the graph then runs eagerly, as before): inputs sharing memory that are not views of one
 tensor, a tensor input that is not dense, symbolic sizes (the message names the sizes: the backend compiles with
-sizes specialized), and an op whose node does not raise in the run. The message is
-that of calls whose inputs have the versions they had at this compile: eager counts versions from the caller's
-counter, and a write of the saved memory after the call moves the version eager reports; dealias's stays.
+sizes specialized), an input over 256 MB, and an op whose node does not raise in the run. Versions: eager
+counts them from the counter of the caller's tensor the saved one shares; the compiled graph moves the message's
+by as much as that counter moved since this compile (gradops.stale_saved). A write of the saved memory after the
+call moves the version eager reports, not dealias's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import torch
 import torch.fx as fx
 
 from ..ir.draws import kept_rng
+
+_COPY_LIMIT = 1 << 28  # bytes of one input the eager run may copy (a larger one: the graph runs eagerly)
 
 
 def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node]) -> dict[fx.Node, str]:
@@ -38,7 +42,9 @@ def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node])
     probe = _Probe(gm, set(nodes), leaves)
     try:
         with kept_rng(gm):
-            probe.run(*made)
+            # (the results stay alive until the backward, as the caller's do: which nodes autograd keeps decides
+            # what the message names, a view's node at the save or the op's own)
+            results = probe.run(*made)
     except Exception:  # noqa: BLE001 - eager cannot run it on copies: nothing learned, the graph runs eagerly
         return {}
     out: dict[fx.Node, str] = {}
@@ -59,13 +65,14 @@ def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node])
         finally:
             for h in handles:
                 h.remove()
+    del results
     return out
 
 
 class _Probe(fx.Interpreter):
     """Runs the captured graph eagerly, each op in its grad mode, and keeps, right after each op of `targets`,
-    `result * 1`: a tensor whose backward goes first to the op's node (in-place ops included, through a
-    CopySlices for a write of a view), with the nodes it goes through to it."""
+    `result * 1` (of the written base for a write of a view): a tensor whose backward goes first to the op's node
+    (for a write of a view, the CopySlices holding it), with that node."""
 
     def __init__(self, gm: fx.GraphModule, targets: set[fx.Node], leaves: list[torch.Tensor]) -> None:
         super().__init__(gm)
@@ -79,15 +86,15 @@ class _Probe(fx.Interpreter):
             out = super().run_node(n)
             result = out[0] if isinstance(out, (list, tuple)) and out else out
             if n in self.targets and isinstance(result, torch.Tensor) and result.requires_grad:
+                # For a write of a view, the CopySlices on its base holding the op's node, from the base: a head
+                # on the view would keep the view's node of this moment alive, which eager's message names
+                # (a saved view's grad_fn at the save, held weakly) only while something else keeps it.
+                written = result._base if result._is_view() and n.target._schema.is_mutable else result
                 with torch.enable_grad():
-                    head = result * 1
-                # The op's node, which the head's backward reaches first: for a write of a view, after the
-                # view's own node, the CopySlices on its base that holds it.
-                nodes = [head.grad_fn.next_functions[0][0]]
-                if result._is_view() and result._base.grad_fn is not None:
-                    nodes.append(result._base.grad_fn)
-                if all(node is not None for node in nodes):
-                    self.heads[n] = (head, nodes)
+                    head = written * 1
+                node = head.grad_fn.next_functions[0][0]
+                if node is not None:
+                    self.heads[n] = (head, [node])
         return out
 
     def fetch_attr(self, target: str) -> Any:
@@ -135,6 +142,8 @@ def _copies(tensors: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]
 def _copy(t: torch.Tensor, leaves: list[torch.Tensor]) -> torch.Tensor | None:
     """A copy of `t` (its whole memory in its layout, so its views are views of the copy), or None."""
     if not _dense(t) or t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        return None
+    if t.untyped_storage().nbytes() > _COPY_LIMIT:
         return None
     c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     with torch.no_grad():
