@@ -30,7 +30,16 @@ from torch.utils import _pytree as pytree
 from ..errors import InvariantError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.draws import draw_like
-from ..ir.gradops import bump_version, caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
+from ..ir.gradops import (
+    bump_version,
+    caller_after,
+    caller_tensor,
+    grad_leaf,
+    keep_history,
+    overwritten,
+    stale_saved,
+    write_back_now,
+)
 from ..ir.island import island
 from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, writes_nothing
 from ..ir.plan import RefKind, ResultArg, root_node
@@ -51,8 +60,9 @@ def enabled() -> bool:
 
 # Pure functions of tensors (they write nothing), with the argument whose memory their result may share (None: a
 # tensor of its own): `keep_history(old, new)` and `overwritten(old, new)` return `new` (or `new.detach()`),
-# `grad_leaf(v)` a detached `v`, `caller_tensor(t)` and `caller_after(t, written)` `t` itself; `draw_like` draws
-# into memory it allocates (a random draw: pure but for the generator it moves, as a functional random op).
+# `grad_leaf(v)` a detached `v`, `caller_tensor(t)` and `caller_after(t, written)` `t` itself, `stale_saved(t, m)`
+# `t` or a detached `t`; `draw_like` draws into memory it allocates (a random draw: pure but for the generator it
+# moves, as a functional random op).
 PURE_FUNCTIONS: dict[Callable[..., Any], int | None] = {
     draw_like: None,
     island: None,
@@ -61,6 +71,7 @@ PURE_FUNCTIONS: dict[Callable[..., Any], int | None] = {
     grad_leaf: 0,
     caller_tensor: 0,
     caller_after: 0,
+    stale_saved: 0,
 }
 
 # Region writes in functional form: a new base, `base` with one region replaced. Lowering replaces them by

@@ -109,7 +109,9 @@ def compile_program(
     captured_passes = clock.take()
     with clock("alias analysis"):
         info = analyze(captured.gm, captured.groups)
-        refuse_saved_then_written(captured.gm, info, captured.requires_grad)
+        symbolic_sizes = captured.symbols or any(isinstance(d, torch.SymInt) for f in captured.fakes for d in f.shape)
+        tensors = None if symbolic_sizes else [leaves[p] for p in captured.tensor_positions]
+        refuse_saved_then_written(captured.gm, info, captured.requires_grad, tensors)
     check = checker(captured)  # post-conditions of each pass (DEALIAS_CHECK=1), a no-op otherwise
     with clock("functionalize"):
         fp = functionalize(captured, info)

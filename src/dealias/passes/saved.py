@@ -4,8 +4,9 @@ When a differentiable op saves a tensor for its backward (mul saves its factors,
 program then writes that tensor's memory in place, eager's backward raises "one of the variables needed for
 gradient computation has been modified by an inplace operation". dealias's functional program never modifies a
 saved value, so its backward would return a gradient where eager raises: code developed under dealias would
-break without it. This pass finds such programs when compiling, and the graph then runs eagerly, so backward
-raises eager's own error at the moment eager raises it.
+break without it. This pass finds such programs when compiling; the op's result is then compiled behind a node
+raising eager's own error (its message asked of eager's run of the graph: stale.py) where a backward reaches it,
+or, where that message cannot be asked, the graph runs eagerly.
 
 Which arguments (or result) an op saves is asked of eager: the op runs once on zero-filled tensors of the traced
 sizes and strides (meta tensors where real ones cannot be used), and its grad_fn's saved tensors are matched to
@@ -28,14 +29,24 @@ from ..ir.checks import NoProbe, concrete
 from ..ir.draws import kept_rng
 from ..ir.emitter import differentiable
 from ..ir.opfacts import OWN_COUNTER_KEY, OpKind, bind_args, facts, is_view_node
+from ..ir.plan import StorageKind
 from .alias import AliasInfo, Storage, Value
+from .stale import eager_messages
+
+# node meta: (eager's message at backward, the EagerRaisesError to fall back on, (a caller's storage the saved
+# tensor is of, its version at this compile) or None)
+STALE_KEY = "dealias_stale_saved"
 
 _PROBE_LIMIT = 1 << 24  # bytes of zero-filled arguments a probe may allocate
 
 
-def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> None:
-    """Raise EagerRaisesError (the graph runs eagerly) if a tensor some differentiable op saved for backward is
-    written in place afterwards, or by the op itself (`x.mul_(x)` saves `x` as its other factor)."""
+def refuse_saved_then_written(
+    gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool], tensors: list[Any] | None = None
+) -> None:
+    """Find the ops whose tensor saved for backward is written in place afterwards, or by the op itself
+    (`x.mul_(x)` saves `x` as its other factor): eager's backward raises if it reaches their node. Each is marked
+    to raise eager's error there (_raise_at_backward, asked of eager's run of `gm` on copies of the call's
+    `tensors`); where that cannot be asked, raise EagerRaisesError (the graph runs eagerly)."""
     if not any(requires_grad) or not torch.is_grad_enabled() and not _switches_grad_on(gm):
         return
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
@@ -48,6 +59,8 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
     if not written_later:
         return
     rg = _requires_grad(gm, info, requires_grad)
+    stale: dict[fx.Node, EagerRaisesError] = {}
+    stale_storage: dict[fx.Node, Storage] = {}  # the memory of the tensor each saved
     for i, n in enumerate(nodes):
         if not n.meta.get("grad", True) or not rg.get(n):
             continue
@@ -85,7 +98,8 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
                     node_location(n),
                 )
             )
-        raise EagerRaisesError(
+        stale_storage[n] = info.values[n.args[0] if own else saved[0]].storage
+        stale[n] = EagerRaisesError(
             with_location(
                 f"{n.target} saves a tensor for backward that {writer.target} "
                 f"{'itself modifies' if own else 'then modifies'} in place (at "
@@ -94,6 +108,30 @@ def refuse_saved_then_written(gm: fx.GraphModule, info: AliasInfo, requires_grad
                 node_location(n),
             )
         )
+    if stale:
+        _raise_at_backward(gm, stale, stale_storage, tensors)
+
+
+def _raise_at_backward(
+    gm: fx.GraphModule,
+    stale: dict[fx.Node, EagerRaisesError],
+    storages: dict[fx.Node, Storage],
+    tensors: list[Any] | None,
+) -> None:
+    """Compile the ops whose saved tensors go stale as if they saved nothing stale, their results behind a node
+    raising eager's error at backward (meta STALE_KEY, read by the functionalizer: gradops.stale_saved), with
+    the message eager's run of the graph raises (stale.eager_messages). An op whose message eager's run does not
+    give raises here: the graph runs eagerly."""
+    messages = eager_messages(gm, tensors, list(stale)) if tensors is not None else {}
+    for n, error in stale.items():
+        if n not in messages:
+            raise error
+    for n, error in stale.items():
+        s = storages[n]
+        # Of a caller's tensor, eager's versions count from its counter at the call: the message is for the
+        # version it had at this compile, and the compiled graph adds the difference (gradops.stale_saved).
+        caller = (s, tensors[s.index]._version) if s.kind is StorageKind.INPUT and tensors is not None else None
+        n.meta[STALE_KEY] = (messages[n], error, caller)
 
 
 def _through_own_counter(writer: fx.Node, storage: Storage, info: AliasInfo) -> bool:

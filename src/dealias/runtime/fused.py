@@ -83,6 +83,8 @@ def unfusable(gm: fx.GraphModule) -> str | None:
             return f"{op} draws random numbers (inductor's generator is not eager's)"
         if getattr(op, "dealias_draw", False):  # (ir.draws: an in-place draw on fresh memory)
             return f"{n.args[0]} draws random numbers (inductor's generator is not eager's)"
+        if isinstance(why := getattr(op, "dealias_unfused", None), str):  # (gradops.stale_saved)
+            return why
         if getattr(op, "dealias_island", False):  # (ir.island: eager's kernel on a copy of the caller's layout)
             if facts(n.args[0]).nondeterministic:
                 return f"{n.args[0]} draws random numbers (inductor's generator is not eager's)"

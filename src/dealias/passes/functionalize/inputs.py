@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx as fx
 
-from ...ir.gradops import bump_version, caller_tensor, write_back_now
+from ...ir.gradops import bump_version, caller_tensor, stale_saved, write_back_now
 from ...ir.opfacts import is_view_node
 from ...ir.plan import Ref, RefKind, StorageKind, group_placeholder
 from ...ir.viewops import ViewStep, as_strided_rel
@@ -124,7 +124,8 @@ def protect_written_inputs(w: Functionalizer) -> None:
             clone = graph.call_function(aten.clone.default, (ph,))
         clone.meta.update(val=ph.meta["val"], rg=bool(ph.meta.get("rg")), grad=True)
         for user in list(ph.users):
-            if user is not clone and user.target not in (write_back_now, caller_tensor, bump_version):
+            # (stale_saved reads the caller's version counter, not its values)
+            if user is not clone and user.target not in (write_back_now, caller_tensor, bump_version, stale_saved):
                 user.replace_input_with(ph, clone)
         for member, step in w.callers.member_steps.get(target, []):  # members of the alias group
             own = member in w.callers.nograd_members
@@ -153,6 +154,6 @@ def _read_with_grad(node: fx.Node) -> bool:
             seen.add(u)
             if is_view_node(u):
                 todo.append(u)
-            elif u.op == "call_function" and u.meta.get("grad", True):
+            elif u.op == "call_function" and u.meta.get("grad", True) and u.target is not stale_saved:
                 return True
     return False

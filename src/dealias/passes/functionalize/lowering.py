@@ -161,7 +161,7 @@ def _mutate(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any]) -> 
     elif f.functional is aten.zero.default:  # (aten.zero has no derivative for complex results; fill has)
         out = w.emit.call(aten.fill.Scalar, *args, 0)
     else:
-        out = w.emit.call(f.functional, *args, **kwargs)
+        out = w.raise_at_backward(node, w.emit.call(f.functional, *args, **kwargs))
     if f.kind is OpKind.MUTABLE:
         # The functional form returns the op's own results, then the new value of each written argument that
         # is not an out= argument; an out= argument's new value is the result returned as it.

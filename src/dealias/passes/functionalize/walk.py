@@ -12,11 +12,13 @@ import torch.fx as fx
 
 from ...errors import UnsupportedError, located, node_location
 from ...ir.emitter import Emitter
+from ...ir.gradops import bump_version, caller_tensor, stale_saved, write_back_now
 from ...ir.opfacts import OpKind, facts, is_view_target, writes_nothing
 from ...ir.plan import Captured, FunctionalProgram, StorageKind
 from ...ir.viewops import ViewStep, map_chain_args, replay_chain
 from ..alias import AliasInfo, Storage, Value, resizes_nothing
 from ..autograd_facts import AutogradFacts
+from ..saved import STALE_KEY
 from . import inputs
 from .counters import VersionCounters, move_counter
 from .inputs import CallerInputs
@@ -44,6 +46,7 @@ class Functionalizer:
         self.counters = VersionCounters()
         self.emitted: dict[fx.Node, fx.Node] = {}  # captured multi-output node -> its functional node
         self.scalars: dict[fx.Node, fx.Node] = {}  # captured symbolic scalar -> its node here
+        self.stale_done: set[fx.Node] = set()  # ops whose result raises eager's error at backward (saved.STALE_KEY)
         self.fake_symbolic = captured.fake_mode.shape_env is not None  # the program has symbols
         # Eager's autograd facts no aten op states: told of every op, read, write and output (see Walk for what it
         # asks of this walk).
@@ -106,6 +109,27 @@ class Functionalizer:
         self.timeline.cache[v] = (node, 0)
         self.objects.latest[v.obj] = v
 
+    def raise_at_backward(self, node: fx.Node, out: fx.Node) -> fx.Node:
+        """`out`, the functional result of captured op `node`, behind a node raising eager's error at backward if
+        eager's node for `node` reads a saved tensor the program writes afterwards (saved.STALE_KEY)."""
+        stale = node.meta.get(STALE_KEY)
+        if stale is None:
+            return out
+        if node.op == "call_function" and all(u.target is operator.getitem for u in node.users):
+            # A multi-output functional op (`topk`, `linalg_cholesky_ex`): eager's one node is reached through any
+            # result, so each result read (an element of the tuple, above) goes behind the raising node.
+            self.stale_done.add(node)
+        if not isinstance(out.meta.get("val"), torch.Tensor):
+            return out
+        self.stale_done.add(node)
+        caller = stale[2]
+        if caller is not None:
+            ph = self.caller_placeholder(caller[0])
+            # (a write of the caller's tensor emitted before the op would move its counter before it is read)
+            if not any(u.target in (write_back_now, bump_version, caller_tensor) for u in ph.users):
+                return self.emit.call(stale_saved, out, stale[0], ph, caller[1])
+        return self.emit.call(stale_saved, out, stale[0])
+
     # -- the walk ------------------------------------------------------------------------------------
     def run(self) -> FunctionalProgram:
         groups_done = False
@@ -125,6 +149,10 @@ class Functionalizer:
                     self._call(node)
                 elif node.op == "output":
                     plan_outputs(self, node)
+        for node in self.src.graph.nodes:
+            stale = node.meta.get(STALE_KEY)
+            if stale is not None and node not in self.stale_done:
+                raise stale[1]  # (its result is made another way: the graph runs eagerly, raising as eager does)
         inputs.protect_written_inputs(self)
         self.program.gm = fx.GraphModule(self.program.constants, self.graph)
         return self.program
@@ -144,7 +172,7 @@ class Functionalizer:
         if op is operator.getitem:
             if isinstance(v, Value) and v.storage not in self.timeline.base:  # an element of a functional tuple
                 item = self.emit.call(operator.getitem, self.emitted[node.args[0]], node.args[1])
-                self.bind_fresh(v, item)
+                self.bind_fresh(v, self.raise_at_backward(node.args[0], item))
             return
         f = facts(op)
         if is_view_target(op):
@@ -153,7 +181,7 @@ class Functionalizer:
             self._layout_change(node, v)
             return
         if f.kind is OpKind.FUNCTIONAL or writes_nothing(op, node.args, node.kwargs, f.mutated):
-            out = self.emit.call(op, *self.read(node.args), **self.read(node.kwargs))
+            out = self.raise_at_backward(node, self.emit.call(op, *self.read(node.args), **self.read(node.kwargs)))
             if isinstance(v, Value):
                 self.bind_fresh(v, out)
             else:

@@ -1,0 +1,175 @@
+"""Eager's error at a stale saved tensor, asked of eager: the message a graph's backward raises where it reaches
+the backward node of an op whose saved tensor the program wrote afterwards (passes/saved.py finds them).
+
+Eager's forward of such a program succeeds; its backward raises "one of the variables needed for gradient
+computation has been modified by an inplace operation: [torch.FloatTensor [3, 4]], which is output 0 of Mul, is
+at version 2; expected version 1 instead. ..." only if it reaches that node. The message names the saved tensor's
+type and sizes, the node its saved original belongs to when backward runs (`CopySlices` after a write through a
+view, `AsStrided` for a view whose base was written), and two versions of its counter: all facts of the whole
+program's history, not of the op. So the captured graph runs once, eagerly, on copies of the call's tensors
+(same values, sizes, strides, versions, requires_grad, leaf or not), and each such op's node is differentiated
+after the run (its results kept alive, as the caller keeps them), from a tensor computed of its result right after
+the op: eager's own check raises eager's own message. The compiled graph raises it (gradops.stale_saved) where
+its backward reaches the op's result.
+
+What this cannot see (the graph then runs eagerly, as before): inputs sharing memory that are not views of one
+tensor, a tensor input that is not dense, symbolic sizes (the message names the sizes: the backend compiles with
+sizes specialized), an input over 256 MB, and an op whose node does not raise in the run. Versions: eager
+counts them from the counter of the caller's tensor the saved one shares; the compiled graph moves the message's
+by as much as that counter moved since this compile (gradops.stale_saved). A write of the saved memory after the
+call moves the version eager reports, not dealias's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..ir.draws import kept_rng
+
+_COPY_LIMIT = 1 << 28  # bytes of one input the eager run may copy (a larger one: the graph runs eagerly)
+
+
+def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node]) -> dict[fx.Node, str]:
+    """For each of `nodes` (ops of `gm` whose saved tensor is written afterwards), eager's error at backward, as
+    `gm` run eagerly on copies of its tensor inputs `tensors` raises it; the nodes it cannot tell are left out."""
+    copies = _copies(tensors)
+    if copies is None or not nodes:
+        return {}
+    made, leaves = copies
+    probe = _Probe(gm, set(nodes), leaves)
+    try:
+        with kept_rng(gm):
+            # (the results stay alive until the backward, as the caller's do: which nodes autograd keeps decides
+            # what the message names, a view's node at the save or the op's own)
+            results = probe.run(*made)
+    except Exception:  # noqa: BLE001 - eager cannot run it on copies: nothing learned, the graph runs eagerly
+        return {}
+    out: dict[fx.Node, str] = {}
+    for n, (t, nodes) in probe.heads.items():
+        ran: list[tuple[str, int]] = []
+        handles = []
+        for i, node in enumerate(nodes):
+            handles.append(node.register_prehook(lambda *_, i=i, ran=ran: ran.append(("entered", i))))
+            handles.append(node.register_hook(lambda *_, i=i, ran=ran: ran.append(("left", i))))
+        try:
+            with torch.enable_grad():
+                torch.autograd.grad(t, probe.leaves, grad_outputs=torch.ones_like(t), allow_unused=True)
+        except RuntimeError as e:
+            # Raised by the op's node itself: its version check, or reading a saved view autograd forbids once
+            # its base was written ("Output 0 of Split is a view and its base ... has been modified inplace").
+            if ran and ran[-1] == ("entered", len(nodes) - 1):
+                out[n] = str(e)
+        finally:
+            for h in handles:
+                h.remove()
+    del results
+    return out
+
+
+class _Probe(fx.Interpreter):
+    """Runs the captured graph eagerly, each op in its grad mode, and keeps, right after each op of `targets`,
+    `result * 1` (of the written base for a write of a view): a tensor whose backward goes first to the op's node
+    (for a write of a view, the CopySlices holding it), with that node."""
+
+    def __init__(self, gm: fx.GraphModule, targets: set[fx.Node], leaves: list[torch.Tensor]) -> None:
+        super().__init__(gm)
+        self.targets = targets
+        self.leaves = list(leaves)
+        self.heads: dict[fx.Node, tuple[torch.Tensor, list[Any]]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        grad = n.meta.get("grad")
+        with torch.set_grad_enabled(torch.is_grad_enabled() if grad is None else bool(grad)):
+            out = super().run_node(n)
+            result = out[0] if isinstance(out, (list, tuple)) and out else out
+            if n in self.targets and isinstance(result, torch.Tensor) and result.requires_grad:
+                # For a write of a view, the CopySlices on its base holding the op's node, from the base: a head
+                # on the view would keep the view's node of this moment alive, which eager's message names
+                # (a saved view's grad_fn at the save, held weakly) only while something else keeps it.
+                written = result._base if result._is_view() and n.target._schema.is_mutable else result
+                with torch.enable_grad():
+                    head = written * 1
+                node = head.grad_fn.next_functions[0][0]
+                if node is not None:
+                    self.heads[n] = (head, [node])
+        return out
+
+    def fetch_attr(self, target: str) -> Any:
+        # A tensor the graph reads as an attribute is the caller's own (a module's buffer): copied, never written.
+        value = super().fetch_attr(target)
+        if isinstance(value, torch.Tensor):
+            made = _copies([value])
+            if made is None:
+                raise _NoCopy
+            self.leaves += made[1]
+            return made[0][0]
+        return value
+
+
+class _NoCopy(Exception):
+    pass
+
+
+def _copies(tensors: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """Copies of `tensors` eager's autograd treats as it treats them (requiring grad, a leaf or computed from one,
+    at the same version; inputs that are views of one tensor as views of its copy), and the leaves behind them;
+    None when that cannot be made (memory shared otherwise, a layout a copy does not keep)."""
+    made, leaves = [], []
+    roots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # storage -> (the caller's base, its copy)
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            made.append(t)
+            continue
+        if t.is_sparse or t.is_inference() or t.layout != torch.strided:
+            return None
+        root = t._base if t._is_view() else t
+        key = t.untyped_storage()._cdata
+        if key not in roots:
+            c = _copy(root, leaves)
+            if c is None:
+                return None
+            roots[key] = (root, c)
+        base, copy = roots[key]
+        if base is not root or t.requires_grad != root.requires_grad:
+            return None  # (memory shared by tensors that are not views of one: their counters may differ)
+        made.append(copy if t is root else copy.as_strided(t.shape, t.stride(), t.storage_offset()))
+    return made, leaves
+
+
+def _copy(t: torch.Tensor, leaves: list[torch.Tensor]) -> torch.Tensor | None:
+    """A copy of `t` (its whole memory in its layout, so its views are views of the copy), or None."""
+    if not _dense(t) or t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        return None
+    if t.untyped_storage().nbytes() > _COPY_LIMIT:
+        return None
+    c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    with torch.no_grad():
+        c.copy_(t.detach())
+    if t.requires_grad:
+        c.requires_grad_()
+        leaves.append(c)
+        if not t.is_leaf:
+            with torch.enable_grad():
+                c = c * 1  # (a tensor computed from a leaf, as the caller's is; strides kept)
+            if c.stride() != t.stride():
+                return None
+    for _ in range(t._version - c._version):
+        torch.autograd.graph.increment_version(c)
+    return c
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and (t.numel() <= 1 or t.is_contiguous() or _non_overlapping_dense(t))
+
+
+def _non_overlapping_dense(t: torch.Tensor) -> bool:
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
