@@ -348,6 +348,10 @@ def install() -> None:
         if shared and sum(t.numel() for t in (*others, *outs)) >= SINGLE_THREAD_ELEMENTS:
             return None
         returned = _eager_fills(self.value, *found, outs, single, seeded=seeded, resize=resize)
+        aliased = any(_storage_of(a) == _storage_of(o) for a in others for o in outs)
+        again = lambda **kw: _eager_fills(self.value, *found, outs, single, seeded=seeded, resize=resize, **kw)
+        if returned is None and aliased and again(alias=False) is not None:
+            _overlap_break(self.value)
         if returned is None:
             return None
         # (Read-after-write through shared memory can give the same bytes by chance, `maximum` rewriting a value
@@ -355,12 +359,10 @@ def install() -> None:
         # NaNs (`add(y, x[..], alpha=0, out=x[..])` reads 0 * x: the same on finite values only), as
         # checks.aliasing_is_benign asks of in-place ops.)
         fills = (1, 2, 3, "rising", "falling", "special") if shared else ()
-        again = lambda **kw: _eager_fills(self.value, *found, outs, single, seeded=seeded, resize=resize, **kw)
         if any(again(fill=f) != returned for f in fills):
-            return None
+            _overlap_break(self.value)
         # An argument sharing an out's memory: also checked on memory of its own, which a later call may give it
         # where it came from another input (keep_out_overlaps runs the call eagerly where they share it otherwise).
-        aliased = any(_storage_of(a) == _storage_of(o) for a in others for o in outs)
         if aliased and again(alias=False) != returned:
             return None
         if resize:
@@ -392,6 +394,19 @@ def install() -> None:
         return call(self, tx, args, kwargs) if result is None else result
 
     replace_method(cls, "call_function", call, call_function)
+
+
+def _overlap_break(fn: Any) -> None:
+    """Break the graph, saying why: eager's `out=` kernel reads memory it already wrote (an argument sharing
+    out's memory), which the call without `out=` and a copy does not (checked on memory apart: it agrees there)."""
+    from .dynamo_tensor import _break
+
+    _break(
+        "dealias: `out=` sharing memory with the op's arguments, where eager's kernel reads what it already wrote",
+        getattr(fn, "__name__", repr(fn)),
+        "eager's result is the kernel's order of reads and writes, which a compiled graph does not keep: the call "
+        "runs eagerly",
+    )
 
 
 def _resizes(fn: Any, tx: Any, args: list[Any], kwargs: dict[str, Any], out: torch.Tensor) -> bool:
