@@ -15,8 +15,10 @@ dynamo's shape guards.)
 `t.storage_offset()` under dynamic shapes: dynamo computes it as an expression of sizes that assumes each input
 tensor's storage offset at the first call (0 there), and no guard checks that offset: a later call whose input
 starts elsewhere in its storage gets the first call's offset (`v = x[1]; v.as_strided(.., v.storage_offset())`
-read the wrong elements, with every backend; fuzz seeds 1290232, 1320641); for dealias's compiles it breaks the
-graph there. With static shapes dynamo breaks the graph there too (the call returns an int); for dealias's
+read the wrong elements, with every backend; fuzz seeds 1290232, 1320641); for dealias's compiles the storage
+offset of every tensor the graph takes from the frame is guarded (static there: another placement compiles again)
+and dynamo's expression is kept, right for every call the guards admit; where an input's offset is itself a
+symbol (after such a recompile, dynamo makes it one) it breaks the graph there. With static shapes dynamo breaks the graph there too (the call returns an int); for dealias's
 compiles it is answered with the offset of this call's tensors, a constant, and the storage offset of every
 tensor the graph takes from the frame is guarded (a call with another placement compiles again). Without this
 correction dealias's frames are traced with static shapes and dynamo's break applies (settings.py).
@@ -163,8 +165,10 @@ def install_storage_offset() -> None:
         offset = fake.storage_offset() if isinstance(fake, torch.Tensor) else None
         # With static shapes the offset is a constant of this call's inputs' placements: it is the answer, with
         # guards on those placements (another placement compiles again).
-        if type(offset) is int and offsets_guarded(tx):
-            return constant.create(offset)
+        if isinstance(offset, (int, torch.SymInt)) and offsets_guarded(tx):
+            # (Under dynamic shapes dynamo's answer is an expression of sizes from the inputs' offsets, which are
+            # now guarded: right for every call the graph runs on.)
+            return constant.create(offset) if type(offset) is int else None
         _break(
             "dealias: storage_offset() (dynamo assumes the input's first placement, unguarded)",
             f"{self.proxy.node.name}.storage_offset()",
