@@ -18,10 +18,10 @@ starts elsewhere in its storage gets the first call's offset (`v = x[1]; v.as_st
 read the wrong elements, with every backend; fuzz seeds 1290232, 1320641); for dealias's compiles the storage
 offset of every tensor the graph takes from the frame is guarded (static there: another placement compiles again)
 and dynamo's expression is kept, right for every call the guards admit; where an input's offset is itself a
-symbol (after such a recompile, dynamo makes it one) it breaks the graph there. With static shapes dynamo
-breaks the graph at the call (it returns an int); for dealias's compiles it is answered with the offset of this call's tensors, a constant, and the storage offset of every
-tensor the graph takes from the frame is guarded (a call with another placement compiles again). Without this
-correction dealias's frames are traced with static shapes and dynamo's break applies (settings.py).
+symbol (after such a recompile, dynamo makes it one) it breaks the graph there. With static shapes dynamo breaks
+the graph at the call (it returns an int); for dealias's compiles it is answered with the offset of this call's
+tensors, a constant, with the same guards. Without this correction dealias's frames are traced with static shapes
+and dynamo's break applies (settings.py).
 
 Where a hook is registered on a graph input (`x.register_hook(h)`): dynamo registers such hooks after the graph
 has run, on the tensor as the graph left it; the backend must know whether the graph writes the tensor after the
