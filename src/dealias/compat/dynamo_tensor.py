@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from . import dynamo_hooks
 from .registry import active, correction, require, require_module
 from .settings import applies, for_dealias
 
@@ -204,6 +205,12 @@ def install_hook_record() -> None:
 
     def record(self: Any, tx: Any, method: str) -> None:
         node = self.proxy.node
+        if method in _HOOKS and node.meta.get(dynamo_hooks.EARLY):
+            _break(
+                "dealias: a second hook on a graph input whose first hook is registered before the graph",
+                f"{node.name}.{method}",
+                "the second registration may come after a write of the tensor: the graph breaks here",
+            )
         if method in _HOOKS and HOOKED_AFTER not in node.meta:  # the first registration: the earliest version
             node.meta[HOOKED_AFTER] = frozenset(tx.output.graph.nodes)
 
@@ -248,6 +255,8 @@ def install_write_break() -> None:
         # (A metadata change of a view, `x.permute(..).squeeze_()`, leaves the input's history, and its hook, alone.)
         if hooked and isinstance(node, torch.fx.Node) and may_write(node) and not inplace_view_node(node):
             tensor = next((h for h in hooked if touches(node, h)), None)
+            if tensor is not None and dynamo_hooks.mark(self.output_graph, tensor, _written_before(tensor)):
+                tensor = None  # (its hook is registered before the graph runs, on the version eager hooks)
             if tensor is not None:
                 self.graph.erase_node(node)  # (dynamo traces the frame again, up to here, for the break)
                 _break(
@@ -259,3 +268,12 @@ def install_write_break() -> None:
         return proxy
 
     cls.create_proxy = create_proxy
+
+
+def _written_before(tensor: torch.fx.Node) -> bool:
+    """Whether a node of the graph before the (first) hook registration on `tensor` may write its memory."""
+    from ..frontend.segments import may_write, touches
+
+    return any(
+        may_write(n) and not inplace_view_node(n) and touches(n, tensor) for n in tensor.meta.get(HOOKED_AFTER, ())
+    )
