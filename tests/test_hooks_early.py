@@ -63,11 +63,27 @@ def hook_from_a_global(x):
     return x * x
 
 
+def written_under_no_grad_then_hooked(x):  # fuzz seed 1100354
+    with torch.no_grad():
+        torch.exp(x, out=x)  # (no history: x's grad_fn, which the hook attaches to, stays the one it came with)
+    x.register_hook(lambda g: g + 1)
+    x += x
+    return torch.where(x > 0, x, x * 2)
+
+
+def written_with_grad_then_hooked(x):
+    x.mul_(2.0)  # (history: the hook attaches to this version, which exists only inside the graph)
+    x.register_hook(lambda g: g + 1)
+    x.add_(1.0)
+    return x * 3
+
+
 CASES = [
     (hook_then_write, _args((3,))),
     (hook_then_write_through_a_view, _args((3, 3), (3, 3))),
     (two_hooks_then_writes, _args((3, 4))),
     (handle_removed_after_the_write, _args((3,))),
+    (written_under_no_grad_then_hooked, _args((4, 6))),
 ]
 
 
@@ -112,9 +128,10 @@ def hook_with_a_closure(x, k: float = 2.0):
     return x
 
 
-def test_a_hook_with_a_closure_keeps_the_break():
-    jf = dealias.jit(hook_with_a_closure)
-    told = grads_like_eager(hook_with_a_closure, jf, _args((3,)))
+@pytest.mark.parametrize("fn", [hook_with_a_closure, written_with_grad_then_hooked])
+def test_what_cannot_be_hooked_before_the_graph_keeps_the_break(fn):
+    jf = dealias.jit(fn)
+    told = grads_like_eager(fn, jf, _args((3,)))
     assert told and "a write after a hook on a graph input" in str(told[0].message)
 
 

@@ -7,8 +7,9 @@ written version): a different gradient, with every backend. dealias's hook_write
 the graph before such a write, so that the hook lands where eager's does; the rest of the frame then runs as a
 graph of its own (or eagerly, where dynamo cannot trace the code after the break: fuzz seeds 1100082, 1100230).
 
-Where nothing in the frame wrote x's memory before the registration, x's version at the registration is the one
-the frame received: registering the hook before the graph runs hooks that very version, as eager does. For such a
+Where nothing in the frame wrote x's memory with grad mode on before the registration (a write under no_grad
+leaves x's grad_fn, which the hook attaches to, as it was), x's version at the registration is the one the frame
+received: registering the hook before the graph runs hooks that very version, as eager does. For such a
 write this correction marks x's graph input (`EARLY`) instead of breaking the graph, and dynamo's code after the
 graph is changed so that it registers that hook before calling the graph (the handle `register_hook` returns is
 kept for the code after the graph, which uses it as dynamo's own code does). Only where

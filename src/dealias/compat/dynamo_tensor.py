@@ -255,7 +255,8 @@ def install_write_break() -> None:
         # (A metadata change of a view, `x.permute(..).squeeze_()`, leaves the input's history, and its hook, alone.)
         if hooked and isinstance(node, torch.fx.Node) and may_write(node) and not inplace_view_node(node):
             tensor = next((h for h in hooked if touches(node, h)), None)
-            if tensor is not None and dynamo_hooks.mark(self.output_graph, tensor, _written_before(tensor)):
+            output = self.output_graph
+            if tensor is not None and dynamo_hooks.mark(output, tensor, _written_before(tensor, output)):
                 tensor = None  # (its hook is registered before the graph runs, on the version eager hooks)
             if tensor is not None:
                 self.graph.erase_node(node)  # (dynamo traces the frame again, up to here, for the break)
@@ -270,10 +271,22 @@ def install_write_break() -> None:
     cls.create_proxy = create_proxy
 
 
-def _written_before(tensor: torch.fx.Node) -> bool:
-    """Whether a node of the graph before the (first) hook registration on `tensor` may write its memory."""
+def _written_before(tensor: torch.fx.Node, output: Any) -> bool:
+    """Whether a node of the graph before the (first) hook registration on `tensor` may write its memory with grad
+    mode on (under no_grad a write leaves the tensor's grad_fn, which the hook attaches to, as it was; True where
+    the grad mode cannot be followed)."""
     from ..frontend.segments import may_write, touches
 
-    return any(
-        may_write(n) and not inplace_view_node(n) and touches(n, tensor) for n in tensor.meta.get(HOOKED_AFTER, ())
-    )
+    before = tensor.meta.get(HOOKED_AFTER, ())
+    try:
+        enabled = bool(output.tracing_context.global_context.global_state["grad_enabled"][1])
+    except Exception:  # noqa: BLE001 - dynamo's record of the frame's entry state moved: any write counts
+        enabled = None
+    for n in tensor.graph.nodes:
+        if n not in before:
+            break
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled and enabled is not None:
+            enabled = bool(n.args[0])
+        elif may_write(n) and not inplace_view_node(n) and touches(n, tensor) and enabled is not False:
+            return True
+    return False
