@@ -99,7 +99,10 @@ def install() -> None:
     @functools.wraps(codegen_hooks)
     def codegen_hooks_after(self: Any, cg: Any) -> None:
         hooks = early(self) if active(NAME) else {}
-        if not hooks:
+        # (No call in the graph: dynamo calls no graph, so nothing would register them before it; nor is there a
+        # write there, and the hooks registered after it, by dynamo's own code, land on the version eager hooks.)
+        calls = any(n.op in ("call_function", "call_method", "call_module") for n in cg.tx.output.graph.nodes)
+        if not hooks or not calls:
             return codegen_hooks(self, cg)
         plans = getattr(self, _PLANS, None)
         if plans is None:
