@@ -42,6 +42,11 @@ def resize_beyond_out(x, out):
     return out
 
 
+def into_a_strided_view(x, buf):  # fuzz seed 1101128
+    torch.sin(x, out=buf[::2])  # (3, 5) every other row, resized to (1, 5): a write through as_strided of it
+    return buf
+
+
 def into_empty(x, out):
     torch.mul(x, 3, out=out)  # no elements: eager allocates out's new memory (and gives no warning)
     return out
@@ -93,6 +98,7 @@ def test_the_callers_tensor_has_eagers_new_layout():
     [
         (resize_beyond_out, lambda: (torch.randn(2, 3), torch.zeros(2))),
         (into_empty, lambda: (torch.randn(2, 3), torch.empty(0))),
+        (into_a_strided_view, lambda: (torch.randn(1, 5), torch.randn(5, 5))),
     ],
 )
 def test_a_resize_beyond_outs_memory_keeps_the_break_and_eagers_result(fn, make):

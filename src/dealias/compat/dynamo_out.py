@@ -330,7 +330,13 @@ def install() -> None:
         if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
             return None
         rest = {k: v for k, v in kwargs.items() if k != "out"}
-        resize = single and _resizes(self.value, tx, args, rest, outs[0])
+        # (A resize of a non-contiguous `out` (`x[::2]`) would be a write through `as_strided` of a non-contiguous
+        # tensor, which dealias's capture refuses (the whole graph then runs eagerly): dynamo's break, narrower.)
+        resize = (
+            single
+            and torch._prims_common.is_contiguous_or_false(outs[0])
+            and _resizes(self.value, tx, args, rest, outs[0])
+        )
         if not resize and all(torch._prims_common.is_contiguous_or_false(o) for o in outs):
             return None  # (contiguous: dynamo's own handling is right)
         found = _arguments(args, rest)

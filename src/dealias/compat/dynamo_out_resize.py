@@ -15,8 +15,9 @@ never reallocates there either), dealias traces the call as
   `out.copy_(result)`, the copy marked as dynamo_out.py's (the overlap checks of later calls apply alike).
 The final layout is learned as dynamo_out.py learns its rewrites: eager's kernel is run with `out=` on tensors of
 the call's own layouts and its result compared, every byte of out's memory and out's layout afterwards, with the
-rewrite's. Everything else (a resize beyond out's memory, where eager reallocates; an `out=` tuple; symbolic sizes;
-a result that requires grad) keeps dynamo's break.
+rewrite's. Everything else (a resize beyond out's memory, where eager reallocates; an `out` that is not contiguous,
+`x[::2]`, whose resize would be a write through `as_strided` of a non-contiguous tensor, which dealias's capture
+refuses; an `out=` tuple; symbolic sizes; a result that requires grad) keeps dynamo's break.
 """
 
 from __future__ import annotations
