@@ -106,6 +106,28 @@ def test_storage_offset_of_an_input_is_read_at_each_call(dynamic):
         assert all("storage_offset()" in str(w.message) for w in falls), falls  # (a graph break: nothing else)
 
 
+def offset_of_a_row(x):
+    v = x[1:]
+    return v.storage_offset(), v * 2
+
+
+def test_storage_offset_over_dynamic_sizes_compiles_with_the_inputs_offsets_guarded():
+    # Inputs at one placement (their offsets guarded, static): v.storage_offset() is dynamo's expression of the
+    # sizes, right for each call, one compile for all sizes; another placement compiles again (or breaks there,
+    # where dynamo then makes the input's offset a symbol of its own), eager's values either way.
+    jf = dealias.jit(offset_of_a_row, dynamic=True)
+    flat = torch.randn(60)
+    for rows, cols in ((4, 3), (5, 3), (5, 4)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dealias.FallbackWarning)
+            assert compare_call(offset_of_a_row, jf, (flat[: rows * cols].view(rows, cols),)) is None
+    assert dealias.cache_info(jf).misses == 1 and dealias.graph_breaks(jf) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dealias.FallbackWarning)
+        for off in (5, 7):
+            assert compare_call(offset_of_a_row, jf, (flat[off : off + 12].view(4, 3),)) is None
+
+
 def pad_then_unify(x, y):
     p = torch.nn.functional.pad(x, (0, 1), value=-1.0)  # x's length is a symbol of its own here
     return p[:, 1:] * (x + y)  # and is unified with y's after

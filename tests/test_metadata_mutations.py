@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from harness import captured_targets, check, same
+from harness import captured_targets, check, grads_like_eager, same
 
 import dealias
 from dealias import compat
@@ -102,6 +102,33 @@ def test_metadata_mutation_of_an_input_out_of_force_is_dynamos_break(fn, make):
 def test_detach_of_an_input_keeps_dynamos_break():
     jf = check(detach_input, torch.randn(3).requires_grad_().clone(), allow_fallback=True)
     assert dealias.graph_breaks(jf)
+
+
+def neg_squeeze_mul(x):  # fuzz seed 1100373: an input autograd made (`b * 1`), written, then its layout changed
+    x.neg_()
+    x.squeeze_()
+    x.mul_(3.0)
+    return x * 2, x.shape
+
+
+def t_then_write_from_a_leaf(x, y):
+    x.t_()
+    x.add_(y)
+    return x.sum(0)
+
+
+NON_LEAF_PROGRAMS = [
+    (neg_squeeze_mul, lambda: ((torch.randn(1, 3, 4, requires_grad=True) * 1),)),
+    (t_then_write_from_a_leaf, lambda: (torch.randn(2, 3, requires_grad=True) * 1, torch.randn(3, 2))),
+]
+
+
+@pytest.mark.parametrize("fn,make", NON_LEAF_PROGRAMS, ids=[p[0].__name__ for p in NON_LEAF_PROGRAMS])
+def test_metadata_change_of_an_input_autograd_made(fn, make):
+    # (The input's alias in dynamo's trace is a tensor autograd made too: compat/dynamo_inputs.py)
+    jf = dealias.jit(fn)
+    assert grads_like_eager(fn, jf, make, calls=2) == []
+    assert dealias.graph_breaks(jf) == [] and dealias.cache_info(jf).entries == 1
 
 
 def t_of_a_leaf_requiring_grad(x):

@@ -355,3 +355,14 @@ def test_an_out_that_agrees_with_copies_on_finite_values_only_keeps_dynamos_brea
     x = torch.tensor([1.0, 2, float("inf"), 3, float("nan"), 4, 5, 6, 7, 8, 9, 10])
     jf = check(add_zero_times_strided_reads, x, torch.randn(5), allow_fallback=True)
     assert dealias.graph_breaks(jf)
+
+
+def sum_into_its_own_diagonal(x):  # fuzz seed 1100375: eager's reduction accumulates into out, which it reads
+    v = x[:, ::3]
+    torch.sum(v, 0, out=v.diagonal())
+    return x
+
+
+def test_an_out_its_kernel_reads_after_writing_breaks_saying_why():
+    jf = check(sum_into_its_own_diagonal, torch.randn(4, 6), allow_fallback=True)
+    assert any("reads what it already wrote" in str(b) for b in dealias.graph_breaks(jf))

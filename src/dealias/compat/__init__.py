@@ -5,6 +5,7 @@ dynamo traces for a dealias backend (registry.py). `dealias doctor` lists which 
 from . import (  # noqa: F401
     dynamo_autograd,
     dynamo_guards,
+    dynamo_hooks,
     dynamo_indexing,
     dynamo_inputs,
     dynamo_lerp,
@@ -17,6 +18,7 @@ from . import (  # noqa: F401
     settings,
     tensor_scalars,
 )
+from .dynamo_hooks import EARLY as HOOK_EARLY
 from .dynamo_inputs import fold_input_aliases
 from .dynamo_out import keep_out_overlaps
 from .dynamo_tensor import HOOKED_AFTER, REFRESHED, hooks_of_frame, inplace_view_node, is_inplace_view
@@ -25,6 +27,7 @@ from .settings import for_dealias, in_dealias_frame, settings_in_force
 
 __all__ = [
     "HOOKED_AFTER",
+    "HOOK_EARLY",
     "REFRESHED",
     "Correction",
     "Missing",

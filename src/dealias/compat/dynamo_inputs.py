@@ -7,7 +7,8 @@ after tracing, and a backend reads its placeholders' sizes from it), and would c
 
 For dealias's compiles the input's variable is first moved onto an `aten.alias(x)` node whose fake value is a
 tensor of its own on the input's memory with the same layout (no view, as the input is none: only inputs that are
-no view and were not made by autograd are moved), so the op changes that fake value and the placeholder's stays
+no view are moved; for an input autograd made, `b * 1`, one autograd made too, so that autograd checks an in-place
+op on it as on a non-leaf), so the op changes that fake value and the placeholder's stays
 the entry layout. The alias node is marked (`INPUT_ALIAS`); the backend folds it back into its input before
 capture (`fold_input_aliases`), so the captured graph changes the input itself, which dealias's functionalization
 already carries out on the caller's tensor after the call (a metadata write-back), as eager does. The variable
@@ -46,10 +47,16 @@ def _move_onto_alias(var: Any, tx: Any) -> None:
     with tx.fake_mode:
         # A tensor of its own on the input's memory, no view, as the input is (autograd checks an in-place op on a
         # view otherwise: `t_` under no_grad of a view of a tensor requiring grad raises; eager's input is none).
+        alias = torch.empty((0,), dtype=fake.dtype, device=fake.device)
+        if fake.grad_fn is not None:
+            # (An input autograd made, `b * 1`: a tensor autograd made too, so that autograd checks an in-place op
+            # on it as on a non-leaf, where a leaf requiring grad refuses one; its history is the fake's own.)
+            with torch.enable_grad():
+                alias = alias.requires_grad_() * 1
         with torch.no_grad():
-            alias = torch.empty((0,), dtype=fake.dtype, device=fake.device)
             alias.set_(fake.untyped_storage(), fake.storage_offset(), fake.shape, fake.stride())
-        alias.requires_grad_(fake.requires_grad)
+        if fake.grad_fn is None:
+            alias.requires_grad_(fake.requires_grad)
     proxy = tx.output.create_proxy("call_function", torch.ops.aten.alias.default, (var.proxy,), {})
     proxy.node.meta["example_value"] = alias
     proxy.node.meta[INPUT_ALIAS] = True
@@ -124,9 +131,9 @@ def install() -> None:
 
 
 def _faithful(fake: torch.Tensor) -> bool:
-    """Whether a tensor of its own on `fake`'s memory behaves as `fake` under autograd's checks: not a view and
-    not made by autograd (an input with a grad_fn, or a view, keeps dynamo's own handling)."""
-    return not fake._is_view() and fake.grad_fn is None
+    """Whether a tensor of its own on `fake`'s memory behaves as `fake` under autograd's checks: not a view (a
+    view keeps dynamo's own handling; a tensor autograd made is moved onto one autograd made: _move_onto_alias)."""
+    return not fake._is_view()
 
 
 def _is_input_fake(tx: Any, fake: torch.Tensor) -> bool:

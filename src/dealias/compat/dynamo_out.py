@@ -59,6 +59,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from . import dynamo_out_resize
+from .dynamo_out_resize import _resize_warning, inside
 from .dynamo_tensor import aten_tags
 from .registry import correction, replace_method, require, require_module
 from .settings import applies
@@ -72,6 +74,7 @@ _lists: Any = None  # dynamo's modules and classes the rewrite builds its return
 _udt: Any = None
 _side_effects: Any = None
 _constant: Any = None
+_tracker: Any = None
 
 
 def _fake(vt: Any) -> Any:
@@ -207,13 +210,14 @@ def _eager_fills(
     alias: bool = True,
     seeded: bool = False,
     fill: Any = 0,
-) -> type | None:
+    resize: bool = False,
+) -> Any:
     """Whether eager's `fn(*args, **kwargs, out=..)` (`out=outs[0]` where `single`, else `out=tuple(outs)`) writes
     exactly what the call without `out=` followed by `outs[i].copy_(result[i])` writes, every byte of each out's
     memory compared, on tensors of the call's layouts (with `alias`, an argument that is an out's very elements is
     that out's memory, as in the call; else memory of its own). Where it does: the type of eager's return value,
     which for a tuple of outs must hold the out tensors themselves (`torch.return_types.max_out`); else None."""
-    key = (_key(fn, args, kwargs, outs), single, alias, seeded, fill)
+    key = (_key(fn, args, kwargs, outs), single, alias, seeded, fill, resize)
     if key in _verdicts:
         return _verdicts[key]
     tensors = _tensor_leaves(args, kwargs)
@@ -231,8 +235,8 @@ def _eager_fills(
 
     verdict = None
     rng = torch.get_rng_state() if seeded else None
-    with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         try:
             gen = torch.Generator().manual_seed(fill if isinstance(fill, int) else 0)
             real = _reals(every, gen, alias, fill)  # (an argument sharing an out's memory shares it here too)
@@ -250,10 +254,18 @@ def _eager_fills(
             # must be left alike too: the same draws, in the same order, as many of them.)
             start = torch.get_rng_state() if seeded else None
             returned = fn(*args_r, **kwargs_r, out=outs_r[0] if single else tuple(outs_r))
+            warned = any(_resize_warning(w.message) for w in caught)
             drawn = torch.get_rng_state() if seeded else None
             by_kernel = [w.clone() for w in wholes]
-            # (linear's kernel re-strides out; a tuple's return value holds the outs themselves, as the rewrite's)
-            kept = [(o.shape, o.stride(), o.storage_offset()) for o in outs_r] == layouts
+            after = [(o.shape, o.stride(), o.storage_offset()) for o in outs_r]
+            if resize:  # (eager resized out: only within the memory it spans, on the memory it had)
+                kept = all(inside(a, b) for a, b in zip(after, layouts)) and all(
+                    o.untyped_storage().data_ptr() == w.untyped_storage().data_ptr() for o, w in zip(outs_r, wholes)
+                )
+                layouts = after
+            else:
+                # (linear's kernel re-strides out; a tuple's return value holds the outs themselves, as the rewrite's)
+                kept = after == layouts
             if single:
                 kept = kept and returned is outs_r[0]
             else:
@@ -270,6 +282,8 @@ def _eager_fills(
                 w.as_strided(*layout).copy_(r)
             same = all(torch.equal(k.view(torch.uint8), w.view(torch.uint8)) for k, w in zip(by_kernel, wholes))
             verdict = type(returned) if kept and same else None
+            if resize and verdict is not None:
+                verdict = (verdict, tuple((tuple(a[0]), tuple(a[1])) for a in after), warned)
         except Exception:  # noqa: BLE001 - either way raising: dynamo's own handling (a graph break) decides
             verdict = None
         finally:
@@ -294,7 +308,9 @@ def install() -> None:
     _constant = require(require_module("torch._dynamo.variables"), "ConstantVariable")
     require(_constant, "create")
     require(require_module("torch._dynamo.variables"), "SymNodeVariable")
-    global _lists, _udt, _side_effects
+    global _lists, _udt, _side_effects, _tracker
+    _tracker = require(require_module("torch._dynamo.variables.base"), "VariableTracker")
+    require(_tracker, "build")
     _lists = require_module("torch._dynamo.variables.lists")
     require(_lists, "TupleVariable"), require(_lists, "ListVariable")
     _udt = require(require_module("torch._dynamo.variables.user_defined"), "UserDefinedTupleVariable")
@@ -313,11 +329,18 @@ def install() -> None:
         outs = [_fake(v) for v in out_vts]
         if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
             return None
-        if all(torch._prims_common.is_contiguous_or_false(o) for o in outs):
-            return None  # (contiguous: dynamo's own handling is right)
         rest = {k: v for k, v in kwargs.items() if k != "out"}
+        # (A resize of a non-contiguous `out` (`x[::2]`) would be a write through `as_strided` of a non-contiguous
+        # tensor, which dealias's capture refuses (the whole graph then runs eagerly): dynamo's break, narrower.)
+        resize = (
+            single
+            and torch._prims_common.is_contiguous_or_false(outs[0])
+            and _resizes(self.value, tx, args, rest, outs[0])
+        )
+        if not resize and all(torch._prims_common.is_contiguous_or_false(o) for o in outs):
+            return None  # (contiguous: dynamo's own handling is right)
         found = _arguments(args, rest)
-        if found is None or any(o.requires_grad for o in outs):
+        if found is None or any(o.requires_grad for o in outs) or (resize and not _static(outs[0])):
             return None
         seeded = _draws_random(self.value)
         others = _tensor_leaves(*found)
@@ -330,7 +353,11 @@ def install() -> None:
         shared = [a for a in others for o in outs if _storage_of(a) == _storage_of(o) and not _same_place(a, o)]
         if shared and sum(t.numel() for t in (*others, *outs)) >= SINGLE_THREAD_ELEMENTS:
             return None
-        returned = _eager_fills(self.value, *found, outs, single, seeded=seeded)
+        returned = _eager_fills(self.value, *found, outs, single, seeded=seeded, resize=resize)
+        aliased = any(_storage_of(a) == _storage_of(o) for a in others for o in outs)
+        again = lambda **kw: _eager_fills(self.value, *found, outs, single, seeded=seeded, resize=resize, **kw)
+        if returned is None and aliased and again(alias=False) is not None:
+            _overlap_break(self.value)
         if returned is None:
             return None
         # (Read-after-write through shared memory can give the same bytes by chance, `maximum` rewriting a value
@@ -338,13 +365,20 @@ def install() -> None:
         # NaNs (`add(y, x[..], alpha=0, out=x[..])` reads 0 * x: the same on finite values only), as
         # checks.aliasing_is_benign asks of in-place ops.)
         fills = (1, 2, 3, "rising", "falling", "special") if shared else ()
-        if any(_eager_fills(self.value, *found, outs, single, seeded=seeded, fill=f) is None for f in fills):
-            return None
+        if any(again(fill=f) != returned for f in fills):
+            _overlap_break(self.value)
         # An argument sharing an out's memory: also checked on memory of its own, which a later call may give it
         # where it came from another input (keep_out_overlaps runs the call eagerly where they share it otherwise).
-        aliased = any(_storage_of(a) == _storage_of(o) for a in others for o in outs)
-        if aliased and _eager_fills(self.value, *found, outs, single, alias=False, seeded=seeded) is None:
+        if aliased and again(alias=False) != returned:
             return None
+        if resize:
+            traced = dynamo_out_resize.trace(
+                tx, lambda: call(self, tx, args, rest), out_vt, outs[0], returned, _tracker.build, _constant
+            )
+            if traced is None:
+                return None
+            out_vt.call_method(tx, "copy_", [traced], {}).as_proxy().node.meta[OUT_COPY] = True
+            return out_vt
         result = call(self, tx, args, rest)
         results = [result] if single else _tensor_items(result)
         values = [_fake(r) for r in results]
@@ -366,6 +400,34 @@ def install() -> None:
         return call(self, tx, args, kwargs) if result is None else result
 
     replace_method(cls, "call_function", call, call_function)
+
+
+def _overlap_break(fn: Any) -> None:
+    """Break the graph, saying why: eager's `out=` kernel reads memory it already wrote (an argument sharing
+    out's memory), which the call without `out=` and a copy does not (checked on memory apart: it agrees there)."""
+    from .dynamo_tensor import _break
+
+    _break(
+        "dealias: `out=` sharing memory with the op's arguments, where eager's kernel reads what it already wrote",
+        getattr(fn, "__name__", repr(fn)),
+        "eager's result is the kernel's order of reads and writes, which a compiled graph does not keep: the call "
+        "runs eagerly",
+    )
+
+
+def _resizes(fn: Any, tx: Any, args: list[Any], kwargs: dict[str, Any], out: torch.Tensor) -> bool:
+    """Whether the call's result has another shape than `out` (eager resizes `out`): the call run on the fake
+    values, in dynamo's fake mode (False where it cannot run so)."""
+    found = _arguments(args, kwargs)
+    if found is None:
+        return False
+    try:
+        with tx.fake_mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = fn(*found[0], **found[1])
+    except Exception:  # noqa: BLE001 - eager raises, or fake tensors cannot run it: dynamo's own handling
+        return False
+    return isinstance(result, torch.Tensor) and tuple(result.shape) != tuple(out.shape)
 
 
 def _storage_of(t: torch.Tensor) -> int:
@@ -450,9 +512,12 @@ def _sharing(tensors: list[Any], absolute: bool) -> tuple[Any, ...]:
 
 def _absolute_views(gm: fx.GraphModule) -> bool:
     """Whether the graph makes a view at an absolute storage offset (so that moving memory moves no view of it)."""
-    names = {"as_strided", "as_strided_", "set_"}
+    # (`as_strided` without a storage offset keeps its tensor's: relative, as the `as_strided_` a resizing `out=`
+    # is traced as)
+    offset = lambda n: len(n.args) > 3 or n.kwargs.get("storage_offset") is not None
     return any(
-        getattr(n.target, "__name__", n.target) in names
+        (name := getattr(n.target, "__name__", n.target)) == "set_"
+        or (name in ("as_strided", "as_strided_") and offset(n))
         for n in gm.graph.nodes
         if n.op in ("call_function", "call_method")
     )

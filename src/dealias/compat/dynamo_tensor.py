@@ -15,11 +15,13 @@ dynamo's shape guards.)
 `t.storage_offset()` under dynamic shapes: dynamo computes it as an expression of sizes that assumes each input
 tensor's storage offset at the first call (0 there), and no guard checks that offset: a later call whose input
 starts elsewhere in its storage gets the first call's offset (`v = x[1]; v.as_strided(.., v.storage_offset())`
-read the wrong elements, with every backend; fuzz seeds 1290232, 1320641); for dealias's compiles it breaks the
-graph there. With static shapes dynamo breaks the graph there too (the call returns an int); for dealias's
-compiles it is answered with the offset of this call's tensors, a constant, and the storage offset of every
-tensor the graph takes from the frame is guarded (a call with another placement compiles again). Without this
-correction dealias's frames are traced with static shapes and dynamo's break applies (settings.py).
+read the wrong elements, with every backend; fuzz seeds 1290232, 1320641); for dealias's compiles the storage
+offset of every tensor the graph takes from the frame is guarded (static there: another placement compiles again)
+and dynamo's expression is kept, right for every call the guards admit; where an input's offset is itself a
+symbol (after such a recompile, dynamo makes it one) it breaks the graph there. With static shapes dynamo breaks
+the graph at the call (it returns an int); for dealias's compiles it is answered with the offset of this call's
+tensors, a constant, with the same guards. Without this correction dealias's frames are traced with static shapes
+and dynamo's break applies (settings.py).
 
 Where a hook is registered on a graph input (`x.register_hook(h)`): dynamo registers such hooks after the graph
 has run, on the tensor as the graph left it; the backend must know whether the graph writes the tensor after the
@@ -37,6 +39,7 @@ from typing import Any
 
 import torch
 
+from . import dynamo_hooks
 from .registry import active, correction, require, require_module
 from .settings import applies, for_dealias
 
@@ -163,8 +166,10 @@ def install_storage_offset() -> None:
         offset = fake.storage_offset() if isinstance(fake, torch.Tensor) else None
         # With static shapes the offset is a constant of this call's inputs' placements: it is the answer, with
         # guards on those placements (another placement compiles again).
-        if type(offset) is int and offsets_guarded(tx):
-            return constant.create(offset)
+        if isinstance(offset, (int, torch.SymInt)) and offsets_guarded(tx):
+            # (Under dynamic shapes dynamo's answer is an expression of sizes from the inputs' offsets, which are
+            # now guarded: right for every call the graph runs on.)
+            return constant.create(offset) if type(offset) is int else None
         _break(
             "dealias: storage_offset() (dynamo assumes the input's first placement, unguarded)",
             f"{self.proxy.node.name}.storage_offset()",
@@ -200,6 +205,12 @@ def install_hook_record() -> None:
 
     def record(self: Any, tx: Any, method: str) -> None:
         node = self.proxy.node
+        if method in _HOOKS and node.meta.get(dynamo_hooks.EARLY):
+            _break(
+                "dealias: a second hook on a graph input whose first hook is registered before the graph",
+                f"{node.name}.{method}",
+                "the second registration may come after a write of the tensor: the graph breaks here",
+            )
         if method in _HOOKS and HOOKED_AFTER not in node.meta:  # the first registration: the earliest version
             node.meta[HOOKED_AFTER] = frozenset(tx.output.graph.nodes)
 
@@ -244,6 +255,9 @@ def install_write_break() -> None:
         # (A metadata change of a view, `x.permute(..).squeeze_()`, leaves the input's history, and its hook, alone.)
         if hooked and isinstance(node, torch.fx.Node) and may_write(node) and not inplace_view_node(node):
             tensor = next((h for h in hooked if touches(node, h)), None)
+            output = self.output_graph
+            if tensor is not None and dynamo_hooks.mark(output, tensor, _written_before(tensor, output)):
+                tensor = None  # (its hook is registered before the graph runs, on the version eager hooks)
             if tensor is not None:
                 self.graph.erase_node(node)  # (dynamo traces the frame again, up to here, for the break)
                 _break(
@@ -255,3 +269,24 @@ def install_write_break() -> None:
         return proxy
 
     cls.create_proxy = create_proxy
+
+
+def _written_before(tensor: torch.fx.Node, output: Any) -> bool:
+    """Whether a node of the graph before the (first) hook registration on `tensor` may write its memory with grad
+    mode on (under no_grad a write leaves the tensor's grad_fn, which the hook attaches to, as it was; True where
+    the grad mode cannot be followed)."""
+    from ..frontend.segments import may_write, touches
+
+    before = tensor.meta.get(HOOKED_AFTER, ())
+    try:
+        enabled = bool(output.tracing_context.global_context.global_state["grad_enabled"][1])
+    except Exception:  # noqa: BLE001 - dynamo's record of the frame's entry state moved: any write counts
+        enabled = None
+    for n in tensor.graph.nodes:
+        if n not in before:
+            break
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled and enabled is not None:
+            enabled = bool(n.args[0])
+        elif may_write(n) and not inplace_view_node(n) and touches(n, tensor) and enabled is not False:
+            return True
+    return False

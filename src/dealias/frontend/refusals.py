@@ -95,6 +95,8 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Any, name: str) -> None:
         return
     # The hooked tensor need not be a graph input: a view of it may be (`x1 = x0[::2]` written, hook on x0).
     for tensor in hooked:
+        if tensor.meta.get(compat.HOOK_EARLY) and compat.active("hook_early"):
+            continue  # (its hook is registered before the graph runs: on the version the frame received)
         before = tensor.meta.get(compat.HOOKED_AFTER, frozenset()) if compat.active("hook_record") else frozenset()
         writer = next((n for n in _writes(gm) if n not in before and touches(n, tensor)), None)
         if writer is None:
