@@ -173,7 +173,7 @@ def compile_program(
     if run is None:
         aliases = _alias_placeholders(fp.gm, captured)
         with clock("write-back lowering"):
-            fp, reports = lower(fp, aliases)
+            fp, reports = lower(fp, aliases, autograd_in_place=True)
         check("lower", fp, functional_gm, aliases)
         with clock("torch executor"):
             run = torch_executor(fp.gm, grad)

@@ -154,6 +154,10 @@ def _mutate(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any]) -> 
         out = w.emit.call(aten.fill.Scalar, *args, 0)
     else:
         out = w.emit.call(f.functional, *args, **kwargs)
+        if f.kind is OpKind.INPLACE and len(targets) == 1:
+            # Eager ran the in-place op here (`y.relu_()`): write-back lowering may run it so again under autograd,
+            # where the tensor it updates is an intermediate nothing else reads (writeback.eager_updates_in_place).
+            out.meta["eager_in_place"] = True
     if f.kind is OpKind.MUTABLE:
         # The functional form returns the op's own results, then the new value of each written argument that
         # is not an out= argument; an out= argument's new value is the result returned as it.
