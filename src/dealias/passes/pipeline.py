@@ -25,6 +25,7 @@ from ..ir.viewops import symbolic_layout
 from ..runtime.executor import torch_executor
 from ..runtime.fused import AUTOGRAD, Unfusable, fused_executor, unfusable
 from ..runtime.fused_autograd import fused_autograd_executor
+from ..runtime.generated_call import returned_as_views_only
 from ..runtime.program import CompiledProgram, Executor, Tier
 from .alias import analyze
 from .capture import capture
@@ -148,7 +149,8 @@ def compile_program(
             written |= in_graph
             with clock("AOTAutograd and inductor"):
                 call = [leaves[p] for p in (*captured.tensor_positions, *captured.sym_positions)]
-                run = fused_autograd_executor(trial.gm, _examples(captured, leaves), written, call)
+                viewed = returned_as_views_only(trial, grad)
+                run = fused_autograd_executor(trial.gm, _examples(captured, leaves), written, call, viewed)
             fp, shown, tier = trial, trial, Tier.FUSED
             name = "execution trace (fused with autograd: AOTAutograd and inductor compile this graph)"
         except Unfusable as e:
