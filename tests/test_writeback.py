@@ -201,6 +201,8 @@ def _execution_ops(jf) -> list[str]:
             ops.append(n.target)
         elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
             ops.append(n.target._schema.name.split("::")[-1])
+        elif n.op == "call_function":  # (`torch._native_batch_norm_legit`)
+            ops.append(getattr(n.target, "__name__", ""))
     return ops
 
 
@@ -218,14 +220,23 @@ def conv_bn_relu(x, w, b, mean, var, gamma, beta):
 
 def test_eager_in_place_update_of_an_intermediate_runs_in_place_under_autograd():
     """`ReLU(inplace=True)` on a training BatchNorm's output (grad on, parameters requiring grad): the torch
-    executor runs eager's relu_ on the BatchNorm result, not a relu into a new tensor; outputs, running statistics,
-    version counters and gradients are eager's."""
+    executor runs eager's relu_ on the BatchNorm result, not a relu into a new tensor, and the batch norm as the
+    mutable op on the caller's running statistics, not on clones copied back; outputs, running statistics, version
+    counters and gradients are eager's."""
     from harness import grads_like_eager
 
     jf = dealias.jit(conv_bn_relu, executor="torch")
     assert not grads_like_eager(conv_bn_relu, jf, _conv_bn_relu, calls=2)
     ops = _execution_ops(jf)
     assert "relu_" in ops and "relu" not in ops, ops
+    assert "_native_batch_norm_legit" in ops and "clone" not in ops, ops
+    assert [r.mode for r in dealias.explain(jf)] == ["in place", "in place"]  # (mean, var)
+    for f in (conv_bn_relu, jf):  # autograd saved the caller's running mean, as eager's: written after, backward raises
+        args = _conv_bn_relu()
+        out = f(*args)
+        args[3].zero_()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
     assert jf(*_conv_bn_relu())._version == conv_bn_relu(*_conv_bn_relu())._version == 1
 
 

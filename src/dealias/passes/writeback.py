@@ -35,7 +35,15 @@ from ..ir.checks import guard_index_writes, indexed_write
 from ..ir.draws import draw_like
 from ..ir.emitter import Emitter
 from ..ir.gradops import bump_version
-from ..ir.opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
+from ..ir.opfacts import (
+    OpKind,
+    bind_args,
+    facts,
+    has_effect,
+    inplace_variant,
+    is_view_node,
+    removable_if_unused,
+)
 from ..ir.plan import (
     FunctionalProgram,
     OutputSlot,
@@ -182,10 +190,13 @@ def lower(
     if _builds_autograd(gm):
         for wb in fp.writebacks:
             _refuse_whole_copy_into_overlap(gm, wb, results[wb.output])
+        in_place: list[WriteBackReport] = []
         if autograd_in_place:
             eager_updates_in_place(graph)
+            fp, in_place = _eager_mutations_in_place(fp, aliases)
         decompose(gm)
-        return fp, [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]
+        results = list(out_node.args[0])
+        return fp, in_place + [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]
 
     reports: list[WriteBackReport] = []
     dropped: set[int] = set()
@@ -257,6 +268,104 @@ def eager_updates_in_place(graph: fx.Graph) -> list[fx.Node]:
         new._rename(name)  # (the functional trace's name: `relu = getitem.relu_()`)
         made.append(new)
     return made
+
+
+def _mutable_variant(op: Any) -> Any:
+    """The mutable overload whose functional counterpart is `op` (`_native_batch_norm_legit_functional` ->
+    `_native_batch_norm_legit`), found by the naming rule functional counterparts follow (`foo` -> `foo_functional`)."""
+    name = op_name(op)
+    packet = getattr(torch.ops.aten, name.removesuffix("_functional"), None) if name.endswith("_functional") else None
+    for ov in (getattr(packet, o) for o in packet.overloads()) if packet is not None else ():
+        if facts(ov).kind is OpKind.MUTABLE and facts(ov).functional is op:
+            return ov
+    return None
+
+
+def _eager_mutations_in_place(
+    fp: FunctionalProgram, aliases: dict[fx.Node, list[fx.Node]]
+) -> tuple[FunctionalProgram, list[WriteBackReport]]:
+    """In a graph autograd records (the torch executor): a mutable op eager ran on caller's tensors that require
+    no grad, `native_batch_norm` updating a training BatchNorm's running statistics, runs as its mutable op on those
+    tensors again, where functionalization made it `op_functional(.., clone(P), ..)` and the new value of P is only
+    P's write-back: no clones, no copies back (the call still sets back the counters eager's kernel leaves,
+    FunctionalProgram.unmoved_counters, which it now leaves too). Each P is a placeholder of its own (no alias
+    group, no overlap, requiring no grad, of the new value's layout) read by nothing else; autograd saves P
+    itself, as eager's op does. Returns the program and a report per tensor so written."""
+    graph = fp.gm.graph
+    out_node = graph.output_node()
+    results = list(out_node.args[0])
+    read = {s.source.key for s in fp.outputs if s.same_as is None and s.source.kind is RefKind.RESULT}
+    read |= {a.index for s in fp.outputs for a in chain_args(s.chain) if isinstance(a, ResultArg)}
+    written = {
+        wb.output: wb for wb in fp.writebacks if wb.output not in read and results.count(results[wb.output]) == 1
+    }
+    placeholders = graph.find_nodes(op="placeholder")
+    aliased = set(aliases) | {a for group in aliases.values() for a in group}
+    dropped: set[int] = set()
+    reports: list[WriteBackReport] = []
+    for n in list(graph.nodes):
+        if (
+            n.op != "call_function"
+            or not n.meta.get("eager_in_place")
+            or not isinstance(n.target, torch._ops.OpOverload)
+        ):
+            continue
+        mutable = _mutable_variant(n.target)
+        if mutable is None or any(u.target is not operator.getitem for u in n.users):
+            continue
+        returns = len(mutable._schema.returns)
+        bound = bind_args(mutable._schema, n.args, n.kwargs)
+        news = {u.args[1]: u for u in n.users}
+        swap: dict[fx.Node, fx.Node] = {}  # clone(P) -> P
+        drops = []
+        for k, name in enumerate(facts(mutable).mutated):
+            clone, new = bound.get(name), news.get(returns + k)
+            if not isinstance(clone, fx.Node) or clone.target is not aten.clone.default or clone.kwargs:
+                break
+            p = clone.args[0]
+            if p.op != "placeholder" or p in aliased or p.meta.get("rg") or set(p.users) != {clone}:
+                break
+            if set(clone.users) != {n} or new is None or set(new.users) != {out_node}:
+                break
+            wb = written.get(results.index(new))
+            if wb is None or wb.target != Ref(RefKind.INPUT, placeholders.index(p)) or _requires_grad(new):
+                break
+            pv, nv = p.meta.get("val"), new.meta.get("val")
+            if not isinstance(pv, torch.Tensor) or internal_overlap(pv) != "no" or pv.dtype != nv.dtype:
+                break
+            if tuple(pv.shape) != tuple(nv.shape) or not _same_layout(pv, nv):
+                break
+            swap[clone] = p
+            drops.append((results.index(new), wb))
+        else:
+            if not swap:
+                continue
+            with graph.inserting_before(n):
+                op = graph.call_function(mutable, *fx.node.map_arg((n.args, n.kwargs), lambda a, s=swap: s.get(a, a)))
+            op.meta = dict(n.meta)
+            op.meta["counts_as"] = n.target  # (invariants.compute_ops: the functional graph's op, and its clones)
+            op.meta["absorbs"] = [aten.clone.default, operator.getitem] * len(swap)  # (the new values read)
+            for i, g in news.items():
+                if i < returns:
+                    g.args = (op, i)
+            for i, wb in drops:
+                dropped.add(i)
+                reports.append(whole_report(wb.target, results[i], f"x by {op_name(mutable)}(..)", "in place"))
+                results[i] = None
+            out_node.args = (tuple(results),)
+            for g in [g for i, g in news.items() if i >= returns]:
+                graph.erase_node(g)
+            graph.erase_node(n)
+            for clone in swap:
+                graph.erase_node(clone)
+    if not dropped:
+        return fp, []
+    out_node.args = (tuple(r for i, r in enumerate(results) if i not in dropped),)
+    remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
+    fp.writebacks = [replace(wb, output=remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
+    fp.outputs = [_remapped(slot, remap) for slot in fp.outputs]
+    fp.gm.recompile()
+    return fp, reports
 
 
 def whole_writes_in_graph(fp: FunctionalProgram) -> tuple[FunctionalProgram, frozenset[int]]:
@@ -519,5 +628,5 @@ def _refuse_whole_copy_into_overlap(gm: fx.GraphModule, wb: Any, final: fx.Node)
                 todo.append(a)
 
 
-def whole_report(target: Ref, final: fx.Node) -> WriteBackReport:
-    return WriteBackReport(target, "whole copy", ["x.copy_(..)"], _nbytes(final.meta["val"]), chains=[()])
+def whole_report(target: Ref, final: fx.Node, region: str = "x.copy_(..)", how: str = "whole copy") -> WriteBackReport:
+    return WriteBackReport(target, how, [region], _nbytes(final.meta["val"]), chains=[()])
