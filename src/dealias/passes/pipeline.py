@@ -33,7 +33,8 @@ from .functionalize import functionalize
 from .invariants import checker
 from .optimize import optimize
 from .saved import refuse_saved_then_written
-from .writeback import lower, whole_writes_in_graph
+from .writeback import lower
+from .writeback_autograd import whole_writes_in_graph
 
 
 def _execution_trace(

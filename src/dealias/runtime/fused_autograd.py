@@ -584,7 +584,7 @@ def _constants_as_inputs(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[tuple
 
 
 def _without_input_writes(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` without its `copy_` into placeholders (see writeback.whole_writes_in_graph)."""
+    """A copy of `gm` without its `copy_` into placeholders (see writeback_autograd.whole_writes_in_graph)."""
     out = copy.deepcopy(gm)
     for n in list(out.graph.nodes):
         if n.op == "call_function" and n.target is aten.copy_.default and n.args[0].op == "placeholder":
