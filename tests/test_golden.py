@@ -524,8 +524,8 @@ def functional(x):
 # write-back to x: whole copy, 24 bytes: x.copy_(..)
 def execute(x):
     clone_default = x.clone()                                     # float32[2, 3]
-    mul = clone_default.mul(2)                                    # float32[2, 3]  x.mul_(2)
-    return (mul,)
+    mul_1 = clone_default.mul_(2)                                 # float32[2, 3]  x.mul_(2)
+    return (mul_1,)
 # the call, generated from the plan (this source runs)
 def call(leaves):
     if grad_enabled() is not True:
@@ -533,9 +533,9 @@ def call(leaves):
     x, = leaves
     with torch.no_grad():
         out0 = aten_select_int(x, 0, 0)
-    mul, = execute(x)
+    mul_1, = execute(x)
     # write-back into the caller's tensors
-    x.copy_(mul)
+    x.copy_(mul_1)
     return (out0,)""",
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from harness import check
 
 import dealias
@@ -190,3 +191,70 @@ def test_index_out_of_range_leaves_inputs_untouched():
         dealias.jit(f)(torch.zeros(4, 3), torch.tensor([1, 6, 9]), torch.ones(3, 3))
     with pytest.raises(IndexError, match="index 6 is out of bounds for dimension 0 with size 4"):
         f(torch.zeros(4, 3), torch.tensor([1, 6, 9]), torch.ones(3, 3))
+
+
+def _execution_ops(jf) -> list[str]:
+    """The ops of the execution graph by name (`relu_`), whether the torch executor calls them as methods or not."""
+    ops = []
+    for n in jf.last.functional.gm.graph.nodes:
+        if n.op == "call_method":
+            ops.append(n.target)
+        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            ops.append(n.target._schema.name.split("::")[-1])
+        elif n.op == "call_function":  # (`torch._native_batch_norm_legit`)
+            ops.append(getattr(n.target, "__name__", ""))
+    return ops
+
+
+def _conv_bn_relu() -> tuple[torch.Tensor, ...]:
+    """A conv's input, weight and bias, then a training BatchNorm's running statistics, weight and bias."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3, requires_grad=True), torch.randn(4, requires_grad=True)
+    return x, w, b, torch.zeros(4), torch.ones(4), torch.rand(4, requires_grad=True), torch.randn(4, requires_grad=True)
+
+
+def conv_bn_relu(x, w, b, mean, var, gamma, beta):
+    y = F.batch_norm(F.conv2d(x, w, b), mean, var, gamma, beta, training=True)
+    return F.relu(y, inplace=True)
+
+
+def test_eager_in_place_update_of_an_intermediate_runs_in_place_under_autograd():
+    """`ReLU(inplace=True)` on a training BatchNorm's output (grad on, parameters requiring grad): the torch
+    executor runs eager's relu_ on the BatchNorm result, not a relu into a new tensor, and the batch norm as the
+    mutable op on the caller's running statistics, not on clones copied back; outputs, running statistics, version
+    counters and gradients are eager's."""
+    from harness import grads_like_eager
+
+    jf = dealias.jit(conv_bn_relu, executor="torch")
+    assert not grads_like_eager(conv_bn_relu, jf, _conv_bn_relu, calls=2)
+    ops = _execution_ops(jf)
+    assert "relu_" in ops and "relu" not in ops, ops
+    assert "_native_batch_norm_legit" in ops and "clone" not in ops, ops
+    assert [r.mode for r in dealias.explain(jf)] == ["in place", "in place"]  # (mean, var)
+    for f in (conv_bn_relu, jf):  # autograd saved the caller's running mean, as eager's: written after, backward raises
+        args = _conv_bn_relu()
+        out = f(*args)
+        args[3].zero_()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    assert jf(*_conv_bn_relu())._version == conv_bn_relu(*_conv_bn_relu())._version == 1
+
+
+def test_out_of_place_op_of_an_intermediate_stays_out_of_place_under_autograd():
+    """Only what eager ran in place runs in place: `y.relu()` (y dead after it) makes a tensor of its own, and
+    `y.relu_()` with y read afterwards through another value keeps the functional form."""
+
+    def f(x, w):
+        y = x * w
+        return y.relu()
+
+    def g(x, w):
+        y = x * w
+        z = y + 1
+        y.relu_()
+        return z, y
+
+    w = torch.randn(4, requires_grad=True)
+    assert "relu" in _execution_ops(check(f, torch.randn(4), w, executor="torch"))
+    ops = _execution_ops(check(g, torch.randn(4), w, executor="torch"))
+    assert "relu" in ops and "relu_" not in ops, ops

@@ -371,7 +371,12 @@ _COPIES = {aten.copy.default, aten.copy_.default, aten.empty_strided.default}
 def compute_ops(gm: fx.GraphModule) -> Counter[Any]:
     """The multiset of ops that compute values: in-place ops counted as their functional form; views, scatters,
     copies, size arithmetic and bounds checks left out."""
-    return Counter(op for n in gm.graph.nodes if (op := _counted_as(n)) is not None)
+    out = Counter(op for n in gm.graph.nodes if (op := _counted_as(n)) is not None)
+    for (
+        n
+    ) in gm.graph.nodes:  # (ops a lowering folded into a node: the clones writeback._eager_mutations_in_place drops)
+        out.update(n.meta.get("absorbs", ()))
+    return out
 
 
 def computes_the_same_ops(functional: fx.GraphModule, lowered: fx.GraphModule, stage: str = "lower") -> None:

@@ -25,6 +25,7 @@ from ..ir.viewops import symbolic_layout
 from ..runtime.executor import torch_executor
 from ..runtime.fused import AUTOGRAD, Unfusable, fused_executor, unfusable
 from ..runtime.fused_autograd import fused_autograd_executor
+from ..runtime.generated_call import returned_as_views_only
 from ..runtime.program import CompiledProgram, Executor, Tier
 from .alias import analyze
 from .capture import capture
@@ -32,7 +33,8 @@ from .functionalize import functionalize
 from .invariants import checker
 from .optimize import optimize
 from .saved import refuse_saved_then_written
-from .writeback import lower, whole_writes_in_graph
+from .writeback import lower
+from .writeback_autograd import whole_writes_in_graph
 
 
 def _execution_trace(
@@ -150,7 +152,8 @@ def compile_program(
             written |= in_graph
             with clock("AOTAutograd and inductor"):
                 call = [leaves[p] for p in (*captured.tensor_positions, *captured.sym_positions)]
-                run = fused_autograd_executor(trial.gm, _examples(captured, leaves), written, call)
+                viewed = returned_as_views_only(trial, grad)
+                run = fused_autograd_executor(trial.gm, _examples(captured, leaves), written, call, viewed)
             fp, shown, tier = trial, trial, Tier.FUSED
             name = "execution trace (fused with autograd: AOTAutograd and inductor compile this graph)"
         except Unfusable as e:
@@ -175,7 +178,7 @@ def compile_program(
     if run is None:
         aliases = _alias_placeholders(fp.gm, captured)
         with clock("write-back lowering"):
-            fp, reports = lower(fp, aliases)
+            fp, reports = lower(fp, aliases, autograd_in_place=True)
         check("lower", fp, functional_gm, aliases)
         with clock("torch executor"):
             run = torch_executor(fp.gm, grad)

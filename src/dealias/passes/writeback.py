@@ -35,7 +35,14 @@ from ..ir.checks import guard_index_writes, indexed_write
 from ..ir.draws import draw_like
 from ..ir.emitter import Emitter
 from ..ir.gradops import bump_version
-from ..ir.opfacts import OpKind, facts, has_effect, inplace_variant, is_view_node, removable_if_unused
+from ..ir.opfacts import (
+    OpKind,
+    facts,
+    has_effect,
+    inplace_variant,
+    is_view_node,
+    removable_if_unused,
+)
 from ..ir.plan import (
     FunctionalProgram,
     OutputSlot,
@@ -43,13 +50,11 @@ from ..ir.plan import (
     RefKind,
     ResultArg,
     WriteBackReport,
-    alias_group_of,
     root_node,
 )
 from ..ir.regions import decompose, is_region_write, region_views, step_of
 from ..ir.viewops import (
     ViewStep,
-    chain_args,
     chain_text,
     internal_overlap,
     map_chain_args,
@@ -161,7 +166,10 @@ def _construction(version: fx.Node, previous: fx.Node, order: dict[fx.Node, int]
 
 
 def lower(
-    fp: FunctionalProgram, aliases: dict[fx.Node, list[fx.Node]], fused: bool = False
+    fp: FunctionalProgram,
+    aliases: dict[fx.Node, list[fx.Node]],
+    fused: bool = False,
+    autograd_in_place: bool = False,
 ) -> tuple[FunctionalProgram, list[WriteBackReport]]:
     """Lower write-backs (and in-place updates of intermediates) to in-place region writes where exact.
 
@@ -169,7 +177,8 @@ def lower(
     an alias group), whose reads must also come before the first in-place write. For the fused executor
     (`fused`), a region write stays `region.copy_(value)`, which inductor fuses into one store, except indexed
     writes (bounds-checked before any write), and intermediates stay functional (inductor plans their
-    buffers)."""
+    buffers). A graph autograd records stays functional, but with `autograd_in_place` (the torch executor)
+    for what eager itself updated in place (writeback_autograd.py)."""
     gm = fp.gm
     graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}
@@ -178,8 +187,15 @@ def lower(
     if _builds_autograd(gm):
         for wb in fp.writebacks:
             _refuse_whole_copy_into_overlap(gm, wb, results[wb.output])
+        in_place: list[WriteBackReport] = []
+        if autograd_in_place:
+            from .writeback_autograd import eager_mutations_in_place, eager_updates_in_place  # (it imports this module)
+
+            eager_updates_in_place(graph)
+            fp, in_place = eager_mutations_in_place(fp, aliases)
         decompose(gm)
-        return fp, [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]
+        results = list(out_node.args[0])
+        return fp, in_place + [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]
 
     reports: list[WriteBackReport] = []
     dropped: set[int] = set()
@@ -222,75 +238,6 @@ def lower(
     guard_index_writes(graph, [root_node(gm, wb.target) for wb in writebacks_before])
     decompose(gm)  # the region writes left run as view inverses
     return fp, reports
-
-
-def whole_writes_in_graph(fp: FunctionalProgram) -> tuple[FunctionalProgram, frozenset[int]]:
-    """For a graph autograd records, headed for AOTAutograd (which keeps a mutation of an input that does not
-    require grad inside the compiled graph, as one store in the kernel that computes the value): the whole
-    write-backs of such inputs become `copy_(input, value)` at the graph's end instead of copies after it. Only
-    where no two inputs share memory, and the value requires no grad either. Returns the program and the
-    positions of the placeholders now written inside the graph."""
-    gm = fp.gm
-    graph = gm.graph
-    placeholders = graph.find_nodes(op="placeholder")
-    if any(alias_group_of(p) is not None for p in placeholders):
-        return fp, frozenset()
-    out_node = graph.output_node()
-    results = list(out_node.args[0])
-    read = {s.source.key for s in fp.outputs if s.same_as is None and s.source.kind is RefKind.RESULT}
-    read |= {a.index for s in fp.outputs for a in chain_args(s.chain) if isinstance(a, ResultArg)}
-    moved: dict[int, int] = {}  # result -> placeholder position
-    for wb in fp.writebacks:
-        if wb.target.kind is not RefKind.INPUT or wb.output in read:
-            continue
-        ph, value = placeholders[wb.target.key], results[wb.output]
-        meta = ph.meta.get("val")
-        if ph.meta.get("rg") or _requires_grad(value) or not isinstance(meta, torch.Tensor):
-            continue
-        if internal_overlap(meta) != "no" or results.count(value) > 1:
-            continue
-        moved[wb.output] = wb.target.key
-    if not moved:
-        return fp, frozenset()
-    with graph.inserting_before(out_node):
-        for k, i in moved.items():
-            graph.call_function(torch.ops.aten.copy_.default, (placeholders[i], results[k]))
-    out_node.args = (tuple(r for k, r in enumerate(results) if k not in moved),)
-    remap = {old: new for new, old in enumerate(k for k in range(len(results)) if k not in moved)}
-    fp.writebacks = [replace(wb, output=remap[wb.output]) for wb in fp.writebacks if wb.output not in moved]
-    fp.outputs = [_remapped(slot, remap) for slot in fp.outputs]
-    gm.recompile()
-    return fp, frozenset(moved.values())
-
-
-def _requires_grad(value: fx.Node) -> bool:
-    """Whether eager's `value` requires grad. Functionalization marks every result of a multi-output op that
-    autograd records (meta "rg"); of those, eager's own op says which are differentiable (batch norm's updated
-    running statistics are not): it runs once on meta tensors of the arguments' layouts."""
-    if not value.meta.get("rg"):
-        return False
-    op = value.args[0].target if value.target is operator.getitem and isinstance(value.args[0], fx.Node) else None
-    if not isinstance(op, torch._ops.OpOverload):
-        return True
-    source = value.args[0]
-    flat, spec = torch.utils._pytree.tree_flatten((source.args, source.kwargs))
-    if not all(isinstance(a.meta.get("val"), torch.Tensor) for a in flat if isinstance(a, fx.Node)):
-        return True
-
-    def meta_of(a: Any) -> Any:
-        if not isinstance(a, fx.Node):
-            return a
-        v = a.meta["val"]
-        t = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
-        return t.requires_grad_(bool(a.meta.get("rg")) and t.is_floating_point())
-
-    try:
-        with torch.enable_grad():
-            args, kwargs = torch.utils._pytree.tree_unflatten([meta_of(a) for a in flat], spec)
-            out = op(*args, **kwargs)[value.args[1]]
-    except Exception:  # noqa: BLE001 - no meta kernel, symbolic sizes: as marked
-        return True
-    return bool(getattr(out, "requires_grad", True))
 
 
 def _remapped(slot: OutputSlot, remap: dict[int, int]) -> OutputSlot:
@@ -484,5 +431,5 @@ def _refuse_whole_copy_into_overlap(gm: fx.GraphModule, wb: Any, final: fx.Node)
                 todo.append(a)
 
 
-def whole_report(target: Ref, final: fx.Node) -> WriteBackReport:
-    return WriteBackReport(target, "whole copy", ["x.copy_(..)"], _nbytes(final.meta["val"]), chains=[()])
+def whole_report(target: Ref, final: fx.Node, region: str = "x.copy_(..)", how: str = "whole copy") -> WriteBackReport:
+    return WriteBackReport(target, how, [region], _nbytes(final.meta["val"]), chains=[()])

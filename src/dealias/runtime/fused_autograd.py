@@ -241,12 +241,17 @@ def _save_copies_of_results(fw: fx.GraphModule, num_fwd_outputs: int) -> None:
 
 
 def fused_autograd_executor(
-    gm: fx.GraphModule, example: list[Any], written: frozenset[int], call: list[Any] | None = None
+    gm: fx.GraphModule,
+    example: list[Any],
+    written: frozenset[int],
+    call: list[Any] | None = None,
+    viewed: frozenset[int] = frozenset(),
 ) -> Callable[..., Any]:
     """Compile the functional graph `gm`, which autograd records, with AOTAutograd and inductor, for `example`
     (the call's tensors; for a program over symbols, the capture's fake tensors and symbols, and `call` the call's
     own inputs, which a run on copies needs); `written`: the placeholders written, by the epilogue after the graph
-    or by a `copy_` at the graph's end (which AOTAutograd keeps in the compiled graph). Raises Unfusable."""
+    or by a `copy_` at the graph's end (which AOTAutograd keeps in the compiled graph); `viewed`: the results the
+    call returns only as views made with grad on (returned_as_views_only). Raises Unfusable."""
     if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
         raise Unfusable("an input that requires grad is written (a double backward could not recompute from it)")
     refuse_raising(gm, example)  # (eager's checks of dtypes, sizes, devices fake tensors skip: kernel_checks.py)
@@ -276,7 +281,7 @@ def fused_autograd_executor(
         gm, sizes = _size_symbols_as_inputs(gm, example)
         example = [*example, *(example[i].shape[d] for i, d in sizes)]
         call = None if call is None else [*call, *(call[i].shape[d] for i, d in sizes)]
-    run = _compile(gm, example, written, call)
+    run = _compile(gm, example, written, call, viewed)
     if not constants and prologue is None and not sizes:
         return run
 
@@ -290,7 +295,9 @@ def fused_autograd_executor(
     return with_inputs
 
 
-def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], call: list[Any] | None) -> Any:
+def _compile(
+    gm: fx.GraphModule, example: list[Any], written: frozenset[int], call: list[Any] | None, viewed: frozenset[int]
+) -> Any:
     """`fused_autograd_executor` for a graph whose inputs are all passed by the caller."""
     from torch._inductor.compile_fx import compile_fx
 
@@ -374,6 +381,12 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
     # None from the compiled backward already: BatchNorm's running statistics then cost no hook per call.)
     differentiable = [i for i, a in enumerate(example) if isinstance(a, torch.Tensor) and a.requires_grad]
     partly = None if all(reaching[i] == frozenset(rg_results) for i in differentiable) else reaching
+    # (made once: a call registers it on its backward node; the tensors among the arguments are fixed per program)
+    none_where_none = None if partly is None else _none_where_no_gradient(example, rg_results, partly)
+    # The results requiring grad that each get a backward node of their own (_OwnNode), where there are several:
+    # not those the call returns only as views it makes with grad on, which have nodes of their own already (an
+    # _OwnNode costs a custom Function's call: MultiheadAttention's output and weights, 2-3 % of the call).
+    own_nodes = frozenset(i for i in rg_results if i not in viewed) if len(rg_results) > 1 else frozenset()
 
     def call(args: Any) -> Any:
         if cut:
@@ -387,14 +400,17 @@ def _compile(gm: fx.GraphModule, example: list[Any], written: frozenset[int], ca
             outs = compiled(*args)
         if watched:
             _check_saved_results_at_backward(outs, watched)
-        if partly is not None:
-            _no_gradient_where_none_comes(outs, rg_results, partly, args)
+        if none_where_none is not None:
+            _on_backward_node(outs, none_where_none)
         if own:
             # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
             # counters of the others.
             outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, version_counters(args))
-        if len(rg_results) > 1:
-            outs = tuple(_OwnNode.apply(o) if isinstance(o, torch.Tensor) and o.requires_grad else o for o in outs)
+        if own_nodes:
+            outs = tuple(
+                _OwnNode.apply(o) if i in own_nodes and isinstance(o, torch.Tensor) and o.requires_grad else o
+                for i, o in enumerate(outs)
+            )
         return outs
 
     run = runner(gm, call, None, autograd=True)
@@ -490,7 +506,15 @@ def _computed_from(n: fx.Node) -> set[fx.Node]:
     return after
 
 
-def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: Any, args: Any) -> None:
+def _on_backward_node(outs: Any, hook: Callable[..., Any]) -> None:
+    """Register `hook` (a post-hook) on the backward node of this call's results requiring grad (one for all)."""
+    for o in outs:
+        if isinstance(o, torch.Tensor) and o.grad_fn is not None:
+            o.grad_fn.register_hook(hook)
+            return
+
+
+def _none_where_no_gradient(args: Any, rg_results: list[int], reaching: Any) -> Callable[..., Any]:
     """An input none of whose results received a gradient gets None from this call's backward node, as from
     eager's: the compiled backward, one node for all results, gives it zeros (fuzz seed 964788: with
     `allow_unused`, a leaf's gradient was zeros where eager's is None). The node has a gradient input for each
@@ -507,9 +531,7 @@ def _no_gradient_where_none_comes(outs: Any, rg_results: list[int], reaching: An
         given = {j for j in rg_results if grad_outputs[j] is not None}
         return tuple(None if not (reaching[i] & given) else g for i, g in zip(tensors, grad_inputs))
 
-    node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
-    if node is not None:  # (one node for every result requiring grad)
-        node.register_hook(post)
+    return post
 
 
 def _size_symbols_as_inputs(gm: fx.GraphModule, example: list[Any]) -> tuple[fx.GraphModule, list[tuple[int, int]]]:
@@ -566,7 +588,7 @@ def _constants_as_inputs(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[tuple
 
 
 def _without_input_writes(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` without its `copy_` into placeholders (see writeback.whole_writes_in_graph)."""
+    """A copy of `gm` without its `copy_` into placeholders (see writeback_autograd.whole_writes_in_graph)."""
     out = copy.deepcopy(gm)
     for n in list(out.graph.nodes):
         if n.op == "call_function" and n.target is aten.copy_.default and n.args[0].op == "placeholder":

@@ -334,6 +334,23 @@ def generate_call(cap: Captured, fp: FunctionalProgram, run: Callable[..., Any],
     return source, _compile(source, main)
 
 
+def returned_as_views_only(fp: FunctionalProgram, grad: bool) -> frozenset[int]:
+    """The graph's results the call (generated_call.py, in grad mode `grad`) hands the caller only as views it
+    makes of them with grad on (`addmm(..)` returned as `.view(..).transpose(1, 0)`, MultiheadAttention's output),
+    and writes into no caller's tensor: each such view has a backward node of its own, so the result needs no
+    _OwnNode (a hook on the view runs only when a gradient comes into it)."""
+    out: dict[int, bool] = {}
+    for wb in fp.writebacks:
+        out[wb.output] = False
+    for slot in fp.outputs:
+        if slot.same_as is not None or slot.from_output is not None or slot.source.kind is not RefKind.RESULT:
+            continue  # (the view of another output: made from that output, whose own slot is checked)
+        first = grad if slot.grad_from > 0 or slot.grad is None else slot.grad  # (the first step's mode)
+        i = slot.source.key
+        out[i] = out.get(i, True) and bool(slot.chain) and first and slot.restride is None
+    return frozenset(i for i, only in out.items() if only)
+
+
 _numbers = itertools.count()
 
 

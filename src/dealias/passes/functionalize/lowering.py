@@ -161,7 +161,12 @@ def _mutate(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any]) -> 
     elif f.functional is aten.zero.default:  # (aten.zero has no derivative for complex results; fill has)
         out = w.emit.call(aten.fill.Scalar, *args, 0)
     else:
-        out = w.raise_at_backward(node, w.emit.call(f.functional, *args, **kwargs))
+        out = w.emit.call(f.functional, *args, **kwargs)
+        if f.kind is OpKind.INPLACE and len(targets) == 1 or f.kind is OpKind.MUTABLE:
+            # Eager ran the in-place op here (`y.relu_()`, a training batch norm's running statistics): write-back
+            # lowering may run it so again under autograd (writeback_autograd.py).
+            out.meta["eager_in_place"] = True
+        out = w.raise_at_backward(node, out)
     if f.kind is OpKind.MUTABLE:
         # The functional form returns the op's own results, then the new value of each written argument that
         # is not an out= argument; an out= argument's new value is the result returned as it.
