@@ -60,7 +60,9 @@ def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node])
         except RuntimeError as e:
             # Raised by the op's node itself: its version check, or reading a saved view autograd forbids once
             # its base was written ("Output 0 of Split is a view and its base ... has been modified inplace").
-            if ran and ran[-1] == ("entered", len(nodes) - 1):
+            # A message naming the node behind a copy names, in eager, the node the caller's tensor came from on
+            # that call, a fact of the call (a later one's may be Add where this one's is Mul): not compiled.
+            if ran and ran[-1] == ("entered", len(nodes) - 1) and _CallersHistory.__name__ not in str(e):
                 out[n] = str(e)
         finally:
             for h in handles:
@@ -109,6 +111,20 @@ class _Probe(fx.Interpreter):
         return value
 
 
+class _CallersHistory(torch.autograd.Function):
+    """The node a copy of a caller's non-leaf tensor comes from: eager's message names the node of a saved
+    tensor's history at backward, which for a caller's tensor the graph does not write with grad is the caller's
+    (whatever it was on that call); this name in a message tells that case."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return t.clone(memory_format=torch.preserve_format)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
 class _NoCopy(Exception):
     pass
 
@@ -145,15 +161,17 @@ def _copy(t: torch.Tensor, leaves: list[torch.Tensor]) -> torch.Tensor | None:
         return None
     if t.untyped_storage().nbytes() > _COPY_LIMIT:
         return None
-    c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    with torch.no_grad():
-        c.copy_(t.detach())
+    # (a clone, not `empty_strided(...).copy_(t)`: a copy_ moves the copy's counter, so a leaf's copy would start a
+    # version ahead of the caller's tensor and the message would name versions one higher than eager's)
+    c = t.detach().clone(memory_format=torch.preserve_format)
+    if c.stride() != t.stride() or c._version > t._version:
+        return None
     if t.requires_grad:
         c.requires_grad_()
         leaves.append(c)
         if not t.is_leaf:
             with torch.enable_grad():
-                c = c * 1  # (a tensor computed from a leaf, as the caller's is; strides kept)
+                c = _CallersHistory.apply(c)  # (a tensor computed from a leaf, as the caller's is; strides kept)
             if c.stride() != t.stride():
                 return None
     for _ in range(t._version - c._version):

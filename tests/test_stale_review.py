@@ -1,0 +1,72 @@
+"""Review of the stale-saved compile (passes/stale.py): facts of the call eager's message names that the
+compile-time eager run on copies must reproduce, or the graph must run eagerly. Against eager on every call."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import dealias
+
+
+def _error(fn, args, leaves):
+    out = fn(*args)
+    try:
+        torch.autograd.grad(out.sum(), leaves, allow_unused=True)
+    except RuntimeError as e:
+        return type(e), str(e)
+    raise AssertionError("eager's backward raises here")
+
+
+def sin_then_written_unrecorded(x):
+    s = x.sin()  # saves x itself...
+    with torch.no_grad():
+        x.add_(1)  # ...written without history: x's node at backward is the caller's
+    return s
+
+
+def mul_by_weight_then_written(x, w):
+    y = x * w  # saves w
+    w.add_(1)
+    return y
+
+
+def test_a_leafs_versions_are_eagers():
+    # The copy of a leaf started a version ahead (the copy_ into it counted): "version 2; expected 1" where
+    # eager says "version 1; expected 0".
+    jf = dealias.jit(sin_then_written_unrecorded, executor="torch")
+    for call in range(2):
+        got = []
+        for f in (sin_then_written_unrecorded, jf):
+            torch.manual_seed(call)
+            x = torch.randn(4, requires_grad=True)
+            got.append(_error(f, (x,), [x]))
+        assert got[1] == got[0], (call, got)
+
+
+def test_a_saved_input_not_requiring_grad_versions_are_eagers():
+    jf = dealias.jit(mul_by_weight_then_written, executor="torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        for call in range(2):
+            got = []
+            for f in (mul_by_weight_then_written, jf):
+                torch.manual_seed(call)
+                x, w = torch.randn(4, requires_grad=True), torch.randn(4)
+                got.append(_error(f, (x, w), [x]))
+            assert got[1] == got[0], (call, got)
+
+
+def test_the_callers_node_named_in_the_message_is_this_calls():
+    # x is Mul's output on one call, Add's on the next (same guards): eager's message names each call's node.
+    jf = dealias.jit(sin_then_written_unrecorded, executor="torch")
+    for call, make in enumerate((lambda t: t * 1, lambda t: t + 0, lambda t: t * 1)):
+        got = []
+        for f in (sin_then_written_unrecorded, jf):
+            torch.manual_seed(call)
+            leaf = torch.randn(4, requires_grad=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", dealias.FallbackWarning)
+                got.append(_error(f, (make(leaf),), [leaf]))
+        assert got[1] == got[0], (call, got)
