@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 
 import dealias
@@ -70,3 +71,36 @@ def test_the_callers_node_named_in_the_message_is_this_calls():
                 warnings.simplefilter("ignore", dealias.FallbackWarning)
                 got.append(_error(f, (make(leaf),), [leaf]))
         assert got[1] == got[0], (call, got)
+
+
+def sin_of_one_view_then_write_another(a, b):
+    s = a.sin()  # saves a...
+    b.add_(1)  # ...whose memory b overlaps: one counter for both
+    return s
+
+
+def relu_of_one_view_then_write_another(a, b):
+    a.relu_()  # saves its result, a
+    b.mul_(2)
+    return a * 1
+
+
+@pytest.mark.parametrize("fn", [sin_of_one_view_then_write_another, relu_of_one_view_then_write_another])
+def test_overlapping_views_versions_follow_the_callers_counter(fn):
+    # Inputs overlapping views of one tensor (an alias group): eager counts versions from that tensor's counter at
+    # the call; the compiled message was the compiling call's on every later call ("version 1" for eager's 3).
+    jf = dealias.jit(fn, executor="torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        for bumps in (0, 2, 5, 1):
+            got = []
+            for f in (fn, jf):
+                torch.manual_seed(bumps)
+                leaf = torch.randn(6, requires_grad=True)
+                base = leaf * 1
+                with torch.no_grad():
+                    for _ in range(bumps):
+                        base.add_(0)  # moves the counter only
+                got.append(_error(f, (base[:4], base[2:]), [leaf]))
+            assert got[1] == got[0], (bumps, got)
+    assert dealias.cache_info(jf).misses == 1

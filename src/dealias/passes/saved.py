@@ -109,11 +109,12 @@ def refuse_saved_then_written(
             )
         )
     if stale:
-        _raise_at_backward(gm, stale, stale_storage, tensors)
+        _raise_at_backward(gm, info, stale, stale_storage, tensors)
 
 
 def _raise_at_backward(
     gm: fx.GraphModule,
+    info: AliasInfo,
     stale: dict[fx.Node, EagerRaisesError],
     storages: dict[fx.Node, Storage],
     tensors: list[Any] | None,
@@ -130,8 +131,24 @@ def _raise_at_backward(
         s = storages[n]
         # Of a caller's tensor, eager's versions count from its counter at the call: the message is for the
         # version it had at this compile, and the compiled graph adds the difference (gradops.stale_saved).
-        caller = (s, tensors[s.index]._version) if s.kind is StorageKind.INPUT and tensors is not None else None
+        version = _callers_version(gm, info, s, tensors)
+        caller = (s, version) if version is not None else None
         n.meta[STALE_KEY] = (messages[n], error, caller)
+
+
+def _callers_version(gm: fx.GraphModule, info: AliasInfo, s: Storage, tensors: list[Any] | None) -> int | None:
+    """The version at this call of caller's memory `s`: a tensor input's, or an alias group's (its members are
+    views of one tensor, the eager run made sure: one counter, which the group's base placeholder shares)."""
+    if tensors is None:
+        return None
+    if s.kind is StorageKind.INPUT:
+        return tensors[s.index]._version
+    if s.kind is StorageKind.GROUP:
+        for ph in gm.graph.find_nodes(op="placeholder"):
+            v = info.values.get(ph)
+            if isinstance(v, Value) and v.storage is s:
+                return tensors[info.input_index[ph]]._version
+    return None
 
 
 def _through_own_counter(writer: fx.Node, storage: Storage, info: AliasInfo) -> bool:
