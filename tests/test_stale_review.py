@@ -104,3 +104,18 @@ def test_overlapping_views_versions_follow_the_callers_counter(fn):
                 got.append(_error(f, (base[:4], base[2:]), [leaf]))
             assert got[1] == got[0], (bumps, got)
     assert dealias.cache_info(jf).misses == 1
+
+
+def test_a_split_element_input_runs_eagerly():
+    # The caller's x is an element of unbind (a view eager restricts): eager's backward raises "Output 0 of View is a
+    # view and its base ... returns multiple views", where a copy made as_strided said "modified by an inplace".
+    jf = dealias.jit(sin_then_written_unrecorded, executor="torch")
+    for call, make in enumerate((lambda b: b[0], lambda b: b.unbind(0)[0].view(3), lambda b: b.unbind(0)[1])):
+        got = []
+        for f in (sin_then_written_unrecorded, jf):
+            torch.manual_seed(call)
+            leaf = torch.randn(2, 3, requires_grad=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", dealias.FallbackWarning)
+                got.append(_error(f, (make(leaf * 1),), [leaf]))
+        assert got[1] == got[0], (call, got)

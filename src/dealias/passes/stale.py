@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 
 from ..ir.draws import kept_rng
+from .capture import restriction
 
 _COPY_LIMIT = 1 << 28  # bytes of one input the eager run may copy (a larger one: the graph runs eagerly)
 
@@ -140,6 +141,10 @@ def _copies(tensors: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]
             made.append(t)
             continue
         if t.is_sparse or t.is_inference() or t.layout != torch.strided:
+            return None
+        if restriction(t) is not None:
+            # (a view eager restricts, a split element: eager's error at backward names how it was made, and a
+            # view of the copy is an AsStrided one)
             return None
         root = t._base if t._is_view() else t
         key = t.untyped_storage()._cdata
