@@ -119,3 +119,21 @@ def test_a_split_element_input_runs_eagerly():
                 warnings.simplefilter("ignore", dealias.FallbackWarning)
                 got.append(_error(f, (make(leaf * 1),), [leaf]))
         assert got[1] == got[0], (call, got)
+
+
+def test_the_copy_limit_is_for_all_inputs_together(monkeypatch):
+    # The eager run copies every input: a limit per input let many (a model's parameters) double the memory of a
+    # call at the compile. Scaled down: two inputs of 600 bytes under a limit of 1000.
+    import dealias.passes.stale as stale
+
+    monkeypatch.setattr(stale, "_COPY_LIMIT", 1000)
+    jf = dealias.jit(mul_by_weight_then_written, executor="torch")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dealias.FallbackWarning)
+        got = []
+        for f in (mul_by_weight_then_written, jf):
+            torch.manual_seed(0)
+            x, w = torch.randn(150, requires_grad=True), torch.randn(150)
+            got.append(_error(f, (x, w), [x]))
+    assert got[1] == got[0]
+    assert [w.category for w in caught] == [dealias.EagerRaisesFallbackWarning], caught

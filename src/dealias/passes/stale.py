@@ -14,7 +14,7 @@ its backward reaches the op's result.
 
 What this cannot see (the graph then runs eagerly, as before): inputs sharing memory that are not views of one
 tensor, a tensor input that is not dense, symbolic sizes (the message names the sizes: the backend compiles with
-sizes specialized), an input over 256 MB, and an op whose node does not raise in the run. Versions: eager
+sizes specialized), inputs over 256 MB together, and an op whose node does not raise in the run. Versions: eager
 counts them from the counter of the caller's tensor the saved one shares; the compiled graph moves the message's
 by as much as that counter moved since this compile (gradops.stale_saved). A write of the saved memory after the
 call moves the version eager reports, not dealias's.
@@ -30,17 +30,21 @@ import torch.fx as fx
 from ..ir.draws import kept_rng
 from .capture import restriction
 
-_COPY_LIMIT = 1 << 28  # bytes of one input the eager run may copy (a larger one: the graph runs eagerly)
+# Bytes the eager run may copy, all inputs and attributes together (more: the graph runs eagerly). The run holds the
+# copies and its own intermediates besides the caller's: a limit per input let a model of many parameters double
+# its memory at the compile (a device running out where eager does not).
+_COPY_LIMIT = 1 << 28
 
 
 def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node]) -> dict[fx.Node, str]:
     """For each of `nodes` (ops of `gm` whose saved tensor is written afterwards), eager's error at backward, as
     `gm` run eagerly on copies of its tensor inputs `tensors` raises it; the nodes it cannot tell are left out."""
-    copies = _copies(tensors)
+    budget = [_COPY_LIMIT]
+    copies = _copies(tensors, budget)
     if copies is None or not nodes:
         return {}
     made, leaves = copies
-    probe = _Probe(gm, set(nodes), leaves)
+    probe = _Probe(gm, set(nodes), leaves, budget)
     try:
         with kept_rng(gm):
             # (the results stay alive until the backward, as the caller's do: which nodes autograd keeps decides
@@ -77,8 +81,11 @@ class _Probe(fx.Interpreter):
     `result * 1` (of the written base for a write of a view): a tensor whose backward goes first to the op's node
     (for a write of a view, the CopySlices holding it), with that node."""
 
-    def __init__(self, gm: fx.GraphModule, targets: set[fx.Node], leaves: list[torch.Tensor]) -> None:
+    def __init__(
+        self, gm: fx.GraphModule, targets: set[fx.Node], leaves: list[torch.Tensor], budget: list[int]
+    ) -> None:
         super().__init__(gm)
+        self.budget = budget
         self.targets = targets
         self.leaves = list(leaves)
         self.heads: dict[fx.Node, tuple[torch.Tensor, list[Any]]] = {}
@@ -104,7 +111,7 @@ class _Probe(fx.Interpreter):
         # A tensor the graph reads as an attribute is the caller's own (a module's buffer): copied, never written.
         value = super().fetch_attr(target)
         if isinstance(value, torch.Tensor):
-            made = _copies([value])
+            made = _copies([value], self.budget)
             if made is None:
                 raise _NoCopy
             self.leaves += made[1]
@@ -130,7 +137,7 @@ class _NoCopy(Exception):
     pass
 
 
-def _copies(tensors: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+def _copies(tensors: list[Any], budget: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
     """Copies of `tensors` eager's autograd treats as it treats them (requiring grad, a leaf or computed from one,
     at the same version; inputs that are views of one tensor as views of its copy), and the leaves behind them;
     None when that cannot be made (memory shared otherwise, a layout a copy does not keep)."""
@@ -149,7 +156,7 @@ def _copies(tensors: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]
         root = t._base if t._is_view() else t
         key = t.untyped_storage()._cdata
         if key not in roots:
-            c = _copy(root, leaves)
+            c = _copy(root, leaves, budget)
             if c is None:
                 return None
             roots[key] = (root, c)
@@ -160,11 +167,12 @@ def _copies(tensors: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]
     return made, leaves
 
 
-def _copy(t: torch.Tensor, leaves: list[torch.Tensor]) -> torch.Tensor | None:
+def _copy(t: torch.Tensor, leaves: list[torch.Tensor], budget: list[int]) -> torch.Tensor | None:
     """A copy of `t` (its whole memory in its layout, so its views are views of the copy), or None."""
     if not _dense(t) or t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
         return None
-    if t.untyped_storage().nbytes() > _COPY_LIMIT:
+    budget[0] -= t.untyped_storage().nbytes()
+    if budget[0] < 0:
         return None
     # (a clone, not `empty_strided(...).copy_(t)`: a copy_ moves the copy's counter, so a leaf's copy would start a
     # version ahead of the caller's tensor and the message would name versions one higher than eager's)
