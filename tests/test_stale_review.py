@@ -137,3 +137,28 @@ def test_the_copy_limit_is_for_all_inputs_together(monkeypatch):
             got.append(_error(f, (x, w), [x]))
     assert got[1] == got[0]
     assert [w.category for w in caught] == [dealias.EagerRaisesFallbackWarning], caught
+
+
+def exp_then_add_(x):
+    y = x.exp()
+    y.add_(1)
+    return y
+
+
+@pytest.mark.parametrize("at_compile", [False, True])
+def test_the_hint_follows_anomaly_detection_at_backward(at_compile):
+    # Eager's hint is "enable anomaly detection ..." or "the backtrace further above ...", after the mode when its
+    # backward runs; the compiled message was the compiling call's on every backward.
+    jf = dealias.jit(exp_then_add_, executor="torch")
+    with torch.autograd.set_detect_anomaly(at_compile, check_nan=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (anomaly detection's traceback warnings)
+        jf(torch.randn(3, requires_grad=True))
+    for anomaly in (False, True, False):
+        got = []
+        for f in (exp_then_add_, jf):
+            x = torch.randn(3, requires_grad=True)
+            with torch.autograd.set_detect_anomaly(anomaly, check_nan=False), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                got.append(_error(f, (x,), [x]))
+        assert got[1] == got[0], (anomaly, got)
+    assert dealias.cache_info(jf).misses == 1

@@ -22,6 +22,7 @@ call moves the version eager reports, not dealias's.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -36,9 +37,10 @@ from .capture import restriction
 _COPY_LIMIT = 1 << 28
 
 
-def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node]) -> dict[fx.Node, str]:
+def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node]) -> dict[fx.Node, tuple[str, str]]:
     """For each of `nodes` (ops of `gm` whose saved tensor is written afterwards), eager's error at backward, as
-    `gm` run eagerly on copies of its tensor inputs `tensors` raises it; the nodes it cannot tell are left out."""
+    `gm` run eagerly on copies of its tensor inputs `tensors` raises it, without and with anomaly detection; the
+    nodes it cannot tell are left out."""
     budget = [_COPY_LIMIT]
     copies = _copies(tensors, budget)
     if copies is None or not nodes:
@@ -52,7 +54,7 @@ def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node])
             results = probe.run(*made)
     except Exception:  # noqa: BLE001 - eager cannot run it on copies: nothing learned, the graph runs eagerly
         return {}
-    out: dict[fx.Node, str] = {}
+    out: dict[fx.Node, tuple[str, str]] = {}
     for n, (t, nodes) in probe.heads.items():
         ran: list[tuple[str, int]] = []
         handles = []
@@ -60,20 +62,36 @@ def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node])
             handles.append(node.register_prehook(lambda *_, i=i, ran=ran: ran.append(("entered", i))))
             handles.append(node.register_hook(lambda *_, i=i, ran=ran: ran.append(("left", i))))
         try:
-            with torch.enable_grad():
-                torch.autograd.grad(t, probe.leaves, grad_outputs=torch.ones_like(t), allow_unused=True)
-        except RuntimeError as e:
             # Raised by the op's node itself: its version check, or reading a saved view autograd forbids once
             # its base was written ("Output 0 of Split is a view and its base ... has been modified inplace").
             # A message naming the node behind a copy names, in eager, the node the caller's tensor came from on
             # that call, a fact of the call (a later one's may be Add where this one's is Mul): not compiled.
-            if ran and ran[-1] == ("entered", len(nodes) - 1) and _CallersHistory.__name__ not in str(e):
-                out[n] = str(e)
+            # Eager words its hint after whether anomaly detection is on at backward: both are asked.
+            said = [_said(t, probe.leaves, ran, len(nodes) - 1, anomaly) for anomaly in (False, True)]
+            if all(m is not None and _CallersHistory.__name__ not in m for m in said):
+                out[n] = (said[0], said[1])
         finally:
             for h in handles:
                 h.remove()
     del results
     return out
+
+
+def _said(t: torch.Tensor, leaves: list[torch.Tensor], ran: list[Any], last: int, anomaly: bool) -> str | None:
+    """The error a backward from `t` raises in the last of the nodes `ran` records (with anomaly detection on or
+    off), or None (the graph is kept for the next ask)."""
+    ran.clear()
+    try:
+        with (
+            torch.enable_grad(),
+            torch.autograd.set_detect_anomaly(anomaly, check_nan=False),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("ignore")  # (anomaly detection's warning: the traceback of a forward not recorded)
+            torch.autograd.grad(t, leaves, grad_outputs=torch.ones_like(t), allow_unused=True, retain_graph=True)
+    except RuntimeError as e:
+        return str(e) if ran and ran[-1] == ("entered", last) else None
+    return None
 
 
 class _Probe(fx.Interpreter):
