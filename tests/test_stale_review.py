@@ -162,3 +162,46 @@ def test_the_hint_follows_anomaly_detection_at_backward(at_compile):
                 got.append(_error(f, (x,), [x]))
         assert got[1] == got[0], (anomaly, got)
     assert dealias.cache_info(jf).misses == 1
+
+
+def mul_itself_(x):
+    x.mul_(x)  # saves x as its other factor, and writes it
+    return x * 2
+
+
+def exp_twice(x):
+    return x.exp() * 2
+
+
+def test_an_own_write_under_saved_tensors_hooks_is_eagers():
+    # Under saved_tensors_hooks eager checks no version: its backward reads the written x (4, 12, 24), the
+    # functional graph read the x before the write (4, 8, 12). The probe asking whether mul_'s own write
+    # invalidates what it saved ran under the user's hooks, so it saw no error either: the graph compiled.
+    jf = dealias.jit(mul_itself_, executor="torch")
+    got = []
+    for f in (mul_itself_, jf):
+        leaf = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t), warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            got.append(torch.autograd.grad(f(leaf * 1).sum(), leaf)[0])
+    assert torch.equal(got[1], got[0]), got
+
+
+@pytest.mark.parametrize("fn", [exp_then_add_, mul_itself_, exp_twice])
+def test_pack_hooks_are_called_as_often_as_eagers(fn):
+    # A pack hook is the user's Python (counting, offloading): the compile's trace, probes and eager run on copies
+    # called it too (4 calls for eager's 1).
+    counts = []
+    for f in (fn, dealias.jit(fn, executor="torch")):
+        packed = []
+
+        def pack(t, packed=packed):
+            packed.append(type(t))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            for _ in range(2):
+                f(torch.randn(3, requires_grad=True) * 1)
+        counts.append(packed)
+    assert counts[1] == counts[0]

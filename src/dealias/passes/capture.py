@@ -37,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..compat import saved_hooks
 from ..errors import (
     DataDependentError,
     UnsupportedError,
@@ -132,7 +133,9 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
         tensors = inputs[: len(positions)]
         for pos, (tensor, dim) in symbolic.sizes.items():
             call_leaves[pos] = call_leaves[tensor].size(dim)
-        with grad_modes, _AutogradMetadata(tensors, captured.detached):
+        # (the caller's saved-tensor hooks are not called on the trace's fake tensors: a Python side effect eager
+        # does not have, and a hook such as save_on_cpu's does not take a fake tensor)
+        with grad_modes, _AutogradMetadata(tensors, captured.detached), saved_hooks.set_aside():
             out = replay.run(*call_leaves)
         out_leaves, captured.out_spec = pytree.tree_flatten(out)
         # Tensors and symbolic scalars (`cache.length + 1`, which dynamo returns to update an attribute) are

@@ -24,6 +24,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from ..compat import saved_hooks
 from ..errors import EagerRaisesError, UnsupportedError, node_location, with_location
 from ..ir.checks import NoProbe, concrete
 from ..ir.draws import kept_rng
@@ -105,6 +106,16 @@ def refuse_saved_then_written(
                 f"{'itself modifies' if own else 'then modifies'} in place (at "
                 f"{node_location(writer) or writer.target}); eager's backward raises: one of the variables "
                 "needed for gradient computation has been modified by an inplace operation",
+                node_location(n),
+            )
+        )
+    if stale and saved_hooks.in_force():
+        n = next(iter(stale))
+        raise UnsupportedError(
+            with_location(
+                f"{n.target} saves a tensor for backward that the program then modifies in place, under "
+                "saved_tensors_hooks: eager's backward does not raise and reads what the unpack hook gives, which "
+                "dealias's graph does not keep",
                 node_location(n),
             )
         )
@@ -259,7 +270,8 @@ def _saved(
         return [], False
     for device in ("cpu", "meta"):
         try:
-            return _probe(node, rg, candidates, writes, device)
+            with saved_hooks.set_aside():  # (the user's pack hooks are not called, eager's version check kept)
+                return _probe(node, rg, candidates, writes, device)
         except Exception:  # noqa: BLE001 - this probe cannot run: the next one, or nothing learned
             continue
     raise UnknownSaved(f"eager cannot be asked what {node.target} saves for backward")

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..compat import saved_hooks
 from ..ir.draws import kept_rng
 from .capture import restriction
 
@@ -48,7 +49,7 @@ def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node])
     made, leaves = copies
     probe = _Probe(gm, set(nodes), leaves, budget)
     try:
-        with kept_rng(gm):
+        with kept_rng(gm), saved_hooks.set_aside():  # (the caller's pack hooks are not called by this run)
             # (the results stay alive until the backward, as the caller's do: which nodes autograd keeps decides
             # what the message names, a view's node at the save or the op's own)
             results = probe.run(*made)
@@ -67,7 +68,8 @@ def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node])
             # A message naming the node behind a copy names, in eager, the node the caller's tensor came from on
             # that call, a fact of the call (a later one's may be Add where this one's is Mul): not compiled.
             # Eager words its hint after whether anomaly detection is on at backward: both are asked.
-            said = [_said(t, probe.leaves, ran, len(nodes) - 1, anomaly) for anomaly in (False, True)]
+            with saved_hooks.set_aside():
+                said = [_said(t, probe.leaves, ran, len(nodes) - 1, anomaly) for anomaly in (False, True)]
             if all(m is not None and _CallersHistory.__name__ not in m for m in said):
                 out[n] = (said[0], said[1])
         finally:
