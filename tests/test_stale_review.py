@@ -205,3 +205,35 @@ def test_pack_hooks_are_called_as_often_as_eagers(fn):
                 f(torch.randn(3, requires_grad=True) * 1)
         counts.append(packed)
     assert counts[1] == counts[0]
+
+
+@torch.library.custom_op("dealias_review::twice", mutates_args=())
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+_twice.register_autograd(lambda ctx, grad: grad * 3)  # (not twice's own derivative: eager's formula is the user's)
+
+
+def twice_then_exp(x):
+    return _twice(x).exp()
+
+
+def test_a_user_op_with_autograd_keeps_its_gradient():
+    # (found checking the eager run's side effects) A torch.library op's autograd kernel runs above make_fx: the
+    # trace recorded its inner call under no_grad, and the compiled result did not require grad.
+    got = []
+    for f in (twice_then_exp, dealias.jit(twice_then_exp, executor="torch")):
+        x = torch.randn(3, requires_grad=True)
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.FallbackWarning)
+            out = f(x)
+        got.append((out.requires_grad, torch.autograd.grad(out.sum(), x)[0] if out.requires_grad else None, x))
+    (rg0, g0, x0), (rg1, g1, x1) = got
+    assert rg1 == rg0 and torch.equal(g1, (x1 * 2).exp() * 3) and torch.equal(g0, (x0 * 2).exp() * 3)
