@@ -11,7 +11,7 @@ tensors carry a history their values do not:
   backward: eager saves the caller's tensor itself, so a later in-place write (in a later graph, or in eager
   code) makes backward raise. The graph writes it back where its last write was and reads it afterwards.
 - `bump_version(t)`: eager's `x.copy_(x)` writes no value but moves the caller's version counter.
-- `stale_saved(t, message)`: `t`, whose eager op saved a tensor the program then wrote: backward raises eager's
+- `stale_saved(t, messages)`: `t`, whose eager op saved a tensor the program then wrote: backward raises eager's
   error where it reaches eager's node for that op.
 - `grad_leaf(view)`: a view made under `no_grad` of a tensor that requires grad is, in eager, a leaf that
   requires grad: ops on it with grad on are differentiable, and their gradient stops there. A functional replay
@@ -99,28 +99,35 @@ def grad_leaf(view: torch.Tensor) -> torch.Tensor:
 
 class _StaleSaved(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, message: str) -> torch.Tensor:
-        ctx.message = message
+    def forward(ctx: Any, t: torch.Tensor, messages: tuple[str, str]) -> torch.Tensor:
+        ctx.messages = messages
         return t.detach()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        raise RuntimeError(ctx.message)
+        # (eager words its hint after whether anomaly detection is on when backward reads the saved tensor)
+        raise RuntimeError(ctx.messages[1 if torch.is_anomaly_enabled() else 0])
 
 
-def stale_saved(t: torch.Tensor, message: str, caller: torch.Tensor | None = None, version: int = 0) -> torch.Tensor:
+def stale_saved(
+    t: torch.Tensor, message: tuple[str, str], caller: torch.Tensor | None = None, version: int = 0
+) -> torch.Tensor:
     """`t`, the result of an op whose eager backward node reads a saved tensor the program wrote afterwards
     (passes/stale.py): the values of `t`, and a backward node in front of its history that raises eager's error
     `message` when a backward reaches it, where eager's node would raise. A backward that does not reach it (or
-    none) gets eager's gradients: the functional op saved nothing stale. `message` is eager's for a call where the
-    caller's tensor `caller` (the saved tensor's memory, when it is a caller's) was at `version`: eager counts
-    from the caller's counter, so its versions move by as much as the counter has since."""
+    none) gets eager's gradients: the functional op saved nothing stale. `message` is eager's (without, with
+    anomaly detection at backward) for a call where the caller's tensor `caller` (the saved tensor's memory, when
+    it is a caller's) was at `version`: eager counts from the caller's counter, so its versions move by as much as
+    the counter has since."""
     if not (torch.is_grad_enabled() and isinstance(t, torch.Tensor) and t.requires_grad):
         return t
     if caller is not None and caller._version != version:
         moved = caller._version - version
-        message = _VERSIONS.sub(
-            lambda m: f"is at version {int(m[1]) + moved}; expected version {int(m[2]) + moved} instead", message, 1
+        message = tuple(  # type: ignore[assignment]
+            _VERSIONS.sub(
+                lambda m: f"is at version {int(m[1]) + moved}; expected version {int(m[2]) + moved} instead", said, 1
+            )
+            for said in message
         )
     return _StaleSaved.apply(t, message)
 

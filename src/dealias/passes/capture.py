@@ -37,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..compat import saved_hooks
 from ..errors import (
     DataDependentError,
     UnsupportedError,
@@ -61,6 +62,11 @@ class _Replay(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
+        if _user_op_with_grad(n, self):
+            # A user's op (torch.library.custom_op) dispatches its autograd kernel above make_fx: the trace records
+            # the op it calls below autograd, run under no_grad, and the compiled result had no gradient (a
+            # silent None where eager's `register_autograd` formula gives one).
+            raise UnsupportedError(f"{n.target} is a user's op called with grad on an input that requires grad")
         if n.target is torch._C._autograd._get_data_attr:
             # `x.data` shares x's memory but not its version counter (writes through it are hidden from
             # autograd); it traces to aten.detach, which shares both. Its node is tagged (see _GradModes).
@@ -132,7 +138,9 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
         tensors = inputs[: len(positions)]
         for pos, (tensor, dim) in symbolic.sizes.items():
             call_leaves[pos] = call_leaves[tensor].size(dim)
-        with grad_modes, _AutogradMetadata(tensors, captured.detached):
+        # (the caller's saved-tensor hooks are not called on the trace's fake tensors: a Python side effect eager
+        # does not have, and a hook such as save_on_cpu's does not take a fake tensor)
+        with grad_modes, _AutogradMetadata(tensors, captured.detached), saved_hooks.set_aside():
             out = replay.run(*call_leaves)
         out_leaves, captured.out_spec = pytree.tree_flatten(out)
         # Tensors and symbolic scalars (`cache.length + 1`, which dynamo returns to update an attribute) are
@@ -232,6 +240,21 @@ def _fake(
         base = StatelessSymbolicContext([DimDynamic.STATIC] * t._base.dim())
     context = StatelessSymbolicContext(dynamic, view_base_context=base)
     return mode.from_tensor(t, source=LocalSource(name), symbolic_context=context)
+
+
+_OWN_NAMESPACES = frozenset({"aten", "prims", "dealias"})  # ops whose autograd the trace records
+
+
+def _user_op_with_grad(n: fx.Node, replay: fx.Interpreter) -> bool:
+    """Whether `n` calls an operator of a user's library with grad on and an argument requiring grad."""
+    op = n.target
+    if n.op != "call_function" or not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return False
+    namespace = op.namespace if isinstance(op, torch._ops.OpOverload) else op._qualified_op_name.split("::")[0]
+    if namespace in _OWN_NAMESPACES or not torch.is_grad_enabled():
+        return False
+    args, kwargs = replay.fetch_args_kwargs_from_env(n)
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in pytree.tree_leaves((args, kwargs)))
 
 
 class _AutogradMetadata(TorchFunctionMode):

@@ -24,6 +24,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from ..compat import saved_hooks
 from ..errors import EagerRaisesError, UnsupportedError, node_location, with_location
 from ..ir.checks import NoProbe, concrete
 from ..ir.draws import kept_rng
@@ -108,12 +109,23 @@ def refuse_saved_then_written(
                 node_location(n),
             )
         )
+    if stale and saved_hooks.in_force():
+        n = next(iter(stale))
+        raise UnsupportedError(
+            with_location(
+                f"{n.target} saves a tensor for backward that the program then modifies in place, under "
+                "saved_tensors_hooks: eager's backward does not raise and reads what the unpack hook gives, which "
+                "dealias's graph does not keep",
+                node_location(n),
+            )
+        )
     if stale:
-        _raise_at_backward(gm, stale, stale_storage, tensors)
+        _raise_at_backward(gm, info, stale, stale_storage, tensors)
 
 
 def _raise_at_backward(
     gm: fx.GraphModule,
+    info: AliasInfo,
     stale: dict[fx.Node, EagerRaisesError],
     storages: dict[fx.Node, Storage],
     tensors: list[Any] | None,
@@ -130,8 +142,24 @@ def _raise_at_backward(
         s = storages[n]
         # Of a caller's tensor, eager's versions count from its counter at the call: the message is for the
         # version it had at this compile, and the compiled graph adds the difference (gradops.stale_saved).
-        caller = (s, tensors[s.index]._version) if s.kind is StorageKind.INPUT and tensors is not None else None
+        version = _callers_version(gm, info, s, tensors)
+        caller = (s, version) if version is not None else None
         n.meta[STALE_KEY] = (messages[n], error, caller)
+
+
+def _callers_version(gm: fx.GraphModule, info: AliasInfo, s: Storage, tensors: list[Any] | None) -> int | None:
+    """The version at this call of caller's memory `s`: a tensor input's, or an alias group's (its members are
+    views of one tensor, the eager run made sure: one counter, which the group's base placeholder shares)."""
+    if tensors is None:
+        return None
+    if s.kind is StorageKind.INPUT:
+        return tensors[s.index]._version
+    if s.kind is StorageKind.GROUP:
+        for ph in gm.graph.find_nodes(op="placeholder"):
+            v = info.values.get(ph)
+            if isinstance(v, Value) and v.storage is s:
+                return tensors[info.input_index[ph]]._version
+    return None
 
 
 def _through_own_counter(writer: fx.Node, storage: Storage, info: AliasInfo) -> bool:
@@ -242,7 +270,8 @@ def _saved(
         return [], False
     for device in ("cpu", "meta"):
         try:
-            return _probe(node, rg, candidates, writes, device)
+            with saved_hooks.set_aside():  # (the user's pack hooks are not called, eager's version check kept)
+                return _probe(node, rg, candidates, writes, device)
         except Exception:  # noqa: BLE001 - this probe cannot run: the next one, or nothing learned
             continue
     raise UnknownSaved(f"eager cannot be asked what {node.target} saves for backward")

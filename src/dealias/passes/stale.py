@@ -14,7 +14,7 @@ its backward reaches the op's result.
 
 What this cannot see (the graph then runs eagerly, as before): inputs sharing memory that are not views of one
 tensor, a tensor input that is not dense, symbolic sizes (the message names the sizes: the backend compiles with
-sizes specialized), an input over 256 MB, and an op whose node does not raise in the run. Versions: eager
+sizes specialized), inputs over 256 MB together, and an op whose node does not raise in the run. Versions: eager
 counts them from the counter of the caller's tensor the saved one shares; the compiled graph moves the message's
 by as much as that counter moved since this compile (gradops.stale_saved). A write of the saved memory after the
 call moves the version eager reports, not dealias's.
@@ -22,32 +22,40 @@ call moves the version eager reports, not dealias's.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from ..compat import saved_hooks
 from ..ir.draws import kept_rng
+from .capture import restriction
 
-_COPY_LIMIT = 1 << 28  # bytes of one input the eager run may copy (a larger one: the graph runs eagerly)
+# Bytes the eager run may copy, all inputs and attributes together (more: the graph runs eagerly). The run holds the
+# copies and its own intermediates besides the caller's: a limit per input let a model of many parameters double
+# its memory at the compile (a device running out where eager does not).
+_COPY_LIMIT = 1 << 28
 
 
-def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node]) -> dict[fx.Node, str]:
+def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node]) -> dict[fx.Node, tuple[str, str]]:
     """For each of `nodes` (ops of `gm` whose saved tensor is written afterwards), eager's error at backward, as
-    `gm` run eagerly on copies of its tensor inputs `tensors` raises it; the nodes it cannot tell are left out."""
-    copies = _copies(tensors)
+    `gm` run eagerly on copies of its tensor inputs `tensors` raises it, without and with anomaly detection; the
+    nodes it cannot tell are left out."""
+    budget = [_COPY_LIMIT]
+    copies = _copies(tensors, budget)
     if copies is None or not nodes:
         return {}
     made, leaves = copies
-    probe = _Probe(gm, set(nodes), leaves)
+    probe = _Probe(gm, set(nodes), leaves, budget)
     try:
-        with kept_rng(gm):
+        with kept_rng(gm), saved_hooks.set_aside():  # (the caller's pack hooks are not called by this run)
             # (the results stay alive until the backward, as the caller's do: which nodes autograd keeps decides
             # what the message names, a view's node at the save or the op's own)
             results = probe.run(*made)
     except Exception:  # noqa: BLE001 - eager cannot run it on copies: nothing learned, the graph runs eagerly
         return {}
-    out: dict[fx.Node, str] = {}
+    out: dict[fx.Node, tuple[str, str]] = {}
     for n, (t, nodes) in probe.heads.items():
         ran: list[tuple[str, int]] = []
         handles = []
@@ -55,13 +63,15 @@ def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node])
             handles.append(node.register_prehook(lambda *_, i=i, ran=ran: ran.append(("entered", i))))
             handles.append(node.register_hook(lambda *_, i=i, ran=ran: ran.append(("left", i))))
         try:
-            with torch.enable_grad():
-                torch.autograd.grad(t, probe.leaves, grad_outputs=torch.ones_like(t), allow_unused=True)
-        except RuntimeError as e:
             # Raised by the op's node itself: its version check, or reading a saved view autograd forbids once
             # its base was written ("Output 0 of Split is a view and its base ... has been modified inplace").
-            if ran and ran[-1] == ("entered", len(nodes) - 1):
-                out[n] = str(e)
+            # A message naming the node behind a copy names, in eager, the node the caller's tensor came from on
+            # that call, a fact of the call (a later one's may be Add where this one's is Mul): not compiled.
+            # Eager words its hint after whether anomaly detection is on at backward: both are asked.
+            with saved_hooks.set_aside():
+                said = [_said(t, probe.leaves, ran, len(nodes) - 1, anomaly) for anomaly in (False, True)]
+            if all(m is not None and _CallersHistory.__name__ not in m for m in said):
+                out[n] = (said[0], said[1])
         finally:
             for h in handles:
                 h.remove()
@@ -69,13 +79,33 @@ def eager_messages(gm: fx.GraphModule, tensors: list[Any], nodes: list[fx.Node])
     return out
 
 
+def _said(t: torch.Tensor, leaves: list[torch.Tensor], ran: list[Any], last: int, anomaly: bool) -> str | None:
+    """The error a backward from `t` raises in the last of the nodes `ran` records (with anomaly detection on or
+    off), or None (the graph is kept for the next ask)."""
+    ran.clear()
+    try:
+        with (
+            torch.enable_grad(),
+            torch.autograd.set_detect_anomaly(anomaly, check_nan=False),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("ignore")  # (anomaly detection's warning: the traceback of a forward not recorded)
+            torch.autograd.grad(t, leaves, grad_outputs=torch.ones_like(t), allow_unused=True, retain_graph=True)
+    except RuntimeError as e:
+        return str(e) if ran and ran[-1] == ("entered", last) else None
+    return None
+
+
 class _Probe(fx.Interpreter):
     """Runs the captured graph eagerly, each op in its grad mode, and keeps, right after each op of `targets`,
     `result * 1` (of the written base for a write of a view): a tensor whose backward goes first to the op's node
     (for a write of a view, the CopySlices holding it), with that node."""
 
-    def __init__(self, gm: fx.GraphModule, targets: set[fx.Node], leaves: list[torch.Tensor]) -> None:
+    def __init__(
+        self, gm: fx.GraphModule, targets: set[fx.Node], leaves: list[torch.Tensor], budget: list[int]
+    ) -> None:
         super().__init__(gm)
+        self.budget = budget
         self.targets = targets
         self.leaves = list(leaves)
         self.heads: dict[fx.Node, tuple[torch.Tensor, list[Any]]] = {}
@@ -101,7 +131,7 @@ class _Probe(fx.Interpreter):
         # A tensor the graph reads as an attribute is the caller's own (a module's buffer): copied, never written.
         value = super().fetch_attr(target)
         if isinstance(value, torch.Tensor):
-            made = _copies([value])
+            made = _copies([value], self.budget)
             if made is None:
                 raise _NoCopy
             self.leaves += made[1]
@@ -109,11 +139,25 @@ class _Probe(fx.Interpreter):
         return value
 
 
+class _CallersHistory(torch.autograd.Function):
+    """The node a copy of a caller's non-leaf tensor comes from: eager's message names the node of a saved
+    tensor's history at backward, which for a caller's tensor the graph does not write with grad is the caller's
+    (whatever it was on that call); this name in a message tells that case."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return t.clone(memory_format=torch.preserve_format)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
 class _NoCopy(Exception):
     pass
 
 
-def _copies(tensors: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+def _copies(tensors: list[Any], budget: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
     """Copies of `tensors` eager's autograd treats as it treats them (requiring grad, a leaf or computed from one,
     at the same version; inputs that are views of one tensor as views of its copy), and the leaves behind them;
     None when that cannot be made (memory shared otherwise, a layout a copy does not keep)."""
@@ -125,10 +169,14 @@ def _copies(tensors: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]
             continue
         if t.is_sparse or t.is_inference() or t.layout != torch.strided:
             return None
+        if restriction(t) is not None:
+            # (a view eager restricts, a split element: eager's error at backward names how it was made, and a
+            # view of the copy is an AsStrided one)
+            return None
         root = t._base if t._is_view() else t
         key = t.untyped_storage()._cdata
         if key not in roots:
-            c = _copy(root, leaves)
+            c = _copy(root, leaves, budget)
             if c is None:
                 return None
             roots[key] = (root, c)
@@ -139,21 +187,24 @@ def _copies(tensors: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]
     return made, leaves
 
 
-def _copy(t: torch.Tensor, leaves: list[torch.Tensor]) -> torch.Tensor | None:
+def _copy(t: torch.Tensor, leaves: list[torch.Tensor], budget: list[int]) -> torch.Tensor | None:
     """A copy of `t` (its whole memory in its layout, so its views are views of the copy), or None."""
     if not _dense(t) or t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
         return None
-    if t.untyped_storage().nbytes() > _COPY_LIMIT:
+    budget[0] -= t.untyped_storage().nbytes()
+    if budget[0] < 0:
         return None
-    c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    with torch.no_grad():
-        c.copy_(t.detach())
+    # (a clone, not `empty_strided(...).copy_(t)`: a copy_ moves the copy's counter, so a leaf's copy would start a
+    # version ahead of the caller's tensor and the message would name versions one higher than eager's)
+    c = t.detach().clone(memory_format=torch.preserve_format)
+    if c.stride() != t.stride() or c._version > t._version:
+        return None
     if t.requires_grad:
         c.requires_grad_()
         leaves.append(c)
         if not t.is_leaf:
             with torch.enable_grad():
-                c = c * 1  # (a tensor computed from a leaf, as the caller's is; strides kept)
+                c = _CallersHistory.apply(c)  # (a tensor computed from a leaf, as the caller's is; strides kept)
             if c.stride() != t.stride():
                 return None
     for _ in range(t._version - c._version):
