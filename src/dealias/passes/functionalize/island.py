@@ -3,13 +3,18 @@
 
 Exact only where eager's kernel, run on that copy, computes what it computed on the caller's memory: the same
 op and arguments, the same dtype, the same layout of every argument relative to the base (its sizes, strides and
-offset from the base's first element, all static), and a run eager itself repeats bit for bit (one thread: under
-ATen's grain size, writecheck.SINGLE_THREAD_ELEMENTS). Anything else keeps the OverlapError: the graph runs
-eagerly with an OverlapFallbackWarning.
+offset from the base's first element, all static), and a run eager itself repeats bit for bit: one thread. A
+TensorIterator kernel runs one thread under ATen's grain size (writecheck.SINGLE_THREAD_ELEMENTS); other kernels
+split their work between threads far below it (`index_put_`'s cpu_index_kernel from 3000 elements, softmax's rows
+at any size), and with two threads their result is a race eager wins its own way (`x[:, 1:].index_put_((i,),
+x[:, :-1])` of 8000 elements: the island differed from eager in 19 calls of 20), so such an op is an island only
+when eager runs one intra-op thread. Anything else keeps the OverlapError: the graph runs eagerly with an
+OverlapFallbackWarning.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +24,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 
 from ...ir.checks import NoProbe, probe
 from ...ir.island import island
-from ...ir.opfacts import OpKind
+from ...ir.opfacts import OpKind, bind_args
 from ...ir.plan import StorageKind
 from ...ir.sharing import has_symbols
 from ...ir.viewops import extent, internal_overlap, strided_positions
@@ -29,6 +34,8 @@ from .timeline import write
 
 if TYPE_CHECKING:
     from .walk import Functionalizer
+
+aten = torch.ops.aten
 
 
 def lower_island(
@@ -97,12 +104,64 @@ def why_not(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any], tar
         return "the op resizes its out= tensor"
     if not _single_threaded(node):
         return "more elements than one thread runs: eager's own result varies"
+    if torch.get_num_threads() > 1 and not _one_thread_kernel(node):
+        return "eager's kernel may split the elements between threads: its result is a race"
     try:
         if probe(node) is not None:  # (eager raises on this layout: its fallback raises it too)
             return "eager's kernel raises on this layout"
     except NoProbe:
         return "eager's kernel cannot be asked"
     return None
+
+
+# Kernels that run one thread under ATen's grain size whatever the thread count, beside pointwise ops (TensorIterator
+# loops with the default grain): no schema or tag tells a kernel's grain size. TensorIterator loops (`index_fill_`,
+# `masked_fill_`, `copy_`, `where`'s out=), reductions with out= (`parallel_reduce`: its grain size), serial kernels
+# (`masked_scatter_`, `uniform_`, `normal_`) and `bernoulli_` (its chunks' draws skip ahead to their place: the same
+# numbers in every split; its copy into a non-contiguous tensor a TensorIterator loop).
+_DEFAULT_GRAIN = {
+    aten.index_fill_,
+    aten.masked_fill_,
+    aten.copy_,
+    aten.fill_,
+    aten.where,
+    aten.sum,
+    aten.prod,
+    aten.mean,
+    aten.amax,
+    aten.amin,
+    aten.masked_scatter_,
+    aten.uniform_,
+    aten.normal_,
+    aten.bernoulli_,
+}
+# cpu_index_kernel (`index_put_` without accumulate, `index`'s out=) splits its elements between threads from 3000.
+_INDEX_KERNELS = {aten.index_put_, aten._index_put_impl_, aten.index}
+INDEX_GRAIN_ELEMENTS = 3000
+
+
+def _one_thread_kernel(node: fx.Node) -> bool:
+    """Whether eager's CPU kernel of `node`'s op runs one thread whatever the thread count (its tensors are under
+    ATen's grain size)."""
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    if torch.Tag.pointwise in op.tags or op.overloadpacket in _DEFAULT_GRAIN:
+        return True
+    if op.overloadpacket in _INDEX_KERNELS:
+        # Its elements: the indices' broadcast shape by self's sizes on the dims not indexed.
+        bound = bind_args(op._schema, node.args, node.kwargs)
+        vals = [t.meta.get("val") if isinstance(t, fx.Node) else t for t in [bound.get("self"), *bound["indices"]]]
+        self_val, indices = vals[0], vals[1:]
+        given = [self_val, *(t for t in indices if t is not None)]
+        if not all(isinstance(t, torch.Tensor) and not has_symbols(t) for t in given):
+            return False
+        if any(t is not None and (t.dtype in (torch.bool, torch.uint8) or t.dim() != 1) for t in indices):
+            return False  # (masks, and indices of several dims: not counted here)
+        elements = math.prod(len(t) for t in indices if t is not None)
+        elements *= math.prod(n for d, n in enumerate(self_val.shape) if d >= len(indices) or indices[d] is None)
+        return elements < INDEX_GRAIN_ELEMENTS
+    return False
 
 
 def _inside_base(w: Functionalizer, node: fx.Node, s: Any, root: torch.Tensor) -> bool:
