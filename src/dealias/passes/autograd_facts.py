@@ -46,6 +46,7 @@ from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
 from .unsafe_split import UnsafeSplitFacts
+from .view_grad_modes import steps_mode
 
 
 class Walk(Protocol):
@@ -460,35 +461,8 @@ class AutogradFacts(UnsafeSplitFacts):
         # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
         # tensor, was made with grad on and requires grad).
         until = start + 1 if f.made_with_grad and start is not None else None
-        before = self._steps_mode(f.root, start or 0)
+        before = steps_mode(self.info, f.root, start or 0)
         return replace(slot, grad=False, grad_from=start or 0, grad_before=before, grad_until=until, multi_output=multi)
-
-    def _steps_mode(self, root: fx.Node, k: int) -> bool | None:
-        """The grad mode the `k` view steps before the fragile view `root` were made in, when the graph switched
-        to it before them (None: the call's mode). A piece of a graph split inside a no_grad region is called with
-        grad off and switches it on: `v.reshape(-1)` of a transposed tensor there is a copy and its
-        `_unsafe_view`, made with grad on, which replayed in the call's mode would not require grad, and neither
-        would the no_grad view of it returned (fuzz seed 2300095). Steps made in different modes: run eagerly."""
-        call = torch.is_grad_enabled()  # (the passes run in the mode of the call they compile for)
-        modes, node, chain = set(), root, self.info.value(root).chain
-        for j in range(1, k + 1):
-            node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-            value = self.info.values.get(node) if node is not None else None
-            if not isinstance(value, Value) or value.chain != chain[: len(chain) - j]:
-                modes.add(None)  # (a step eager made not traced back to its node: its mode is not known)
-                break
-            modes.add(node.meta.get("grad"))
-        if modes <= {call}:
-            return None
-        if len(modes) == 1 and None not in modes:
-            return modes.pop()
-        raise UnsupportedError(
-            with_location(
-                "a view made under no_grad is returned of views made in other grad modes than the call's; not "
-                "compiled exactly yet",
-                node_location(root),
-            )
-        )
 
     def _made_early(self, arg: fx.Node, slot: OutputSlot, f: _Fragile) -> bool:
         """Whether the stale fragile view `arg`, returned as `slot`, can be made from the caller's tensor before
