@@ -55,3 +55,15 @@ def test_steps_before_a_no_grad_view_keep_their_grad_mode():
     assert grads_like_eager(copy_made_with_grad_then_no_grad_view, jf, _make) == []
     out = jf(*_make())[0]
     assert out.requires_grad and out.grad_fn is None and out._base is not None
+
+
+def unbind_element_under_no_grad_of_a_view(x0):  # autograd fuzz seed 1100236: compiled, no fallback
+    v2 = x0.unsqueeze(0)
+    with torch.no_grad():
+        v6 = v2.unbind(3)[1]
+    return (x0 * 2, v6)
+
+
+def test_steps_before_a_no_grad_split_element_in_the_calls_mode_compile():
+    jf = dealias.jit(unbind_element_under_no_grad_of_a_view, executor="torch")
+    assert grads_like_eager(unbind_element_under_no_grad_of_a_view, jf, _make) == []

@@ -3,6 +3,8 @@ chain ends in (autograd_facts._fragile_output): the call replays each step in it
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -19,7 +21,7 @@ def steps_mode(info: AliasInfo, root: fx.Node, k: int) -> bool | None:
     call = torch.is_grad_enabled()  # (the passes run in the mode of the call they compile for)
     modes, node, chain = set(), root, info.value(root).chain
     for j in range(1, k + 1):
-        node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        node = _source(_source(node) if node.target is operator.getitem else node)  # (`unbind(v)[i]`: v)
         value = info.values.get(node) if node is not None else None
         if not isinstance(value, Value) or value.chain != chain[: len(chain) - j]:
             modes.add(None)  # (a step eager made not traced back to its node: its mode is not known)
@@ -36,3 +38,7 @@ def steps_mode(info: AliasInfo, root: fx.Node, k: int) -> bool | None:
             node_location(root),
         )
     )
+
+
+def _source(node: fx.Node | None) -> fx.Node | None:
+    return node.args[0] if node is not None and node.args and isinstance(node.args[0], fx.Node) else None
