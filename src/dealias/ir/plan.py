@@ -168,6 +168,9 @@ class OutputSlot:
     # made under no_grad of a tensor that requires grad is a leaf that requires grad).
     grad: bool | None = None
     grad_from: int = 0  # ...from this step on (the steps before it were made in the call's mode)
+    # ...or, not None, in this mode: the graph switched grad mode before making them (a piece of a split graph
+    # called with grad off inside a no_grad region, that made them with grad on: `v.reshape(-1)` copying).
+    grad_before: bool | None = None
     # ...up to this step, and from it on with grad on: a view made with grad on of a view made under no_grad.
     grad_until: int | None = None
     # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:

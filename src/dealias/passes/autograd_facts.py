@@ -46,6 +46,7 @@ from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
 from .unsafe_split import UnsafeSplitFacts
+from .view_grad_modes import steps_mode
 
 
 class Walk(Protocol):
@@ -460,7 +461,8 @@ class AutogradFacts(UnsafeSplitFacts):
         # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
         # tensor, was made with grad on and requires grad).
         until = start + 1 if f.made_with_grad and start is not None else None
-        return replace(slot, grad=False, grad_from=start or 0, grad_until=until, multi_output=multi)
+        before = steps_mode(self.info, f.root, start or 0)
+        return replace(slot, grad=False, grad_from=start or 0, grad_before=before, grad_until=until, multi_output=multi)
 
     def _made_early(self, arg: fx.Node, slot: OutputSlot, f: _Fragile) -> bool:
         """Whether the stale fragile view `arg`, returned as `slot`, can be made from the caller's tensor before

@@ -175,14 +175,16 @@ class _Call:
 
     def output(self, i: int, slot: OutputSlot) -> str:
         """Output `i` made as eager made it: its source, or the view of it (the steps before `grad_from` in the
-        call's mode, then in the mode eager made the view in up to `grad_until`, the rest with grad on)."""
+        call's mode or `grad_before`, then in the mode eager made the view in up to `grad_until`, the rest with grad
+        on)."""
         t = self.ref(slot.source)
         if not slot.chain:
             return t
         n = len(slot.chain)
         made = self.grad if slot.grad is None else slot.grad
         until = n if slot.grad_until is None else slot.grad_until
-        parts = [(0, slot.grad_from, self.grad), (slot.grad_from, until, made), (until, n, True)]
+        before = self.grad if slot.grad_before is None else slot.grad_before
+        parts = [(0, slot.grad_from, before), (slot.grad_from, until, made), (until, n, True)]
         parts = [(a, b, g) for a, b, g in parts if a < b]
         name = self.s.fresh(f"out{i}")
         if all(g == self.grad for _, _, g in parts):
@@ -345,7 +347,8 @@ def returned_as_views_only(fp: FunctionalProgram, grad: bool) -> frozenset[int]:
     for slot in fp.outputs:
         if slot.same_as is not None or slot.from_output is not None or slot.source.kind is not RefKind.RESULT:
             continue  # (the view of another output: made from that output, whose own slot is checked)
-        first = grad if slot.grad_from > 0 or slot.grad is None else slot.grad  # (the first step's mode)
+        before = grad if slot.grad_before is None else slot.grad_before
+        first = before if slot.grad_from > 0 or slot.grad is None else slot.grad  # (the first step's mode)
         i = slot.source.key
         out[i] = out.get(i, True) and bool(slot.chain) and first and slot.restride is None
     return frozenset(i for i, only in out.items() if only)
