@@ -284,6 +284,8 @@ def _written_before(tensor: torch.fx.Node, output: Any) -> bool:
         enabled = None
     for n in tensor.graph.nodes:
         if n not in before:
+            if n.op == "placeholder":
+                continue  # (an input first read after the registration: dynamo puts its node ahead of the ops)
             break
         if n.op == "call_function" and n.target is torch._C._set_grad_enabled and enabled is not None:
             enabled = bool(n.args[0])
