@@ -56,6 +56,8 @@ def _all_pass() -> bool:
         raise Missing("torch._inductor.config.cpp.vec_isa_ok is not there")
     if config.cpp.vec_isa_ok is not None:  # (the user's setting, TORCHINDUCTOR_VEC_ISA_OK: it stands)
         return False
+    from ..runtime.keep_aten import write_whole  # (runtime imports compat: a lazy import, as inductor.py's)
+
     path = _verdict_path(named)
     with _lock:
         try:
@@ -64,13 +66,7 @@ def _all_pass() -> bool:
             pass
         valid = [str(v) for v in require(isa, "valid_vec_isa_list")()]  # inductor's probe (cached for the process)
         verdict = valid == named
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text("1" if verdict else "0")
-            os.replace(tmp, path)
-        except OSError:
-            pass  # (a read-only cache directory: the next process probes again)
+        write_whole(path, "1" if verdict else "0")
         return verdict
 
 
@@ -82,12 +78,12 @@ def _verdict_path(named: list[str]) -> Path:
     except Missing:
         compiler = "?"
     try:
-        found = Path(compiler) if os.path.isabs(compiler) else None
-        stat = found.stat() if found is not None else None
+        stat = os.stat(compiler) if os.path.isabs(compiler) else None
         compiler += f"|{stat.st_size}|{stat.st_mtime_ns}" if stat is not None else ""
     except OSError:
         pass
+    from ..runtime.keep_aten import cache_dir
+
     parts = [torch.__version__, ",".join(named), compiler, sys.executable, platform.release()]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("DEALIAS_CACHE_DIR") or Path.home() / ".cache" / "dealias")
-    return root / f"vec_isa-{key}"
+    return cache_dir() / f"vec_isa-{key}"

@@ -189,9 +189,25 @@ def best_of(*fns: Callable[[], Any], rounds: int = 7, seconds: float = 0.01) -> 
     return tuple(best)
 
 
+def cache_dir() -> Path:
+    """Where dealias keeps what it measured or probed on this host (also compat/vec_isa.py's verdict)."""
+    return Path(os.environ.get("DEALIAS_CACHE_DIR") or Path.home() / ".cache" / "dealias")
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` in one piece (another process may write the same file); a read-only directory is
+    left as it is (the next process measures again)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def _path() -> Path:
-    root = Path(os.environ.get("DEALIAS_CACHE_DIR") or Path.home() / ".cache" / "dealias")
-    return root / f"keep_aten-{_host_key()}.json"
+    return cache_dir() / f"keep_aten-{_host_key()}.json"
 
 
 @functools.cache
@@ -221,11 +237,4 @@ def _load() -> dict[str, list[float]]:
 
 
 def _save(verdicts: dict[str, list[float]]) -> None:
-    path = _path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
-        os.replace(tmp, path)  # (another process may write the same file: each write is whole)
-    except OSError:
-        pass  # a read-only home: measured again by the next process
+    write_whole(_path(), json.dumps(verdicts, indent=1, sort_keys=True))
