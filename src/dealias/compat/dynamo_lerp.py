@@ -41,7 +41,8 @@ def install() -> None:
         raise Missing("dynamo has no handler of its own for torch._foreach_lerp_ (nothing to correct)")
     polyfills = require_module("torch._dynamo.polyfills")
     require(polyfills, "foreach_lerp_inplace")
-    if "enable_dynamo_decompositions" in getattr(original, "__code__", compile("", "", "exec")).co_names:
+    code = getattr(original, "__code__", None)
+    if code is not None and "enable_dynamo_decompositions" in code.co_names:
         raise Missing("dynamo's handler of torch._foreach_lerp_ already follows enable_dynamo_decompositions")
 
     @functools.wraps(original)
