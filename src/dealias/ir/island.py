@@ -1,7 +1,7 @@
 """Eager islands: an in-place or out= op whose result is its kernel's visiting order, run by eager's own kernel.
 
 Some writes cannot be functionalized with eager's bits: the op reads memory it writes through another view
-(`x[1:].add_(x[:-1])`, `v.mul_(v.narrow(0, 1, 1))`), writes a tensor whose elements share memory
+(`x[:, 1:].add_(x[:, :-1])`, `v.mul_(v.narrow(0, 1, 1))`), writes a tensor whose elements share memory
 (`x.expand(2, n).index_fill_(..)`, `masked_fill_`, `bernoulli_` of an `unfold`), or writes an out= tensor sharing
 memory with an input (`torch.sum(v, 0, out=v[16])`). Eager's result there is what its kernel computes visiting
 the memory in its order, reading what it already wrote; a functional op computes from copies.
