@@ -385,7 +385,8 @@ def computes_the_same_ops(functional: fx.GraphModule, lowered: fx.GraphModule, s
     write: scatters, views, re-striding), adds views (each region's chain on the root, `narrow` of repeated dims),
     `copy_` into regions, bounds checks with their `sym_size`, and runs a value's op as its in-place variant
     (`add` -> `add_`, found through `opfacts.inplace_variant`, so counted as `add`; a `draw_like(op_, ..)` as
-    `op_`, which it counts as); it removes the scatters and
+    `op_`, which it counts as; a foreach op whose results are all copied into its list as
+    `_foreach_op_`, absorbing their getitems); it removes the scatters and
     pure-view inverses that built each version, the re-striding copies, views of older versions, and the
     functional `copy` of a setitem (now `copy_`). Everything else, each op computing a value, stays, as many
     times: the multisets of `compute_ops` are equal. (User-level scatters and copies are left out of the

@@ -104,6 +104,37 @@ def _updated_in_place(node: fx.Node) -> fx.Node | None:
     return b if same_shape and bv.dtype == nv.dtype and _same_layout(bv, nv) else None
 
 
+def _foreach_op(node: Any) -> bool:
+    """A functional foreach op (`_foreach_add(xs, 1)`) whose in-place form updates the list `xs` (its first
+    argument) tensor by tensor: `_foreach_add_(xs, 1)`."""
+    return (
+        isinstance(node, fx.Node)
+        and node.op == "call_function"
+        and isinstance(node.target, torch._ops.OpOverload)
+        and op_name(node.target).startswith("_foreach_")
+        and bool(node.args)
+        and isinstance(node.args[0], (list, tuple))
+        and inplace_variant(node.target) is not None
+    )
+
+
+def _foreach_element_base(node: fx.Node) -> fx.Node | None:
+    """For `getitem(F, k)`, the k-th result of a foreach op F with an in-place form: F's k-th list element, of
+    which it is the new value when the in-place form runs (`torch._foreach_add_(steps, 1)`, each step its own
+    storage) and the result has the element's shape, dtype and layout. (Which of a list's results are written in
+    place together is `_foreach_in_place`'s decision; until then each is a full write of its element.)"""
+    if node.op != "call_function" or node.target is not operator.getitem or not _foreach_op(node.args[0]):
+        return None
+    xs, k = node.args[0].args[0], node.args[1]
+    if not isinstance(k, int) or not 0 <= k < len(xs) or not isinstance(xs[k], fx.Node) or is_view_node(xs[k]):
+        return None
+    bv, nv = xs[k].meta.get("val"), node.meta.get("val")
+    if not isinstance(bv, torch.Tensor) or not isinstance(nv, torch.Tensor):
+        return None
+    same_shape = bv.dim() == nv.dim() and all(surely(x == y) for x, y in zip(bv.shape, nv.shape))
+    return xs[k] if same_shape and bv.dtype == nv.dtype and _same_layout(bv, nv) else None
+
+
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same strides, but where a dimension has a single element (they place nothing), shapes being equal."""
     return all(surely(x == y) for n, x, y in zip(a.shape, a.stride(), b.stride()) if not surely(n <= 1))
@@ -114,10 +145,11 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def versions(
-    final: fx.Node, root: fx.Node | None, stop: set[fx.Node] = frozenset()
+    final: fx.Node, root: fx.Node | None, stop: set[fx.Node] = frozenset(), foreach: bool = True
 ) -> list[tuple[fx.Node, RegionWrite]]:
     """The writes that turn `root` into `final`, oldest first: (node of the version, its write). With no
-    `root` (an intermediate), the walk ends at a caller's tensor, at a node in `stop`, or at a full write."""
+    `root` (an intermediate), the walk ends at a caller's tensor, at a node in `stop`, or at a full write.
+    With `foreach`, a foreach op's result is a write of its list's element (`_foreach_element_base`)."""
     out: list[tuple[fx.Node, RegionWrite]] = []
     node = final
     while node is not root:
@@ -125,7 +157,8 @@ def versions(
         if m is not None:
             base, chain, value = m
         else:
-            base, chain, value = _updated_in_place(node), (), node
+            base = _updated_in_place(node) or (_foreach_element_base(node) if foreach else None)
+            chain, value = (), node
         if base is None or (base is not root and (base.op != "call_function" or base in stop)):
             out.append((node, RegionWrite((), node, _nbytes(node.meta["val"]))))  # everything before: overwritten
             break
@@ -198,12 +231,15 @@ def lower(
         return fp, in_place + [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]
 
     reports: list[WriteBackReport] = []
+    copies: dict[fx.Node, tuple[list[str], int]] = {}  # a whole copy made by _apply -> its report's region
     dropped: set[int] = set()
     writebacks_before = list(fp.writebacks)
     for wb in fp.writebacks:
         final = results[wb.output]
         root = root_node(gm, wb.target)
-        plan = versions(final, root) if root is not None else None
+        # (A fused program keeps a foreach result a value of its own: inductor writes it into the caller's tensor
+        # in the kernel computing it; a chain of in-place copies would store each version.)
+        plan = versions(final, root, foreach=not fused) if root is not None else None
         # A version that is also a user output (CSE merged `v = x + x` with `x.add_(x)`'s value) must stay
         # a tensor of its own: run in place, it would come back as the caller's tensor.
         returned = {n for i, n in enumerate(results) if i != wb.output}
@@ -211,7 +247,7 @@ def lower(
             _refuse_whole_copy_into_overlap(gm, wb, final)
             reports.append(whole_report(wb.target, final))
             continue
-        regions, nbytes, chains = _apply(graph, plan, root, order, fused)
+        regions, nbytes, chains = _apply(graph, plan, root, order, fused, copies)
         reports.append(WriteBackReport(wb.target, "in place", regions, nbytes, chains=chains))
         dropped.add(wb.output)
         order = {n: i for i, n in enumerate(graph.nodes)}
@@ -226,9 +262,11 @@ def lower(
         for k in range(len(plan) - 1):
             root, writes = plan[k][0], plan[k + 1 :]
             if _fresh(root) and _safe(writes, root, order, []):
-                _apply(graph, writes, root, order)
+                _apply(graph, writes, root, order, copies=copies)
                 order = {n: i for i, n in enumerate(graph.nodes)}
                 break
+    if not fused:
+        _foreach_in_place(graph, copies, aliases)
     new_results = [r for i, r in enumerate(out_node.args[0]) if i not in dropped]
     out_node.args = (tuple(new_results),)
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
@@ -303,10 +341,11 @@ def _apply(
     root: fx.Node,
     order: dict[fx.Node, int],
     indexed_only: bool = False,
+    copies: dict[fx.Node, tuple[list[str], int]] | None = None,
 ) -> tuple[list[str], int, list[tuple[ViewStep, ...]]]:
     """Write each version into `root` in place, right where it was computed; later reads read `root`
     (`indexed_only`: only indexed writes run as their in-place op). Returns the regions written, their
-    bytes, and their view chains from `root`."""
+    bytes, and their view chains from `root`; `copies` gets each whole copy left and its region's entry."""
     regions: list[str] = []
     chains = [write.chain for _, write in plan]
     nbytes = 0
@@ -340,11 +379,79 @@ def _apply(
         if op is None:
             regions.append(f"{region}.copy_(..)")
             nbytes += write.nbytes
+            if copies is not None:
+                copies[copy] = (regions, len(regions) - 1)
         else:
             regions.append(f"{region}.{op_name(op.target)}(..)")
             nbytes += _written_bytes(op)
         previous = version
     return regions, nbytes, chains
+
+
+def _foreach_in_place(
+    graph: fx.Graph, copies: dict[fx.Node, tuple[list[str], int]], aliases: dict[fx.Node, list[fx.Node]]
+) -> None:
+    """`F = _foreach_op(xs, ..)` whose every result k is only copied into xs[k] (`xs[k].copy_(F[k])`, _apply's
+    write of a foreach version into its element) -> `_foreach_op_(xs, ..)`: each tensor updated in place, as
+    eager's `torch._foreach_add_(steps, 1)` did, without a new list and a copy per tensor (an Adam step of 10
+    parameters: 30 copies of whole tensors). Only where nothing runs between F and its copies (_apply placed each
+    copy where its version was computed, and the write-back checked that nothing reads an old version after it),
+    the elements are distinct tensors sharing memory with nothing else of the caller's, and F reads no element's
+    memory through another argument except that element itself at its own index (foreach ops go tensor by tensor,
+    elementwise: `_foreach_mul_(xs, xs)` reads each element before writing it)."""
+    for f in [n for n in graph.nodes if _foreach_op(n)]:
+        xs = list(f.args[0])
+        items = {u.args[1]: u for u in f.users if u.target is operator.getitem}
+        if len(items) != len(f.users) or sorted(items) != list(range(len(xs))) or len(set(xs)) != len(xs):
+            continue
+        writes = [next(iter(items[k].users), None) if len(items[k].users) == 1 else None for k in range(len(xs))]
+        if not all(
+            c in copies and c.target is aten.copy_.default and c.args == (x, items[k]) and not c.users
+            for k, (x, c) in enumerate(zip(xs, writes))
+        ):
+            continue
+        shared = {n for base, others in aliases.items() if others for n in (base, *others)}
+        if shared.intersection(xs) or _reads_other_elements(f, xs):
+            continue
+        # From F to its last copy, only F's results and their copies: nothing else runs where the in-place op now
+        # writes every element at once.
+        ours, pending, node = {*items.values(), *writes}, set(writes), f.next
+        while pending and node in ours:
+            pending.discard(node)
+            node = node.next
+        if pending:
+            continue
+        op_ = inplace_variant(f.target)
+        emit = Emitter(graph, xs[0].meta["val"].fake_mode)
+        emit.stack_trace, emit.grad = f.meta.get("stack_trace"), f.meta.get("grad")
+        with graph.inserting_after(f):
+            new = emit.call(op_, *f.args, **dict(f.kwargs))
+        new.meta["counts_as"] = f.target  # (invariants.compute_ops: the same op as the functional graph's,
+        new.meta["absorbs"] = [operator.getitem] * len(items)  # its results' getitems folded into it)
+        for c in writes:
+            regions, i = copies.pop(c)
+            regions[i] = f"x.{op_name(op_)}(..)"
+            graph.erase_node(c)
+        for g in items.values():
+            graph.erase_node(g)
+        graph.erase_node(f)
+
+
+def _reads_other_elements(f: fx.Node, xs: list[fx.Node]) -> bool:
+    """Whether foreach op `f` over list `xs` reads an element's memory through another argument other than as
+    the same element at the same index of a list (or through a view of one)."""
+    bases = set(xs)
+    for arg in [*f.args[1:], *f.kwargs.values()]:
+        items = list(enumerate(arg)) if isinstance(arg, (list, tuple)) else [(None, arg)]
+        for k, a in items:
+            if not isinstance(a, fx.Node):
+                continue
+            b = a
+            while is_view_node(b) and isinstance(b.args[0], fx.Node):
+                b = b.args[0]
+            if b in bases and not (k is not None and k < len(xs) and a is xs[k]):
+                return True
+    return False
 
 
 def _written_bytes(op: fx.Node) -> int:
