@@ -15,14 +15,14 @@ A program (one cache entry of a graph: one input layout) can run on
 executor="tiered" (the default) measures all three and keeps the fastest; executor="exact" ("auto" before) only the
 two exact tiers: bit for bit eager's results. Either way never slower than eager's run of the same graph (beyond
 measurement noise) where that graph is a candidate.
-Each candidate's first call is not timed (warm-up: lazily built paths, caches); then the candidates take turns,
-call by call (so a noisy stretch of the machine moves them all), until each has `SAMPLES` timed calls (or
-`MEASURE_SECONDS` of them), and the lowest median wins. A call whose outputs carry autograd history is timed until
-the program's next call: its backward (and the freeing of its autograd graph) is part of what the tier costs, and
-the tiers differ there most (the fused program's backward is inductor's, the others' eager's). The user's code
-between the calls is timed along, the same for every tier, as noise the medians absorb. (So are the other programs
-of the same step, a graph break's second graph: measured in step with this one, turn by turn, each then chooses the
-tier best for the two together, never worse than both on exact tiers.) After that, nothing is
+Each candidate's first call is not timed (warm-up: lazily built paths, caches); then the candidates take turns, call
+by call (so a noisy stretch of the machine moves them all), until each has `SAMPLES` timed calls (or `MEASURE_SECONDS`
+of them), and the lowest median wins; a clear loser (`CLEAR_LOSS`) stops being measured after 2. A call whose outputs
+carry autograd history is timed until the program's next call: its backward (and the freeing of its autograd graph) is
+part of what the tier costs, and the tiers differ there most (the fused program's backward is inductor's, the others'
+eager's). The user's code between the calls is timed along, the same for every tier, as noise the medians absorb. (So
+are the other programs of the same step, a graph break's second graph: measured in step with this one, turn by turn,
+each then chooses the tier best for the two together, never worse than both on exact tiers.) After that, nothing is
 timed: the graph's lean call is pointed at the winner directly.
 
 The promoting call builds the fused program (capture, passes, lowering and the trace for inductor read its inputs
@@ -62,6 +62,10 @@ PROMOTE_AFTER_SECONDS = 2.0
 # is safe for other compiled functions' calls (compat.inductor.compile_beside_calls: 2.14, not 2.13).
 BACKGROUND = True
 SAMPLES = 5  # timed calls per candidate tier before choosing (after its untimed first call)
+# A candidate whose every timed call took this many times another's slowest (2 calls each at least) is dropped
+# before its SAMPLES: its calls are the slow ones a user sees while the tiers are measured (the torch executor's
+# op-by-op step of a foreach optimizer at 2-3x eager, where dynamo's graph runs at 1.2x).
+CLEAR_LOSS = 1.5
 MEASURE_SECONDS = 0.5  # ...or fewer, once a candidate's timed calls took this long in all (long calls)
 
 
@@ -124,6 +128,7 @@ class Tiered:
         self.notes = [f"graph not tried: {refusal}"] if refusal else []
         self.fused_note = ""  # "not fusable" or "fused compile failed"
         self.samples: dict[str, list[float]] = {}
+        self.dropped: dict[str, float] = {}  # candidates dropped as clear losers: their median so far
         # a call with autograd history being timed until the next call: (tier, its seconds, when it returned)
         self.open: tuple[str, float, float] | None = None
         self.candidates = list(self.runs) if len(self.runs) > 1 else []
@@ -226,10 +231,13 @@ class Tiered:
             self.warm.add(tier)  # its first call: not a sample
             return
         self.samples.setdefault(tier, []).append(seconds)
+        self._drop_clear_losers()
         if self.promoting or not all(self._enough(t) for t in self.candidates):
             return
         for t in self.candidates:
             self.timings[t] = statistics.median(self.samples[t])
+        self.timings.update(self.dropped)
+        self.dropped = {}
         best = min(self.candidates, key=self.timings.__getitem__)
         others = ", ".join(f"{t} {_us(s)}" for t, s in self.timings.items() if t != best)
         self.measured = f"{best} {_us(self.timings[best])}" + (f" vs {others}" if others else "")
@@ -242,6 +250,18 @@ class Tiered:
             self._settle()
         else:
             self.run = self.runs[best]
+
+    def _drop_clear_losers(self) -> None:
+        """Stop measuring a candidate each of whose timed calls took CLEAR_LOSS times the slowest timed call of
+        another (2 calls each at least): a clear loser, whatever the remaining calls would say."""
+        measured = {t: s for t, s in self.samples.items() if t in self.candidates and len(s) >= 2}
+        if len(measured) < 2:
+            return
+        fastest_worst = min(max(s) for s in measured.values())
+        for t, s in measured.items():
+            if min(s) > CLEAR_LOSS * fastest_worst and len(self.candidates) > 1:
+                self.candidates.remove(t)
+                self.dropped[t] = statistics.median(s)
 
     def _settle(self) -> None:
         """No more measurement: calls run the chosen tier, and the graph's lean call runs it directly."""
@@ -304,6 +324,7 @@ class Tiered:
             self.runs["fused"] = program.lean_call
             # (samples taken while inductor compiled are dropped: the compile slowed those calls)
             self.candidates, self.samples, self.open = [*(self.candidates or [self.current]), "fused"], {}, None
+            self.dropped = {}
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
