@@ -366,3 +366,47 @@ def sum_into_its_own_diagonal(x):  # fuzz seed 1100375: eager's reduction accumu
 def test_an_out_its_kernel_reads_after_writing_breaks_saying_why():
     jf = check(sum_into_its_own_diagonal, torch.randn(4, 6), allow_fallback=True)
     assert any("reads what it already wrote" in str(b) for b in dealias.graph_breaks(jf))
+
+
+def kron_into_strided(a, b, buf):
+    r = torch.kron(a, b, out=buf[..., 0])  # eager fills it, but leaves buf's version counter where it was
+    return r, buf
+
+
+def test_an_out_kernel_that_moves_no_version_counter_keeps_dynamos_break():
+    # (the rewrite's copy would move it: OpInfo sweep, kron's second sample)
+    jf = check(kron_into_strided, torch.randn(2, 2), torch.randn(2, 3), torch.full((4, 6, 2), 3.0), allow_fallback=True)
+    assert dealias.graph_breaks(jf), "eager's kron(out=) moves no version counter: no rewrite"
+
+
+def eig_into(o0, o1, a):
+    r = torch.linalg.eig(a, out=(o0, o1))
+    return r, o0, o1
+
+
+def triangular_solve_into(o0, o1, b, a):
+    r = torch.triangular_solve(b, a, out=(o0, o1))
+    return r, o0, o1
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (
+            eig_into,
+            lambda: (
+                torch.full((0, 5), 3, dtype=torch.complex64),
+                torch.full((0, 5, 5), 3, dtype=torch.complex64),
+                torch.randn(0, 5, 5),
+            ),
+        ),
+        (
+            triangular_solve_into,
+            lambda: (torch.zeros(0, 5, 1), torch.zeros(0, 5, 5), torch.randn(0, 5, 1), torch.randn(0, 5, 5)),
+        ),
+    ],
+)
+def test_out_tensors_of_no_elements_are_laid_out_as_eagers(fn, make):
+    # Over an empty batch eager's kernels re-stride the outs column-major, the fake kernels do not (aot_eager returns
+    # the given strides): compare_call checks the outs' strides
+    check(fn, *make(), allow_fallback=True)

@@ -253,7 +253,11 @@ def _eager_fills(
             # (An op drawing random numbers runs both ways from the same state of the default generator, which
             # must be left alike too: the same draws, in the same order, as many of them.)
             start = torch.get_rng_state() if seeded else None
+            versions = [o._version for o in outs_r]
             returned = fn(*args_r, **kwargs_r, out=outs_r[0] if single else tuple(outs_r))
+            # (the rewrite's copy moves each out's version counter; `kron(out=)` into a strided out writes it through
+            # a tensor of its own counter and leaves out's where it was: OpInfo sweep, second sample)
+            counted = all(o._version != v for o, v in zip(outs_r, versions))
             warned = any(_resize_warning(w.message) for w in caught)
             drawn = torch.get_rng_state() if seeded else None
             by_kernel = [w.clone() for w in wholes]
@@ -281,7 +285,7 @@ def _eager_fills(
             for w, layout, r in zip(wholes, layouts, [result] if single else result):
                 w.as_strided(*layout).copy_(r)
             same = all(torch.equal(k.view(torch.uint8), w.view(torch.uint8)) for k, w in zip(by_kernel, wholes))
-            verdict = type(returned) if kept and same else None
+            verdict = type(returned) if kept and same and counted else None
             if resize and verdict is not None:
                 verdict = (verdict, tuple((tuple(a[0]), tuple(a[1])) for a in after), warned)
         except Exception:  # noqa: BLE001 - either way raising: dynamo's own handling (a graph break) decides

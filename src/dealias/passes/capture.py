@@ -14,6 +14,7 @@ import copy
 import math
 import operator
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -71,21 +72,54 @@ class _Replay(fx.Interpreter):
             # `x.data` shares x's memory but not its version counter (writes through it are hidden from
             # autograd); it traces to aten.detach, which shares both. Its node is tagged (see _GradModes).
             n.meta["custom"] = {**(n.meta.get("custom") or {}), OWN_COUNTER_KEY: True}
-        # A single out= tensor (several may be an aten TensorList, whose writes do not bump version counters).
         out = n.kwargs.get("out")
-        outs = [out] if isinstance(out, fx.Node) else []
+        outs = [out] if isinstance(out, fx.Node) else [o for o in out if isinstance(o, fx.Node)] if out else []
         if not outs:
             return super().run_node(n)
         tensors = [t for t in (self.env.get(o) for o in outs) if isinstance(t, torch.Tensor)]
         before = [t._version for t in tensors]
         result = super().run_node(n)
-        if tensors and all(t._version == v for t, v in zip(tensors, before)):
+        # (sizes that are symbols are never 0: dynamo specializes 0 and 1; asking would add a guard)
+        if any(_static(t) and t.numel() == 0 for t in tensors) and not _empty_outs_like_eager(n, self, tensors):
+            raise UnsupportedError(
+                with_location(f"{n.target}: eager lays out its out= tensor of no elements otherwise", node_location(n))
+            )
+        # A single out= tensor (several may be an aten TensorList, whose writes do not bump version counters).
+        if len(outs) == 1 and tensors and all(t._version == v for t, v in zip(tensors, before)):
             # A composite op (linalg.matrix_rank) can trace to ops that compute the result and never write
             # `out=`: the traced program would return the tensor unchanged where eager fills it.
             raise UnsupportedError(
                 with_location(f"{n.target} with out= traces without writing its out= tensor", node_location(n))
             )
         return result
+
+
+def _empty_outs_like_eager(n: fx.Node, replay: _Replay, outs: list[torch.Tensor]) -> bool:
+    """Whether out= tensors of no elements are left by the traced call as eager's kernel leaves them. Over an empty
+    batch eager's linalg kernels re-stride their out= tensors column-major (linalg.eig, triangular_solve, geqrf)
+    where the fake kernels keep the given strides (aot_eager returns those too): checked by running eager's
+    kernel on real tensors of no elements, which costs nothing, where every tensor of the call has none (other
+    calls are not checked: False)."""
+    args, kwargs = replay.fetch_args_kwargs_from_env(n)
+    fakes = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if any(t.numel() != 0 or not _static(t) for t in fakes):
+        return False
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # (make_fx's and fake tensors' modes set aside: eager's kernel on real tensors, recorded nowhere)
+    with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = {id(t): torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in fakes}
+        args_r, kwargs_r = pytree.tree_map_only(torch.Tensor, lambda t: real[id(t)], (args, kwargs))
+        try:
+            n.target(*args_r, **kwargs_r)
+        except Exception:  # noqa: BLE001 - eager raises where the fake kernel did not: not eager's behaviour
+            return False
+        return all((real[id(o)].shape, real[id(o)].stride()) == (o.shape, o.stride()) for o in outs)
+
+
+def _static(t: torch.Tensor) -> bool:
+    return all(isinstance(d, int) for d in (*t.shape, *t.stride()))
 
 
 _CREATION_META = torch._C._autograd.CreationMeta
