@@ -410,3 +410,22 @@ def test_out_tensors_of_no_elements_are_laid_out_as_eagers(fn, make):
     # Over an empty batch eager's kernels re-stride the outs column-major, the fake kernels do not (aot_eager returns
     # the given strides): compare_call checks the outs' strides
     check(fn, *make(), allow_fallback=True)
+
+
+def sum_into_column_of(ob, x):
+    return torch.sum(x, 1, out=ob[..., 0]), ob
+
+
+def test_a_strided_out_of_symbolic_strides_is_left_to_dynamo():
+    # ob's last size changes: dynamo makes it symbolic, and out's strides with it. The probe's verdicts are keyed by
+    # layouts: hashing a symbolic stride raised inside dynamo (OpInfo sweep, multinomial's samples through one
+    # shared frame), and the whole frame ran eagerly; now that call keeps dynamo's own break
+    jf = dealias.jit(sum_into_column_of)
+    for k in (2, 3, 4):
+        x = torch.randn(3, 5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dealias.GraphBreakWarning)
+            diff = compare_call(sum_into_column_of, jf, (torch.zeros(3, k), x))
+        assert diff is None, (k, diff)
+    info = dealias.cache_info(jf)
+    assert info.eager_entries == 0, info
