@@ -45,6 +45,7 @@ from ..ir.opfacts import facts, is_view_node, written_nodes
 from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
+from .hidden_writes import refuse_hidden_write_after_a_read
 from .unsafe_split import UnsafeSplitFacts
 from .view_grad_modes import steps_mode
 
@@ -87,7 +88,7 @@ class AutogradFacts(UnsafeSplitFacts):
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
         if under_autograd:
-            _refuse_hidden_write_after_a_read(gm, self.info, walk.requires_grad)
+            refuse_hidden_write_after_a_read(gm, self.info, walk.requires_grad)
         # Caller storages written back where their last write is, under autograd (see _write_back_now).
         self.last_write = _last_writes(gm, self.info) if under_autograd else {}
         self.last_input_write = _last_writes(gm, self.info, read_later=False) if under_autograd else {}
@@ -504,44 +505,6 @@ class AutogradFacts(UnsafeSplitFacts):
             return None
         k = len(own) - 1 - n
         return k if 0 <= k < len(slot.chain) else None
-
-
-def _refuse_hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> None:
-    """Raise for a caller's tensor that requires grad, written with grad on (`x.sin_()`), read with grad on
-    (`v = x * 2`), then written invisibly to autograd (under no_grad, through `detach()`). Eager's tensor keeps
-    the visible write's grad_fn, through which v's gradient flows, so a hook registered on it later (by the
-    caller, or by the program: dynamo registers it after the graph) sees that gradient. The graph gives the
-    caller's tensor its history only at its write-back, after the hidden write: a node v's gradient never passes,
-    so the hook never ran and the gradient was not the hook's (fuzz seed 1940010, silently). Run eagerly."""
-    from .saved import tensor_values, written_storages
-
-    rg = {
-        v.storage
-        for ph in gm.graph.find_nodes(op="placeholder")
-        if isinstance(v := info.values.get(ph), Value) and requires_grad[info.input_index[ph]]
-    }
-    state: dict[Storage, str] = {}  # "visible" after a write autograd sees, "read" after a read with grad on
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-            continue
-        written = {s for s in written_storages(n, info, metadata=False) if s in rg}
-        grad = bool(n.meta.get("grad"))
-        for s in written:
-            targets = [v for v in tensor_values(n, info) if v.storage is s]
-            hidden = not grad or any(step.op is torch.ops.aten.detach.default for v in targets for step in v.chain)
-            if hidden and state.get(s) == "read":
-                raise UnsupportedError(
-                    with_location(
-                        f"{n.target} writes a tensor that requires grad invisibly to autograd after a read with grad "
-                        "on since its last recorded write (a hook on it would see the read's gradient in eager)",
-                        node_location(n),
-                    )
-                )
-            state[s] = "written invisibly" if hidden else "visible"
-        if grad and not is_view_node(n):
-            for v in tensor_values(n, info):
-                if v.storage not in written and state.get(v.storage) == "visible":
-                    state[v.storage] = "read"
 
 
 def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -> dict[Storage, fx.Node]:

@@ -1,0 +1,178 @@
+"""A write autograd does not see (under no_grad, through detach() or a dtype view) of a tensor autograd recorded a
+write of (or that the program made), after a read of it with grad on (passes/hidden_writes.py): eager's tensor
+keeps the grad_fn the read's gradient went through, dealias's gets its history at its write-back or return.
+
+Where nothing can tell (the read carries no history, its result reaches nothing the caller holds, a recorded write
+follows) the graph compiles; where a hook registered after the call would see another gradient, it runs eagerly.
+Compared with eager on cloned inputs: outputs, inputs after the call, gradients of the leaves, and what hooks
+registered after the call on every argument and result see; first and cached call."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import dealias
+from dealias.runtime.verify import compare_call
+from dealias.tools.fuzz import _compare_grads
+
+
+def _non_leaf(*shapes):
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return tuple(torch.randn(*s, generator=g, requires_grad=True) * 1 for s in shapes)
+
+    return make
+
+
+def hooked(fn, make_args):
+    """What hooks registered after the call see, on each argument and result requiring grad, and the leaves'
+    gradients, for a backward of a weighted sum of the results and the arguments."""
+    args = make_args()
+    leaves = [a if a.is_leaf else a.grad_fn.next_functions[0][0].variable for a in args if a.requires_grad]
+    out = fn(*args)
+    outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor)]
+    seen = {}
+    for i, t in enumerate([*args, *outs]):
+        if t.requires_grad:
+            t.register_hook(lambda g, i=i: seen.setdefault(i, []).append(g.clone()))
+    total = sum((t * (2 + i + torch.arange(t.numel()).view(t.shape) % 3)).sum() for i, t in enumerate([*args, *outs]))
+    grads = torch.autograd.grad(total, leaves)
+    return seen, grads
+
+
+def assert_hooks_like_eager(fn, make_args, compiled):
+    jf = dealias.jit(fn, executor="torch")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dealias.FallbackWarning)
+        for call in range(2):
+            assert compare_call(fn, jf, make_args()) is None, call
+            assert _compare_grads(fn, jf, make_args) is None, call
+            expected, got = hooked(fn, make_args), hooked(jf, make_args)
+            torch.testing.assert_close(got, expected, msg=lambda m, call=call: f"call {call + 1}: {m}")
+    told = [str(w.message) for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+    if compiled:
+        assert not told, told
+        assert dealias.cache_info(jf).entries == 1 and dealias.cache_info(jf).eager_entries == 0
+    else:
+        assert told and all("invisibly to autograd after a read" in m for m in told), told
+
+
+# -- compiled: nothing a hook after the call sees differs --------------------------------------------------------
+def read_through_detach(x):
+    x.sin_()
+    m = x.detach() > 0  # reads no history (fuzz seed 1200697)
+    x.detach().masked_fill_(m, 3.0)
+    return x * 2
+
+
+def non_differentiable_reads(x):
+    x.sin_()
+    z = torch.zeros_like(x)  # a fresh leaf (fuzz seed 1200591)
+    n = (x > 0).sum()  # an integer result
+    with torch.no_grad():
+        x.mul_(1.5)
+    return z, n
+
+
+def dead_read(x):
+    x.sin_()
+    v = x.exp()  # nothing computed from it survives the call: no gradient ever flows through it
+    v.mul_(2)
+    with torch.no_grad():
+        x.mul_(1.5)
+    return x.cos()
+
+
+def recorded_write_after(x):
+    x.sin_()
+    v = x * 2
+    with torch.no_grad():
+        x.mul_(1.5)
+    x.add_(1)  # eager's x gets a new grad_fn that v's gradient does not pass, as dealias's write-back does
+    return v
+
+
+def returned_intermediate_read_dead(a):
+    y = a * 2
+    y.sin_()
+    r = y * 3  # dead
+    del r
+    y.detach().add_(1)
+    return y
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        read_through_detach,
+        non_differentiable_reads,
+        dead_read,
+        recorded_write_after,
+        returned_intermediate_read_dead,
+    ],
+)
+def test_compiled_where_no_hook_can_tell(fn):
+    assert_hooks_like_eager(fn, _non_leaf((3, 4)), compiled=True)
+
+
+# -- run eagerly: a hook after the call sees the read's gradient in eager ----------------------------------------
+def live_read_then_hidden_write(x):
+    x.sin_()
+    v = x * 2
+    with torch.no_grad():
+        x.mul_(1.5)
+    return v
+
+
+def live_read_into_another_input(x, y):
+    x.sin_()
+    y.add_(x * 2)  # the read reaches the caller through y
+    x.detach().mul_(1.5)
+    return x.sum().detach()
+
+
+def returned_intermediate(a):
+    # The program's own memory, returned: its grad_fn is sin_'s node in eager, keep_history's in dealias (which
+    # compiled it, silently: a hook on y saw 3 where eager's sees 6).
+    y = a * 2
+    y.sin_()
+    r = y * 3
+    y.detach().add_(1)
+    return y, r
+
+
+def input_made_to_require_grad(x, w):
+    # x requires no grad until add_ records a write: the same (a hook on x saw 5 where eager's sees 8).
+    x.add_(w)
+    r = x * 3
+    x.detach().mul_(2)
+    return r
+
+
+def through_a_dtype_view(x):
+    x.sin_()
+    r = x * 3
+    x.view(torch.int32).bitwise_and_(-65536)
+    return r
+
+
+def _plain_and_leaf():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g, requires_grad=True)
+
+
+@pytest.mark.parametrize(
+    ("fn", "make"),
+    [
+        (live_read_then_hidden_write, _non_leaf((3, 4))),
+        (live_read_into_another_input, _non_leaf((3, 4), (3, 4))),
+        (returned_intermediate, _non_leaf((3, 4))),
+        (input_made_to_require_grad, _plain_and_leaf),
+        (through_a_dtype_view, _non_leaf((3, 4))),
+    ],
+)
+def test_runs_eagerly_where_a_hook_would_see_the_read(fn, make):
+    assert_hooks_like_eager(fn, make, compiled=False)
