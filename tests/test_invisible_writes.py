@@ -17,6 +17,7 @@ import torch
 import dealias
 from dealias.runtime.verify import compare_call
 from dealias.tools.fuzz import _compare_grads
+from dealias.tools.fuzz.runner import _grad_leaves
 
 
 def _non_leaf(*shapes):
@@ -31,12 +32,14 @@ def hooked(fn, make_args):
     """What hooks registered after the call see, on each argument and result requiring grad, and the leaves'
     gradients, for a backward of a weighted sum of the results and the arguments."""
     args = make_args()
-    leaves = [a if a.is_leaf else a.grad_fn.next_functions[0][0].variable for a in args if a.requires_grad]
+    leaves = _grad_leaves(args)  # (what `b * 1` was computed from, or the argument itself)
     out = fn(*args)
     outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor)]
     seen = {}
     for i, t in enumerate([*args, *outs]):
-        if t.requires_grad:
+        # (not on an argument that is a view: torch 2.13 and 2.14 crash registering one on `a[1:]` written
+        # through its base after the grad_fns were walked to the leaves; the base's hook sees its gradient)
+        if t.requires_grad and not (i < len(args) and t._is_view()):
             t.register_hook(lambda g, i=i: seen.setdefault(i, []).append(g.clone()))
     total = sum((t * (2 + i + torch.arange(t.numel()).view(t.shape) % 3)).sum() for i, t in enumerate([*args, *outs]))
     grads = torch.autograd.grad(total, leaves)
@@ -118,10 +121,10 @@ def test_compiled_where_no_hook_can_tell(fn):
     assert_hooks_like_eager(fn, _non_leaf((3, 4)), compiled=True)
 
 
-# -- run eagerly: a hook after the call sees the read's gradient in eager ----------------------------------------
+# -- a caller's own tensor: written back at its last recorded write, its hidden writes in place after it -----------
 def live_read_then_hidden_write(x):
     x.sin_()
-    v = x * 2
+    v = x * 2  # v's gradient goes through sin_'s node, x's grad_fn in eager after the no_grad write too
     with torch.no_grad():
         x.mul_(1.5)
     return v
@@ -134,18 +137,8 @@ def live_read_into_another_input(x, y):
     return x.sum().detach()
 
 
-def returned_intermediate(a):
-    # The program's own memory, returned: its grad_fn is sin_'s node in eager, keep_history's in dealias (which
-    # compiled it, silently: a hook on y saw 3 where eager's sees 6).
-    y = a * 2
-    y.sin_()
-    r = y * 3
-    y.detach().add_(1)
-    return y, r
-
-
 def input_made_to_require_grad(x, w):
-    # x requires no grad until add_ records a write: the same (a hook on x saw 5 where eager's sees 8).
+    # x requires no grad until add_ records a write (before, compiled silently: a hook on x saw 5 for eager's 8).
     x.add_(w)
     r = x * 3
     x.detach().mul_(2)
@@ -159,6 +152,25 @@ def through_a_dtype_view(x):
     return r
 
 
+def reads_around_hidden_writes(x):
+    x.sin_()
+    a = x * 2
+    x.detach().mul_(1.5)
+    b = x.exp()  # reads the hidden write's values, its gradient through sin_'s node as well
+    with torch.no_grad():
+        x[0].zero_()
+    return a, b, x.cos()
+
+
+def hook_registered_in_the_program(x):
+    x.sin_()
+    v = x * 2
+    with torch.no_grad():
+        x.mul_(1.5)
+    x.register_hook(lambda g: g * 3)  # dynamo registers it after the graph, on the caller's x (fuzz seed 1201609)
+    return v
+
+
 def _plain_and_leaf():
     g = torch.Generator().manual_seed(0)
     return torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g, requires_grad=True)
@@ -169,10 +181,82 @@ def _plain_and_leaf():
     [
         (live_read_then_hidden_write, _non_leaf((3, 4))),
         (live_read_into_another_input, _non_leaf((3, 4), (3, 4))),
-        (returned_intermediate, _non_leaf((3, 4))),
         (input_made_to_require_grad, _plain_and_leaf),
         (through_a_dtype_view, _non_leaf((3, 4))),
+        (reads_around_hidden_writes, _non_leaf((3, 4))),
+        (hook_registered_in_the_program, _non_leaf((3, 4))),
     ],
 )
+def test_caller_tensor_keeps_the_grad_fn_the_read_went_through(fn, make):
+    assert_hooks_like_eager(fn, make, compiled=True)
+
+
+def test_caller_tensor_after_the_call_is_eager_s():
+    # What the caller reads of x after the call: the gradient into x itself (autograd.grad, retain_grad), its
+    # version counter, and its grad_fn still being the node v's gradient went through.
+    fn = live_read_then_hidden_write
+    jf = dealias.jit(fn, executor="torch")
+    for call in range(2):
+        got = []
+        for f in (fn, jf):
+            (x,) = _non_leaf((3, 4))()
+            start = x._version
+            x.retain_grad()
+            v = f(x)
+            (dx,) = torch.autograd.grad((v * 3).sum() + (x * 5).sum(), x, retain_graph=True)
+            (v.sum() + x.sum()).backward()
+            got.append((dx, x.grad, x._version - start, x.detach().clone()))
+        torch.testing.assert_close(got[1], got[0], msg=lambda m, call=call: f"call {call + 1}: {m}")
+    assert dealias.cache_info(jf).eager_entries == 0
+
+
+def saves_what_the_hidden_write_changes(x):
+    x.sin_()
+    v = x * x  # saves x
+    x.detach().add_(1)
+    return v
+
+
+def test_saved_tensor_written_invisibly_raises_as_eager():
+    fn = saves_what_the_hidden_write_changes
+    jf = dealias.jit(fn, executor="torch")
+    for _ in range(2):
+        errors = []
+        for f in (fn, jf):
+            (x,) = _non_leaf((3, 4))()
+            v = f(x)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation") as e:
+                v.sum().backward()
+            errors.append(str(e.value).split("Hint")[0])
+        assert errors[0] == errors[1]
+        assert compare_call(fn, jf, _non_leaf((3, 4))()) is None
+    assert dealias.cache_info(jf).eager_entries == 0
+
+
+# -- run eagerly: memory a hook after the call reaches and dealias cannot write in place ---------------------------
+def returned_intermediate(a):
+    # The program's own memory, returned: its grad_fn is sin_'s node in eager, keep_history's in dealias (which
+    # compiled it, silently: a hook on y saw 3 where eager's sees 6).
+    y = a * 2
+    y.sin_()
+    r = y * 3
+    y.detach().add_(1)
+    return y, r
+
+
+def aliased_inputs(x0, x1):
+    x0.sin_()
+    v = x1 * 2  # x1 = x0[1:]
+    with torch.no_grad():
+        x0.mul_(1.5)
+    return v
+
+
+def _base_and_view():
+    (a,) = _non_leaf((3, 4))()
+    return a, a[1:]
+
+
+@pytest.mark.parametrize(("fn", "make"), [(returned_intermediate, _non_leaf((3, 4))), (aliased_inputs, _base_and_view)])
 def test_runs_eagerly_where_a_hook_would_see_the_read(fn, make):
     assert_hooks_like_eager(fn, make, compiled=False)

@@ -45,7 +45,7 @@ from ..ir.opfacts import facts, is_view_node, written_nodes
 from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
-from .hidden_writes import refuse_hidden_write_after_a_read
+from .hidden_writes import hidden_write_after_a_read
 from .unsafe_split import UnsafeSplitFacts
 from .view_grad_modes import steps_mode
 
@@ -87,11 +87,15 @@ class AutogradFacts(UnsafeSplitFacts):
         self.init_unsafe_split()  # (unsafe_split.py)
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
-        if under_autograd:
-            refuse_hidden_write_after_a_read(gm, self.info, walk.requires_grad)
         # Caller storages written back where their last write is, under autograd (see _write_back_now).
         self.last_write = _last_writes(gm, self.info) if under_autograd else {}
         self.last_input_write = _last_writes(gm, self.info, read_later=False) if under_autograd else {}
+        # Caller tensors written invisibly to autograd after a read with grad on since their last recorded write,
+        # the anchor (hidden_writes.py): they receive their value there, their hidden writes after it in place.
+        self.hidden_after = hidden_write_after_a_read(gm, self.info, walk.requires_grad) if under_autograd else {}
+        for s, anchor in self.hidden_after.items():
+            self.last_write[s] = anchor
+            self.last_input_write.pop(s, None)
         self.written_back: set[Storage] = set()
         # Intermediate storages -> their last write, when autograd recorded it and the written value, which an op
         # like relu_ saves as its result, is not the storage's new base (a write of a part of it): see
@@ -296,6 +300,20 @@ class AutogradFacts(UnsafeSplitFacts):
             self.grad_writes.add(s)
         if self.writes_back_at(s, node):
             self._write_back_now(s)
+        elif (hidden or not self.emit.grad) and s in self.hidden_after and s in self.written_back:
+            self.hidden_write_back(s)
+
+    def hidden_write_back(self, s: Storage) -> None:
+        """A write autograd does not see of the caller's tensor of `s`, after its anchor (hidden_writes.py) wrote
+        it back: written into it now, under no_grad, as eager's write. Its grad_fn stays the anchor's write-back,
+        through which the reads since went, as eager's stays the anchor's node; later reads read it."""
+        ph = self.walk.caller_placeholder(s)
+        self.history.pop(s, None)  # (the caller's tensor carries the history)
+        grad, self.emit.grad = self.emit.grad, False
+        node = self.emit.call(write_back_now, ph, self.walk.current(s))
+        self.emit.grad = grad
+        node.meta["rg"] = True
+        self.walk.advance(s, node)
 
     def writes_back_at(self, s: Storage, node: fx.Node) -> bool:
         """Whether the caller's tensor of `s` receives its value at `node`, its last write, because autograd reads

@@ -36,18 +36,23 @@ from ..errors import UnsupportedError, node_location, with_location
 from ..ir.emitter import differentiable
 from ..ir.opfacts import is_view_node
 from ..ir.plan import StorageKind
+from ..ir.viewops import internal_overlap
 from .alias import AliasInfo, Storage, Value
 
 
-def refuse_hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> None:
-    """Raise UnsupportedError where a hidden write of a tensor follows a live read with grad on since its last
-    recorded write, and no recorded write follows (see the module's docstring)."""
+def hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> dict[Storage, fx.Node]:
+    """Where a hidden write of a tensor follows a live read with grad on since its last recorded write, and no
+    recorded write follows (see the module's docstring): for a caller's own tensor (not an alias group, no
+    internal overlap), its last recorded write (the anchor: the caller's tensor receives its value there and
+    its later hidden writes in place, see AutogradFacts.hidden_write_back); elsewhere UnsupportedError."""
     from .saved import tensor_values, written_storages
 
     nodes = list(gm.graph.nodes)
     storage_rg: dict[Storage, bool] = {}  # whether eager's tensors of each storage require grad (over-approximated)
     reads: dict[Storage, list[int]] = {}  # reads with history since the last recorded write (by position)
     pending: dict[Storage, fx.Node] = {}  # a hidden write after a live read, no recorded write after it
+    recorded: dict[Storage, fx.Node] = {}  # the last recorded write
+    anchors: dict[Storage, fx.Node] = {}  # of the pending ones: the recorded write their reads came after
     node_rg: dict[fx.Node, bool] = {}  # a multi-result op's: its `getitem`s' take it
     for i, n in enumerate(nodes):
         v = info.values.get(n)
@@ -75,17 +80,22 @@ def refuse_hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requir
             hidden = not grad or any(_hidden_chain(x) for x in targets)
             if not hidden and storage_rg[s]:  # recorded by autograd: a new grad_fn
                 reads[s] = []
+                recorded[s] = n
                 pending.pop(s, None)
-            elif hidden and any(_live(r, nodes, info) for r in reads.get(s, ())):
-                pending.setdefault(s, n)
+                anchors.pop(s, None)
+            elif hidden and s not in pending and any(_live(r, nodes, info) for r in reads.get(s, ())):
+                pending[s] = n
+                anchors[s] = recorded.get(s)
         if isinstance(v, Value) and v.storage not in storage_rg:  # memory the program made: its grad_fn is n's
             storage_rg[v.storage] = rg
             if rg and not is_view_node(n):
                 reads[v.storage] = []
     if not pending:
-        return
+        return {}
     returned = _storages(next(n for n in nodes if n.op == "output"), info)
     for s, n in pending.items():
+        if _in_place(s) and anchors[s] is not None:
+            continue
         if s.kind is not StorageKind.INTERMEDIATE or s in returned:
             raise UnsupportedError(
                 with_location(
@@ -94,6 +104,14 @@ def refuse_hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requir
                     node_location(n),
                 )
             )
+    return {s: a for s, a in anchors.items() if s in pending and _in_place(s) and a is not None}
+
+
+def _in_place(s: Storage) -> bool:
+    """Whether the caller's tensor of `s` can take its value at its anchor and its hidden writes in place: one
+    tensor of its own (an alias group's members are views of a base the graph writes through), no element of
+    it sharing memory with another (one write-back of each repeat is kept to the end)."""
+    return s.kind is StorageKind.INPUT and internal_overlap(s.root_meta) == "no"
 
 
 def _hidden_chain(v: Value) -> bool:
