@@ -1,4 +1,5 @@
-"""The one hidden write dealias cannot give eager's autograd identity to (see refuse_hidden_write_after_a_read).
+"""A write autograd does not see, after a read with grad on since the last write it records: where dealias would
+give the tensor another grad_fn than eager's (hidden_write_after_a_read).
 
 A write autograd does not see (under no_grad, through `detach()` / `.data`, through a dtype view leaving floating
 point) leaves eager's tensor the grad_fn its last recorded write (or, for memory the program made, the op that
@@ -12,7 +13,7 @@ returned) gets its history at its write-back or return (gradops.keep_history), o
 follows (autograd_facts._write_back_now), a node the earlier read's gradient never passes. The gradients of the
 leaves are eager's, but a hook on the tensor would miss the read's gradient (fuzz seed 1940010: silently).
 
-That differs only when all of these hold, so only then the graph runs eagerly:
+That differs only when all of these hold:
 - the read carries the tensor's history: with grad on, not a view op (a view reads nothing; reads of it count),
   not through a detached or dtype view, into a differentiable result (not `x > 0`, not `zeros_like(x)`);
 - the read's result reaches something the caller holds after the graph: a graph output, a caller's tensor
@@ -22,6 +23,13 @@ That differs only when all of these hold, so only then the graph runs eagerly:
   tensor a new grad_fn that the read's gradient does not pass either, as dealias's write-back does);
 - the tensor is one the caller can hook after the graph: a caller's tensor (or an alias of it), or memory the
   program made and returns (or a view of it).
+
+Then, for a caller's own tensor (an input of its own, not an alias group, no internal overlap), the graph does what
+eager does: the tensor receives its value at its last recorded write (the anchor; AutogradFacts._write_back_now,
+with grad on), the reads after it read the caller's tensor, and each hidden write after it is written into the
+caller's tensor in place under no_grad (AutogradFacts.hidden_write_back): its grad_fn stays the anchor's
+write-back, through which every read since went, and its version counter moves at each write as eager's. Elsewhere
+(an alias group, memory the program made and returns) the graph runs eagerly.
 """
 
 from __future__ import annotations
