@@ -45,7 +45,7 @@ from ..ir.opfacts import facts, is_view_node, written_nodes
 from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
-from .hidden_writes import hidden_write_after_a_read
+from .hidden_writes import hidden_write_after_a_read, moves_counter
 from .unsafe_split import UnsafeSplitFacts
 from .view_grad_modes import steps_mode
 
@@ -301,16 +301,18 @@ class AutogradFacts(UnsafeSplitFacts):
         if self.writes_back_at(s, node):
             self._write_back_now(s)
         elif (hidden or not self.emit.grad) and s in self.hidden_after and s in self.written_back:
-            self.hidden_write_back(s)
+            self.hidden_write_back(s, node)
 
-    def hidden_write_back(self, s: Storage) -> None:
-        """A write autograd does not see of the caller's tensor of `s`, after its anchor (hidden_writes.py) wrote
-        it back: written into it now, under no_grad, as eager's write. Its grad_fn stays the anchor's write-back,
-        through which the reads since went, as eager's stays the anchor's node; later reads read it."""
+    def hidden_write_back(self, s: Storage, write: fx.Node) -> None:
+        """A write autograd does not see of the caller's tensor of `s` (`write`), after its anchor (hidden_writes.py)
+        wrote it back: written into it now, under no_grad, as eager's write, moving its version counter if eager's
+        does (not through `x.data`). Its grad_fn stays the anchor's write-back, through which the reads since went,
+        as eager's stays the anchor's node; later reads read it."""
         ph = self.walk.caller_placeholder(s)
         self.history.pop(s, None)  # (the caller's tensor carries the history)
         grad, self.emit.grad = self.emit.grad, False
-        node = self.emit.call(write_back_now, ph, self.walk.current(s))
+        keep = not moves_counter(write, s, self.info)
+        node = self.emit.call(write_back_now, ph, self.walk.current(s), keep_counter=keep)
         self.emit.grad = grad
         node.meta["rg"] = True
         self.walk.advance(s, node)

@@ -42,7 +42,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import UnsupportedError, node_location, with_location
 from ..ir.emitter import differentiable
-from ..ir.opfacts import is_view_node
+from ..ir.opfacts import bind_args, facts, is_view_node
 from ..ir.plan import StorageKind
 from ..ir.viewops import internal_overlap
 from .alias import AliasInfo, Storage, Value
@@ -120,6 +120,25 @@ def _in_place(s: Storage) -> bool:
     tensor of its own (an alias group's members are views of a base the graph writes through), no element of
     it sharing memory with another (one write-back of each repeat is kept to the end)."""
     return s.kind is StorageKind.INPUT and internal_overlap(s.root_meta) == "no"
+
+
+def moves_counter(write: fx.Node, s: Storage, info: AliasInfo) -> bool:
+    """Whether eager's `write` moves the version counter of the caller's tensor of `s`: it writes an argument of that
+    memory whose counter its kernel moves (OpFacts.counted), not through an alias with a counter of its own
+    (`x.data`)."""
+    from .saved import _own_counter_chain
+
+    f = facts(write.target)
+    bound = bind_args(write.target._schema, write.args, write.kwargs)
+    return any(
+        isinstance(x, fx.Node)
+        and isinstance(v := info.values.get(x), Value)
+        and v.storage is s
+        and not _own_counter_chain(x)
+        for name in f.mutated
+        if name in f.counted
+        for x in pytree.tree_leaves(bound.get(name))
+    )
 
 
 def _hidden_chain(v: Value) -> bool:
