@@ -205,6 +205,13 @@ def two_anchors(x):
     return a, b
 
 
+def recorded_write_reading_a_detached_alias(x):
+    x.sin_()
+    v = x * 2
+    x.add_(x.detach())  # recorded: what it writes is x itself (a hidden write would have lost this one's value)
+    return v
+
+
 def _plain_and_leaf():
     g = torch.Generator().manual_seed(0)
     return torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g, requires_grad=True)
@@ -222,6 +229,7 @@ def _plain_and_leaf():
         (written_through_data, _non_leaf((3, 4))),
         (saved_by_the_anchor, _non_leaf((3, 4))),
         (two_anchors, _non_leaf((3, 4))),
+        (recorded_write_reading_a_detached_alias, _non_leaf((3, 4))),
     ],
 )
 def test_caller_tensor_keeps_the_grad_fn_the_read_went_through(fn, make):

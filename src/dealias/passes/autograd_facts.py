@@ -96,6 +96,7 @@ class AutogradFacts(UnsafeSplitFacts):
         for s, anchor in self.hidden_after.items():
             self.last_write[s] = anchor
             self.last_input_write.pop(s, None)
+        self.back_at: dict[Storage, fx.Node] = {}  # the last write-back inside the graph of each caller storage
         self.written_back: set[Storage] = set()
         # Intermediate storages -> their last write, when autograd recorded it and the written value, which an op
         # like relu_ saves as its result, is not the storage's new base (a write of a part of it): see
@@ -300,7 +301,9 @@ class AutogradFacts(UnsafeSplitFacts):
             self.grad_writes.add(s)
         if self.writes_back_at(s, node):
             self._write_back_now(s)
-        elif (hidden or not self.emit.grad) and s in self.hidden_after and s in self.written_back:
+        elif s in self.hidden_after and s in self.written_back:
+            if not (hidden or not self.emit.grad):  # (hidden_writes.py saw no recorded write after the anchor)
+                raise UnsupportedError(f"{node.target}: a recorded write after a hidden one's anchor; not compiled yet")
             self.hidden_write_back(s, node)
 
     def hidden_write_back(self, s: Storage, write: fx.Node) -> None:
@@ -316,6 +319,7 @@ class AutogradFacts(UnsafeSplitFacts):
         self.emit.grad = grad
         node.meta["rg"] = True
         self.walk.advance(s, node)
+        self.back_at[s] = node
 
     def writes_back_at(self, s: Storage, node: fx.Node) -> bool:
         """Whether the caller's tensor of `s` receives its value at `node`, its last write, because autograd reads
@@ -381,6 +385,7 @@ class AutogradFacts(UnsafeSplitFacts):
         node.meta["rg"] = bool(ph.meta.get("rg") or node.meta.get("rg"))
         self.walk.advance(s, node)
         self.written_back.add(s)
+        self.back_at[s] = node
 
     def _restore_history(self, s: Storage) -> None:
         """Give storage `s` eager's history again: its current values, the gradient of its base from before the
@@ -399,6 +404,10 @@ class AutogradFacts(UnsafeSplitFacts):
         """A caller's tensor written with grad on is written back with its history, a returned intermediate is
         returned with it: eager's history, if writes invisible to autograd came since. (`storages`: every
         storage, in the order of their first values.)"""
+        # Each write from the anchor on went into the caller's tensor (hidden_writes.py), or the graph runs eagerly.
+        for s in self.hidden_after:
+            if self.walk.current(s) is not self.back_at.get(s):
+                raise UnsupportedError("a caller's tensor written after its hidden writes' anchor; not compiled yet")
         for s in [*(s for s in storages if s in self.grad_writes), *returned]:
             if s in self.history and (s in self.grad_writes or s.kind is StorageKind.INTERMEDIATE):
                 self._restore_history(s)

@@ -62,6 +62,14 @@ def hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requires_grad
     recorded: dict[Storage, fx.Node] = {}  # the last recorded write
     anchors: dict[Storage, fx.Node] = {}  # of the pending ones: the recorded write their reads came after
     node_rg: dict[fx.Node, bool] = {}  # a multi-result op's: its `getitem`s' take it
+    known: dict[int, bool] = {}
+
+    def live(r: int) -> bool:
+        # (each walk is the rest of the graph: past _WALKS of them, a read counts as live unasked)
+        if r not in known:
+            known[r] = len(known) >= _WALKS or _live(r, nodes, info)
+        return known[r]
+
     for i, n in enumerate(nodes):
         v = info.values.get(n)
         if n.op in ("placeholder", "get_attr") and isinstance(v, Value):
@@ -84,14 +92,14 @@ def hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requires_grad
                     reads[x.storage].append(i)
         for s in written:
             storage_rg[s] = storage_rg.get(s, False) or rg
-            targets = [x for x in values if x.storage is s]
+            targets = [x for x in _written_values(n, info) if x.storage is s]
             hidden = not grad or any(_hidden_chain(x) for x in targets)
             if not hidden and storage_rg[s]:  # recorded by autograd: a new grad_fn
                 reads[s] = []
                 recorded[s] = n
                 pending.pop(s, None)
                 anchors.pop(s, None)
-            elif hidden and s not in pending and any(_live(r, nodes, info) for r in reads.get(s, ())):
+            elif hidden and s not in pending and any(live(r) for r in reads.get(s, ())):
                 pending[s] = n
                 anchors[s] = recorded.get(s)
         if isinstance(v, Value) and v.storage not in storage_rg:  # memory the program made: its grad_fn is n's
@@ -120,6 +128,18 @@ def _in_place(s: Storage) -> bool:
     tensor of its own (an alias group's members are views of a base the graph writes through), no element of
     it sharing memory with another (one write-back of each repeat is kept to the end)."""
     return s.kind is StorageKind.INPUT and internal_overlap(s.root_meta) == "no"
+
+
+def _written_values(write: fx.Node, info: AliasInfo) -> list[Value]:
+    """The values `write` writes (its mutated arguments; not what else it reads of the same memory)."""
+    f = facts(write.target)
+    bound = bind_args(write.target._schema, write.args, write.kwargs)
+    return [
+        v
+        for name in f.mutated
+        for x in pytree.tree_leaves(bound.get(name))
+        if isinstance(x, fx.Node) and isinstance(v := info.values.get(x), Value)
+    ]
 
 
 def moves_counter(write: fx.Node, s: Storage, info: AliasInfo) -> bool:
@@ -165,6 +185,9 @@ def _storages(node: fx.Node, info: AliasInfo) -> set[Storage]:
         for x in pytree.tree_leaves((node.args, node.kwargs))
         if isinstance(x, fx.Node) and isinstance(v := info.values.get(x), Value)
     }
+
+
+_WALKS = 64
 
 
 def _live(start: int, nodes: list[fx.Node], info: AliasInfo) -> bool:
