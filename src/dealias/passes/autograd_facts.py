@@ -45,6 +45,7 @@ from ..ir.opfacts import facts, is_view_node, written_nodes
 from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
+from .hidden_writes import hidden_write_after_a_read, moves_counter
 from .unsafe_split import UnsafeSplitFacts
 from .view_grad_modes import steps_mode
 
@@ -86,11 +87,16 @@ class AutogradFacts(UnsafeSplitFacts):
         self.init_unsafe_split()  # (unsafe_split.py)
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
-        if under_autograd:
-            _refuse_hidden_write_after_a_read(gm, self.info, walk.requires_grad)
         # Caller storages written back where their last write is, under autograd (see _write_back_now).
         self.last_write = _last_writes(gm, self.info) if under_autograd else {}
         self.last_input_write = _last_writes(gm, self.info, read_later=False) if under_autograd else {}
+        # Caller tensors written invisibly to autograd after a read with grad on since their last recorded write,
+        # the anchor (hidden_writes.py): they receive their value there, their hidden writes after it in place.
+        self.hidden_after = hidden_write_after_a_read(gm, self.info, walk.requires_grad) if under_autograd else {}
+        for s, anchor in self.hidden_after.items():
+            self.last_write[s] = anchor
+            self.last_input_write.pop(s, None)
+        self.back_at: dict[Storage, fx.Node] = {}  # the last write-back inside the graph of each caller storage
         self.written_back: set[Storage] = set()
         # Intermediate storages -> their last write, when autograd recorded it and the written value, which an op
         # like relu_ saves as its result, is not the storage's new base (a write of a part of it): see
@@ -295,6 +301,25 @@ class AutogradFacts(UnsafeSplitFacts):
             self.grad_writes.add(s)
         if self.writes_back_at(s, node):
             self._write_back_now(s)
+        elif s in self.hidden_after and s in self.written_back:
+            if not (hidden or not self.emit.grad):  # (hidden_writes.py saw no recorded write after the anchor)
+                raise UnsupportedError(f"{node.target}: a recorded write after a hidden one's anchor; not compiled yet")
+            self.hidden_write_back(s, node)
+
+    def hidden_write_back(self, s: Storage, write: fx.Node) -> None:
+        """A write autograd does not see of the caller's tensor of `s` (`write`), after its anchor (hidden_writes.py)
+        wrote it back: written into it now, under no_grad, as eager's write, moving its version counter if eager's
+        does (not through `x.data`). Its grad_fn stays the anchor's write-back, through which the reads since went,
+        as eager's stays the anchor's node; later reads read it."""
+        ph = self.walk.caller_placeholder(s)
+        self.history.pop(s, None)  # (the caller's tensor carries the history)
+        grad, self.emit.grad = self.emit.grad, False
+        keep = not moves_counter(write, s, self.info)
+        node = self.emit.call(write_back_now, ph, self.walk.current(s), keep_counter=keep)
+        self.emit.grad = grad
+        node.meta["rg"] = True
+        self.walk.advance(s, node)
+        self.back_at[s] = node
 
     def writes_back_at(self, s: Storage, node: fx.Node) -> bool:
         """Whether the caller's tensor of `s` receives its value at `node`, its last write, because autograd reads
@@ -360,6 +385,7 @@ class AutogradFacts(UnsafeSplitFacts):
         node.meta["rg"] = bool(ph.meta.get("rg") or node.meta.get("rg"))
         self.walk.advance(s, node)
         self.written_back.add(s)
+        self.back_at[s] = node
 
     def _restore_history(self, s: Storage) -> None:
         """Give storage `s` eager's history again: its current values, the gradient of its base from before the
@@ -378,6 +404,10 @@ class AutogradFacts(UnsafeSplitFacts):
         """A caller's tensor written with grad on is written back with its history, a returned intermediate is
         returned with it: eager's history, if writes invisible to autograd came since. (`storages`: every
         storage, in the order of their first values.)"""
+        # Each write from the anchor on went into the caller's tensor (hidden_writes.py), or the graph runs eagerly.
+        for s in self.hidden_after:
+            if self.walk.current(s) is not self.back_at.get(s):
+                raise UnsupportedError("a caller's tensor written after its hidden writes' anchor; not compiled yet")
         for s in [*(s for s in storages if s in self.grad_writes), *returned]:
             if s in self.history and (s in self.grad_writes or s.kind is StorageKind.INTERMEDIATE):
                 self._restore_history(s)
@@ -504,44 +534,6 @@ class AutogradFacts(UnsafeSplitFacts):
             return None
         k = len(own) - 1 - n
         return k if 0 <= k < len(slot.chain) else None
-
-
-def _refuse_hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool]) -> None:
-    """Raise for a caller's tensor that requires grad, written with grad on (`x.sin_()`), read with grad on
-    (`v = x * 2`), then written invisibly to autograd (under no_grad, through `detach()`). Eager's tensor keeps
-    the visible write's grad_fn, through which v's gradient flows, so a hook registered on it later (by the
-    caller, or by the program: dynamo registers it after the graph) sees that gradient. The graph gives the
-    caller's tensor its history only at its write-back, after the hidden write: a node v's gradient never passes,
-    so the hook never ran and the gradient was not the hook's (fuzz seed 1940010, silently). Run eagerly."""
-    from .saved import tensor_values, written_storages
-
-    rg = {
-        v.storage
-        for ph in gm.graph.find_nodes(op="placeholder")
-        if isinstance(v := info.values.get(ph), Value) and requires_grad[info.input_index[ph]]
-    }
-    state: dict[Storage, str] = {}  # "visible" after a write autograd sees, "read" after a read with grad on
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-            continue
-        written = {s for s in written_storages(n, info, metadata=False) if s in rg}
-        grad = bool(n.meta.get("grad"))
-        for s in written:
-            targets = [v for v in tensor_values(n, info) if v.storage is s]
-            hidden = not grad or any(step.op is torch.ops.aten.detach.default for v in targets for step in v.chain)
-            if hidden and state.get(s) == "read":
-                raise UnsupportedError(
-                    with_location(
-                        f"{n.target} writes a tensor that requires grad invisibly to autograd after a read with grad "
-                        "on since its last recorded write (a hook on it would see the read's gradient in eager)",
-                        node_location(n),
-                    )
-                )
-            state[s] = "written invisibly" if hidden else "visible"
-        if grad and not is_view_node(n):
-            for v in tensor_values(n, info):
-                if v.storage not in written and state.get(v.storage) == "visible":
-                    state[v.storage] = "read"
 
 
 def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -> dict[Storage, fx.Node]:
