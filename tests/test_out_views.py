@@ -311,11 +311,6 @@ def maximum_into_every_other(x, y):
     return x
 
 
-def add_reading_what_it_wrote(x):
-    torch.add(x[:3], 1, out=x[::2])  # out[2] is x[4], computed from x[2], which out[1] already wrote
-    return x
-
-
 @pytest.mark.parametrize(
     "fn, make",
     [
@@ -328,44 +323,7 @@ def test_an_out_sharing_memory_with_an_argument_is_probed_on_memory_shared_alike
     assert dealias.graph_breaks(jf) == []
 
 
-def test_an_out_whose_kernel_reads_what_it_wrote_keeps_dynamos_break():
-    jf = check(add_reading_what_it_wrote, torch.randn(6), allow_fallback=True)
-    assert dealias.graph_breaks(jf)
-
-
-def lerp_from_each_of_two(x, z):
-    torch.lerp(z[0:10:2], x[0:10:2], 0.0, out=x[2:12:2])  # weight 0: x's values do not matter, copies agree
-    torch.lerp(x[0:10:2], z[0:10:2], 0.0, out=x[2:12:2])  # x[2i] read after out[i - 1] wrote it: eager's order
-    return x
-
-
-def test_a_probe_verdict_is_not_reused_where_memory_is_shared_otherwise():
-    # The two calls have the same layouts and constants; only which argument shares out's memory differs. The
-    # first's verdict was once reused for the second, which compiled with copies' values.
-    jf = check(lerp_from_each_of_two, torch.randn(12), torch.randn(12), allow_fallback=True)
-    assert dealias.graph_breaks(jf)
-
-
-def add_zero_times_strided_reads(x, y):
-    torch.add(y, x[0:10:2], alpha=0, out=x[2:12:2])  # x[2i] read after out[i - 1] wrote it, times 0
-    return x
-
-
-def test_an_out_that_agrees_with_copies_on_finite_values_only_keeps_dynamos_break():
-    x = torch.tensor([1.0, 2, float("inf"), 3, float("nan"), 4, 5, 6, 7, 8, 9, 10])
-    jf = check(add_zero_times_strided_reads, x, torch.randn(5), allow_fallback=True)
-    assert dealias.graph_breaks(jf)
-
-
-def sum_into_its_own_diagonal(x):  # fuzz seed 1100375: eager's reduction accumulates into out, which it reads
-    v = x[:, ::3]
-    torch.sum(v, 0, out=v.diagonal())
-    return x
-
-
-def test_an_out_its_kernel_reads_after_writing_breaks_saying_why():
-    jf = check(sum_into_its_own_diagonal, torch.randn(4, 6), allow_fallback=True)
-    assert any("reads what it already wrote" in str(b) for b in dealias.graph_breaks(jf))
+# An `out=` whose kernel reads what it already wrote runs as an eager island: tests/test_out_islands.py.
 
 
 def kron_into_strided(a, b, buf):

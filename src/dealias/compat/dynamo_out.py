@@ -30,8 +30,11 @@ included):
   probed on memory shared alike (`clamp(v, 0, 1, out=v)`, `neg(x[:, 0], out=x[:, 1])`; a partial overlap eager
   raises on, or a kernel reading what it already wrote, `add(x[:3], 1, out=x[::2])`, disagrees), with more fills
   where the elements differ (a read-after-write may give the same bytes by chance), and only under ATen's grain
-  size (one thread: the kernel's order fixed), and also on memory of its own (a later call may give it that);
-- a result that requires grad (eager raises: `out=` functions don't support automatic differentiation);
+  size (one thread: the kernel's order fixed), and also on memory of its own (a later call may give it that); a
+  kernel reading what it wrote (and an `out` whose elements share memory, an unfold of step 1) is traced as the
+  `out=` call itself, which capture runs as an eager island, where one can be exact (dynamo_out_island.py);
+- with grad on, a result or `out` that requires grad (eager raises: `out=` functions don't support automatic
+  differentiation; under no_grad eager fills such an `out`, as the copy does);
 - outs of one tuple that share memory with each other;
 - on a later call, an `out` that shares memory with an argument where the traced call's did not (`inv(a, out=o)`
   traced with `o` apart from `a`, called with `o` being `a`): dynamo's guards do not hold storage sharing between
@@ -40,7 +43,7 @@ included):
   graph eagerly with the call restored to `op(..., out=out)` (eager's kernel, eager's result or error).
 - arguments with symbolic sizes or values, too large to check cheaply (more than `CHECK_LIMIT` elements), or
   tensor arguments of an integer dtype (indices, pivots: random ones are not safe to run a kernel on; bool
-  masks are probed with random masks).
+  masks are probed with random masks) except for a pointwise op (aten's tag), probed with small integers.
 
 Inputs that share memory at a later call exactly as at the traced one (the same storages, the same relative
 offsets; dynamo guards sizes and strides) make every view of them as it was when the call was probed: such calls
@@ -59,7 +62,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from . import dynamo_out_resize
+from . import dynamo_out_island, dynamo_out_resize
 from .dynamo_out_resize import _resize_warning, inside
 from .dynamo_tensor import aten_tags
 from .registry import correction, replace_method, require, require_module
@@ -228,8 +231,11 @@ def _eager_fills(
         return None  # (lazily conjugated or negated views: the fresh tensors below would not carry those bits)
     # Random values are safe to compute on only in floating point and as masks: integer arguments are indices,
     # pivots, counts, which random ones make kernels reject or, in LAPACK's (ldl_solve's pivots), write outside
-    # their memory.
-    if any(not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype is torch.bool) for t in tensors):
+    # their memory. A pointwise op (aten's tag) only computes on its elements' values: any integers are safe there.
+    pointwise = torch.Tag.pointwise in (aten_tags(getattr(fn, "__name__", "")) or ())
+    if not pointwise and any(
+        not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype is torch.bool) for t in tensors
+    ):
         return None
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -321,6 +327,7 @@ def install() -> None:
     require(_udt, "get_vt_cls"), require(_udt, "items")
     _side_effects = require_module("torch._dynamo.variables.base")
     require(_side_effects, "ValueMutationNew")
+    dynamo_out_island.install()
 
     def rewritten(self: Any, tx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """The call as op + copy_ (one per out tensor), or None where dynamo's own handling applies (module
@@ -344,9 +351,12 @@ def install() -> None:
         if not resize and all(torch._prims_common.is_contiguous_or_false(o) for o in outs):
             return None  # (contiguous: dynamo's own handling is right)
         found = _arguments(args, rest)
-        # (outs of symbolic sizes too, as the arguments (_arguments): their layouts key the probe's verdicts; the
-        # OpInfo sweep's shared `_call` frame, made dynamic by its recompiles, raised hashing one)
-        if found is None or any(o.requires_grad or not _static(o) for o in outs):
+        # (Under no_grad eager fills an `out` that requires grad as any tensor, a write autograd does not record,
+        # which the copy into `out` is too; dynamo traces the grad mode, so it is the traced call's here. Outs of
+        # symbolic sizes are left to dynamo as the arguments are (_arguments): their layouts key the probe's
+        # verdicts; the OpInfo sweep's shared `_call` frame, made dynamic by its recompiles, raised hashing one.)
+        graded = torch.is_grad_enabled() and any(o.requires_grad for o in outs)
+        if found is None or graded or not all(_static(o) for o in outs):
             return None
         seeded = _draws_random(self.value)
         others = _tensor_leaves(*found)
@@ -362,8 +372,15 @@ def install() -> None:
         returned = _eager_fills(self.value, *found, outs, single, seeded=seeded, resize=resize)
         aliased = any(_storage_of(a) == _storage_of(o) for a in others for o in outs)
         again = lambda **kw: _eager_fills(self.value, *found, outs, single, seeded=seeded, resize=resize, **kw)
+        island = lambda: dynamo_out_island.applies(
+            self.value, others, outs, single and not resize, seeded, SINGLE_THREAD_ELEMENTS
+        )
+        islanded = lambda: dynamo_out_island.trace_or_break(tx, self.value, args, kwargs, out_vt, island())
+        # (An `out` whose elements share memory, an `unfold` of step 1: eager's kernel reads what it wrote there.)
+        if returned is None and dynamo_out_island.repeats(outs[0]) and island():
+            return islanded()
         if returned is None and aliased and again(alias=False) is not None:
-            _overlap_break(self.value)
+            return islanded()
         if returned is None:
             return None
         # (Read-after-write through shared memory can give the same bytes by chance, `maximum` rewriting a value
@@ -372,7 +389,7 @@ def install() -> None:
         # checks.aliasing_is_benign asks of in-place ops.)
         fills = (1, 2, 3, "rising", "falling", "special") if shared else ()
         if any(again(fill=f) != returned for f in fills):
-            _overlap_break(self.value)
+            return islanded()
         # An argument sharing an out's memory: also checked on memory of its own, which a later call may give it
         # where it came from another input (keep_out_overlaps runs the call eagerly where they share it otherwise).
         if aliased and again(alias=False) != returned:
@@ -406,19 +423,6 @@ def install() -> None:
         return call(self, tx, args, kwargs) if result is None else result
 
     replace_method(cls, "call_function", call, call_function)
-
-
-def _overlap_break(fn: Any) -> None:
-    """Break the graph, saying why: eager's `out=` kernel reads memory it already wrote (an argument sharing
-    out's memory), which the call without `out=` and a copy does not (checked on memory apart: it agrees there)."""
-    from .dynamo_tensor import _break
-
-    _break(
-        "dealias: `out=` sharing memory with the op's arguments, where eager's kernel reads what it already wrote",
-        getattr(fn, "__name__", repr(fn)),
-        "eager's result is the kernel's order of reads and writes, which a compiled graph does not keep: the call "
-        "runs eagerly",
-    )
 
 
 def _resizes(fn: Any, tx: Any, args: list[Any], kwargs: dict[str, Any], out: torch.Tensor) -> bool:

@@ -190,7 +190,32 @@ def inverse(
         return call(aten.slice_scatter.default, base_node, value_node, *args)
     if name == "aten::diagonal":
         return call(aten.diagonal_scatter.default, base_node, value_node, *args)
+    if name in _LOGICAL and not base.is_contiguous():
+        check_inverse(step, base, view)
+        return call(index_scatter_rel, base_node, value_node, *_logical_layout(step, base))
     return _as_strided_inverse(step, base, view, base_node, value_node, call)
+
+
+# Views whose elements are picked by the base's indices, whatever its strides: written through one of a
+# non-contiguous base, each element lands at the same index of the base as in a contiguous stand-in of its shape
+# (`x[::2].unfold(1, 2, 2)`), where the generic as_strided inverse reads storage positions, right only for a
+# contiguous base. (An `expand` reaches functionalization as `as_strided_rel`, which stays refused.)
+_LOGICAL = {"aten::unfold"}
+
+
+def _logical_layout(step: ViewStep, base: torch.Tensor) -> tuple[list[int], list[int], int]:
+    """The sizes, strides and offset of `step` (an unfold) taken of a contiguous tensor of `base`'s static sizes."""
+    shape = list(base.shape)
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * max(shape[d + 1], 1)
+    bound = bind_args(step.op._schema, (base, *step.args), dict(step.kwargs))
+    size, at = bound["size"], bound["step"]
+    if not shape:
+        return [size], [1], 0
+    d = bound["dimension"] % len(shape)
+    n = (shape[d] - size) // at + 1
+    return [*shape[:d], n, *shape[d + 1 :], size], [*strides[:d], strides[d] * at, *strides[d + 1 :], strides[d]], 0
 
 
 _PURE_INVERSE = {"aten::t", "aten::transpose", "aten::permute", "aten::view_as_real", "aten::view_as_complex"}
@@ -213,6 +238,10 @@ def check_inverse(step: ViewStep, base: torch.Tensor, view: torch.Tensor) -> Non
     name = getattr(step.op, "_schema", None) and step.op._schema.name
     if name in _PURE_INVERSE or name in _SCATTER_INVERSE:
         return
+    if name in _LOGICAL and not base.is_contiguous():
+        if symbolic_layout(base) or internal_overlap(base) != "no":
+            raise UnsupportedError(f"writing through {step.describe()} of a symbolic or self-overlapping tensor")
+        return  # (`inverse`: by the base's indices)
     # The generic as_strided inverse. The write is visible through the base only where the view stays inside
     # the base's elements: guaranteed here for a contiguous base. Offsets are relative to the base's first
     # element (see as_strided_rel).
