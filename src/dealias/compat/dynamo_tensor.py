@@ -29,7 +29,8 @@ user's registration (eager hooks the version before that write: refused) or only
 written version too: compiled). The graph's nodes at registration are kept in the hooked node's meta
 (HOOKED_AFTER); the backend reads the frame's hooks from dynamo's side effects (`hooks_of_frame`). Without the
 record any write of a hooked tensor refuses; where the hooks cannot be read at all, the backend refuses any graph
-that writes one of its inputs in place.
+that writes one of its inputs in place. A write after the registration breaks the graph before the write
+(hook_write_break), or at the registration where dynamo_hook_split.py can move the break there.
 """
 
 from __future__ import annotations
