@@ -121,6 +121,14 @@ def hook_by_keyword(x):
     return x * 3
 
 
+def a_second_hook_on_an_input_hooked_before_the_graph(x):  # fuzz seeds 1202170, 1203829
+    x.register_hook(lambda g: g + 1)  # (nothing wrote x before: registered before the graph, compat's hook_early)
+    x.mul_(2.0)
+    x.register_hook(seen("b"))  # on the written version: the graph splits here
+    x.add_(1.0)
+    return x * 3
+
+
 def one():
     return (torch.linspace(-1, 1, 4, requires_grad=True) * 1,)
 
@@ -146,6 +154,7 @@ SPLITS = [  # (program, arguments, graphs, splits)
     (written_under_no_grad, one, 2, 1),
     (registered_under_no_grad, one, 2, 1),
     (hook_by_keyword, one, 2, 1),
+    (a_second_hook_on_an_input_hooked_before_the_graph, one, 2, 1),
 ]
 
 

@@ -39,11 +39,15 @@ _reason_cls: Any = None
 
 
 def splittable(tx: Any) -> bool:
-    """Whether dynamo would break the graph at `tx`'s current instruction and resume after it (not skip the frame,
+    """Whether `tx`'s current instruction is a call of one argument (the hook's registration, not a call that makes
+    it: `map(x.register_hook, ..)`) at which dynamo would break the graph and resume after it (not skip the frame,
     nor move the break out to an enclosing call): the conditions of break_graph_if_unsupported's partial graph."""
     try:
+        inst = tx.current_instruction
         return (
-            tx.parent is None
+            inst.opname in _CALLS
+            and inst.arg == 1
+            and tx.parent is None
             and tx is tx.output.root_tx
             and not tx.one_graph
             and not tx.error_on_graph_break
@@ -69,8 +73,6 @@ def remember(tx: Any, node: torch.fx.Node) -> None:
             entry is not None
             and entry.inst is inst
             and entry.instruction_pointer == tx.instruction_pointer - 1
-            and inst.opname in _CALLS
-            and inst.arg == 1
             and not entry._failed
             and entry.reason is None
         )
