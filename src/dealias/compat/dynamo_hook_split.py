@@ -36,6 +36,7 @@ SPLIT = "dealias: a hook registration between two graphs"
 _POINTS = "_dealias_hook_splits"  # attribute on dynamo's OutputGraph: hooked node -> (entry, user stack, eogb)
 _CALLS = ("CALL", "CALL_KW")  # (the call instructions break_graph_if_unsupported wraps; 1 argument: the hook)
 _reason_cls: Any = None
+_lazy: Any = None
 
 
 def splittable(tx: Any) -> bool:
@@ -53,9 +54,30 @@ def splittable(tx: Any) -> bool:
             and not tx.error_on_graph_break
             and tx.should_compile_partial_graph()
             and not tx.maybe_has_backedge()
+            and _resumable(tx)
         )
     except Exception:  # noqa: BLE001 - dynamo's translator moved: the break stays where it was
         return False
+
+
+def _resumable(tx: Any) -> bool:
+    """Whether the frame's tensors at this point can be handed to the resume function: not a view of a function
+    returning several views (`split`) whose base was written since, whose `grad_fn` autograd refuses to give (dynamo
+    fails to take it as an input then, and the code after the break runs eagerly; fuzz seed 1204101). Variables dead
+    by then count too: the break at the write keeps what it did."""
+    for v in [*tx.symbolic_locals.values(), *tx.stack]:
+        if _lazy in type(v).__mro__:  # (not isinstance, nor getattr: either would build the variable, and guard it)
+            if not v.is_realized():
+                continue  # (a value the frame has not used yet: as it came in)
+            v = v.unwrap()
+        node = getattr(getattr(v, "proxy", None), "node", None)
+        fake = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+        if isinstance(fake, torch.Tensor):
+            try:
+                fake.grad_fn  # noqa: B018 - (the check: autograd raises on it)
+            except RuntimeError:
+                return False
+    return True
 
 
 def remember(tx: Any, node: torch.fx.Node) -> None:
@@ -112,7 +134,9 @@ def is_split(reason: str) -> bool:
     without="the graph breaks before the write (hook_write_break): the write runs eagerly, with a warning",
 )
 def install() -> None:
-    global _reason_cls
+    global _reason_cls, _lazy
+    lazy = require(require_module("torch._dynamo.variables.lazy"), "LazyVariableTracker")
+    require(lazy, "is_realized", "self"), require(lazy, "unwrap", "self")
     symbolic_convert = require_module("torch._dynamo.symbolic_convert")
     require(require(symbolic_convert, "SpeculationEntry"), "fail_and_restart_analysis", "self", "error_on_graph_break")
     log = require(symbolic_convert, "SpeculationLog")
@@ -124,3 +148,4 @@ def install() -> None:
     if not {"inst", "instruction_pointer", "_failed", "reason"} <= set(fields):
         raise Missing("SpeculationEntry's fields moved")
     _reason_cls = require(require_module("torch._dynamo.output_graph"), "GraphCompileReason", "reason", "user_stack")
+    _lazy = lazy
