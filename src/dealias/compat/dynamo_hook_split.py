@@ -37,6 +37,7 @@ _POINTS = "_dealias_hook_splits"  # attribute on dynamo's OutputGraph: hooked no
 _CALLS = ("CALL", "CALL_KW")  # (the call instructions break_graph_if_unsupported wraps; 1 argument: the hook)
 _reason_cls: Any = None
 _lazy: Any = None
+_livevars: Any = None
 
 
 def splittable(tx: Any) -> bool:
@@ -63,9 +64,10 @@ def splittable(tx: Any) -> bool:
 def _resumable(tx: Any) -> bool:
     """Whether the frame's tensors at this point can be handed to the resume function: not a view of a function
     returning several views (`split`) whose base was written since, whose `grad_fn` autograd refuses to give (dynamo
-    fails to take it as an input then, and the code after the break runs eagerly; fuzz seed 1204101). Variables dead
-    by then count too: the break at the write keeps what it did."""
-    for v in [*tx.symbolic_locals.values(), *tx.stack]:
+    fails to take it as an input then, and the code after the break runs eagerly; fuzz seed 1204101). Only the
+    variables dynamo hands over: those read from here on (its liveness analysis), its cells, and the stack."""
+    live = _livevars(tx.instructions, tx.current_instruction) | set(tx.cell_and_freevars())
+    for v in [*(v for k, v in tx.symbolic_locals.items() if k in live), *tx.stack]:
         if _lazy in type(v).__mro__:  # (not isinstance, nor getattr: either would build the variable, and guard it)
             if not v.is_realized():
                 continue  # (a value the frame has not used yet: as it came in)
@@ -134,7 +136,10 @@ def is_split(reason: str) -> bool:
     without="the graph breaks before the write (hook_write_break): the write runs eagerly, with a warning",
 )
 def install() -> None:
-    global _reason_cls, _lazy
+    global _reason_cls, _lazy, _livevars
+    livevars = require(
+        require_module("torch._dynamo.bytecode_analysis"), "livevars_analysis", "instructions", "instruction"
+    )
     lazy = require(require_module("torch._dynamo.variables.lazy"), "LazyVariableTracker")
     require(lazy, "is_realized", "self"), require(lazy, "unwrap", "self")
     symbolic_convert = require_module("torch._dynamo.symbolic_convert")
@@ -142,10 +147,16 @@ def install() -> None:
     log = require(symbolic_convert, "SpeculationLog")
     require(log, "next", "self", "filename", "lineno", "instruction_pointer", "inst")
     translator = require(symbolic_convert, "InstructionTranslatorBase")
-    for attr in ("speculate", "should_compile_partial_graph", "maybe_has_backedge", "frame_summary"):
+    for attr in (
+        "speculate",
+        "should_compile_partial_graph",
+        "maybe_has_backedge",
+        "frame_summary",
+        "cell_and_freevars",
+    ):
         require(translator, attr, "self")
     fields = require(symbolic_convert.SpeculationEntry, "__dataclass_fields__")
     if not {"inst", "instruction_pointer", "_failed", "reason"} <= set(fields):
         raise Missing("SpeculationEntry's fields moved")
     _reason_cls = require(require_module("torch._dynamo.output_graph"), "GraphCompileReason", "reason", "user_stack")
-    _lazy = lazy
+    _lazy, _livevars = lazy, livevars
