@@ -19,6 +19,7 @@ from torch._dynamo.exc import BackendCompilerFailed, TorchRuntimeError, Unsuppor
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 from torch._guards import CompileContext
 
+from .compat import dynamo_hook_split
 from .errors import (
     DataDependentError,
     DealiasError,
@@ -215,6 +216,11 @@ class JitFunction:
             if _intended_by_torch(reason):
                 self.graph_breaks.append(f"{described} (asked for by torch's own code)")
                 continue
+            if dynamo_hook_split.is_split(_break_reason(reason)):
+                # A break at a hook's registration (compat/dynamo_hook_split.py): only that call runs between the
+                # graphs, no tensor op runs eagerly: listed, not warned about.
+                self.graph_breaks.append(_describe_split(reason))
+                continue
             self.graph_breaks.append(described)
             warnings.warn(f"dealias: {self.stats.name}: {described}", GraphBreakWarning, stacklevel=4)
         limits = _limit_hits()
@@ -343,6 +349,20 @@ def _describe_break(reason: Any) -> str:
     frames = [f for f in reason.user_stack if not is_library_file(f.filename)]
     where = f" at {frames[-1].filename}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
     return f"part of the program runs eagerly{where}: {why}"
+
+
+SPLIT = "graph split"  # (the start of a listed break at which no tensor op runs eagerly: fuzz's "split")
+
+
+def _describe_split(reason: Any) -> str:
+    """One line for a break at which only a Python call with no tensor op runs between two graphs."""
+    frames = [f for f in reason.user_stack if not is_library_file(f.filename)]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
+    return f"{SPLIT}{where}: only that call runs between the graphs, no tensor op eagerly: {_break_reason(reason)}"
+
+
+def _break_reason(reason: Any) -> str:
+    return str(reason.reason).strip().splitlines()[0] if reason.reason else ""
 
 
 def jit(

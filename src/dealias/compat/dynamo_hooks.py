@@ -4,8 +4,9 @@
 view): eager hooks the version of x before the write (x's grad_fn at the registration), so `h` sees the gradient
 of that version. Dynamo registers the hooks of a frame after its graph has run, on x as the graph left it (the
 written version): a different gradient, with every backend. dealias's hook_write_break (dynamo_tensor.py) breaks
-the graph before such a write, so that the hook lands where eager's does; the rest of the frame then runs as a
-graph of its own (or eagerly, where dynamo cannot trace the code after the break: fuzz seeds 1100082, 1100230).
+the graph before such a write (or, with hook_split, dynamo_hook_split.py, at the registration), so that the hook
+lands where eager's does; the rest of the frame then runs as a graph of its own (or eagerly, where dynamo cannot
+trace the code after the break: fuzz seeds 1100082, 1100230).
 
 Where nothing in the frame wrote x's memory with grad mode on before the registration (a write under no_grad
 leaves x's grad_fn, which the hook attaches to, as it was), x's version at the registration is the one the frame

@@ -29,7 +29,8 @@ user's registration (eager hooks the version before that write: refused) or only
 written version too: compiled). The graph's nodes at registration are kept in the hooked node's meta
 (HOOKED_AFTER); the backend reads the frame's hooks from dynamo's side effects (`hooks_of_frame`). Without the
 record any write of a hooked tensor refuses; where the hooks cannot be read at all, the backend refuses any graph
-that writes one of its inputs in place.
+that writes one of its inputs in place. A write after the registration breaks the graph before the write
+(hook_write_break), or at the registration where dynamo_hook_split.py can move the break there.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-from . import dynamo_hooks
+from . import dynamo_hook_split, dynamo_hooks
 from .registry import active, correction, require, require_module
 from .settings import applies, for_dealias
 
@@ -206,13 +207,21 @@ def install_hook_record() -> None:
     def record(self: Any, tx: Any, method: str) -> None:
         node = self.proxy.node
         if method in _HOOKS and node.meta.get(dynamo_hooks.EARLY):
+            # (Where dynamo breaks at this call and resumes after it, only the registration runs between the graphs:
+            # named as a split, not as a part run eagerly.)
+            split = active(dynamo_hook_split.NAME) and dynamo_hook_split.splittable(tx)
             _break(
-                "dealias: a second hook on a graph input whose first hook is registered before the graph",
+                f"{dynamo_hook_split.SPLIT} (a second hook on a graph input whose first hook is registered before "
+                "the graph)"
+                if split
+                else "dealias: a second hook on a graph input whose first hook is registered before the graph",
                 f"{node.name}.{method}",
                 "the second registration may come after a write of the tensor: the graph breaks here",
             )
         if method in _HOOKS and HOOKED_AFTER not in node.meta:  # the first registration: the earliest version
             node.meta[HOOKED_AFTER] = frozenset(tx.output.graph.nodes)
+        if method in _HOOKS:  # (the latest registration where the graph can split, should a write of it follow)
+            dynamo_hook_split.remember(tx, node)
 
     _wrap_call_method("hook_record", before=record)
 
@@ -259,6 +268,8 @@ def install_write_break() -> None:
             if tensor is not None and dynamo_hooks.mark(output, tensor, _written_before(tensor, output)):
                 tensor = None  # (its hook is registered before the graph runs, on the version eager hooks)
             if tensor is not None:
+                # (Where the registration can split the graph, dynamo's analysis restarts to break there: raises.)
+                dynamo_hook_split.split(output, tensor, str(getattr(node.target, "__name__", node.target)))
                 self.graph.erase_node(node)  # (dynamo traces the frame again, up to here, for the break)
                 _break(
                     "dealias: a write after a hook on a graph input (the hook sees the version before it)",

@@ -63,6 +63,13 @@ def hook_then_write(x: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
     return x * 1
 
 
+def written_hooked_written(x: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+    x.mul_(2.0)  # (the version eager hooks exists only inside the graph)
+    x.register_hook(lambda g: g + 1)
+    x.add_(1.0)
+    return x * 1
+
+
 def _hooked() -> tuple[torch.Tensor, torch.Tensor]:
     leaf = torch.linspace(-1, 1, 3, requires_grad=True)
     return leaf * 1, leaf
@@ -146,6 +153,7 @@ EXAMPLES: dict[str, Example] = {
     "storage_offset": Example(first_placement, lambda: [_placed(0), _placed(1), _placed(2)], dynamic=True),
     "hook_record": Example(hook_then_write, lambda: [_hooked(), _hooked()], backward=True),
     "hook_write_break": Example(hook_then_write, lambda: [_hooked(), _hooked()], backward=True),
+    "hook_split": Example(written_hooked_written, lambda: [_hooked(), _hooked()], backward=True),
     "symbolic_indexing": Example(
         symbolic_position, lambda: [(torch.zeros(2, 9), torch.ones(2), p) for p in (2, 5, 7)], dynamic=True
     ),

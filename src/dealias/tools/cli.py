@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['programs']} programs in {s['seconds']} s: {s['ok']} matched eager, {s['error-matched']} raised "
             f"as eager did, {s['fallback']} ran a graph eagerly (fallback), {s['overlap']} ran a write whose elements "
             f"share memory eagerly (overlap), {s['eager-raises']} ran eagerly where eager raises later (at backward), "
-            f"{s['graph-break']} had a part dynamo ran eagerly (graph break), "
+            f"{s['graph-break']} had a part dynamo ran eagerly (graph break), {s['split']} compiled as more than one "
+            "graph with no op run eagerly between them (split), "
             f"{s['refused']} refused, {s['mismatch']} MISMATCHED"
         )
         return 1 if s["mismatch"] else 0

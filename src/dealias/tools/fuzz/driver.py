@@ -33,6 +33,7 @@ def fuzz(
         "overlap": 0,
         "eager-raises": 0,
         "graph-break": 0,
+        "split": 0,
         "error-matched": 0,
         "refused": 0,
         "mismatch": 0,

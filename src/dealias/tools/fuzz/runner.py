@@ -20,9 +20,10 @@ from .program import Program
 class Outcome:
     # "ok"; "fallback" (dealias ran a graph or the program eagerly); "overlap" (a graph ran eagerly because a write
     # shares memory between elements: eager's result depends on its kernel's order); "graph-break" (dynamo ran a
-    # part eagerly, the rest compiled); "error-matched"; "refused" (dynamo's fake tensors raised on an op eager
-    # runs, after user code ran: a clear error, not a silent result); "eager-raises" (a graph ran eagerly because
-    # eager raises on it later: at backward, or at a view autograd forbids); "mismatch"
+    # part eagerly, the rest compiled); "split" (compiled as more than one graph, dynamo ran no tensor op eagerly
+    # between them: only a hook's registration, api.SPLIT); "error-matched"; "refused" (dynamo's fake tensors
+    # raised on an op eager runs, after user code ran: a clear error, not a silent result); "eager-raises" (a graph
+    # ran eagerly because eager raises on it later: at backward, or at a view autograd forbids); "mismatch"
     status: str
     detail: str = ""
 
@@ -72,6 +73,11 @@ def _run_calls(prog: Program, program: Callable[..., Any], make_args: Callable[[
                 return Outcome(status, str(told[0].message))
     if dealias.cache_info(jitted).entries == 0:
         return Outcome("error-matched")
+    from ...api import SPLIT
+
+    splits = [b for b in dealias.graph_breaks(jitted) if b.startswith(SPLIT)]
+    if splits:  # (more than one graph, and only Python calls with no tensor op between them)
+        return Outcome("split", splits[0])
     return Outcome("ok")
 
 
