@@ -12,6 +12,7 @@ from harness import AddsItsInput, HalvesGradient, check, grads_like_eager
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import dealias
+from dealias.ir.opfacts import is_view_node
 from dealias.runtime import double_backward, fused_autograd
 from dealias.runtime.double_backward import written_inputs_read
 from dealias.runtime.fused import Unfusable
@@ -759,3 +760,30 @@ def test_the_run_on_copies_of_the_inputs_keeps_their_strides(monkeypatch):
     check(scale_a_column_block, torch.randn(5, 5, requires_grad=True), torch.randn(5, 5)[:, :2], executor="inductor")
     assert [t.stride() for t in seen] == [(5, 1), (5, 1)]
     assert all(t.untyped_storage().nbytes() >= 22 * 4 for t in seen)
+
+
+def test_multihead_attention_views_reach_inductor_next_to_their_source(monkeypatch):
+    # The packed q/k/v buffer's three views come right after it in the graph inductor lowers, as in dynamo's graph:
+    # with the views of k and v after q's scaling, inductor computed the scaled q again from the projection and its
+    # bias, in a loop it could not vectorize (runtime/graph_order.py). Values and gradients as eager's.
+    import torch._inductor.compile_fx as inductor_compile
+
+    handed, compile_fx = [], inductor_compile.compile_fx
+    monkeypatch.setattr(
+        inductor_compile, "compile_fx", lambda gm, *a, **k: handed.append(gm) or compile_fx(gm, *a, **k)
+    )
+
+    def attention(x, w_in, b_in, w_out, b_out):  # (nn.MultiheadAttention's forward, its parameters passed)
+        return torch.nn.functional.multi_head_attention_forward(
+            x, x, x, 8, 2, w_in, b_in, None, None, False, 0.0, w_out, b_out, training=True, need_weights=True
+        )
+
+    shapes = ((3, 2, 8), (24, 8), (24,), (8, 8), (8,))
+    make = lambda: tuple(torch.randn(*s, requires_grad=True) for s in shapes)  # noqa: E731
+    grads_like_eager(attention, dealias.jit(attention, executor="inductor"), make)
+    gm = handed[0]  # (the first program: the call with grad on)
+    nodes = list(gm.graph.nodes)
+    packed = next(n for n in nodes if n.target is aten.clone.default and len(n.users) == 3)
+    selects = [n for n in nodes if n.target is aten.select.int and n.args[0] is packed]
+    first_compute = next(n for n in nodes[nodes.index(packed) + 1 :] if not is_view_node(n))
+    assert all(nodes.index(s) < nodes.index(first_compute) for s in selects), gm.code

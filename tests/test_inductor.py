@@ -906,3 +906,33 @@ def test_an_index_computed_from_nothing_of_the_calls_is_computed_and_checked_onc
         with pytest.raises(IndexError, match="index out of range"):
             short(torch.randn(6, 4), torch.randn(5, 4), out)
         assert not out.any()
+
+
+def embed_tokens_and_positions(ids, wte, wpe, out):
+    pos = torch.arange(ids.shape[-1])  # (GPT-2's forward: token ids viewed, positions from nothing of the call's)
+    emb = torch.nn.functional.embedding
+    out.copy_(emb(ids.view(-1, ids.shape[-1]), wte)[0] + emb(pos, wpe))
+
+
+def test_an_index_from_nothing_is_computed_once_beside_one_of_the_calls():
+    # GPT-2's prologue has both: its position ids (the same values on every call) and a view of the call's token ids
+    # (checked on every call). The position ids were computed again on every call with the ids' view.
+    make = lambda: (torch.tensor([[1, 0, 2, 1]]), torch.randn(3, 4), torch.randn(6, 4), torch.zeros(4, 4))  # noqa: E731
+    jf = check(embed_tokens_and_positions, *make(), executor="inductor")
+    assert jf.last.tier == "fused"
+    args = make()
+    with torch.profiler.profile() as prof:
+        for _ in range(3):
+            jf(*args)
+    assert not [e.name for e in prof.events() if e.name == "aten::arange"]
+    for _ in range(2):  # the call's ids out of range: eager's error on every call, before the write
+        ids, wte, wpe, out = make()
+        ids[0, 2] = 3
+        with pytest.raises(IndexError, match="index out of range"):
+            jf(ids, wte, wpe, out)
+        assert not out.any()
+        a = make()
+        b = tuple(t.clone() for t in a)
+        jf(*a)
+        embed_tokens_and_positions(*b)
+        torch.testing.assert_close(a[3], b[3], rtol=0, atol=0)

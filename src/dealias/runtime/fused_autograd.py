@@ -36,6 +36,7 @@ from ..ir.opfacts import is_view_node, may_raise, op_name
 from .conv_layout import channels_last
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_counters, written_inputs_read
 from .fused import runner
+from .graph_order import views_after_their_source
 from .hazards import SNAPSHOT, Unfusable
 from .inductor_fixes import decompositions
 from .kernel_checks import refuse_raising
@@ -61,6 +62,7 @@ def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
         if source.op == "placeholder":
             n.target, n.kwargs = SNAPSHOT, {}
     _views_of_intermediates_as_reshapes(out)
+    views_after_their_source(out)  # (inductor lowers in graph order: graph_order.py)
     out.recompile()
     return out
 

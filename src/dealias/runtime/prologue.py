@@ -93,7 +93,7 @@ def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple
     every = compute is None or len(handed) == len(hoisted.indices)
     # A check of a constant index (`hoisted.constant`) against a static size passes or raises alike on every call:
     # it runs until a call passed it.
-    once = [c for c in checks if hoisted.constant and c[1] >= len(placeholders) and c[0] is not bump_version]
+    once = [c for c in checks if c[1] - len(placeholders) in hoisted.constant and c[0] is not bump_version]
     checks = [c for c in checks if c not in once]
     passed = []
 
@@ -124,9 +124,9 @@ class _Hoisted:
         self.gm, self.placeholders = gm, placeholders
         self.indices: list[fx.Node] = []  # in the order the prologue computes them
         self.handed: list[int] = []  # positions in `indices` of those handed to the graph (`finish`)
-        # the indices are computed from nothing of the call's (GPT-2's `arange(n)` position ids, n static): the
-        # same values on every call, computed once (`finish`)
-        self.constant = False
+        # the positions in `indices` of those computed from nothing of the call's (GPT-2's `arange(n)` position ids,
+        # n static): the same values on every call, computed once (`finish`)
+        self.constant: frozenset[int] = frozenset()
 
     @functools.cached_property
     def _order(self) -> dict[fx.Node, int]:
@@ -169,20 +169,19 @@ class _Hoisted:
         """Make the hoisted indices inputs of the graph; returns the function computing them from the call's."""
         if not self.indices:
             return None
-        graph, env = fx.Graph(), {}
-        for ph in self.placeholders:
-            env[ph] = graph.placeholder(ph.name)
-        cone = sorted(set().union(*(self._cone(i) for i in self.indices)), key=self._order.__getitem__)
-        for n in cone:
-            env[n] = graph.node_copy(n, env.__getitem__)
+        cones = [self._cone(i) for i in self.indices]
+        self.constant = frozenset(
+            k for k, (i, cone) in enumerate(zip(self.indices, cones)) if _computed_from_nothing(cone, [i])
+        )
         root = self._memory[1]
-        self.constant = _computed_from_nothing(cone, self.indices)
-        graph.output(tuple(env[i] for i in self.indices))
         self.handed = [k for k, i in enumerate(self.indices) if i not in root]
         # (Aten calls. torch_executor's Tensor methods cost half as much, but choosing them pinned length symbols
         # until executor.py stopped its probe from guarding; HF's Mistral trained at a third length indexed out of
         # bounds inside its kernels. Not taken again here: the gain is a few microseconds a call.)
-        compute = fx.GraphModule(self.gm, graph).forward
+        # The constant indices are computed once, the others on every call: GPT-2's position ids are constant, its
+        # `input_ids.view(-1, n)` (checked) is the call's, and the whole cone ran on every call (~10 us).
+        parts = [[k for k in range(len(self.indices)) if (k in self.constant) == once] for once in (True, False)]
+        computes = [self._computing([self.indices[k] for k in ks], [cones[k] for k in ks]) for ks in parts]
         for i in (self.indices[k] for k in self.handed):  # (placeholders come first: each new one after the last)
             last = self.gm.graph.find_nodes(op="placeholder")
             where = self.gm.graph.inserting_after(last[-1]) if last else self.gm.graph.inserting_before()
@@ -190,26 +189,37 @@ class _Hoisted:
                 ph = self.gm.graph.placeholder(f"{i.name}_computed_first")
             ph.meta = dict(i.meta)
             i.replace_all_uses_with(ph)
-        for n in reversed(cone):
+        for n in reversed(sorted(set().union(*cones), key=self._order.__getitem__)):
             if not n.users:
                 self.gm.graph.erase_node(n)
 
+        (const_at, const_compute), (call_at, call_compute) = zip(parts, computes)
+        combined = [*const_at, *call_at]
+        order = [combined.index(k) for k in range(len(self.indices))]  # (where each index is in `values`)
         computed: list[tuple[Any, ...]] = []
 
         def run(*args: Any) -> tuple[Any, ...]:
-            if computed:
-                return computed[0]
             grad = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)  # (nothing in the fused graph records autograd: `unfusable`)
             try:
-                values = compute(*args)
+                if not computed:  # (the graph only reads them: nothing writes memory that is not the caller's)
+                    computed.append(const_compute(*args) if const_at else ())
+                values = (*computed[0], *call_compute(*args)) if call_at else computed[0]
             finally:
                 torch._C._set_grad_enabled(grad)
-            if self.constant:  # (the graph only reads them: nothing writes memory that is not the caller's)
-                computed.append(values)
-            return values
+            return values if not call_at or not const_at else tuple(values[k] for k in order)
 
         return run
+
+    def _computing(self, indices: list[fx.Node], cones: list[list[fx.Node]]) -> Callable[..., tuple[Any, ...]]:
+        """A function of the call's inputs computing `indices` (`cones`: the nodes computing each)."""
+        graph, env = fx.Graph(), {}
+        for ph in self.placeholders:
+            env[ph] = graph.placeholder(ph.name)
+        for n in sorted(set().union(set(), *cones), key=self._order.__getitem__):
+            env[n] = graph.node_copy(n, env.__getitem__)
+        graph.output(tuple(env[i] for i in indices))
+        return fx.GraphModule(self.gm, graph).forward
 
 
 def _computed_from_nothing(cone: list[fx.Node], indices: list[fx.Node]) -> bool:
