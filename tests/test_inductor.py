@@ -688,6 +688,33 @@ def test_short_attention_runs_by_matmuls_and_long_attention_by_the_flash_kernel(
     assert [r.mode for r in dealias.explain(jf)] == ["in place", "in place"]
 
 
+def decode_attention_rotary(kc, vc, q, cos, sin, k, v, pos: int, mask):
+    kc[:, :, pos] = k
+    vc[:, :, pos] = v
+    q = q * cos + q.flip(-1) * sin  # (a rotary embedding's shape of computation: pointwise over q)
+    return torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
+
+
+def test_short_attention_over_computed_queries_keeps_the_flash_kernel():
+    # By matmuls, inductor would compute q's expression inside the product with each key (HF Llama's decode step)
+    keys = 64
+    mask = torch.zeros(1, 1, 1, keys, dtype=torch.bool)
+    mask[..., :40] = True
+    args = (torch.randn(1, 2, keys, 8), torch.randn(1, 2, keys, 8), torch.randn(1, 2, 1, 8))
+    rotary = (torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8))
+    jf = check(
+        decode_attention_rotary,
+        *args,
+        *rotary,
+        torch.randn(1, 2, 8),
+        torch.randn(1, 2, 8),
+        39,
+        mask,
+        executor="inductor",
+    )
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in targets(fused_graph(jf))
+
+
 def test_a_tiered_program_runs_on_the_torch_executor_where_the_fused_ones_guard_fails(monkeypatch):
     # Inductor's decisions about a program's symbols may add guards to it: the fused program then holds for fewer
     # calls than the cache entry (made with the torch executor's guard) lets in. Those calls run the exact tier.
