@@ -186,6 +186,10 @@ class OutputSlot:
     # Made from output k's tensor by the steps of the chain after its first n: a view of a tensor of its own that
     # the program also returns (`v2 = x.flatten()`, a copy, and `v2.view(-1)`), whose `_base` in eager is it.
     from_output: FromOutput | None = None
+    # Made stale, as eager's is: a view made under no_grad whose memory was written after it was made (its grad_fn
+    # raises when read, and so does a view made of it with grad on). Its chain is replayed with its version counter
+    # one ahead of the memory's, then set back: the view's recorded version differs from its base's, as eager's.
+    stale: bool = False
 
 
 @dataclass

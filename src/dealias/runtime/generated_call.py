@@ -42,6 +42,11 @@ def as_strided_keeping_version(t: torch.Tensor, size: Any, stride: Any, rel: int
     torch._C._autograd._unsafe_set_version_counter((t,), (version,))
 
 
+def set_version_counter(t: torch.Tensor, version: int) -> None:
+    """Set the version counter `t` shares with its base and views (OutputSlot.stale)."""
+    torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+
+
 def restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
     """pytree rebuilds a torch.Size as a plain tuple; eager returned a torch.Size (`return x.shape`)."""
     if spec.type is torch.Size:
@@ -180,6 +185,16 @@ class _Call:
         t = self.ref(slot.source)
         if not slot.chain:
             return t
+        if slot.stale:  # (OutputSlot.stale: made with the counter one ahead, which is then set back)
+            version, set_versions = self.s.fresh("version"), self.s.bind(set_version_counter, "set_version_counter")
+            self.s.emit(f"{version} = {t}._version")
+            self.s.emit(f"{set_versions}({t}, {version} + 1)")
+            name = self.made(i, slot, t)
+            self.s.emit(f"{set_versions}({t}, {version})")
+            return name
+        return self.made(i, slot, t)
+
+    def made(self, i: int, slot: OutputSlot, t: str) -> str:
         n = len(slot.chain)
         made = self.grad if slot.grad is None else slot.grad
         until = n if slot.grad_until is None else slot.grad_until
