@@ -176,6 +176,9 @@ class OutputSlot:
     # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
     # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
     multi_output: MultiOutputStep | None = None
+    # ...and an earlier step k replayed as the `unsafe_split` eager made (`x.unsafe_chunk(2)[0].split(1)[0]`): its
+    # element is a tensor of its own (no autograd view of x, a version counter of its own), the view's `_base`.
+    unsafe_output: MultiOutputStep | None = None
     # Sizes, strides and a storage-offset move set in place (`as_strided_`) once every output is made: a tensor
     # eager made as no view whose layout changed in place (`y = x * 2; y.t_()`), returned as made, re-strided.
     restride: Restride | None = None

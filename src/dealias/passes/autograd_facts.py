@@ -458,8 +458,11 @@ class AutogradFacts(UnsafeSplitFacts):
         # (its grad_fn, the op eager's errors name); earlier ones replay as plain views of the same memory.
         multi = self._multi_output_step(f.split_since or f.root, full, slot)
         by_unsafe = unsafe and self._multi_output_step(unsafe, full, slot)
-        if multi and by_unsafe and by_unsafe != multi:  # (one multi-output step per output is replayed as made)
-            raise UnsupportedError("a split of an unsafe_split element is returned; not rebuilt exactly yet")
+        if multi and by_unsafe and by_unsafe != multi:
+            # A split of an element: the element is a tensor of its own, the view's base (OutputSlot.unsafe_output)
+            if by_unsafe.step > multi.step:
+                raise UnsupportedError("a split of an unsafe_split element is returned; not rebuilt exactly yet")
+            slot = replace(slot, unsafe_output=by_unsafe)
         multi = multi or by_unsafe
         if not f.nograd:
             if slot.early and multi is None:  # (made as a plain view, its grad_fn would not raise)

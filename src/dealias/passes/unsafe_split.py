@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from ..errors import UnsupportedError, node_location, with_location
 from ..ir.emitter import Emitter
-from ..ir.opfacts import facts, written_nodes
+from ..ir.opfacts import facts, is_view_node, written_nodes
 from ..ir.plan import OutputSlot, StorageKind
 from .alias import AliasInfo, Storage, Value
 
@@ -50,7 +50,7 @@ class UnsafeSplitFacts:
         rebuilt by `unsafe_split`, with its own grad_fn); under no_grad, or written later, it runs eagerly."""
         source = view.args[0] if view.target is operator.getitem else view
         op = source.target
-        if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view:
+        if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view and not _elements_unused(source):
             value = self.info.values.get(view)
             if self.requires_grad(source.args[0]):
                 if not self.emit.grad:
@@ -156,3 +156,43 @@ class UnsafeSplitFacts:
             obj = self.info.value(element).obj
             if self.returned_elements.setdefault(obj, arg) is not arg:
                 raise UnsupportedError("two results are views of one unsafe_split element; not rebuilt as one yet")
+
+
+def _elements_unused(split: fx.Node) -> bool:
+    """Whether no element of `split` (an `unsafe_split`) is used: not returned, written, nor read by an op whose
+    result is used (views of one count as it; ops that read only its metadata, `new_zeros`, do not read it).
+    Its values and autograd are then nobody's, and the program is as eager's would be without it (fuzz seed
+    1201151: `torch.where(.., e, ..)` whose result nothing reads)."""
+    memo: dict[fx.Node, bool] = {}
+    return not any(_used(u, memo) for u in split.users)
+
+
+def _used(n: fx.Node, memo: dict[fx.Node, bool]) -> bool:
+    """Whether what `n` computes from a tensor it reads reaches the program's results or memory."""
+    if n in memo:
+        return memo[n]
+    memo[n] = True  # (a cycle cannot happen in a graph; assumed used while being decided)
+    op = n.target
+    if n.op != "call_function":
+        used = True
+    elif op is operator.getitem or is_view_node(n):
+        used = any(_used(u, memo) for u in n.users)
+    elif not isinstance(op, torch._ops.OpOverload) or facts(op).mutated:
+        used = True  # (a write, or a call dealias cannot look into)
+    elif _reads_metadata_only(n):
+        used = False
+    elif torch.Tag.nondeterministic_seeded in op.tags:
+        used = True  # (it draws from the generator)
+    else:
+        used = any(_used(u, memo) for u in n.users)
+    memo[n] = used
+    return used
+
+
+def _reads_metadata_only(n: fx.Node) -> bool:
+    """A factory taking a tensor for its metadata (`zeros_like`, `new_ones`): its schema has `layout` and
+    `pin_memory` (`_to_copy` too, but it is a cast that reads the values)."""
+    schema = getattr(n.target, "_schema", None)
+    if schema is None or n.target is torch.ops.aten._to_copy.default:
+        return False
+    return {"layout", "pin_memory"} <= {a.name for a in schema.arguments}

@@ -169,9 +169,10 @@ class _Call:
 
     def chain(self, t: str, slot: OutputSlot, start: int, end: int) -> str:
         """Steps `start:end` of `slot`'s view chain replayed on `t`, step k as the multi-output view eager made."""
-        multi = slot.multi_output
+        made = {m.step: m for m in (slot.unsafe_output, slot.multi_output) if m is not None}
         for k in range(start, end):
-            if multi is not None and k == multi.step:
+            multi = made.get(k)
+            if multi is not None:
                 args = ", ".join([t, *(self.s.literal(a, self.result) for a in multi.args)])
                 t = f"{self.s.bind(multi.op, _op_name(multi.op))}({args})[{multi.index}]"
             else:
