@@ -3,8 +3,10 @@ now: a split whose elements nothing uses (its tensor written afterwards: eager's
 it), and a split of an element returned (the element, a tensor of its own, is the view's base: both steps are
 replayed as eager made them). Against eager on fresh arguments, first and cached call: outputs (requires_grad,
 grad_fn, is-view, `_base` kind), inputs, aliasing, version counters, gradients; and no fallback (held-out fuzz
-seeds 1201151, 1203820, 1202771, 1202781, 1202968, 1204309). A split whose elements are read after a write of
-its memory still runs eagerly, as eager's autograd keeps their histories apart."""
+seeds 1201151, 1203820, 1202771, 1202781, 1202968, 1204309); an element only returned, whose memory other tensors
+wrote after the split: eager's keeps the history it had at the split (gradops.attach_history), or none, made under
+no_grad (seeds 1204075, 1204517, 1202333). A split whose elements are read after a write of its memory still runs
+eagerly, as eager's autograd keeps their histories apart."""
 
 from __future__ import annotations
 
@@ -67,7 +69,66 @@ def split_of_an_element_with_grad(x0):
     return (e.split(1, 0)[0], x0 * 3)
 
 
+def element_returned_after_a_write_of_its_input(x0):  # fuzz seeds 1204075, 1204517
+    e = x0.unsafe_chunk(2, 0)[0]
+    x0.index_fill_(0, torch.tensor([0]), 1.5)  # eager's e keeps UnsafeSplitBackward to x0 before this write
+    return (e,)
+
+
+def element_returned_with_its_input_after_a_read_write(x0):
+    e = x0.unsafe_chunk(2, 0)[0]
+    x0.mul_(3)  # (x0's gradient goes through mul_, e's does not)
+    return (e, x0)
+
+
+def element_returned_after_a_no_grad_write(x0):
+    e = x0.unsafe_chunk(2, 0)[0]
+    with torch.no_grad():
+        x0.fill_(1.0)
+    return (e, x0)
+
+
+def element_of_an_intermediate_returned_after_a_write(x0):
+    y = x0 * 2
+    e = y.unsafe_chunk(2, 0)[0]
+    y.mul_(y)
+    return (e, y)
+
+
+def element_of_a_member_returned_after_a_write_of_the_group(x0, v):
+    e = v.unsafe_chunk(2, 0)[0]
+    x0.mul_(2)
+    return (e,)
+
+
+def element_made_under_no_grad_returned_after_a_write(x0):  # fuzz seed 1202333: no history, not a view
+    with torch.no_grad():
+        v2 = x0.unsafe_chunk(2, 0)[0]
+    x0[2] = 1.5
+    return (v2,)
+
+
+def relu_after_unsafe_chunk(x0):  # fuzz seed 997604: relu_, the last write, runs in place on the caller's x0
+    v1 = x0.reshape(-1)
+    v2 = x0.unsafe_chunk(2, 1)[0]
+    v1.relu_()
+    return (v2,)
+
+
+def _group():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, generator=g, requires_grad=True) * 1
+    return (x, x[2:])
+
+
 CASES = [
+    (element_returned_after_a_write_of_its_input, _rg((6,))),
+    (element_returned_with_its_input_after_a_read_write, _rg((6, 2))),
+    (element_returned_after_a_no_grad_write, _rg((6,))),
+    (element_of_an_intermediate_returned_after_a_write, _rg((4, 3))),
+    (element_of_a_member_returned_after_a_write_of_the_group, _group),
+    (element_made_under_no_grad_returned_after_a_write, _rg((6,))),
+    (relu_after_unsafe_chunk, _rg((4, 4))),
     (element_unused_then_written, _rg((6,), (1,))),
     (element_read_for_its_metadata_then_written, _rg((3, 4, 2))),
     (split_of_an_element_returned, _plain((5, 5))),

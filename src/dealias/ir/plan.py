@@ -179,6 +179,9 @@ class OutputSlot:
     # ...and an earlier step k replayed as the `unsafe_split` eager made (`x.unsafe_chunk(2)[0].split(1)[0]`): its
     # element is a tensor of its own (no autograd view of x, a version counter of its own), the view's `_base`.
     unsafe_output: MultiOutputStep | None = None
+    # An `unsafe_split` element given the history of graph result k (gradops.attach_history): eager's kept the
+    # history it had at the split, though other tensors wrote its memory since.
+    history: int | None = None
     # Sizes, strides and a storage-offset move set in place (`as_strided_`) once every output is made: a tensor
     # eager made as no view whose layout changed in place (`y = x * 2; y.t_()`), returned as made, re-strided.
     restride: Restride | None = None

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ..ir.gradops import attach_history
 from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram, OutputSlot, Ref, RefKind, ResultArg
 from ..ir.viewops import ViewStep, repeated_dims
 
@@ -277,6 +278,9 @@ class _Call:
         for i, slot in enumerate(fp.outputs):
             if slot.same_as is None and slot.from_output is None and not self.outs[i]:
                 self.outs[i] = self.output(i, slot)
+            if slot.history is not None:  # (OutputSlot.history)
+                attach = self.s.bind(attach_history, "attach_history")
+                self.s.emit(f"{self.outs[i]} = {attach}({self.outs[i]}, {self.result(slot.history)})")
         # Outputs that are views of another output's tensor (OutputSlot.from_output), by chain length: the output
         # one is made from has a shorter chain, a prefix of its own, so it is made first.
         made = sorted((len(s.chain), i) for i, s in enumerate(fp.outputs) if s.from_output and s.same_as is None)
