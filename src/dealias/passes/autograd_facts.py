@@ -154,10 +154,8 @@ class AutogradFacts(UnsafeSplitFacts):
         if not isinstance(value, Value):
             return  # the list a split returns: its elements are tracked
         source = view.args[0] if view.target is operator.getitem else view  # `split(..)[i]`: split's inputs
-        unsafe = view.target is operator.getitem and not facts(source.target).autograd_view
-        if not_autograd_view(self.info, self.not_autograd_views, view, source) or unsafe and not self.emit.grad:
-            # (`x.detach()`, an unsafe_split element under no_grad: never stale, never requires grad)
-            self.not_autograd_views.add(value.obj)
+        if not_autograd_view(self.info, self.not_autograd_views, view, source, bool(self.emit.grad)):
+            self.not_autograd_views.add(value.obj)  # (never stale, never requires grad)
             return
         parent = next((f for a in source.all_input_nodes if (f := self._fragile_of(a)) is not None), None)
         if parent is not None:
