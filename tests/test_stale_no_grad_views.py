@@ -102,6 +102,25 @@ def write_through_detach_of_a_no_grad_split(x0):  # fuzz seed 1202059: eager doe
     return (v4,)
 
 
+def split_of_a_no_grad_view_returned_after_a_write(x0):  # fuzz seed 1201372: eager's error names UnbindBackward0
+    with torch.no_grad():
+        v4 = x0.diagonal(-1)
+    v5 = v4.unbind(0)[0]
+    with torch.no_grad():
+        v5[1:] = -2.0
+    return (v5,)
+
+
+def view_under_no_grad_of_a_split_of_a_no_grad_view(x0):  # (its error is the no_grad view's again)
+    with torch.no_grad():
+        v4 = x0.diagonal(-1)
+    v5 = v4.unbind(0)[0]
+    with torch.no_grad():
+        v6 = v5[1:]
+    x0.mul_(2)
+    return (v6,)
+
+
 CASES = [
     (of_an_intermediate, _one()),
     (written_by_out_under_no_grad, _one((6,))),
@@ -110,6 +129,8 @@ CASES = [
     (detach_under_no_grad, _one()),
     (integer_view_chain, lambda: (_one((2, 3, 4))()[0], _one((3,))()[0])),
     (write_through_detach_of_a_no_grad_split, _one()),
+    (split_of_a_no_grad_view_returned_after_a_write, _one((3, 4, 2))),
+    (view_under_no_grad_of_a_split_of_a_no_grad_view, _one((3, 4, 2))),
 ]
 
 
@@ -121,6 +142,21 @@ def test_like_eager_without_fallback(fn, make):
     for e, g in zip(eager, got):
         assert (_history(g), g.requires_grad, g._is_view()) == (_history(e), e.requires_grad, e._is_view())
     assert dealias.cache_info(jf).entries >= 1
+
+
+@pytest.mark.parametrize(
+    "fn", [split_of_a_no_grad_view_returned_after_a_write, view_under_no_grad_of_a_split_of_a_no_grad_view]
+)
+def test_the_error_is_eagers(fn):
+    make = _one((3, 4, 2))
+    with no_fallback():
+        got = dealias.jit(fn, executor="torch")(*make())[0]
+    messages = []
+    for t in (fn(*make())[0], got):
+        with pytest.raises(RuntimeError) as e:
+            _ = t.grad_fn
+        messages.append(str(e.value))
+    assert messages[0] == messages[1]
 
 
 def test_stale_views_raise_as_eager_at_backward():

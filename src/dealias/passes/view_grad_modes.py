@@ -56,12 +56,13 @@ def made_stale(info: AliasInfo, arg: fx.Node, slot: OutputSlot, f: _Fragile, nex
     """Whether the stale view `arg`, made under no_grad (fragile `f`), can be returned made stale after the graph
     (OutputSlot.stale): eager's reading of its grad_fn raises because its recorded version is not its memory's,
     whatever wrote the memory, so its chain replayed as made, with the counter one ahead, gives eager's tensor.
-    Only a view made under no_grad of a tensor that required grad (not a split's element: eager's error names the
-    split), before any write since its root was made (one made after is not stale in eager), by steps replayed in
-    the modes eager made them in, of memory with one version counter (not an unsafe_split element's)."""
+    Only a view made under no_grad of a tensor that required grad, before any write since its root was made (one
+    made after is not stale in eager), by steps replayed in the modes eager made them in (a split after the root
+    too, as made: eager's error then names it, fuzz seed 1201372), of memory with one version counter (not an
+    unsafe_split element's)."""
     if not f.nograd or not f.base_rg or f.why != "made under no_grad" or f.input_leaf:
         return False
-    if f.made_at != f.epoch or f.split_since is not None or unsafe:
+    if f.made_at != f.epoch or unsafe:
         return False
     if f.made_with_grad and not next_to_root:  # (the modes of the steps between are not replayed)
         return False
