@@ -1,9 +1,10 @@
-"""Views made under no_grad of a tensor that requires grad, returned after their memory was written: eager's reads
-of their grad_fn raise (their recorded version is not their memory's), and dealias makes them so after the graph
-(OutputSlot.stale). Views eager's autograd does not track (`detach()`, a dtype view to or from an integer dtype,
-and views of those) never go stale and are no fragile views at all. Against eager on fresh arguments, first and
-cached call: outputs (requires_grad, grad_fn or its error, is-view), inputs, aliasing, gradients; and no fallback
-(held-out fuzz seeds 1200957, 1203366, 1204761, 1200744, 1201589, 1202059)."""
+"""Views made under no_grad of a tensor that requires grad, and elements of split / unbind made with grad on,
+returned after their memory was written: eager's reads of their grad_fn raise (their recorded version is not their
+memory's), and dealias makes them so after the graph (OutputSlot.stale), with eager's error text. Views eager's
+autograd does not track (`detach()`, a dtype view to or from an integer dtype, and views of those) never go stale
+and are no fragile views at all. Against eager on fresh arguments, first and cached call: outputs (requires_grad,
+grad_fn or its error, is-view), inputs, aliasing, gradients; and no fallback (held-out fuzz seeds 1200957,
+1203366, 1204761, 1200744, 1201589, 1202059, 1201372, 1200258)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,20 @@ def view_under_no_grad_of_a_split_of_a_no_grad_view(x0):  # (its error is the no
     return (v6,)
 
 
+def split_element_of_an_intermediate_returned_after_a_write(x0):  # fuzz seeds 1200258, 1202522, 1204860
+    y = x0 * 2
+    v = y.split(2, 0)[1]
+    y.add_(1)
+    return (v,)
+
+
+def view_of_a_split_element_returned_after_a_write(x0):
+    y = x0.sin()
+    v = y.unbind(1)[2].unsqueeze(0)
+    y.mul_(y)
+    return (v, y)
+
+
 CASES = [
     (of_an_intermediate, _one()),
     (written_by_out_under_no_grad, _one((6,))),
@@ -131,6 +146,8 @@ CASES = [
     (write_through_detach_of_a_no_grad_split, _one()),
     (split_of_a_no_grad_view_returned_after_a_write, _one((3, 4, 2))),
     (view_under_no_grad_of_a_split_of_a_no_grad_view, _one((3, 4, 2))),
+    (split_element_of_an_intermediate_returned_after_a_write, _one()),
+    (view_of_a_split_element_returned_after_a_write, _one()),
 ]
 
 
@@ -145,10 +162,16 @@ def test_like_eager_without_fallback(fn, make):
 
 
 @pytest.mark.parametrize(
-    "fn", [split_of_a_no_grad_view_returned_after_a_write, view_under_no_grad_of_a_split_of_a_no_grad_view]
+    "fn",
+    [
+        split_of_a_no_grad_view_returned_after_a_write,
+        view_under_no_grad_of_a_split_of_a_no_grad_view,
+        split_element_of_an_intermediate_returned_after_a_write,
+        view_of_a_split_element_returned_after_a_write,
+    ],
 )
 def test_the_error_is_eagers(fn):
-    make = _one((3, 4, 2))
+    make = _one((3, 4, 2)) if "no_grad" in fn.__name__ else _one()
     with no_fallback():
         got = dealias.jit(fn, executor="torch")(*make())[0]
     messages = []

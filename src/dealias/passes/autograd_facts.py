@@ -465,9 +465,9 @@ class AutogradFacts(UnsafeSplitFacts):
             slot = replace(slot, unsafe_output=by_unsafe)
         multi = multi or by_unsafe
         if not f.nograd:
-            if slot.early and multi is None:  # (made as a plain view, its grad_fn would not raise)
+            if (slot.early or as_stale) and multi is None:  # (made as a plain view, its error would not be eager's)
                 raise UnsupportedError(f"a view {f.why} is returned after its base was written; not compiled yet")
-            return replace(slot, multi_output=multi)
+            return replace(slot, multi_output=multi, stale=as_stale)
         # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
         # tensor, was made with grad on and requires grad).
         until = start + 1 if f.made_with_grad and start is not None else None

@@ -60,11 +60,12 @@ def made_stale(info: AliasInfo, arg: fx.Node, slot: OutputSlot, f: _Fragile, nex
     made after is not stale in eager), by steps replayed in the modes eager made them in (a split after the root
     too, as made: eager's error then names it, fuzz seed 1201372), of memory with one version counter (not an
     unsafe_split element's)."""
-    if not f.nograd or not f.base_rg or f.why != "made under no_grad" or f.input_leaf:
+    split = not f.nograd and f.why.startswith("returned by")  # (a split's element, made with grad on)
+    if not (split or f.nograd and f.why == "made under no_grad") or not f.base_rg or f.input_leaf:
         return False
     if f.made_at != f.epoch or unsafe:
         return False
-    if f.made_with_grad and not next_to_root:  # (the modes of the steps between are not replayed)
+    if f.nograd and f.made_with_grad and not next_to_root:  # (the modes of the steps between are not replayed)
         return False
     if not slot.chain or slot.restride is not None or slot.from_output is not None:
         return False
