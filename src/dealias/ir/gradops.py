@@ -10,6 +10,8 @@ tensors carry a history their values do not:
 - `write_back_now(target, value)`: a caller's tensor written in the graph and then read by ops that save it for
   backward: eager saves the caller's tensor itself, so a later in-place write (in a later graph, or in eager
   code) makes backward raise. The graph writes it back where its last write was and reads it afterwards.
+- `attach_history(t, history)`: an `unsafe_split` element returned after other tensors wrote its memory keeps,
+  in eager, the history it had at the split; the graph's value of it then is that history.
 - `bump_version(t)`: eager's `x.copy_(x)` writes no value but moves the caller's version counter.
 - `stale_saved(t, messages)`: `t`, whose eager op saved a tensor the program then wrote: backward raises eager's
   error where it reaches eager's node for that op.
@@ -58,6 +60,30 @@ def overwritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     if not (torch.is_grad_enabled() and old.requires_grad) or new.requires_grad:
         return new
     return _Overwritten.apply(old, new)
+
+
+class _AttachHistory(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        ctx.mark_dirty(t)  # (t's own history is replaced by this node's, as an in-place op's is)
+        return t
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        return None, grad
+
+
+def attach_history(t: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+    """`t` (an `unsafe_split` element of the caller's memory, returned) with the history of `history` (its value
+    when eager split it): eager's element keeps the history it had at the split (UnsafeSplitBackward), whatever
+    wrote its memory since through other tensors. Its version counter, its own, is left where it was."""
+    if not history.requires_grad:
+        return t
+    version = t._version
+    with torch.enable_grad():
+        out = _AttachHistory.apply(t, history)
+    torch._C._autograd._unsafe_set_version_counter((out,), (version,))
+    return out
 
 
 def write_back_now(target: torch.Tensor, value: torch.Tensor, keep_counter: bool = False) -> torch.Tensor:

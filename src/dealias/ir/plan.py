@@ -176,6 +176,12 @@ class OutputSlot:
     # Step k of the chain replayed as `op(prev, *args)[index]`, the multi-output view (split, unbind) eager made:
     # eager's element raises when written in place or, after a write of its base, when its grad_fn is read.
     multi_output: MultiOutputStep | None = None
+    # ...and an earlier step k replayed as the `unsafe_split` eager made (`x.unsafe_chunk(2)[0].split(1)[0]`): its
+    # element is a tensor of its own (no autograd view of x, a version counter of its own), the view's `_base`.
+    unsafe_output: MultiOutputStep | None = None
+    # An `unsafe_split` element given the history of graph result k (gradops.attach_history): eager's kept the
+    # history it had at the split, though other tensors wrote its memory since.
+    history: int | None = None
     # Sizes, strides and a storage-offset move set in place (`as_strided_`) once every output is made: a tensor
     # eager made as no view whose layout changed in place (`y = x * 2; y.t_()`), returned as made, re-strided.
     restride: Restride | None = None
@@ -186,6 +192,10 @@ class OutputSlot:
     # Made from output k's tensor by the steps of the chain after its first n: a view of a tensor of its own that
     # the program also returns (`v2 = x.flatten()`, a copy, and `v2.view(-1)`), whose `_base` in eager is it.
     from_output: FromOutput | None = None
+    # Made stale, as eager's is: a view made under no_grad whose memory was written after it was made (its grad_fn
+    # raises when read, and so does a view made of it with grad on). Its chain is replayed with its version counter
+    # one ahead of the memory's, then set back: the view's recorded version differs from its base's, as eager's.
+    stale: bool = False
 
 
 @dataclass

@@ -47,7 +47,7 @@ from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
 from .hidden_writes import hidden_write_after_a_read, moves_counter
 from .unsafe_split import UnsafeSplitFacts
-from .view_grad_modes import steps_mode
+from .view_grad_modes import made_stale, not_autograd_view, steps_mode
 
 
 class Walk(Protocol):
@@ -84,6 +84,7 @@ class AutogradFacts(UnsafeSplitFacts):
         self.writes: dict[Storage, int] = {}  # writes of each storage, as eager's version counter counts them
         # Views of a tensor that requires grad whose grad_fn eager cannot rebuild after a write (see _Fragile).
         self.fragile: dict[int, _Fragile] = {}  # by tensor object
+        self.not_autograd_views: set[int] = set()  # views eager's autograd does not track (see _track_fragile)
         self.init_unsafe_split()  # (unsafe_split.py)
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
@@ -159,6 +160,9 @@ class AutogradFacts(UnsafeSplitFacts):
         if not isinstance(value, Value):
             return  # the list a split returns: its elements are tracked
         source = view.args[0] if view.target is operator.getitem else view  # `split(..)[i]`: split's inputs
+        if not_autograd_view(self.info, self.not_autograd_views, view, source, bool(self.emit.grad)):
+            self.not_autograd_views.add(value.obj)  # (never stale, never requires grad)
+            return
         parent = next((f for a in source.all_input_nodes if (f := self._fragile_of(a)) is not None), None)
         if parent is not None:
             nograd = parent.nograd or not self.emit.grad
@@ -464,8 +468,11 @@ class AutogradFacts(UnsafeSplitFacts):
         # A view made with grad on right after the no_grad view it is taken of: eager's has a grad_fn ending at
         # that leaf; replayed as made, step by step, it has the same (stale, eager's error names its own op).
         next_to_root = start is not None and start == len(slot.chain) - 2
+        as_stale = False
         if stale and not (f.nograd and f.made_with_grad) and slot.same_as is None and self._made_early(arg, slot, f):
             slot = replace(slot, early=True)
+        elif stale and made_stale(self.info, arg, slot, f, next_to_root, self._unsafe_of(arg) is not None):
+            as_stale = True
         elif stale or (f.nograd and f.made_with_grad and not next_to_root):
             raise UnsupportedError(
                 with_location(
@@ -481,18 +488,22 @@ class AutogradFacts(UnsafeSplitFacts):
         # (its grad_fn, the op eager's errors name); earlier ones replay as plain views of the same memory.
         multi = self._multi_output_step(f.split_since or f.root, full, slot)
         by_unsafe = unsafe and self._multi_output_step(unsafe, full, slot)
-        if multi and by_unsafe and by_unsafe != multi:  # (one multi-output step per output is replayed as made)
-            raise UnsupportedError("a split of an unsafe_split element is returned; not rebuilt exactly yet")
+        if multi and by_unsafe and by_unsafe != multi:
+            # A split of an element: the element is a tensor of its own, the view's base (OutputSlot.unsafe_output)
+            if by_unsafe.step > multi.step:
+                raise UnsupportedError("a split of an unsafe_split element is returned; not rebuilt exactly yet")
+            slot = replace(slot, unsafe_output=by_unsafe)
         multi = multi or by_unsafe
         if not f.nograd:
-            if slot.early and multi is None:  # (made as a plain view, its grad_fn would not raise)
+            if (slot.early or as_stale) and multi is None:  # (made as a plain view, its error would not be eager's)
                 raise UnsupportedError(f"a view {f.why} is returned after its base was written; not compiled yet")
-            return replace(slot, multi_output=multi)
+            return replace(slot, multi_output=multi, stale=as_stale)
         # Under no_grad from the view eager made there on (a copy before it, `flatten()` of an expanded
         # tensor, was made with grad on and requires grad).
         until = start + 1 if f.made_with_grad and start is not None else None
         before = steps_mode(self.info, f.root, start or 0)
-        return replace(slot, grad=False, grad_from=start or 0, grad_before=before, grad_until=until, multi_output=multi)
+        slot = replace(slot, grad=False, grad_from=start or 0, grad_before=before, grad_until=until, stale=as_stale)
+        return replace(slot, multi_output=multi)
 
     def _made_early(self, arg: fx.Node, slot: OutputSlot, f: _Fragile) -> bool:
         """Whether the stale fragile view `arg`, returned as `slot`, can be made from the caller's tensor before

@@ -468,6 +468,7 @@ def matches_plan(fp: Any, stage: str) -> None:
             continue
         refs = [slot.source.key] if slot.source.kind is RefKind.RESULT else []
         refs += [a.index for a in chain_args(slot.chain) if isinstance(a, ResultArg)]
+        refs += [slot.history] if slot.history is not None else []  # (the history an element is given)
         for r in refs:
             if not k <= r < len(results):
                 message = f"output {position} reads result {r} of {len(results)}"

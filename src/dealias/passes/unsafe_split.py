@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedError, node_location, with_location
 from ..ir.emitter import Emitter
-from ..ir.opfacts import facts, written_nodes
+from ..ir.opfacts import facts, is_view_node, written_nodes
 from ..ir.plan import OutputSlot, StorageKind
 from .alias import AliasInfo, Storage, Value
 
@@ -26,6 +27,8 @@ class UnsafeSplitFacts:
 
     emit: Emitter
     info: AliasInfo
+    walk: Any
+    writes: dict[Storage, int]
     requires_grad: Callable[[fx.Node], bool]
 
     def init_unsafe_split(self) -> None:
@@ -41,6 +44,9 @@ class UnsafeSplitFacts:
         self.unsafe_split_plain: dict[Storage, fx.Node] = {}
         self.unsafe_recorded: dict[Storage, tuple[fx.Node | None, fx.Node]] = {}
         self.returned_elements: dict[int, fx.Node] = {}  # unsafe_split element object -> the result made from it
+        # Elements only returned, split with grad on from a tensor that requires grad -> (their value at the split,
+        # the memory's writes then): see returned_history.
+        self.split_history: dict[int, tuple[fx.Node, int]] = {}
 
     def track_unsafe(self, view: fx.Node) -> None:
         """Record an element of `unsafe_split` (or a view of one). Autograd does not treat the elements as views:
@@ -50,7 +56,20 @@ class UnsafeSplitFacts:
         rebuilt by `unsafe_split`, with its own grad_fn); under no_grad, or written later, it runs eagerly."""
         source = view.args[0] if view.target is operator.getitem else view
         op = source.target
-        if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view:
+        if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view and _elements_only_returned(source):
+            value = self.info.values.get(view)
+            if self.requires_grad(source.args[0]):
+                # Returned and nothing else (not written, not read): the element is rebuilt after the graph by
+                # `unsafe_split` (under no_grad as made, a tensor without history), or, made with grad on, with the
+                # history its value had here (attach_history), whatever writes its memory since.
+                if isinstance(value, Value):  # (the list itself is not a tensor)
+                    self.unsafe[value.obj] = view
+                    if self.emit.grad:
+                        # (a copy: a view of the caller's tensor, returned, would take the history of its write-back)
+                        now = self.emit.call(torch.ops.aten.clone.default, self.walk.materialize(value))
+                        self.split_history[value.obj] = (now, self.writes.get(value.storage, 0))
+                return
+        if isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view and not _elements_unused(source):
             value = self.info.values.get(view)
             if self.requires_grad(source.args[0]):
                 if not self.emit.grad:
@@ -72,6 +91,15 @@ class UnsafeSplitFacts:
         parent = next((r for a in source.all_input_nodes if (r := self._unsafe_of(a)) is not None), None)
         if parent is not None and isinstance(value, Value):
             self.unsafe[value.obj] = parent
+
+    def returned_history(self, arg: fx.Node) -> fx.Node | None:
+        """The value whose history the returned element `arg` is given (OutputSlot.history): its value at the
+        split, if its memory was written since (else the element rebuilt from its input has that history)."""
+        v = self.info.values.get(arg)
+        if not isinstance(v, Value) or v.obj not in self.split_history:
+            return None
+        node, writes = self.split_history[v.obj]
+        return node if self.writes.get(v.storage, 0) != writes else None
 
     def _unsafe_of(self, a: fx.Node) -> fx.Node | None:
         v = self.info.values.get(a)
@@ -156,3 +184,49 @@ class UnsafeSplitFacts:
             obj = self.info.value(element).obj
             if self.returned_elements.setdefault(obj, arg) is not arg:
                 raise UnsupportedError("two results are views of one unsafe_split element; not rebuilt as one yet")
+
+
+def _elements_unused(split: fx.Node) -> bool:
+    """Whether no element of `split` (an `unsafe_split`) is used: not returned, written, nor read by an op whose
+    result is used (views of one count as it; ops that read only its metadata, `new_zeros`, do not read it).
+    Its values and autograd are then nobody's, and the program is as eager's would be without it (fuzz seed
+    1201151: `torch.where(.., e, ..)` whose result nothing reads)."""
+    memo: dict[fx.Node, bool] = {}
+    return not any(_used(u, memo) for u in split.users)
+
+
+def _elements_only_returned(split: fx.Node) -> bool:
+    """Whether every element of `split` that is used at all is returned as it is, and nothing else."""
+    users = [u for g in split.users for u in g.users] if all(g.target is operator.getitem for g in split.users) else []
+    return bool(users) and all(u.op == "output" for u in users)
+
+
+def _used(n: fx.Node, memo: dict[fx.Node, bool]) -> bool:
+    """Whether what `n` computes from a tensor it reads reaches the program's results or memory."""
+    if n in memo:
+        return memo[n]
+    memo[n] = True  # (a cycle cannot happen in a graph; assumed used while being decided)
+    op = n.target
+    if n.op != "call_function":
+        used = True
+    elif op is operator.getitem or is_view_node(n):
+        used = any(_used(u, memo) for u in n.users)
+    elif not isinstance(op, torch._ops.OpOverload) or facts(op).mutated:
+        used = True  # (a write, or a call dealias cannot look into)
+    elif _reads_metadata_only(n):
+        used = False
+    elif torch.Tag.nondeterministic_seeded in op.tags:
+        used = True  # (it draws from the generator)
+    else:
+        used = any(_used(u, memo) for u in n.users)
+    memo[n] = used
+    return used
+
+
+def _reads_metadata_only(n: fx.Node) -> bool:
+    """A factory taking a tensor for its metadata (`zeros_like`, `new_ones`): its schema has `layout` and
+    `pin_memory` (`_to_copy` too, but it is a cast that reads the values)."""
+    schema = getattr(n.target, "_schema", None)
+    if schema is None or n.target is torch.ops.aten._to_copy.default:
+        return False
+    return {"layout", "pin_memory"} <= {a.name for a in schema.arguments}

@@ -1,15 +1,23 @@
-"""The grad mode the steps of a returned view's chain were made in, before the view made under no_grad that the
-chain ends in (autograd_facts._fragile_output): the call replays each step in it (OutputSlot.grad_before)."""
+"""Returned views made under no_grad (autograd_facts._fragile_output): the grad mode the steps of a returned view's
+chain were made in, before the view made under no_grad that the chain ends in (the call replays each step in it:
+OutputSlot.grad_before); whether a stale one can be made stale after the graph (OutputSlot.stale); and which views
+eager's autograd does not track at all (never fragile)."""
 
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedError, node_location, with_location
+from ..ir.opfacts import facts
+from ..ir.plan import OutputSlot
 from .alias import AliasInfo, Value
+
+if TYPE_CHECKING:
+    from .autograd_facts import _Fragile
 
 
 def steps_mode(info: AliasInfo, root: fx.Node, k: int) -> bool | None:
@@ -42,3 +50,46 @@ def steps_mode(info: AliasInfo, root: fx.Node, k: int) -> bool | None:
 
 def _source(node: fx.Node | None) -> fx.Node | None:
     return node.args[0] if node is not None and node.args and isinstance(node.args[0], fx.Node) else None
+
+
+def made_stale(info: AliasInfo, arg: fx.Node, slot: OutputSlot, f: _Fragile, next_to_root: bool, unsafe: bool) -> bool:
+    """Whether the stale view `arg`, made under no_grad (fragile `f`), can be returned made stale after the graph
+    (OutputSlot.stale): eager's reading of its grad_fn raises because its recorded version is not its memory's,
+    whatever wrote the memory, so its chain replayed as made, with the counter one ahead, gives eager's tensor.
+    Only a view made under no_grad of a tensor that required grad, before any write since its root was made (one
+    made after is not stale in eager), by steps replayed in the modes eager made them in (a split after the root
+    too, as made: eager's error then names it, fuzz seed 1201372), of memory with one version counter (not an
+    unsafe_split element's)."""
+    split = not f.nograd and f.why.startswith("returned by")  # (a split's element, made with grad on)
+    if not (split or f.nograd and f.why == "made under no_grad") or not f.base_rg or f.input_leaf:
+        return False
+    if f.made_at != f.epoch or unsafe:
+        return False
+    if f.nograd and f.made_with_grad and not next_to_root:  # (the modes of the steps between are not replayed)
+        return False
+    if not slot.chain or slot.restride is not None or slot.from_output is not None:
+        return False
+    v, root = info.value(arg), info.value(f.root)
+    return not (v.obj == root.obj and v.chain != root.chain)  # (the root changed in place since: `v.t_()`)
+
+
+def not_autograd_view(info: AliasInfo, known: set[int], view: fx.Node, source: fx.Node, grad: bool) -> bool:
+    """Whether eager's `view` (made by `source`, itself or a split, in grad mode `grad`) is no autograd view of the
+    memory it shares: made by detach, or as a dtype view from or to a dtype autograd does not differentiate, an
+    element of `unsafe_split` made under no_grad, or a view of such a tensor (an object in `known`). Eager's
+    shares the memory but not its autograd: it never goes stale, and does not require grad (`x.detach()` under
+    no_grad, then a write of x: fuzz seeds 1200744, 1201955)."""
+    first = source.all_input_nodes[:1]
+    if any(isinstance(v := info.values.get(a), Value) and v.obj in known for a in first):
+        return True
+    if view.target is operator.getitem:
+        op = source.target
+        return not grad and isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view
+    if not first:
+        return False
+    val, arg = view.meta.get("val"), first[0].meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(arg, torch.Tensor):
+        return False
+    if view.target is torch.ops.aten.detach.default:
+        return True
+    return not all(t.dtype.is_floating_point or t.dtype.is_complex for t in (val, arg))

@@ -279,11 +279,14 @@ def lower(
 
 
 def _remapped(slot: OutputSlot, remap: dict[int, int]) -> OutputSlot:
-    """`slot` with the graph results it reads (its source, symbolic arguments of its chain) renumbered."""
+    """`slot` with the graph results it reads (its source, symbolic arguments of its chain, the history it is
+    given) renumbered."""
     if slot.same_as is not None:
         return slot
     if slot.source.kind is RefKind.RESULT:
         slot = replace(slot, source=Ref(RefKind.RESULT, remap[slot.source.key]))
+    if slot.history is not None:
+        slot = replace(slot, history=remap[slot.history])
     return replace(slot, chain=map_chain_args(slot.chain, ResultArg, lambda r: ResultArg(remap[r.index])))
 
 

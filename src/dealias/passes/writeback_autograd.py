@@ -79,6 +79,7 @@ def eager_mutations_in_place(
     results = list(out_node.args[0])
     read = {s.source.key for s in fp.outputs if s.same_as is None and s.source.kind is RefKind.RESULT}
     read |= {a.index for s in fp.outputs for a in chain_args(s.chain) if isinstance(a, ResultArg)}
+    read |= {s.history for s in fp.outputs if s.history is not None}
     written = {
         wb.output: wb for wb in fp.writebacks if wb.output not in read and results.count(results[wb.output]) == 1
     }
@@ -166,6 +167,7 @@ def whole_writes_in_graph(fp: FunctionalProgram) -> tuple[FunctionalProgram, fro
     results = list(out_node.args[0])
     read = {s.source.key for s in fp.outputs if s.same_as is None and s.source.kind is RefKind.RESULT}
     read |= {a.index for s in fp.outputs for a in chain_args(s.chain) if isinstance(a, ResultArg)}
+    read |= {s.history for s in fp.outputs if s.history is not None}
     moved: dict[int, int] = {}  # result -> placeholder position
     for wb in fp.writebacks:
         if wb.target.kind is not RefKind.INPUT or wb.output in read:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ..ir.gradops import attach_history
 from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram, OutputSlot, Ref, RefKind, ResultArg
 from ..ir.viewops import ViewStep, repeated_dims
 
@@ -39,6 +40,11 @@ def as_strided_keeping_version(t: torch.Tensor, size: Any, stride: Any, rel: int
     saved would be stale at backward (fuzz seed 1310504)."""
     version = t._version
     t.as_strided_(size, stride, t.storage_offset() + rel)
+    torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+
+
+def set_version_counter(t: torch.Tensor, version: int) -> None:
+    """Set the version counter `t` shares with its base and views (OutputSlot.stale)."""
     torch._C._autograd._unsafe_set_version_counter((t,), (version,))
 
 
@@ -164,9 +170,10 @@ class _Call:
 
     def chain(self, t: str, slot: OutputSlot, start: int, end: int) -> str:
         """Steps `start:end` of `slot`'s view chain replayed on `t`, step k as the multi-output view eager made."""
-        multi = slot.multi_output
+        made = {m.step: m for m in (slot.unsafe_output, slot.multi_output) if m is not None}
         for k in range(start, end):
-            if multi is not None and k == multi.step:
+            multi = made.get(k)
+            if multi is not None:
                 args = ", ".join([t, *(self.s.literal(a, self.result) for a in multi.args)])
                 t = f"{self.s.bind(multi.op, _op_name(multi.op))}({args})[{multi.index}]"
             else:
@@ -180,6 +187,16 @@ class _Call:
         t = self.ref(slot.source)
         if not slot.chain:
             return t
+        if slot.stale:  # (OutputSlot.stale: made with the counter one ahead, which is then set back)
+            version, set_versions = self.s.fresh("version"), self.s.bind(set_version_counter, "set_version_counter")
+            self.s.emit(f"{version} = {t}._version")
+            self.s.emit(f"{set_versions}({t}, {version} + 1)")
+            name = self.made(i, slot, t)
+            self.s.emit(f"{set_versions}({t}, {version})")
+            return name
+        return self.made(i, slot, t)
+
+    def made(self, i: int, slot: OutputSlot, t: str) -> str:
         n = len(slot.chain)
         made = self.grad if slot.grad is None else slot.grad
         until = n if slot.grad_until is None else slot.grad_until
@@ -261,6 +278,9 @@ class _Call:
         for i, slot in enumerate(fp.outputs):
             if slot.same_as is None and slot.from_output is None and not self.outs[i]:
                 self.outs[i] = self.output(i, slot)
+            if slot.history is not None:  # (OutputSlot.history)
+                attach = self.s.bind(attach_history, "attach_history")
+                self.s.emit(f"{self.outs[i]} = {attach}({self.outs[i]}, {self.result(slot.history)})")
         # Outputs that are views of another output's tensor (OutputSlot.from_output), by chain length: the output
         # one is made from has a shorter chain, a prefix of its own, so it is made first.
         made = sorted((len(s.chain), i) for i, s in enumerate(fp.outputs) if s.from_output and s.same_as is None)

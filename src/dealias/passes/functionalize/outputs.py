@@ -108,7 +108,12 @@ def plan_outputs(w: Functionalizer, node: fx.Node) -> None:
             program.outputs.append(OutputSlot(Ref(RefKind.RESULT, results[s]), chain, restride=restride))
     for position, arg in enumerate(node.args[0]):
         slot = program.outputs[position]
-        program.outputs[position] = w.autograd.output_slot(arg, slot, made_from.get(position, ()))
+        slot = w.autograd.output_slot(arg, slot, made_from.get(position, ()))
+        history = w.autograd.returned_history(arg)
+        if history is not None and slot.same_as is None:
+            slot = replace(slot, history=len(outs))
+            outs.append(history)
+        program.outputs[position] = slot
     if w.fake_symbolic:
         program.outputs = [_computed_chain(w, slot, outs) for slot in program.outputs]
     _views_of_outputs(w, node.args[0])
