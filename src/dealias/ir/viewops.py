@@ -184,6 +184,11 @@ def inverse(
         return call(aten.view_as_real.default, value_node)
     if name in ("aten::_conj", "aten::_neg_view"):
         return call(step.op, value_node)
+    grad = getattr(base_node, "meta", {}).get("rg") or getattr(value_node, "meta", {}).get("rg")
+    if name in ("aten::select", "aten::slice") and base.is_complex() and grad:
+        # (select_scatter and slice_scatter have no complex derivative: autograd raises where eager's write of a
+        # complex slice does not, fuzz seed 2400360; scattered by positions, as a view of any other layout)
+        return _as_strided_inverse(step, base, view, base_node, value_node, call)
     if name == "aten::select":
         return call(aten.select_scatter.default, base_node, value_node, *args)
     if name == "aten::slice":

@@ -30,6 +30,7 @@ import torch.fx as fx
 
 from ..compat import saved_hooks
 from ..ir.draws import kept_rng
+from ..ir.opfacts import OWN_COUNTER_KEY
 from .capture import restriction
 
 # Bytes the eager run may copy, all inputs and attributes together (more: the graph runs eagerly). The run holds the
@@ -113,6 +114,12 @@ class _Probe(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         grad = n.meta.get("grad")
         with torch.set_grad_enabled(torch.is_grad_enabled() if grad is None else bool(grad)):
+            if n.meta.get(OWN_COUNTER_KEY) and n.target is torch.ops.aten.detach.default:
+                # `x.data`, traced to aten.detach, which shares x's counter: run as `.data`, whose writes move no
+                # counter of x (else the message names a version one higher per such write, as for a later no_grad
+                # write of a tensor saved before: `b = x * x; x[1] += 1` under no_grad; `x.data.mul_(2)`)
+                (a,) = self.fetch_args_kwargs_from_env(n)[0]
+                return a.data
             out = super().run_node(n)
             result = out[0] if isinstance(out, (list, tuple)) and out else out
             if n in self.targets and isinstance(result, torch.Tensor) and result.requires_grad:
