@@ -55,7 +55,7 @@ def _source(node: fx.Node | None) -> fx.Node | None:
 def made_stale(info: AliasInfo, arg: fx.Node, slot: OutputSlot, f: _Fragile, next_to_root: bool, unsafe: bool) -> bool:
     """Whether the stale view `arg`, made under no_grad (fragile `f`), can be returned made stale after the graph
     (OutputSlot.stale): eager's reading of its grad_fn raises because its recorded version is not its memory's,
-    whatever wrote the memory, so its chain replayed as made, with the counter one ahead, gives eager's tensor.
+    whatever wrote the memory, so its chain replayed as made, with the counter one behind, gives eager's tensor.
     Only a view made under no_grad of a tensor that required grad, before any write since its root was made (one
     made after is not stale in eager), by steps replayed in the modes eager made them in (a split after the root
     too, as made: eager's error then names it, fuzz seed 1201372), of memory with one version counter (not an
