@@ -170,3 +170,38 @@ def test_an_element_read_after_a_write_still_runs_eagerly():
     fn, make = element_read_after_a_write, _rg((4, 3))
     fell_back = grads_like_eager(fn, dealias.jit(fn, executor="torch"), make)
     assert any("unsafe_split" in str(w.message) for w in fell_back)
+
+
+def no_grad_view_of_an_element_that_came_to_require_grad(x0, w):
+    y = x0.detach() * 1
+    with torch.no_grad():
+        e = y.unsafe_chunk(2, 0)[0]  # (a tensor of its own, no grad)
+    e.mul_(w)  # e requires grad now
+    with torch.no_grad():
+        v = e[1:]  # a no_grad view of a tensor that requires grad...
+    e.add_(1)  # ...stale in eager from here
+    return (v,)
+
+
+def split_of_an_element_that_came_to_require_grad(x0, w):
+    y = x0.detach() * 1
+    with torch.no_grad():
+        e = y.unsafe_chunk(2, 0)[0]
+    e.mul_(w)
+    s = e.split(1, 0)[0]  # a multi-output view of e, which requires grad
+    e.add_(1)
+    return (s,)
+
+
+@pytest.mark.parametrize(
+    "fn", [no_grad_view_of_an_element_that_came_to_require_grad, split_of_an_element_that_came_to_require_grad]
+)
+def test_views_of_an_element_made_under_no_grad_are_views_of_it(fn):
+    # The element made under no_grad is no autograd view, but, unlike a detached tensor, a write with grad on
+    # through it makes it require grad, and views of it are then autograd views of it as any: eager's go stale
+    # (their grad_fn raises). Taken for views autograd does not track, they were returned readable, a leaf or
+    # with a grad_fn, where eager raises.
+    make = _rg((4, 3), (3,))
+    jf = dealias.jit(fn, executor="torch")
+    grads_like_eager(fn, jf, make)
+    assert _facts(jf(*make())) == _facts(fn(*make()))
