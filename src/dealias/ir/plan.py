@@ -194,7 +194,8 @@ class OutputSlot:
     from_output: FromOutput | None = None
     # Made stale, as eager's is: a view made under no_grad whose memory was written after it was made (its grad_fn
     # raises when read, and so does a view made of it with grad on). Its chain is replayed with its version counter
-    # one ahead of the memory's, then set back: the view's recorded version differs from its base's, as eager's.
+    # one behind the memory's, then set back: the view's recorded version is behind its base's for good (a later
+    # write by the caller leaves it stale), as eager's.
     stale: bool = False
 
 

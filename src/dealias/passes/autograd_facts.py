@@ -47,7 +47,7 @@ from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
 from .hidden_writes import hidden_write_after_a_read, moves_counter
 from .unsafe_split import UnsafeSplitFacts
-from .view_grad_modes import made_stale, not_autograd_view, steps_mode
+from .view_grad_modes import made_stale, not_autograd_view, steps_mode, unsafe_element_without_grad
 
 
 class Walk(Protocol):
@@ -160,9 +160,11 @@ class AutogradFacts(UnsafeSplitFacts):
         if not isinstance(value, Value):
             return  # the list a split returns: its elements are tracked
         source = view.args[0] if view.target is operator.getitem else view  # `split(..)[i]`: split's inputs
-        if not_autograd_view(self.info, self.not_autograd_views, view, source, bool(self.emit.grad)):
+        if not_autograd_view(self.info, self.not_autograd_views, view, source):
             self.not_autograd_views.add(value.obj)  # (never stale, never requires grad)
             return
+        if unsafe_element_without_grad(view, source, bool(self.emit.grad)):
+            return  # (no view: never stale; its views are tracked as views of it)
         parent = next((f for a in source.all_input_nodes if (f := self._fragile_of(a)) is not None), None)
         if parent is not None:
             nograd = parent.nograd or not self.emit.grad

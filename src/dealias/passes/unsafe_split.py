@@ -176,11 +176,13 @@ class UnsafeSplitFacts:
         refuse_other_unsafe_member), and a second result made from one element."""
         self.refuse_other_unsafe_member(arg, "the program returns")
         element = self._unsafe_of(arg)
-        if element is not None and slot.same_as is None and self.requires_grad(arg):
+        if element is not None and slot.same_as is None:
             # Eager's element is its own base (unsafe_split makes no autograd views), with a version counter of its
             # own: two returned tensors of one element, rebuilt by a split each, would be views of two elements,
-            # and a write of one would leave the other's grad_fn readable. (Without autograd no rule reads the
-            # counter: memory is shared all the same.)
+            # and a write of one would leave the other's grad_fn readable. Without autograd too: the caller sees
+            # their `_base`s and counters, and once the element is made to require grad (`e.requires_grad_()`
+            # after the call), eager's view of it requires grad through its base, where the other element's
+            # would not.
             obj = self.info.value(element).obj
             if self.returned_elements.setdefault(obj, arg) is not arg:
                 raise UnsupportedError("two results are views of one unsafe_split element; not rebuilt as one yet")

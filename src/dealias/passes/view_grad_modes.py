@@ -55,7 +55,7 @@ def _source(node: fx.Node | None) -> fx.Node | None:
 def made_stale(info: AliasInfo, arg: fx.Node, slot: OutputSlot, f: _Fragile, next_to_root: bool, unsafe: bool) -> bool:
     """Whether the stale view `arg`, made under no_grad (fragile `f`), can be returned made stale after the graph
     (OutputSlot.stale): eager's reading of its grad_fn raises because its recorded version is not its memory's,
-    whatever wrote the memory, so its chain replayed as made, with the counter one ahead, gives eager's tensor.
+    whatever wrote the memory, so its chain replayed as made, with the counter one behind, gives eager's tensor.
     Only a view made under no_grad of a tensor that required grad, before any write since its root was made (one
     made after is not stale in eager), by steps replayed in the modes eager made them in (a split after the root
     too, as made: eager's error then names it, fuzz seed 1201372), of memory with one version counter (not an
@@ -73,19 +73,16 @@ def made_stale(info: AliasInfo, arg: fx.Node, slot: OutputSlot, f: _Fragile, nex
     return not (v.obj == root.obj and v.chain != root.chain)  # (the root changed in place since: `v.t_()`)
 
 
-def not_autograd_view(info: AliasInfo, known: set[int], view: fx.Node, source: fx.Node, grad: bool) -> bool:
-    """Whether eager's `view` (made by `source`, itself or a split, in grad mode `grad`) is no autograd view of the
-    memory it shares: made by detach, or as a dtype view from or to a dtype autograd does not differentiate, an
-    element of `unsafe_split` made under no_grad, or a view of such a tensor (an object in `known`). Eager's
-    shares the memory but not its autograd: it never goes stale, and does not require grad (`x.detach()` under
-    no_grad, then a write of x: fuzz seeds 1200744, 1201955)."""
+def not_autograd_view(info: AliasInfo, known: set[int], view: fx.Node, source: fx.Node) -> bool:
+    """Whether eager's `view` (made by `source`, itself or a split) is no autograd view of the memory it shares:
+    made by detach, or as a dtype view from or to a dtype autograd does not differentiate, or a view of such a
+    tensor (an object in `known`). Eager's shares the memory but not its autograd: it never goes stale, and does
+    not require grad (`x.detach()` under no_grad, then a write of x: fuzz seeds 1200744, 1201955); nor can it come
+    to (a write that requires grad through one runs eagerly: functionalize/timeline.py)."""
     first = source.all_input_nodes[:1]
     if any(isinstance(v := info.values.get(a), Value) and v.obj in known for a in first):
         return True
-    if view.target is operator.getitem:
-        op = source.target
-        return not grad and isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view
-    if not first:
+    if view.target is operator.getitem or not first:
         return False
     val, arg = view.meta.get("val"), first[0].meta.get("val")
     if not isinstance(val, torch.Tensor) or not isinstance(arg, torch.Tensor):
@@ -93,3 +90,17 @@ def not_autograd_view(info: AliasInfo, known: set[int], view: fx.Node, source: f
     if view.target is torch.ops.aten.detach.default:
         return True
     return not all(t.dtype.is_floating_point or t.dtype.is_complex for t in (val, arg))
+
+
+def unsafe_element_without_grad(view: fx.Node, source: fx.Node, grad: bool) -> bool:
+    """Whether `view` is an element of `unsafe_split` made under no_grad: a tensor of its own in eager's autograd,
+    no view (never stale, no grad). Unlike a detached tensor, a write with grad on through it is compiled and makes
+    it require grad, and a view of it is then an autograd view of it as any other: views of it are tracked as
+    such (a no_grad view of it, returned after a later write, is stale in eager)."""
+    op = source.target
+    return (
+        view.target is operator.getitem
+        and not grad
+        and isinstance(op, torch._ops.OpOverload)
+        and not facts(op).autograd_view
+    )

@@ -43,6 +43,10 @@ def as_strided_keeping_version(t: torch.Tensor, size: Any, stride: Any, rel: int
     torch._C._autograd._unsafe_set_version_counter((t,), (version,))
 
 
+# (OutputSlot.stale: a view's recorded version that no later write of a counter at 0 reaches; counters are uint32)
+STALE_FAR_AHEAD = 1 << 31
+
+
 def set_version_counter(t: torch.Tensor, version: int) -> None:
     """Set the version counter `t` shares with its base and views (OutputSlot.stale)."""
     torch._C._autograd._unsafe_set_version_counter((t,), (version,))
@@ -187,10 +191,14 @@ class _Call:
         t = self.ref(slot.source)
         if not slot.chain:
             return t
-        if slot.stale:  # (OutputSlot.stale: made with the counter one ahead, which is then set back)
+        if slot.stale:
+            # (OutputSlot.stale: made with the counter one behind, which is then set back. Behind, not ahead: the
+            # counter only grows, so a later write of the memory, by the caller, never makes the view's recorded
+            # version its memory's again, as eager's never does; one ahead, the first such write did, and its
+            # grad_fn read as None. A counter at 0, a result the fused executor made, is set far ahead instead.)
             version, set_versions = self.s.fresh("version"), self.s.bind(set_version_counter, "set_version_counter")
             self.s.emit(f"{version} = {t}._version")
-            self.s.emit(f"{set_versions}({t}, {version} + 1)")
+            self.s.emit(f"{set_versions}({t}, {version} - 1 if {version} else {STALE_FAR_AHEAD})")
             name = self.made(i, slot, t)
             self.s.emit(f"{set_versions}({t}, {version})")
             return name
