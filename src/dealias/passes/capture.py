@@ -98,24 +98,36 @@ def _empty_outs_like_eager(n: fx.Node, replay: _Replay, outs: list[torch.Tensor]
     """Whether out= tensors of no elements are left by the traced call as eager's kernel leaves them. Over an empty
     batch eager's linalg kernels re-stride their out= tensors column-major (linalg.eig, triangular_solve, geqrf)
     where the fake kernels keep the given strides (aot_eager returns those too): checked by running eager's
-    kernel on real tensors of no elements, which costs nothing, where every tensor of the call has none (other
-    calls are not checked: False)."""
+    kernel on real tensors of the call's layouts, zeros (the other arguments are small: `linspace(a, b, 0, out=o)`
+    over 0-d tensors; an argument over `_PROBE_NUMEL` elements, or eager raising there, is not checked: False)."""
     args, kwargs = replay.fetch_args_kwargs_from_env(n)
     fakes = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    if any(t.numel() != 0 or not _static(t) for t in fakes):
+    if any(not _static(t) or t.numel() > _PROBE_NUMEL or t.device.type != "cpu" for t in fakes):
         return False
     from torch.utils._python_dispatch import _disable_current_modes
 
     # (make_fx's and fake tensors' modes set aside: eager's kernel on real tensors, recorded nowhere)
+    rng = torch.get_rng_state()  # (a random op draws nothing into no elements; its state is kept all the same)
     with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        real = {id(t): torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in fakes}
-        args_r, kwargs_r = pytree.tree_map_only(torch.Tensor, lambda t: real[id(t)], (args, kwargs))
         try:
+            real = {id(t): _zeros_like_layout(t) for t in fakes}
+            args_r, kwargs_r = pytree.tree_map_only(torch.Tensor, lambda t: real[id(t)], (args, kwargs))
             n.target(*args_r, **kwargs_r)
         except Exception:  # noqa: BLE001 - eager raises where the fake kernel did not: not eager's behaviour
             return False
+        finally:
+            torch.set_rng_state(rng)
         return all((real[id(o)].shape, real[id(o)].stride()) == (o.shape, o.stride()) for o in outs)
+
+
+_PROBE_NUMEL = 4096
+
+
+def _zeros_like_layout(t: torch.Tensor) -> torch.Tensor:
+    """Zeros of `t`'s sizes, strides and dtype (on memory of their own, as much as those strides span)."""
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+    return torch.zeros(max(span, 1), dtype=t.dtype).as_strided(t.shape, t.stride())
 
 
 def _static(t: torch.Tensor) -> bool:
