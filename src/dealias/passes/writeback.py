@@ -404,6 +404,8 @@ def _foreach_in_place(
     elementwise: `_foreach_mul_(xs, xs)` reads each element before writing it)."""
     for f in [n for n in graph.nodes if _foreach_op(n)]:
         xs = list(f.args[0])
+        if not xs:
+            continue
         items = {u.args[1]: u for u in f.users if u.target is operator.getitem}
         if len(items) != len(f.users) or sorted(items) != list(range(len(xs))) or len(set(xs)) != len(xs):
             continue
