@@ -85,7 +85,7 @@ class _Replay(fx.Interpreter):
                 with_location(f"{n.target}: eager lays out its out= tensor of no elements otherwise", node_location(n))
             )
         # A single out= tensor (several may be an aten TensorList, whose writes do not bump version counters).
-        if len(outs) == 1 and tensors and all(t._version == v for t, v in zip(tensors, before)):
+        if isinstance(out, fx.Node) and tensors and all(t._version == v for t, v in zip(tensors, before)):
             # A composite op (linalg.matrix_rank) can trace to ops that compute the result and never write
             # `out=`: the traced program would return the tensor unchanged where eager fills it.
             raise UnsupportedError(
