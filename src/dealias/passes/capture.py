@@ -48,6 +48,7 @@ from ..errors import (
     with_location,
 )
 from ..ir.checks import empty_inplace_error, inplace_layout
+from ..ir.draws import kept_rng
 from ..ir.opfacts import OWN_COUNTER_KEY
 from ..ir.plan import TENSOR_SLOT, Captured, Symbolic
 from ..ir.sharing import find_groups
@@ -107,8 +108,8 @@ def _empty_outs_like_eager(n: fx.Node, replay: _Replay, outs: list[torch.Tensor]
     from torch.utils._python_dispatch import _disable_current_modes
 
     # (make_fx's and fake tensors' modes set aside: eager's kernel on real tensors, recorded nowhere)
-    rng = torch.get_rng_state()  # (a random op draws nothing into no elements; its state is kept all the same)
-    with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings():
+    # (a random op draws nothing into no elements; the random state is kept all the same)
+    with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings(), kept_rng(args, kwargs):
         warnings.simplefilter("ignore")
         try:
             real = {id(t): _zeros_like_layout(t) for t in fakes}
@@ -116,8 +117,6 @@ def _empty_outs_like_eager(n: fx.Node, replay: _Replay, outs: list[torch.Tensor]
             n.target(*args_r, **kwargs_r)
         except Exception:  # noqa: BLE001 - eager raises where the fake kernel did not: not eager's behaviour
             return False
-        finally:
-            torch.set_rng_state(rng)
         return all((real[id(o)].shape, real[id(o)].stride()) == (o.shape, o.stride()) for o in outs)
 
 

@@ -93,15 +93,20 @@ def _updated_in_place(node: fx.Node) -> fx.Node | None:
     b = node.args[0]
     if not isinstance(b, fx.Node) or is_view_node(b) or inplace_variant(node.target) is None:
         return None
+    return b if _fits(b, node) else None
+
+
+def _fits(b: fx.Node, node: fx.Node) -> bool:
+    """Whether `node`'s value has B's shape, dtype and layout: it can be computed into B's memory."""
     bv, nv = b.meta.get("val"), node.meta.get("val")
     if not isinstance(bv, torch.Tensor) or not isinstance(nv, torch.Tensor):
-        return None
+        return False
     # An optimization's question: asked without guards on symbolic sizes (`surely`), so that it never narrows
     # the values a program holds for; where it cannot tell, the write stays a copy.
     same_shape = bv.dim() == nv.dim() and all(surely(x == y) for x, y in zip(bv.shape, nv.shape))
     # (the layout too: running `cumsum` in place on a transposed buffer would return eager's fresh,
     # contiguous result with the buffer's strides)
-    return b if same_shape and bv.dtype == nv.dtype and _same_layout(bv, nv) else None
+    return same_shape and bv.dtype == nv.dtype and _same_layout(bv, nv)
 
 
 def _foreach_op(node: Any) -> bool:
@@ -128,11 +133,7 @@ def _foreach_element_base(node: fx.Node) -> fx.Node | None:
     xs, k = node.args[0].args[0], node.args[1]
     if not isinstance(k, int) or not 0 <= k < len(xs) or not isinstance(xs[k], fx.Node) or is_view_node(xs[k]):
         return None
-    bv, nv = xs[k].meta.get("val"), node.meta.get("val")
-    if not isinstance(bv, torch.Tensor) or not isinstance(nv, torch.Tensor):
-        return None
-    same_shape = bv.dim() == nv.dim() and all(surely(x == y) for x, y in zip(bv.shape, nv.shape))
-    return xs[k] if same_shape and bv.dtype == nv.dtype and _same_layout(bv, nv) else None
+    return xs[k] if _fits(xs[k], node) else None
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
