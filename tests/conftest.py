@@ -1,7 +1,8 @@
 """Test-run settings: dealias's checks between passes are on in every test (`DEALIAS_CHECK=0` turns them off,
-e.g. to time the suite without them). The fused executor's keep-ATen list and its choice of one-row products
-(runtime/keep_aten.py, row_products.py: measured per host otherwise) are pinned, so that fused graphs are the
-same on every machine; test_keep_aten.py and test_row_products.py measure."""
+e.g. to time the suite without them). The fused executor's keep-ATen list, its choice of one-row products and of
+the variance's lowering (runtime/keep_aten.py, row_products.py, inductor_fixes.py: measured per host otherwise)
+are pinned, so that fused graphs are the same on every machine; test_keep_aten.py, test_row_products.py and
+test_inductor_fixes.py measure."""
 
 import os
 
@@ -11,6 +12,7 @@ os.environ.setdefault("DEALIAS_CHECK", "1")
 os.environ.setdefault("DEALIAS_KEEP_ATEN", "gelu,tanh,exp,_softmax")
 os.environ.setdefault("DEALIAS_ROW_PRODUCTS", "inductor")
 os.environ.setdefault("DEALIAS_CONV_LAYOUT", "contiguous")
+os.environ.setdefault("DEALIAS_VARIANCE", "float64")
 
 
 @pytest.fixture(autouse=True)

@@ -176,3 +176,73 @@ def test_bfloat16_and_short_rows_keep_inductors_own_variance():
     ln, y = torch.nn.LayerNorm(768), torch.randn(64, 768)
     _, code = inductor_code(dealias.jit(_own_code(bn_step, "ln"), executor="inductor"), ln, y)
     assert "kernel" in code and "double" not in code
+
+
+# --- which variance runs: measured once per host (float64 passes against inductor's Welford) ---------------------
+@pytest.fixture
+def measuring(monkeypatch, verdict_store):
+    monkeypatch.setenv("DEALIAS_VARIANCE", "measure")
+    return verdict_store
+
+
+def bn_code_and_check(name, monkeypatch=None):
+    """The code inductor generates for a BatchNorm2d training step (over its threshold), checked against eager."""
+    bn, x = torch.nn.BatchNorm2d(8), torch.randn(4, 8, 32, 32)
+    ref_bn = copy.deepcopy(bn)
+    out, code = inductor_code(dealias.jit(_own_code(bn_step, name), executor="inductor"), bn, x)
+    torch.testing.assert_close(out, bn_step(ref_bn, x))
+    torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)
+    torch.testing.assert_close(bn.running_var, ref_bn.running_var)
+    assert torch.equal(bn.num_batches_tracked, ref_bn.num_batches_tracked)
+    return code
+
+
+def test_where_float64_passes_measure_slower_inductors_welford_runs(measuring, monkeypatch):
+    asked = []
+
+    def measure():  # the float64 passes 2x slower than Welford's here
+        asked.append(torch.get_num_threads())
+        return 2.0, 1.0
+
+    monkeypatch.setattr(inductor_fixes, "measure", measure)
+    code = bn_code_and_check("slow_passes")
+    assert "welford" in code.lower() and "double" not in code
+    assert len(asked) == 1
+    (saved,) = measuring.glob("keep_aten-*.json")  # (kept with the keep-ATen verdicts)
+    assert "variance in float64 passes" in saved.read_text()
+
+    from dealias.runtime import keep_aten
+
+    monkeypatch.setattr(keep_aten, "_memory", {})  # a later process: read from disk, not measured again
+    monkeypatch.setattr(inductor_fixes, "measure", lambda: pytest.fail("measured again"))
+    assert "welford" in bn_code_and_check("slow_passes_again").lower()
+
+
+def test_where_float64_passes_measure_faster_they_run(measuring, monkeypatch):
+    monkeypatch.setattr(inductor_fixes, "measure", lambda: (1.0, 2.0))
+    code = bn_code_and_check("fast_passes")
+    assert "welford" not in code.lower() and "double" in code
+
+
+def test_the_setting_pins_the_variance_and_keys_inductors_cache(monkeypatch):
+    import pickle
+
+    monkeypatch.setattr(inductor_fixes, "measure", lambda: pytest.fail("measured though pinned"))
+    monkeypatch.setenv("DEALIAS_VARIANCE", "inductor")
+    welford = inductor_fixes.decompositions()
+    assert "welford" in bn_code_and_check("pinned_inductor").lower()
+    monkeypatch.setenv("DEALIAS_VARIANCE", "float64")
+    passes = inductor_fixes.decompositions()
+    # inductor hashes the pickled table into its cache keys: the two must differ (one cached program must not
+    # serve the other setting), and each must load back as the table it was
+    assert pickle.dumps(welford) != pickle.dumps(passes)
+    assert pickle.loads(pickle.dumps(welford)).keys() == welford.keys()
+    assert torch.ops.aten.var_mean.correction in pickle.loads(pickle.dumps(passes))
+    monkeypatch.setenv("DEALIAS_VARIANCE", "fast")
+    with pytest.raises(ValueError, match="DEALIAS_VARIANCE='fast'"):
+        inductor_fixes.decompositions()
+
+
+def test_measure_times_both_lowerings():
+    passes_s, welford_s = inductor_fixes.measure()
+    assert 0 < passes_s < 0.1 and 0 < welford_s < 0.1

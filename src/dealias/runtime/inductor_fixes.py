@@ -22,6 +22,15 @@ float64 passes slower than inductor's own code for bfloat16 batch norm (2.5x) an
 (1.4-1.9x, where inductor's float32 two passes ran).
 Over symbolic sizes inductor's lowering runs, as torch.compile's does.
 
+Which of the two is faster depends on the host, by large factors both ways: the 0.49x above was an AMD EPYC's;
+on an Intel Xeon (AVX-512) the float64 passes took 2-3x Welford's time (bn_train: the fused step at 1.8x eager,
+torch.compile's at 0.55x). So it is measured once per host, like the keep-ATen list (keep_aten.py, whose file
+keeps the verdict): the statistics of a BatchNorm2d over 16x64x32x32 in float64 passes against inductor's
+Welford, each compiled alone, and the float64 passes are taken only where they are not slower. Where they are,
+inductor's Welford runs, as torch.compile's does: its sums are float32 ones (an outlier's relative error 4e-6
+where eager's is 1e-11, within the fused tolerance, and torch.compile's). `DEALIAS_VARIANCE` overrides the
+measurement: `float64` (the passes above), `inductor` (inductor's own lowering); another value raises.
+
 The variance's is a decomposition table dealias's compiles pass to inductor: other compiles in the process see
 inductor unchanged.
 """
@@ -29,31 +38,81 @@ inductor unchanged.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
 
 TWO_STEP_MAX_BYTES = 16 << 20
+_MEASURED_SHAPE = (16, 64, 32, 32)  # BatchNorm2d(64)'s statistics over a batch of 16 images of 32x32
+_SETTINGS = ("measure", "float64", "inductor")
 
 aten = torch.ops.aten
 
 
 def decompositions() -> dict[Any, Any]:
-    """Inductor's decomposition table, with the variance in two float64 passes (see the module's text)."""
+    """Inductor's decomposition table, with the variance in two float64 passes where they are faster on this host
+    (see the module's text)."""
+    return _table(_float64_passes_here())
+
+
+def _table(float64_passes: bool) -> dict[Any, Any]:
     from torch._inductor.decomposition import select_decomp_table
 
-    table = {**select_decomp_table(), aten.var_mean.correction: _var_mean_two_pass, aten.var.correction: _var_two_pass}
-    return _Table(table)
+    table = dict(select_decomp_table())
+    if float64_passes:
+        table.update({aten.var_mean.correction: _var_mean_two_pass, aten.var.correction: _var_two_pass})
+    return _Table(table, float64_passes)
 
 
 class _Table(dict):
-    """The table, pickled as the call of `decompositions` that makes it: inductor hashes the table handed to
-    `compile_fx` into its cache keys, and one of inductor's own entries is a C++ function that cannot be pickled (the
-    FX graph cache was then bypassed for every graph autograd records). What the entries do is in dealias's source,
-    which the key holds (compat/graph_cache.py)."""
+    """The table, pickled as the call of `_table` that makes it: inductor hashes the table handed to `compile_fx`
+    into its cache keys, and one of inductor's own entries is a C++ function that cannot be pickled (the FX graph
+    cache was then bypassed for every graph autograd records). What the entries do is in dealias's source, which
+    the key holds (compat/graph_cache.py); which variance they compute, in the argument."""
+
+    def __init__(self, table: dict[Any, Any], float64_passes: bool) -> None:
+        super().__init__(table)
+        self.float64_passes = float64_passes
 
     def __reduce__(self) -> Any:
-        return decompositions, ()
+        return _table, (self.float64_passes,)
+
+
+def _float64_passes_here() -> bool:
+    setting = os.environ.get("DEALIAS_VARIANCE", "measure").strip().lower()
+    if setting not in _SETTINGS:
+        raise ValueError(f"DEALIAS_VARIANCE={setting!r}: expected one of {', '.join(_SETTINGS)}")
+    if setting != "measure":
+        return setting == "float64"
+    from .keep_aten import measured
+
+    key = f"variance in float64 passes|{_MEASURED_SHAPE}|threads={torch.get_num_threads()}"
+    passes_s, welford_s = measured(key, measure)
+    return passes_s <= welford_s
+
+
+def measure() -> tuple[float, float]:
+    """Seconds per call of a BatchNorm2d's statistics (`_MEASURED_SHAPE`, float32): in the float64 passes, and by
+    inductor's own lowering (Welford's). Each compiled alone by inductor; best of interleaved rounds."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .keep_aten import best_of
+
+    def statistics(x: torch.Tensor) -> Any:
+        return torch.var_mean(x, (0, 2, 3), correction=0)
+
+    # (Real tensors in a clean context, off the caller's random numbers: as keep_aten.aten_against_inductor.)
+    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad(), torch.random.fork_rng(devices=[]):
+        x = torch.randn(_MEASURED_SHAPE)
+        compiled = []
+        for float64_passes in (True, False):
+            gm = make_fx(statistics, decomposition_table=_table(float64_passes))(x)
+            compiled.append(compile_fx_inner(gm, [x]))
+        passes, welford = compiled
+        return best_of(lambda: passes([x]), lambda: welford([x]))
 
 
 def _var_two_pass(x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
