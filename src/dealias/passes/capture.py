@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..compat import saved_hooks
+from ..compat.dynamo_out import static_layout
 from ..errors import (
     DataDependentError,
     UnsupportedError,
@@ -81,7 +82,9 @@ class _Replay(fx.Interpreter):
         before = [t._version for t in tensors]
         result = super().run_node(n)
         # (sizes that are symbols are never 0: dynamo specializes 0 and 1; asking would add a guard)
-        if any(_static(t) and t.numel() == 0 for t in tensors) and not _empty_outs_like_eager(n, self, tensors):
+        # (only sizes and strides: the probe lays the tensors out on memory of their own, at no offset)
+        empty = any(static_layout(t, offset=False) and t.numel() == 0 for t in tensors)
+        if empty and not _empty_outs_like_eager(n, self, tensors):
             raise UnsupportedError(
                 with_location(f"{n.target}: eager lays out its out= tensor of no elements otherwise", node_location(n))
             )
@@ -103,7 +106,7 @@ def _empty_outs_like_eager(n: fx.Node, replay: _Replay, outs: list[torch.Tensor]
     over 0-d tensors; an argument over `_PROBE_NUMEL` elements, or eager raising there, is not checked: False)."""
     args, kwargs = replay.fetch_args_kwargs_from_env(n)
     fakes = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    if any(not _static(t) or t.numel() > _PROBE_NUMEL or t.device.type != "cpu" for t in fakes):
+    if any(not static_layout(t, offset=False) or t.numel() > _PROBE_NUMEL or t.device.type != "cpu" for t in fakes):
         return False
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -127,10 +130,6 @@ def _zeros_like_layout(t: torch.Tensor) -> torch.Tensor:
     """Zeros of `t`'s sizes, strides and dtype (on memory of their own, as much as those strides span)."""
     span = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) if t.numel() else 0
     return torch.zeros(max(span, 1), dtype=t.dtype).as_strided(t.shape, t.stride())
-
-
-def _static(t: torch.Tensor) -> bool:
-    return all(isinstance(d, int) for d in (*t.shape, *t.stride()))
 
 
 _CREATION_META = torch._C._autograd.CreationMeta
