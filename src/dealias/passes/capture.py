@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..compat import saved_hooks
 from ..compat.dynamo_out import static_layout
+from ..compat.internals import CREATION_META, DATA_ATTR, creation_meta
 from ..errors import (
     DataDependentError,
     UnsupportedError,
@@ -70,7 +71,7 @@ class _Replay(fx.Interpreter):
             # the op it calls below autograd, run under no_grad, and the compiled result had no gradient (a
             # silent None where eager's `register_autograd` formula gives one).
             raise UnsupportedError(f"{n.target} is a user's op called with grad on an input that requires grad")
-        if n.target is torch._C._autograd._get_data_attr:
+        if n.target is DATA_ATTR:
             # `x.data` shares x's memory but not its version counter (writes through it are hidden from
             # autograd); it traces to aten.detach, which shares both. Its node is tagged (see _GradModes).
             n.meta["custom"] = {**(n.meta.get("custom") or {}), OWN_COUNTER_KEY: True}
@@ -132,13 +133,14 @@ def _zeros_like_layout(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(max(span, 1), dtype=t.dtype).as_strided(t.shape, t.stride())
 
 
-_CREATION_META = torch._C._autograd.CreationMeta
-_RESTRICTIONS = {
-    _CREATION_META.NO_GRAD_MODE: "made under no_grad",
-    _CREATION_META.MULTI_OUTPUT_NODE: "made by split",
-    _CREATION_META.INFERENCE_MODE: "made in inference mode",
-    _CREATION_META.IN_CUSTOM_FUNCTION: "returned by a custom Function",
+_RESTRICTION_NAMES = {
+    "NO_GRAD_MODE": "made under no_grad",
+    "MULTI_OUTPUT_NODE": "made by split",
+    "INFERENCE_MODE": "made in inference mode",
+    "IN_CUSTOM_FUNCTION": "returned by a custom Function",
 }
+_RESTRICTIONS = {CREATION_META[name]: what for name, what in _RESTRICTION_NAMES.items() if name in CREATION_META}
+_DEFAULT_VIEW = CREATION_META.get("DEFAULT")
 COMPILED_RESTRICTIONS = frozenset({"made under no_grad", "made by split"})
 
 
@@ -153,7 +155,9 @@ def restriction(x: torch.Tensor) -> str | None:
         x.is_leaf  # noqa: B018 - raises for one whose base was written since it was made (reading it is eager's)
     except RuntimeError:
         return None
-    return _RESTRICTIONS.get(torch._C._autograd._get_creation_meta(x))
+    meta = creation_meta(x)
+    # (one this torch's CreationMeta has and dealias does not know, or cannot tell: left to eager)
+    return None if meta == _DEFAULT_VIEW else _RESTRICTIONS.get(meta, f"of creation {meta}")
 
 
 def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: Symbolic | None = None) -> Captured:
