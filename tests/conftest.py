@@ -40,6 +40,8 @@ def verdict_store(monkeypatch, tmp_path):
 # inductor or start processes, and single tests marked `slow` where they stand.
 _INDUCTOR_FILES = {"test_inductor.py", "test_fused_autograd.py", "test_inductor_fixes.py", "test_keep_aten.py"}
 _INDUCTOR_FILES |= {"test_row_products.py", "test_inductor_symbolic.py"}
+_INDUCTOR_FILES |= {"test_inductor_snapshots.py", "test_inductor_indices.py", "test_inductor_tiers.py"}
+_INDUCTOR_FILES |= {"test_fused_autograd_training.py"}
 _DISTRIBUTED_FILES = {"test_distributed.py"}
 # Whole files of long runs (fuzz, the OpInfo sweeps, HF models and optimizers, a thousand statements): 7 of the
 # inner loop's 9 minutes were spent there and in a few single tests marked where they stand.

@@ -128,7 +128,7 @@ class HalvesGradient(torch.autograd.Function):
 
 
 def decode_prefix(kc, vc, q, k, v, pos: int):
-    """A decode step over a position that changes every call (test_inductor.py, test_inductor_symbolic.py)."""
+    """A decode step over a position that changes every call (test_inductor_tiers.py, test_inductor_symbolic.py)."""
     kc[:, :, pos] = k
     vc[:, :, pos] = v
     return torch.nn.functional.scaled_dot_product_attention(q, kc[:, :, : pos + 1], vc[:, :, : pos + 1])

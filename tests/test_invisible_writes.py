@@ -243,6 +243,28 @@ def test_caller_tensor_after_the_call_is_eager_s():
     # these have none.)
     for fn in (live_read_then_hidden_write, written_through_data):
         _caller_tensor_like_eager(fn)
+    # A hook the caller registers on x after the call, one that changes the gradient: the graph gave x its history
+    # only at its write-back, after the no_grad write, a node v's gradient never passes, so the hook never ran
+    # (fuzz seed 1940010: the gradient twice eager's, silently). x now receives its value at sin_ and the no_grad
+    # write in place.
+    _hook_after_the_call_like_eager(live_read_then_hidden_write)
+
+
+def _hook_after_the_call_like_eager(fn):
+    def grad(f):
+        b = torch.randn(2, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        x = b * 1
+        out = f(x)
+        x.register_hook(lambda g: g * 0.5)
+        (g,) = torch.autograd.grad(out.sum(), b)
+        return g
+
+    jf = dealias.jit(fn, executor="torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dealias.FallbackWarning)
+        got = grad(jf)
+    torch.testing.assert_close(got, grad(fn))
+    torch.testing.assert_close(grad(jf), got)
 
 
 def _caller_tensor_like_eager(fn):

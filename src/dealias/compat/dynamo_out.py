@@ -119,7 +119,7 @@ def _arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict
             return vt.python_type()(one(v) for v in items)
         if vt.is_tensor():
             fake = _fake(vt)
-            if not isinstance(fake, torch.Tensor) or not _static(fake):
+            if not isinstance(fake, torch.Tensor) or not static_layout(fake):
                 raise LookupError
             return fake
         if vt.is_python_constant():
@@ -140,8 +140,9 @@ def _tensor_leaves(args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor
     return [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
 
 
-def _static(t: torch.Tensor) -> bool:
-    return all(type(x) is int for x in (*t.shape, *t.stride(), t.storage_offset()))
+def static_layout(t: torch.Tensor, offset: bool = True) -> bool:
+    """Whether `t`'s sizes, strides and (with `offset`) storage offset are ints, none a symbol."""
+    return all(type(x) is int for x in (*t.shape, *t.stride(), *([t.storage_offset()] if offset else ())))
 
 
 def _real(
@@ -356,7 +357,7 @@ def install() -> None:
         # symbolic sizes are left to dynamo as the arguments are (_arguments): their layouts key the probe's
         # verdicts; the OpInfo sweep's shared `_call` frame, made dynamic by its recompiles, raised hashing one.)
         graded = torch.is_grad_enabled() and any(o.requires_grad for o in outs)
-        if found is None or graded or not all(_static(o) for o in outs):
+        if found is None or graded or not all(static_layout(o) for o in outs):
             return None
         seeded = _draws_random(self.value)
         others = _tensor_leaves(*found)

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..compat.internals import CREATION_META, TensorGuards, creation_meta, storage_id
 from ..ir.sharing import find_groups_or_none
 
 
@@ -58,7 +59,7 @@ def _is_leaf(x: torch.Tensor) -> Any:
         return "stale"
 
 
-_DEFAULT_VIEW = torch._C._autograd.CreationMeta.DEFAULT
+_DEFAULT_VIEW = CREATION_META.get("DEFAULT")
 
 
 def _grad_kind(x: torch.Tensor) -> Any:
@@ -67,7 +68,7 @@ def _grad_kind(x: torch.Tensor) -> Any:
     if not x.requires_grad:
         return False
     if x._base is not None:
-        meta = torch._C._autograd._get_creation_meta(x)
+        meta = creation_meta(x)
         if meta != _DEFAULT_VIEW:
             return str(meta)
     return _is_leaf(x)
@@ -84,12 +85,6 @@ def sharing_pattern(leaves: list[Any]) -> tuple[int, ...]:
         if isinstance(x, torch.Tensor):
             pattern.append(first.setdefault(x.untyped_storage()._cdata, i))
     return tuple(pattern)
-
-
-try:
-    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
-except ImportError:  # pragma: no cover - not in the torch this project pins
-    _TensorGuards = None
 
 
 def lookup_key(
@@ -152,7 +147,7 @@ def lean_check(
         "guard": shape_guard,
         # The StorageImpl's address, as `untyped_storage()._cdata` is, without making a storage object (~0.1 us a
         # tensor less: the check runs on every call).
-        "sid": torch._C._storage_id,
+        "sid": storage_id,
     }
     conds = [f"grad() is {torch.is_grad_enabled()}"]
     conds.append(f"inference() is {torch.is_inference_mode_enabled()}")
@@ -206,12 +201,12 @@ def tensor_check(tensors: list[torch.Tensor], layouts: list[tuple[list[Any], lis
     checked only where static; the program's shape guard checks the rest."""
     if layouts is None:
         layouts = [(list(t.shape), list(t.stride())) for t in tensors]
-    if _TensorGuards is not None:
+    if TensorGuards is not None:
         # TensorGuards refuses the same tensor twice (`f(y, y)`, as a graph split around a hook passes it): check
         # each tensor once, and that the repeats are that very tensor again.
         first = [next(j for j in range(i + 1) if tensors[j] is t) for i, t in enumerate(tensors)]
         unique = [i for i, j in enumerate(first) if i == j]
-        guard = _TensorGuards(
+        guard = TensorGuards(
             *(tensors[i] for i in unique),
             dynamic_dims_sizes=[layouts[i][0] for i in unique],
             dynamic_dims_strides=[layouts[i][1] for i in unique],

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from ..compat.internals import set_version_counters
+
 
 class _KeepHistory(torch.autograd.Function):
     @staticmethod
@@ -82,7 +84,7 @@ def attach_history(t: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
     version = t._version
     with torch.enable_grad():
         out = _AttachHistory.apply(t, history)
-    torch._C._autograd._unsafe_set_version_counter((out,), (version,))
+    set_version_counters((out,), (version,))
     return out
 
 

@@ -71,7 +71,7 @@ _MUTATES_WITHOUT_ANNOTATION = {"aten::native_batch_norm": ("running_mean", "runn
 # compute as on their input cast to it: `torch.sum(half, 1, out=f32)` sums in float32, `torch.cumsum(f32, 0,
 # out=i64)` casts the input first. No schema says so; the other out= ops with a `dtype`
 # (`sum.out`, `prod.out`, `linalg_vector_norm.out`) raise on an out= of another dtype instead. Measured against
-# eager in tests/test_exactness.py (test_reductions_into_an_out_of_another_dtype).
+# eager in tests/test_exactness_audit.py (test_reductions_into_an_out_of_another_dtype).
 COMPUTES_IN_OUT_DTYPE = {
     "sum.IntList_out",
     "prod.int_out",

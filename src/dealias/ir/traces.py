@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from ..errors import node_location
 from .opfacts import op_name
+from .viewops import contiguous_strides
 
 
 class Trace:
@@ -92,17 +93,9 @@ def _meta(node: fx.Node) -> str:
         return ""
     text = f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
     # (Only static layouts are compared: a comparison of symbolic sizes would add a guard to the program.)
-    if all(type(x) is int for x in (*v.shape, *v.stride())) and v.stride() != _contiguous(v.shape):
+    if all(type(x) is int for x in (*v.shape, *v.stride())) and v.stride() != contiguous_strides(v.shape):
         text += f" strides {list(v.stride())}"
     return text
-
-
-def _contiguous(shape: torch.Size) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 _INFIX = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//", operator.mod: "%"}

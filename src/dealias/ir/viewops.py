@@ -317,6 +317,15 @@ def extent(t: torch.Tensor) -> tuple[Any, Any]:
     return first, first + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
 
 
+def contiguous_strides(shape: Any) -> tuple[Any, ...]:
+    """The strides of a contiguous tensor of `shape` (a dim of size 0 steps as one of size 1, as torch's)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
 def repeated_dims(t: torch.Tensor) -> list[int]:
     """Dimensions along which `t` repeats the same memory (stride 0, size > 1: an expanded tensor)."""
     return [d for d, (n, st) in enumerate(zip(t.shape, t.stride())) if st == 0 and n > 1]

@@ -24,7 +24,14 @@ from ..errors import InternalError, UnsupportedError, located, node_location, wi
 from ..ir.opfacts import OWN_COUNTER_KEY, OpKind, bind_args, facts, is_view_target, returned_args
 from ..ir.plan import Ref, RefKind, StorageKind
 from ..ir.sharing import AliasGroup
-from ..ir.viewops import ViewStep, as_strided_rel, extent, normalize_multi_output, relative_as_strided
+from ..ir.viewops import (
+    ViewStep,
+    as_strided_rel,
+    contiguous_strides,
+    extent,
+    normalize_multi_output,
+    relative_as_strided,
+)
 
 aten = torch.ops.aten
 
@@ -182,11 +189,7 @@ def _resize_step(node: fx.Node, v: Value) -> ViewStep:
     covered = extent(root)[1] + 1
     if numel and v.meta.storage_offset() + numel > covered * root.element_size() // v.meta.element_size():
         raise UnsupportedError("resize_ that grows a tensor past its memory is not supported")
-    stride, acc = [], 1
-    for n in reversed(size):
-        stride.append(acc)
-        acc *= max(n, 1)
-    return ViewStep(as_strided_rel, (size, stride[::-1], 0))
+    return ViewStep(as_strided_rel, (size, list(contiguous_strides(size)), 0))
 
 
 def _step(op: torch._ops.OpOverload, node: fx.Node, parent: Value) -> ViewStep:

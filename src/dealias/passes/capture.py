@@ -39,6 +39,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..compat import saved_hooks
+from ..compat.dynamo_out import static_layout
+from ..compat.internals import CREATION_META, DATA_ATTR, creation_meta
 from ..errors import (
     DataDependentError,
     UnsupportedError,
@@ -69,7 +71,7 @@ class _Replay(fx.Interpreter):
             # the op it calls below autograd, run under no_grad, and the compiled result had no gradient (a
             # silent None where eager's `register_autograd` formula gives one).
             raise UnsupportedError(f"{n.target} is a user's op called with grad on an input that requires grad")
-        if n.target is torch._C._autograd._get_data_attr:
+        if n.target is DATA_ATTR:
             # `x.data` shares x's memory but not its version counter (writes through it are hidden from
             # autograd); it traces to aten.detach, which shares both. Its node is tagged (see _GradModes).
             n.meta["custom"] = {**(n.meta.get("custom") or {}), OWN_COUNTER_KEY: True}
@@ -81,7 +83,9 @@ class _Replay(fx.Interpreter):
         before = [t._version for t in tensors]
         result = super().run_node(n)
         # (sizes that are symbols are never 0: dynamo specializes 0 and 1; asking would add a guard)
-        if any(_static(t) and t.numel() == 0 for t in tensors) and not _empty_outs_like_eager(n, self, tensors):
+        # (only sizes and strides: the probe lays the tensors out on memory of their own, at no offset)
+        empty = any(static_layout(t, offset=False) and t.numel() == 0 for t in tensors)
+        if empty and not _empty_outs_like_eager(n, self, tensors):
             raise UnsupportedError(
                 with_location(f"{n.target}: eager lays out its out= tensor of no elements otherwise", node_location(n))
             )
@@ -103,7 +107,7 @@ def _empty_outs_like_eager(n: fx.Node, replay: _Replay, outs: list[torch.Tensor]
     over 0-d tensors; an argument over `_PROBE_NUMEL` elements, or eager raising there, is not checked: False)."""
     args, kwargs = replay.fetch_args_kwargs_from_env(n)
     fakes = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    if any(not _static(t) or t.numel() > _PROBE_NUMEL or t.device.type != "cpu" for t in fakes):
+    if any(not static_layout(t, offset=False) or t.numel() > _PROBE_NUMEL or t.device.type != "cpu" for t in fakes):
         return False
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -129,17 +133,14 @@ def _zeros_like_layout(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(max(span, 1), dtype=t.dtype).as_strided(t.shape, t.stride())
 
 
-def _static(t: torch.Tensor) -> bool:
-    return all(isinstance(d, int) for d in (*t.shape, *t.stride()))
-
-
-_CREATION_META = torch._C._autograd.CreationMeta
-_RESTRICTIONS = {
-    _CREATION_META.NO_GRAD_MODE: "made under no_grad",
-    _CREATION_META.MULTI_OUTPUT_NODE: "made by split",
-    _CREATION_META.INFERENCE_MODE: "made in inference mode",
-    _CREATION_META.IN_CUSTOM_FUNCTION: "returned by a custom Function",
+_RESTRICTION_NAMES = {
+    "NO_GRAD_MODE": "made under no_grad",
+    "MULTI_OUTPUT_NODE": "made by split",
+    "INFERENCE_MODE": "made in inference mode",
+    "IN_CUSTOM_FUNCTION": "returned by a custom Function",
 }
+_RESTRICTIONS = {CREATION_META[name]: what for name, what in _RESTRICTION_NAMES.items() if name in CREATION_META}
+_DEFAULT_VIEW = CREATION_META.get("DEFAULT")
 COMPILED_RESTRICTIONS = frozenset({"made under no_grad", "made by split"})
 
 
@@ -154,7 +155,9 @@ def restriction(x: torch.Tensor) -> str | None:
         x.is_leaf  # noqa: B018 - raises for one whose base was written since it was made (reading it is eager's)
     except RuntimeError:
         return None
-    return _RESTRICTIONS.get(torch._C._autograd._get_creation_meta(x))
+    meta = creation_meta(x)
+    # (one this torch's CreationMeta has and dealias does not know, or cannot tell: left to eager)
+    return None if meta == _DEFAULT_VIEW else _RESTRICTIONS.get(meta, f"of creation {meta}")
 
 
 def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: Symbolic | None = None) -> Captured:

@@ -77,9 +77,7 @@ def eager_mutations_in_place(
     graph = fp.gm.graph
     out_node = graph.output_node()
     results = list(out_node.args[0])
-    read = {s.source.key for s in fp.outputs if s.same_as is None and s.source.kind is RefKind.RESULT}
-    read |= {a.index for s in fp.outputs for a in chain_args(s.chain) if isinstance(a, ResultArg)}
-    read |= {s.history for s in fp.outputs if s.history is not None}
+    read = _results_outputs_read(fp)
     written = {
         wb.output: wb for wb in fp.writebacks if wb.output not in read and results.count(results[wb.output]) == 1
     }
@@ -165,9 +163,7 @@ def whole_writes_in_graph(fp: FunctionalProgram) -> tuple[FunctionalProgram, fro
         return fp, frozenset()
     out_node = graph.output_node()
     results = list(out_node.args[0])
-    read = {s.source.key for s in fp.outputs if s.same_as is None and s.source.kind is RefKind.RESULT}
-    read |= {a.index for s in fp.outputs for a in chain_args(s.chain) if isinstance(a, ResultArg)}
-    read |= {s.history for s in fp.outputs if s.history is not None}
+    read = _results_outputs_read(fp)
     moved: dict[int, int] = {}  # result -> placeholder position
     for wb in fp.writebacks:
         if wb.target.kind is not RefKind.INPUT or wb.output in read:
@@ -220,3 +216,10 @@ def _requires_grad(value: fx.Node) -> bool:
     except Exception:  # noqa: BLE001 - no meta kernel, symbolic sizes: as marked
         return True
     return bool(getattr(out, "requires_grad", True))
+
+
+def _results_outputs_read(fp: FunctionalProgram) -> set[int]:
+    """The graph results the outputs are made from: as their source, in their view chains, as their history."""
+    read = {s.source.key for s in fp.outputs if s.same_as is None and s.source.kind is RefKind.RESULT}
+    read |= {a.index for s in fp.outputs for a in chain_args(s.chain) if isinstance(a, ResultArg)}
+    return read | {s.history for s in fp.outputs if s.history is not None}

@@ -13,6 +13,8 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ..compat.internals import backward_keeps_graph
+
 
 def double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool, int]:
     """Whether AOTAutograd's Function in `compiled` can take dealias's double backward (`takes_double_backward`),
@@ -87,7 +89,7 @@ def takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
                 ctx.saved_tensors  # noqa: B018 - raises eager's error if a backward freed the graph
                 return recompute_double_backward(*ctx.dealias_recompute, grads[0] if boxed else grads)
             result = first_order(ctx, *grads)
-            if not torch._C._autograd._get_current_graph_task_keep_graph():  # the graph is freed: so are the inputs
+            if not backward_keeps_graph():  # the graph is freed: so are the inputs
                 ctx.__dict__.pop("dealias_recompute", None)
             return result
 
@@ -230,7 +232,7 @@ class TwiceDifferentiable(torch.autograd.Function):
                 "Trying to backward through the graph a second time (or directly access saved tensors after they "
                 "have already been freed). Specify retain_graph=True if you need to backward a second time."
             )
-        ctx.freed = not torch._C._autograd._get_current_graph_task_keep_graph()
+        ctx.freed = not backward_keeps_graph()
         diff = [i for i, o in enumerate(ctx.outs) if isinstance(o, torch.Tensor) and o.requires_grad]
         wrt = [i for i, a in enumerate(ctx.leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
         given = [grads[i] for i in diff]

@@ -43,6 +43,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from ..compat.graph_cache import graph_cache
 from ..compat.inductor import dealias_compile, floats_as_tensors, layout_options, size_asserts
+from ..compat.internals import increment_versions, version_counters_missing
 from ..compat.registry import Missing
 from ..compat.vec_isa import vec_isa_config
 from ..ir.island import island
@@ -160,6 +161,8 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     # moves each written one itself, or what autograd saved of it before would be read as if unchanged.
     traced_inputs = traced.graph.find_nodes(op="placeholder")
     written = tuple(sorted({traced_inputs.index(ph) for _, ph in writes_of(traced)}))  # (only inputs are written)
+    if written and (why := version_counters_missing(moved=True)):
+        raise Unfusable(why)
     merge_full_writes(traced)
     insert_snapshots(traced)
     check_hazards(traced)
@@ -401,7 +404,7 @@ def runner(
             torch._C._set_grad_enabled(grad)
         if written:
             # Once per call, however many writes eager made (what autograd checks is only whether it moved).
-            torch._C._increment_version(tuple(args[i] for i in written))
+            increment_versions(tuple(args[i] for i in written))
         if call is None:
             first(outs, args)
         if state["pending"]:

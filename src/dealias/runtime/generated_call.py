@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ..compat.internals import set_version_counters, version_counters_missing
+from ..errors import UnsupportedError
 from ..ir.gradops import attach_history
 from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram, OutputSlot, Ref, RefKind, ResultArg
 from ..ir.viewops import ViewStep, repeated_dims
@@ -40,7 +42,7 @@ def as_strided_keeping_version(t: torch.Tensor, size: Any, stride: Any, rel: int
     saved would be stale at backward (fuzz seed 1310504)."""
     version = t._version
     t.as_strided_(size, stride, t.storage_offset() + rel)
-    torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+    set_version_counters((t,), (version,))
 
 
 # (OutputSlot.stale: a view's recorded version that no later write of a counter at 0 reaches; counters are uint32)
@@ -49,7 +51,7 @@ STALE_FAR_AHEAD = 1 << 31
 
 def set_version_counter(t: torch.Tensor, version: int) -> None:
     """Set the version counter `t` shares with its base and views (OutputSlot.stale)."""
-    torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+    set_version_counters((t,), (version,))
 
 
 def restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
@@ -268,7 +270,7 @@ class _Call:
         self.set_layouts()
         if unmoved:
             moved = [self.ref(r) for r in sorted(fp.moved_counters, key=_order)]
-            set_versions = s.bind(torch._C._autograd._unsafe_set_version_counter, "set_version_counters")
+            set_versions = s.bind(set_version_counters, "set_version_counters")
             if moved:  # (the moved counters read before the kept are set back)
                 finals = s.fresh("finals")
                 s.emit(f"{finals} = {_tuple(f'{t}._version' for t in moved)}")
@@ -388,12 +390,20 @@ _numbers = itertools.count()
 def _compile(source: str, call: _Call) -> Callable[[list[Any]], Any]:
     """`source` compiled in `call`'s namespace, under a file name of its own that linecache knows while the function
     lives: a traceback through it shows the generated lines, and `inspect.getsource` gives the source back."""
+    if _SETS_COUNTERS & call.s.bound.keys() and (why := version_counters_missing()):
+        raise UnsupportedError(why)  # (a torch without it: the program is refused, not run without)
     filename = f"<dealias generated call {next(_numbers)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     env = dict(call.s.env)
     exec(compile(source, filename, "exec"), env)  # noqa: S102 - generated from the plan only
     weakref.finalize(env["call"], linecache.cache.pop, filename, None)
     return env["call"]
+
+
+# What a generated call may bind that sets version counters.
+_SETS_COUNTERS = {
+    id(f) for f in (set_version_counters, set_version_counter, as_strided_keeping_version, attach_history)
+}
 
 
 def _order(ref: Ref) -> tuple[str, str]:

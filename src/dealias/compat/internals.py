@@ -1,0 +1,101 @@
+"""The private functions of torch dealias calls outside its corrections (torch._C's, its _autograd's and its
+_dynamo's), looked up once, here, with registry.require: version counters set and moved where eager's are, the
+creation meta autograd keeps of a view, whether the running backward keeps its graph, what `x.data` traces to, a
+tensor's storage id, dynamo's tensor guard.
+
+Each is bound once at import (the generated call runs some on every call: no lookup there). Where this torch has
+one no longer, dealias takes the safe side, as each says: a program that would need it is refused when compiled
+(UnsupportedError: its frame runs eagerly, with a FallbackWarning), or the slower public equivalent runs; never
+the program without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import UnsupportedError
+from .registry import Missing, require
+
+
+def _lookup(owner: Any, attr: str) -> tuple[Any, str]:
+    """`owner.attr` and "", or None and why it is missing."""
+    try:
+        return require(owner, attr), ""
+    except Missing as e:
+        return None, str(e)
+
+
+def _refused(why: str) -> Callable[..., Any]:
+    def refused(*args: Any) -> Any:
+        raise UnsupportedError(why)
+
+    return refused
+
+
+# Version counters: what autograd checks at backward. A counter left unmoved by a write (inductor's kernels write
+# through pointers) or moved where eager's is not (a layout change eager makes in place, a write-back) would let
+# backward read new values where eager's raises, or raise where eager's does not.
+_SET, _SET_MISSING = _lookup(torch._C._autograd, "_unsafe_set_version_counter")
+_INCREMENT, _INCREMENT_MISSING = _lookup(torch._C, "_increment_version")
+
+# `set_version_counters(tensors, versions)`: set each tensor's counter (shared with its base and views). Bound into
+# generated calls as it is (the builtin itself); without it, programs that set counters are refused when compiled
+# (`version_counters_missing`) and this raises.
+set_version_counters: Callable[[tuple[torch.Tensor, ...], tuple[int, ...]], None] = _SET or _refused(
+    f"version counters cannot be set here: {_SET_MISSING}"
+)
+# `increment_versions(tensors)`: move each tensor's counter once, as one in-place op of eager's does.
+increment_versions: Callable[[tuple[torch.Tensor, ...]], None] = _INCREMENT or _refused(
+    f"version counters cannot be moved here: {_INCREMENT_MISSING}"
+)
+
+
+def version_counters_missing(moved: bool = False) -> str:
+    """Why this torch cannot set version counters (`moved`: nor move them), or "": a compile that would need them
+    refuses the program."""
+    if _SET is None:
+        return f"version counters cannot be set here: {_SET_MISSING}"
+    return f"version counters cannot be moved here: {_INCREMENT_MISSING}" if moved and _INCREMENT is None else ""
+
+
+# The creation meta of a view: how eager restricts it (made under no_grad, by split, in inference mode, by a custom
+# Function), and autograd's CreationMeta members by name ({} where this torch has none). Without them every view
+# that requires grad reads as UNKNOWN_CREATION: restricted in a way dealias does not compile (it runs eagerly).
+UNKNOWN_CREATION = "a creation this torch does not tell"
+_META, _ = _lookup(torch._C._autograd, "CreationMeta")
+CREATION_META: dict[str, Any] = dict(_META.__members__) if _META is not None else {}
+creation_meta: Callable[[torch.Tensor], Any] = _lookup(torch._C._autograd, "_get_creation_meta")[0] or (
+    lambda x: UNKNOWN_CREATION
+)
+
+
+# What dynamo's graphs call for `x.data` (a view sharing x's memory, not its version counter): passes/capture.py
+# tags its nodes. None where this torch has no such function (no node is tagged).
+DATA_ATTR, _ = _lookup(torch._C._autograd, "_get_data_attr")
+
+
+# Whether the backward running now keeps its graph (retain_graph=True): without it, taken as freed (a second
+# backward through a fused graph's double-backward recompute then raises eager's "a second time").
+_KEEP_GRAPH, _ = _lookup(torch._C._autograd, "_get_current_graph_task_keep_graph")
+
+
+def backward_keeps_graph() -> bool:
+    return bool(_KEEP_GRAPH()) if _KEEP_GRAPH is not None else False
+
+
+# A tensor's StorageImpl address, as `untyped_storage()._cdata` (which it falls back to) without making a storage
+# object: ~0.1 us a tensor less in the guard every call runs.
+storage_id: Callable[[torch.Tensor], int] = _lookup(torch._C, "_storage_id")[0] or (
+    lambda t: t.untyped_storage()._cdata
+)
+
+
+# Dynamo's C++ check of tensors' dtypes, devices, sizes and strides (frontend/guards.py `tensor_check`); None where
+# this torch has none: the Python check of the same keys runs.
+try:
+    from torch._C._dynamo.guards import TensorGuards
+except ImportError:  # pragma: no cover - not in the torch this project pins
+    TensorGuards = None
