@@ -1,7 +1,7 @@
-"""A training BatchNorm on the torch executor runs eager's own ops on the caller's buffers (issue 38's conv + BatchNorm2d
-+ ReLU(inplace)): `native_batch_norm` on the running statistics, `num_batches_tracked.add_(1)`, and nothing after
-the graph (no copy back, no version counter set back). Each test compares with eager: outputs, running statistics,
-num_batches_tracked, version counters, grad_fn names and gradients."""
+"""A training BatchNorm on the torch executor runs eager's own ops on the caller's buffers (issue 38's conv +
+BatchNorm2d + ReLU(inplace)): `native_batch_norm` on the running statistics, `num_batches_tracked.add_(1)`, and
+nothing after the graph (no copy back, no version counter set back). Each test compares with eager: outputs,
+running statistics, num_batches_tracked, version counters, grad_fn names and gradients."""
 
 from __future__ import annotations
 
