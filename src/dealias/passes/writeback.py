@@ -223,10 +223,16 @@ def lower(
             _refuse_whole_copy_into_overlap(gm, wb, results[wb.output])
         in_place: list[WriteBackReport] = []
         if autograd_in_place:
-            from .writeback_autograd import eager_mutations_in_place, eager_updates_in_place  # (it imports this module)
+            from .writeback_autograd import (  # (it imports this module)
+                eager_input_updates_in_place,
+                eager_mutations_in_place,
+                eager_updates_in_place,
+            )
 
             eager_updates_in_place(graph)
             fp, in_place = eager_mutations_in_place(fp, aliases)
+            fp, inputs_in_place = eager_input_updates_in_place(fp, aliases)
+            in_place += inputs_in_place
         decompose(gm)
         results = list(out_node.args[0])
         return fp, in_place + [whole_report(wb.target, results[wb.output]) for wb in fp.writebacks]

@@ -64,6 +64,17 @@ def _mutable_variant(op: Any) -> Any:
     return None
 
 
+def _eager_op(n: fx.Node) -> Any:
+    """The mutable op eager ran where functionalization made `n` (meta "eager_in_place"), if its functional form
+    is n's: `native_batch_norm`, which writes a training BatchNorm's running statistics without declaring it, so
+    that ADInplaceOrView moves no counter of theirs and autograd records eager's NativeBatchNormBackward0, where
+    `_native_batch_norm_legit` would move both counters (set back after the call) and record another node."""
+    op = n.meta.get("eager_in_place")
+    if not isinstance(op, torch._ops.OpOverload) or facts(op).kind is not OpKind.MUTABLE:
+        return None
+    return op if facts(op).functional is n.target and facts(op).mutated else None
+
+
 def eager_mutations_in_place(
     fp: FunctionalProgram, aliases: dict[fx.Node, list[fx.Node]]
 ) -> tuple[FunctionalProgram, list[WriteBackReport]]:
@@ -77,10 +88,7 @@ def eager_mutations_in_place(
     graph = fp.gm.graph
     out_node = graph.output_node()
     results = list(out_node.args[0])
-    read = _results_outputs_read(fp)
-    written = {
-        wb.output: wb for wb in fp.writebacks if wb.output not in read and results.count(results[wb.output]) == 1
-    }
+    written = _only_written_back(fp, results)
     placeholders = graph.find_nodes(op="placeholder")
     aliased = set(aliases) | {a for group in aliases.values() for a in group}
     dropped: set[int] = set()
@@ -92,7 +100,7 @@ def eager_mutations_in_place(
             or not isinstance(n.target, torch._ops.OpOverload)
         ):
             continue
-        mutable = _mutable_variant(n.target)
+        mutable = _eager_op(n) or _mutable_variant(n.target)
         if mutable is None or any(u.target is not operator.getitem for u in n.users):
             continue
         returns = len(mutable._schema.returns)
@@ -130,6 +138,9 @@ def eager_mutations_in_place(
             for i, g in news.items():
                 if i < returns:
                     g.args = (op, i)
+            if mutable is _eager_op(n):  # eager's own kernel: the counters of what it writes move as eager's did
+                unmoved = {Ref(RefKind.INPUT, placeholders.index(p)) for p in swap.values()}
+                fp.unmoved_counters = [r for r in fp.unmoved_counters if r not in unmoved]
             for i, wb in drops:
                 dropped.add(i)
                 reports.append(whole_report(wb.target, results[i], f"x by {op_name(mutable)}(..)", "in place"))
@@ -142,12 +153,69 @@ def eager_mutations_in_place(
                 graph.erase_node(clone)
     if not dropped:
         return fp, []
+    if not fp.unmoved_counters:  # (the moved ones are read only to be set again after the unmoved are set back)
+        fp.moved_counters = []
+    return _drop_results(fp, results, dropped), reports
+
+
+def eager_input_updates_in_place(
+    fp: FunctionalProgram, aliases: dict[fx.Node, list[fx.Node]]
+) -> tuple[FunctionalProgram, list[WriteBackReport]]:
+    """In a graph autograd records (the torch executor): `op(P, ..)` where eager ran `P.op_(..)` on a caller's
+    tensor P requiring no grad (a training BatchNorm's `num_batches_tracked.add_(1)`) runs as that in-place op on
+    P again, where its value is only P's whole write-back: no new tensor, no copy back, P's counter moved once by
+    the op as eager's was. P is a placeholder of its own (no alias group, no overlap) that nothing else reads
+    (so no earlier value of it is read after the write, and autograd saves none), the value requires no grad
+    (`_requires_grad`: the op records nothing), and the op reads P through no other argument."""
+    graph = fp.gm.graph
+    out_node = graph.output_node()
+    results = list(out_node.args[0])
+    written = _only_written_back(fp, results)
+    placeholders = graph.find_nodes(op="placeholder")
+    aliased = set(aliases) | {a for group in aliases.values() for a in group}
+    dropped: set[int] = set()
+    reports: list[WriteBackReport] = []
+    for n in list(graph.nodes):
+        if n.op != "call_function" or not n.meta.get("eager_in_place") or set(n.users) != {out_node}:
+            continue
+        p = _updated_in_place(n)
+        if p is None or p.op != "placeholder" or p in aliased or p.meta.get("rg") or set(p.users) != {n}:
+            continue
+        wb = written.get(results.index(n)) if results.count(n) == 1 else None
+        if wb is None or wb.target != Ref(RefKind.INPUT, placeholders.index(p)) or _requires_grad(n):
+            continue
+        if internal_overlap(p.meta["val"]) != "no" or _reads_its_target(n, p):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(inplace_variant(n.target), n.args, dict(n.kwargs))
+        new.meta = dict(n.meta)
+        new.meta["counts_as"] = n.target  # (invariants.compute_ops: the same op as the functional graph's)
+        i = results.index(n)
+        results[i] = None
+        out_node.args = (tuple(results),)
+        graph.erase_node(n)
+        dropped.add(i)
+        reports.append(whole_report(wb.target, new, f"x.{op_name(new.target)}(..)", "in place"))
+    if not dropped:
+        return fp, []
+    return _drop_results(fp, results, dropped), reports
+
+
+def _only_written_back(fp: FunctionalProgram, results: list[Any]) -> dict[int, Any]:
+    """The graph's results that are a write-back's value and nothing else (no output reads them), by position."""
+    read = _results_outputs_read(fp)
+    return {wb.output: wb for wb in fp.writebacks if wb.output not in read and results.count(results[wb.output]) == 1}
+
+
+def _drop_results(fp: FunctionalProgram, results: list[Any], dropped: set[int]) -> FunctionalProgram:
+    """`fp` without the graph results at `dropped` (their write-backs now made inside the graph)."""
+    out_node = fp.gm.graph.output_node()
     out_node.args = (tuple(r for i, r in enumerate(results) if i not in dropped),)
     remap = {old: new for new, old in enumerate(i for i in range(len(results)) if i not in dropped)}
     fp.writebacks = [replace(wb, output=remap[wb.output]) for wb in fp.writebacks if wb.output not in dropped]
     fp.outputs = [_remapped(slot, remap) for slot in fp.outputs]
     fp.gm.recompile()
-    return fp, reports
+    return fp
 
 
 def whole_writes_in_graph(fp: FunctionalProgram) -> tuple[FunctionalProgram, frozenset[int]]:

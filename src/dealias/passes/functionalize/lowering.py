@@ -164,8 +164,9 @@ def _mutate(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any]) -> 
         out = w.emit.call(f.functional, *args, **kwargs)
         if f.kind is OpKind.INPLACE and len(targets) == 1 or f.kind is OpKind.MUTABLE:
             # Eager ran the in-place op here (`y.relu_()`, a training batch norm's running statistics): write-back
-            # lowering may run it so again under autograd (writeback_autograd.py).
-            out.meta["eager_in_place"] = True
+            # lowering may run it so again under autograd (writeback_autograd.py): eager's op itself, which moves
+            # the version counters eager's did.
+            out.meta["eager_in_place"] = op
         out = w.raise_at_backward(node, out)
     if f.kind is OpKind.MUTABLE:
         # The functional form returns the op's own results, then the new value of each written argument that
