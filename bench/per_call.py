@@ -1,0 +1,128 @@
+"""Per call, from the first: a real workload (bench/real_workloads.py) on dealias's default (executor "tiered"),
+each call's time as a ratio to eager's median call, and what each program of it did in that call: the tier it ran
+on (a call of a tier being measured is marked with `*`), the fused compile (in the promoting call on a torch whose
+FX tracing flag is the process's, 2.13; in a background thread on 2.14, adopted by a later call).
+
+Eager and the default alternate call by call in one process on one thread (each on its own copy of the arguments),
+so that the machine's load falls on both alike; eager's median is over all its calls. Issue 38's bound: no call
+after the first above eager x 1.10, which the summary line checks.
+
+    python bench/per_call.py --only adamw_foreach gpt2 --calls 60
+    python bench/per_call.py --only hf_llama_decode --calls 80 --variant exact
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import dealias
+from dealias.frontend import tiers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real import call, compiled, make_args  # noqa: E402 - bench/ is not a package
+from real_workloads import WORKLOADS, Workload  # noqa: E402
+
+BOUND = 1.10  # issue 38: no call after the first above eager x 1.10
+
+
+class Events:
+    """What the programs of the compiled function did in the current call: the tiers run (via `tiers.measure`, on
+    calls not yet settled) and the fused compiles started, ended in the background and adopted."""
+
+    def __init__(self) -> None:
+        self.now: list[str] = []
+        self.ids: dict[int, int] = {}  # Tiered entry -> its number, in order of first appearance
+
+    def of(self, entry: Any) -> str:
+        return f"p{self.ids.setdefault(id(entry), len(self.ids))}"
+
+    def install(self) -> None:
+        measure, promote, adopt = tiers.measure, tiers.Tiered._promote, tiers.Tiered._adopt
+        events = self
+
+        def timed(tier: str, run: Any, leaves: list[Any]) -> Any:
+            out = measure(tier, run, leaves)
+            events.now.append(tier)
+            return out
+
+        def promoting(entry: Any, leaves: list[Any]) -> None:
+            start = time.perf_counter()
+            promote(entry, leaves)
+            where = "background" if entry.pending is not None else "in this call"
+            events.now.append(f"{events.of(entry)} fused compile {where} ({time.perf_counter() - start:.2f} s here)")
+
+        def adopting(entry: Any, program: Any, note: str) -> None:
+            adopt(entry, program, note)
+            events.now.append(f"{events.of(entry)} fused adopted" + (f" ({note})" if note else ""))
+
+        tiers.measure, tiers.Tiered._promote, tiers.Tiered._adopt = timed, promoting, adopting
+
+
+def tiers_now(f: Any) -> str:
+    info = dealias.cache_info(f)
+    return ", ".join(info.tiers)
+
+
+def trace(w: Workload, variant: str, calls: int) -> list[dict[str, Any]]:
+    torch._dynamo.reset()
+    events = Events()
+    events.install()
+    f = compiled(variant, w.fn)
+    mine, theirs = make_args(w), make_args(w)
+    for _ in range(2):  # eager's lazily built paths
+        call(w.fn, theirs, w.backward)
+    rows: list[dict[str, Any]] = []
+    for i in range(calls):
+        start = time.perf_counter()
+        call(w.fn, theirs, w.backward)
+        eager = time.perf_counter() - start
+        events.now = []
+        start = time.perf_counter()
+        call(f, mine, w.backward)
+        seconds = time.perf_counter() - start
+        rows.append({"call": i + 1, "seconds": seconds, "eager": eager, "events": events.now, "tiers": tiers_now(f)})
+    return rows
+
+
+def report(w: Workload, rows: list[dict[str, Any]]) -> list[int]:
+    eager = statistics.median(r["eager"] for r in rows)
+    print(f"\n{w.name}: eager median {eager * 1e3:.3f} ms per call")
+    over = []
+    for r in rows:
+        ratio = r["seconds"] / eager
+        mark = " >" if r["call"] > 1 and ratio > BOUND else "  "
+        if mark == " >":
+            over.append(r["call"])
+        ran = [e for e in r["events"] if " " not in e]
+        notes = [e for e in r["events"] if " " in e]
+        what = "measured " + "+".join(ran) if ran else f"settled: {r['tiers']}"
+        print(f"{mark}{r['call']:4d} {ratio:7.2f}x  {what}" + (f"  [{'; '.join(notes)}]" if notes else ""))
+    print(f"{w.name}: calls after the first above eager x {BOUND}: {over or 'none'} ({len(over)} of {len(rows) - 1})")
+    return over
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", help="workload names: " + ", ".join(w.name for w in WORKLOADS))
+    ap.add_argument("--calls", type=int, default=60)
+    ap.add_argument("--variant", default="default", choices=("default", "tiered", "exact"))
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    for w in WORKLOADS:
+        if a.only and w.name not in a.only:
+            continue
+        report(w, trace(w, a.variant, a.calls))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
