@@ -120,3 +120,18 @@ def test_a_clear_loser_ends_the_measurement(monkeypatch, loser):
     # slowest, and the winner, the only candidate left, chosen without more timed calls of either
     assert sorted(ran) == sorted([winner, loser] * 3), ran
     assert dealias.cache_info(jf).tiers == (winner,)
+
+
+def test_exact_tiers_still_measured_at_the_promotion_are_chosen_between_then(monkeypatch):
+    # close exact tiers, measured on past PROMOTE_AFTER: the promoting call chooses between them by their calls so
+    # far, and the fused program is measured against that one's calls (not against both afresh)
+    ran = fake(monkeypatch, graph=2e-5, torch=2.05e-5, fused=1e-5)
+    jf = dealias.jit(slice_write)
+    calls_like_eager(jf, tiers.PROMOTE_AFTER - 1)
+    assert dealias.cache_info(jf).tier_reasons[0].startswith("measuring (torch, graph")
+    before = len(ran)
+    calls_like_eager(jf, 12)
+    assert ran[before:] == ["fused"] * 3, ran[before:]
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("fused",)
+    assert info.timings == ({"graph": 2e-5, "torch": 2.05e-5, "fused": 1e-5},)

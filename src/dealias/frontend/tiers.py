@@ -19,10 +19,12 @@ Each candidate's first call is not timed (warm-up: lazily built paths, caches); 
 by call (so a noisy stretch of the machine moves them all), until each has `SAMPLES` timed calls (or `MEASURE_SECONDS`
 of them), and the one whose fastest timed call is fastest wins (load only adds to a call's time); tiers within `CLOSE`
 of the best are measured on (`CLOSE_ROUNDS`); a clear loser (`CLEAR_LOSS`) stops being measured after 2, and the last
-candidate left wins. The fused program is measured against the exact tier chosen before it, whose timed calls count. A call whose outputs
-carry autograd history is timed until the program's next call: its backward (and the freeing of its autograd graph) is
-part of what the tier costs, and the tiers differ there most (the fused program's backward is inductor's, the others'
-eager's). The user's code between the calls is timed along, the same for every tier, as noise the medians absorb. (So
+candidate left wins. The fused program is measured against the exact tier chosen before it (the promoting call chooses
+between exact tiers still measured), whose timed calls count: each timed call of a slower tier is one a user waits
+for. A call whose outputs carry autograd history is timed until the program's next call: its backward (and the freeing
+of its autograd graph) is part of what the tier costs, and the tiers differ there most (the fused program's backward is
+inductor's, the others' eager's). The user's code between the calls is timed along, the same for every tier, as noise
+that each one's fastest call leaves out. (So
 are the other programs of the same step, a graph break's second graph: measured in step with this one, turn by turn,
 each then chooses the tier best for the two together, never worse than both on exact tiers.) After that, nothing is
 timed: the graph's lean call is pointed at the winner directly.
@@ -196,6 +198,11 @@ class Tiered:
             self.calls += 1
             due = self.fuse and not self.promoted and not self.promoting
             due = due and (self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
+            if due and self.candidates and all(self.samples.get(t) for t in self.candidates):
+                # The exact tiers still measured (close ones measured on) are chosen between now, by their calls so
+                # far: else the fused program would be measured against all of them afresh (their calls taken while
+                # inductor compiles are no measure), each timed call of the slower exact tier one more slow call.
+                self._choose()
             self.promoting = self.promoting or due
             compiled = self.pending is not None and self.pending.run_graph.pending.done.is_set()
             if compiled:
@@ -256,6 +263,10 @@ class Tiered:
                     self.candidates.remove(t)
                     self.dropped[t] = self._fastest(t)
                 return
+        self._choose()
+
+    def _choose(self) -> None:
+        """The candidates measured: the fastest runs calls from now on (settled, unless the fused one is to come)."""
         for t in self.candidates:
             self.timings[t] = self._fastest(t)
         self.timings.update(self.dropped)
