@@ -135,3 +135,24 @@ def test_exact_tiers_still_measured_at_the_promotion_are_chosen_between_then(mon
     info = dealias.cache_info(jf)
     assert info.tiers == ("fused",)
     assert info.timings == ({"graph": 2e-5, "torch": 2.05e-5, "fused": 1e-5},)
+
+
+def test_on_one_thread_a_call_is_timed_by_its_threads_cpu_time(monkeypatch):
+    # Time the calling thread did not run (another process of a loaded machine ran, here: a sleep) is not the tier's
+    # where torch runs on one thread; with more threads the wall time is (their work is the call's too).
+    import time
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        _, seconds = tiers.measure("torch", lambda leaves: time.sleep(0.2), [])
+        assert seconds < 0.1
+        torch.set_num_threads(2)
+        _, seconds = tiers.measure("torch", lambda leaves: time.sleep(0.2), [])
+        assert seconds >= 0.2
+        torch.set_num_threads(1)
+        jf = dealias.jit(slice_write, executor="exact")  # measured on the thread's clock: every call still eager's
+        calls_like_eager(jf, 16)
+        assert dealias.cache_info(jf).tiers[0] in ("torch", "graph")
+    finally:
+        torch.set_num_threads(threads)

@@ -76,14 +76,25 @@ CLEAR_LOSS = 1.5
 MEASURE_SECONDS = 0.5  # ...or fewer, once a candidate's timed calls took this long in all (long calls)
 
 
+def _now() -> float:
+    """Where torch runs on one thread on the CPU, the calling thread's CPU time: all of a call's work is done there
+    (eager's kernels, inductor's, compiled for that one thread, and the CPU backward), and the time other processes
+    of a loaded machine take from it is not the tier's (on 2 shared cores, wall times of GPT-2's forward spread from
+    0.5x to 2x of their median, its CPU times by 10 %, ranking the tiers alike from call to call). Otherwise the
+    wall time: other threads' work (intra-op parallelism, a GPU's) is the call's too."""
+    if torch.get_num_threads() == 1 and not torch.cuda.is_initialized():
+        return time.thread_time()
+    return time.perf_counter()
+
+
 def measure(tier: str, run: Callable[[list[Any]], Any], leaves: list[Any]) -> tuple[Any, float]:
     """Run one call on `tier`, and how long it took (tests replace this to make the choice deterministic)."""
-    start = time.perf_counter()
+    start = _now()
     out = run(leaves)
-    return out, time.perf_counter() - start
+    return out, _now() - start
 
 
-clock = time.perf_counter  # times from a call with autograd history to the next (tests replace it, as `measure`)
+clock = _now  # times from a call with autograd history to the next (tests replace it, as `measure`)
 
 
 def _has_history(out: Any) -> bool:
