@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch._dynamo.convert_frame import compile_lock
 
+from ..compat.fx_lazy import generated_forward
 from ..compat.inductor import compile_beside_calls
 from ..errors import InvariantError
 from ..ir.plan import Symbolic
@@ -141,7 +142,7 @@ class Tiered:
         self.runs: dict[str, Callable[[list[Any]], Any]] = {"torch": program.lean_call}
         refusal = graph_tier_refusal(program)
         if not refusal:
-            forward = backend.gm.forward
+            forward = generated_forward(backend.gm)  # (not dynamo's lazy forward: the module call on every call)
             self.runs["graph"] = lambda leaves: forward(*leaves)
         self.notes = [f"graph not tried: {refusal}"] if refusal else []
         self.fused_note = ""  # "not fusable" or "fused compile failed"
