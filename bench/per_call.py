@@ -113,15 +113,20 @@ def report(w: Workload, traces: list[list[dict[str, Any]]]) -> list[int]:
     for i, r in enumerate(rows):
         ratio = statistics.median(t[i]["seconds"] / e for t, e in zip(traces, medians))
         cpu = statistics.median(t[i]["cpu"] / e for t, e in zip(traces, cpus))
-        if any(t[i]["background"] for t in traces):
-            r["events"] = [*r["events"], "beside the fused compile (background)"]
+        beside = ["beside the fused compile (background)"] if any(t[i]["background"] for t in traces) else []
         mark = " >" if r["call"] > 1 and ratio > BOUND else "  "
         if mark == " >":
             over.append(r["call"])
         ran = [e for e in r["events"] if " " not in e]
-        notes = [e for e in r["events"] if " " in e]
+        notes = [e for e in r["events"] if " " in e] + beside
         what = "measured " + "+".join(ran) if ran else f"settled: {r['tiers']}"
         print(f"{mark}{r['call']:4d} {ratio:7.2f}x {cpu:7.2f}x  {what}" + (f"  [{'; '.join(notes)}]" if notes else ""))
+    for k, t in enumerate(traces):  # (the events above are the first trace's)
+        marks = [f"call {r['call']}: {e}" for r in t for e in r["events"] if " " in e]
+        beside = [r["call"] for r in t if r["background"]]
+        if beside:
+            marks.append(f"calls {beside[0]}-{beside[-1]} beside the background compile")
+        print(f"  trace {k + 1}: " + ("; ".join(marks) or "no fused compile"))
     print(f"{w.name}: calls after the first above eager x {BOUND}: {over or 'none'} ({len(over)} of {len(rows) - 1})")
     over_cpu = [
         i + 1 for i in range(1, len(rows)) if statistics.median(t[i]["cpu"] / e for t, e in zip(traces, cpus)) > BOUND
