@@ -89,7 +89,12 @@ def _run_threads(targets) -> list:
     return errors
 
 
-def test_threads_race_on_the_first_call(isolated_dynamo):
+def test_threads_race_on_the_first_call(isolated_dynamo, monkeypatch):
+    from dealias.frontend import tiers
+
+    # (17 calls, compared bit for bit: the default's fused program, compiled on a program's PROMOTE_AFTER-th call, is
+    # within a few ulps of eager, and an inductor compile, not what this test is about)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 10**6)
     eager = _eval_model()
     jitted = copy.deepcopy(eager)
     jf = dealias.jit(jitted)
