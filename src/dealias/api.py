@@ -50,7 +50,8 @@ class CacheInfo:
     # per compiled program, what runs it: "torch" (the torch executor), "graph" (dynamo's graph as it is, executors
     # "tiered" and "exact") or "fused", with why the fused executor does not where it was asked for
     tiers: tuple[str, ...] = ()
-    # per compiled program, the median seconds per call measured on each tier it was measured on ({} if none)
+    # per compiled program, the fastest timed call on each tier it was measured on ({} if none; CPU seconds of the
+    # calling thread where torch runs on one thread, wall seconds otherwise)
     timings: tuple[dict[str, float], ...] = ()
     # per compiled program, why it runs where it does: "fastest measured: graph 40.1 us vs torch 55.0 us (...)"
     tier_reasons: tuple[str, ...] = ()
@@ -464,7 +465,7 @@ def graph_breaks(jf: JitFunction | JitModule) -> list[str]:
 class Explanation(list[WriteBackReport]):
     """`explain`'s list of WriteBackReport, and where the program runs: `tier` ("torch", "graph", "fused"; "graph"
     runs dynamo's graph, whose in-place ops write the caller's tensors themselves), `tier_reason` (why, with the
-    measured times) and `timings` (median seconds per call per tier)."""
+    measured times) and `timings` (the fastest timed call per tier)."""
 
     tier: str = ""
     tier_reason: str = ""
