@@ -125,3 +125,89 @@ def test_other_threads_probe_as_inductor_does(checks):
         other.start()
         other.join()
     assert len(calls) == 2  # (the other thread's probe is not answered from the record)
+
+
+# --- the hazard search (runtime/hazards.py): found by bisection, the same hazards in the same order as a scan ---
+def _scanned_hazards(gm):
+    """The hazards as the scan of the graph per write found them (before the bisection): the reference."""
+    from dealias.runtime import hazards as hz
+
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    reads = hz.reads_of(gm)
+    writes, root = hz.memory_of(gm)
+    found = []
+    for w, m in writes:
+        for n in gm.graph.nodes:
+            if order[n] >= order[w]:
+                break
+            if n.op != "call_function" or hz._alias(n) or n.target is hz.SNAPSHOT or m not in reads[n]:
+                continue
+            if any(order[u] > order[w] for u in n.users):
+                found.append((n, w, False))
+        written = hz._arg(w, hz.facts(w.target).mutated[0])
+        for a in w.all_input_nodes:
+            if a is written or m not in reads[a]:
+                continue
+            if w.target is not hz.aten.copy_.default or not hz._aligned(a, written.meta["val"], m, reads, root):
+                found.append((a, w, True))
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and hz.is_scatter(n.target) and n.args and n.args[0] in root:
+            m = root[n.args[0]]
+            found += [(a, n, True) for a in n.all_input_nodes if a is not n.args[0] and m in reads[a]]
+    return found
+
+
+def _row_program(seed: int, statements: int):
+    """Rows of two buffers read, combined and written back in a random order (values kept across writes)."""
+    import random
+
+    rng = random.Random(seed)
+    lines = ["def program(a, b):", "    vals = [a[0] * 1.0]"]
+    for _ in range(statements):
+        buf, row, other = rng.choice("ab"), rng.randrange(4), rng.randrange(4)
+        kind = rng.randrange(3)
+        if kind == 0:
+            lines.append(f"    vals.append({buf}[{row}] + {buf}[{other}])")
+        elif kind == 1:
+            lines.append(f"    {buf}[{row}].copy_(vals[{rng.randrange(8)} % len(vals)] * 0.5)")
+        else:
+            lines.append(f"    {buf}.mul_(1.5)")
+    lines.append("    return sum(vals)")
+    scope: dict = {}
+    exec("\n".join(lines), scope)  # noqa: S102 - the test's own generated source
+    return scope["program"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hazards_are_the_scans_in_its_order_and_snapshots_keep_eagers_values(seed):
+    import copy
+
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dealias.runtime import hazards as hz
+
+    program = _row_program(seed, 40)
+    torch.manual_seed(seed)
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    gm = make_fx(program, tracing_mode="fake")(a.clone(), b.clone())
+    names = lambda found: [(v.name, w.name, at) for v, w, at in found]  # noqa: E731
+    assert names(hz.hazards(gm)) == names(_scanned_hazards(gm))
+    reference = copy.deepcopy(gm)
+    scanned = hz.hazards
+    hz.hazards = lambda g: iter(_scanned_hazards(g))
+    try:
+        expected_count = hz.insert_snapshots(reference)
+    finally:
+        hz.hazards = scanned
+    count = hz.insert_snapshots(gm)
+    assert count == expected_count and count > 0
+    assert gm.graph.python_code("self").src == reference.graph.python_code("self").src
+    assert next(hz.hazards(gm), None) is None
+    gm.recompile()
+    ea, eb = a.clone(), b.clone()
+    expected = program(ea, eb)
+    ga, gb = a.clone(), b.clone()
+    got = gm(ga, gb)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close((ga, gb), (ea, eb), rtol=0, atol=0)
