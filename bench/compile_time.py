@@ -1,14 +1,19 @@
-"""First-call (compile) time against program size: dealias (torch executor) beside torch.compile's aot_eager,
-on straight-line in-place programs of N statements (row writes, in-place updates, reads through views).
+"""First-call (compile) time against program size: dealias (the default, which starts on the torch executor)
+beside torch.compile's aot_eager, on straight-line in-place programs of N statements (row writes, in-place updates,
+reads through views); with --fused also dealias's fused executor beside torch.compile(backend="inductor"), each
+after a first compile of a small program (inductor's import and probes not counted), in a fresh inductor cache.
 
     python bench/compile_time.py                # N = 100, 300, 1000
     python bench/compile_time.py --sizes 100 3000
+    python bench/compile_time.py --sizes 50 100 200 --fused
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -48,23 +53,31 @@ def first_call(fn, args) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="*", default=[100, 300, 1000])
+    ap.add_argument("--fused", action="store_true", help='also executor="inductor" against torch.compile\'s inductor')
     a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if a.fused:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="compile_time_")  # (no entry of an earlier run)
+        for compiled in (dealias.jit(make_program(4), executor="inductor"), torch.compile(make_program(4))):
+            compiled(torch.randn(16, 64), torch.randn(64))  # (imports and per-process probes, before timing)
+
+    def args():
+        return torch.randn(16, 64), torch.randn(64)
+
     for n in a.sizes:
         program = make_program(n)
-
-        def args():
-            return torch.randn(16, 64), torch.randn(64)
-
         times = {
             "dealias": first_call(dealias.jit(program), args()),
             "aot_eager": first_call(torch.compile(program, backend="aot_eager"), args()),
         }
-        ratio = times["dealias"] / times["aot_eager"]
-        print(
-            f"{n:>6} statements: dealias {times['dealias']:.2f} s | aot_eager {times['aot_eager']:.2f} s | "
-            f"ratio {ratio:.2f}",
-            flush=True,
-        )
+        text = f"dealias {times['dealias']:.2f} s | aot_eager {times['aot_eager']:.2f} s | ratio "
+        text += f"{times['dealias'] / times['aot_eager']:.2f}"
+        if a.fused:
+            times["fused"] = first_call(dealias.jit(program, executor="inductor"), args())
+            times["inductor"] = first_call(torch.compile(program, backend="inductor"), args())
+            text += f" || fused {times['fused']:.2f} s | inductor {times['inductor']:.2f} s | ratio "
+            text += f"{times['fused'] / times['inductor']:.2f}"
+        print(f"{n:>6} statements: {text}", flush=True)
     return 0
 
 

@@ -11,8 +11,10 @@ mutated arguments, module and optimizer state, gradients): bit for bit where eve
 within the fused tolerance otherwise. A variant that fails the check is reported, not timed.
 
 First call (unless --no-first-call): in a fresh process with a fresh TORCHINDUCTOR_CACHE_DIR (cold), then in a
-second process with the same cache directory (warm cache): the seconds of the first call alone (the backward
-included on backward rows), after imports and building the arguments.
+second process with the same cache directory (warm cache): the seconds from compiling the function
+(`torch.compile(f, ...)` / `dealias.jit(f, ...)`) to the first call's return (the backward included on backward rows),
+after imports and building the arguments. The construction counts: `torch.compile(backend="inductor")` imports
+inductor there (about 1 s), where `dealias.jit` imports it at the first call that needs it.
 
     python bench/real.py                          # everything (~25 min on a 2-core machine)
     python bench/real.py --only mha gpt2 --rounds 5 --no-first-call
@@ -279,12 +281,12 @@ def _empty_row(w: Workload) -> dict[str, Any]:
 
 # --- first call -------------------------------------------------------------------------------------
 def first_call_child(name: str, variant: str) -> None:
-    """In a fresh process: build the workload's arguments, then time the first call alone."""
+    """In a fresh process: build the workload's arguments, then time the compile's construction and first call."""
     torch.set_num_threads(1)
     w = next(w for w in WORKLOADS if w.name == name)
     args = make_args(w)
-    f = compiled(variant, w.fn)
     start = time.perf_counter()
+    f = compiled(variant, w.fn)
     call(f, args, w.backward)
     print(json.dumps({"seconds": time.perf_counter() - start}))
 

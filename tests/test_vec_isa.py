@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def probe(monkeypatch, tmp_path):
     """A fresh process's view (no verdict known in memory), an empty verdict directory, and inductor's probe
-    replaced: `found[0]` is what it finds (the flagged ISAs, or fewer); `calls` counts its runs."""
+    replaced: `found[0]` is what it finds (the flagged ISAs, or fewer); `calls` has the `cpp.vec_isa_ok` setting of
+    each of its runs (None: the base probe runs; True: a list made from the verdict, compat/vec_isa.py)."""
     import torch._inductor.cpu_vec_isa as isa
 
     monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
@@ -32,7 +33,7 @@ def probe(monkeypatch, tmp_path):
     found, calls = [named], []
 
     def valid_vec_isa_list():
-        calls.append(1)
+        calls.append(torch._inductor.config.cpp.vec_isa_ok)
         return found[0]
 
     monkeypatch.setattr(isa, "valid_vec_isa_list", valid_vec_isa_list)
@@ -43,10 +44,10 @@ def probe(monkeypatch, tmp_path):
 def test_the_probe_runs_once_per_host_and_its_verdict_is_kept(probe):
     found, calls, _ = probe
     assert vec_isa.vec_isa_config() == {"cpp.vec_isa_ok": True}
-    assert calls == [1]
+    assert calls == [None]
     vec_isa._all_pass.cache_clear()  # (another process on the same host)
     assert vec_isa.vec_isa_config() == {"cpp.vec_isa_ok": True}
-    assert calls == [1]  # read from disk, not probed again
+    assert calls == [None, True]  # read from disk, not probed again: the list made under the verdict
 
 
 def test_an_isa_that_fails_the_probe_leaves_inductor_probing(probe):
@@ -55,7 +56,7 @@ def test_an_isa_that_fails_the_probe_leaves_inductor_probing(probe):
     assert vec_isa.vec_isa_config() == {}
     vec_isa._all_pass.cache_clear()
     assert vec_isa.vec_isa_config() == {}
-    assert calls == [1]  # (the negative verdict is kept too: inductor's own probe decides in each process)
+    assert calls == [None]  # (the negative verdict is kept too: inductor's own probe decides in each process)
 
 
 @pytest.mark.parametrize("setting", [True, False])

@@ -13,16 +13,28 @@ torch build, the flags, the C++ compiler and the Python. Where they all passed, 
 nothing is set and inductor probes as it always does. The setting is inductor's config patch of dealias's compile
 (and the same value every time, so that it keys inductor's FX graph cache consistently); the list inductor then
 caches for the process is the one its probe would have found.
+
+`cpp.vec_isa_ok` answers only the base probe: AVX-512's bf16, VNNI, AMX and AMX-fp16 extensions are probed whatever
+it says (`check_build`, a library built and loaded in a child Python each: six children on an AMX host, about 0.5 s
+of every warm fused first call). dealias records the outcome of each such probe the first time (`check_build`'s
+answer per ISA class, its flags at the call and the probed code; a file beside the verdict, under the same key) and,
+in a later process, makes inductor's list for the process itself before its first compile, under the same setting,
+with those probes answered from the record (one not recorded is run and added): the list, and the extension flags
+the ISAs keep, are those the probes found. Only the thread making the list is answered so; its list is cached for
+the process, as inductor's own first probe's would be.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import json
 import os
 import platform
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +71,60 @@ def _all_pass() -> bool:
     from ..runtime.keep_aten import write_whole  # (runtime imports compat: a lazy import, as inductor.py's)
 
     path = _verdict_path(named)
+    valid_vec_isa_list = require(isa, "valid_vec_isa_list")
     with _lock:
         try:
-            return path.read_text() == "1"
+            known: str | None = path.read_text()
         except OSError:
-            pass
-        valid = [str(v) for v in require(isa, "valid_vec_isa_list")()]  # inductor's probe (cached for the process)
+            known = None
+        if known is not None:
+            if known == "1":
+                # The process's list made now, as the compile would make it (the same setting), its extension probes
+                # answered from the record.
+                with config.patch({"cpp.vec_isa_ok": True}), _recorded_checks(isa, path):
+                    valid_vec_isa_list()
+            return known == "1"
+        with _recorded_checks(isa, path):  # (every probe runs: recorded for the next process)
+            valid = [str(v) for v in valid_vec_isa_list()]  # inductor's probe (cached for the process)
         verdict = valid == named
         write_whole(path, "1" if verdict else "0")
         return verdict
+
+
+@contextlib.contextmanager
+def _recorded_checks(isa: Any, verdict: Path) -> Iterator[None]:
+    """While open, in this thread: inductor's `VecISA.check_build` answered from the record beside `verdict`, a
+    probe not recorded run and recorded (the record written back at the end)."""
+    vec = require(isa, "VecISA")
+    original = require(vec, "check_build", "self", "code")
+    require(vec, "build_arch_flags", "self")
+    path = verdict.with_name(verdict.name + "-checks.json")
+    try:
+        record = json.loads(path.read_text())
+        record = record if isinstance(record, dict) else {}
+    except (OSError, ValueError):
+        record = {}
+    before, thread = dict(record), threading.get_ident()
+
+    def check_build(self: Any, code: str) -> bool:
+        if threading.get_ident() != thread:
+            return original(self, code)
+        # (the flags at the call: the bf16 and AMX-fp16 probes add theirs for the call)
+        what = f"{type(self).__qualname__}|{self}|{self.build_arch_flags()}|{code}"
+        key = hashlib.sha256(what.encode()).hexdigest()[:32]
+        if not isinstance(record.get(key), bool):
+            record[key] = bool(original(self, code))
+        return record[key]
+
+    vec.check_build = check_build
+    try:
+        yield
+    finally:
+        vec.check_build = original
+        if record != before:
+            from ..runtime.keep_aten import write_whole
+
+            write_whole(path, json.dumps(record, indent=1, sort_keys=True))
 
 
 def _verdict_path(named: list[str]) -> Path:

@@ -13,6 +13,8 @@ its own where the program has it (compat/inductor.py; never fused), never recomp
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterator
 from operator import getitem
 from typing import Any
 
@@ -148,33 +150,51 @@ def _arg(n: fx.Node, name: str) -> fx.Node | None:
     return v if isinstance(v, fx.Node) else None
 
 
-def hazards(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node, bool]]:
+def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
     """(value, write, at_write): a value computed, not viewed, from a caller's memory before a write to that memory and
     used after it; or the write's own source, when it reads that memory anywhere but at the elements each
-    element of the write receives (`x[1:] = x[:-1]`: one kernel would read what it already wrote; `at_write`)."""
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    element of the write receives (`x[1:] = x[:-1]`: one kernel would read what it already wrote; `at_write`).
+    In the order of the writes, each write's values in program order. Lazily: `insert_snapshots` removes one at a
+    time and asks again, so the first is found without scanning the graph per write (the values computed from each
+    memory, with the running maximum of their last uses' positions: the first value before a write used after it
+    is found by bisection), which made this pass cubic in the program's length (a 300-statement program: 9 s)."""
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
     reads = reads_of(gm)
     writes, root = memory_of(gm)
-    found = []
+    # per memory: the values computed from it (not views, writes or snapshots) in program order, their positions,
+    # and the running maximum of their last uses' positions
+    values: dict[fx.Node, list[fx.Node]] = {}
+    positions: dict[fx.Node, list[int]] = {}
+    last_uses: dict[fx.Node, list[int]] = {}
+    reach: dict[fx.Node, list[int]] = {}
+    for n in nodes:
+        if n.op != "call_function" or n.target is SNAPSHOT or not reads[n] or _alias(n):
+            continue
+        last = max((order[u] for u in n.users), default=-1)
+        for m in reads[n]:
+            values.setdefault(m, []).append(n)
+            positions.setdefault(m, []).append(order[n])
+            last_uses.setdefault(m, []).append(last)
+            running = reach.setdefault(m, [])
+            running.append(max(last, running[-1]) if running else last)
     for w, m in writes:
-        for n in gm.graph.nodes:
-            if order[n] >= order[w]:
-                break
-            if n.op != "call_function" or _alias(n) or n.target is SNAPSHOT or m not in reads[n]:
-                continue
-            if any(order[u] > order[w] for u in n.users):
-                found.append((n, w, False))
+        at = order[w]
+        before = bisect.bisect_left(positions.get(m, []), at)  # (the values computed before the write)
+        first = bisect.bisect_right(reach.get(m, []), at, 0, before)  # (the first one used after it, if any)
+        for i in range(first, before):
+            if last_uses[m][i] > at:
+                yield values[m][i], w, False
         written = _arg(w, facts(w.target).mutated[0])
         for a in w.all_input_nodes:
             if a is written or m not in reads[a]:
                 continue
             if w.target is not aten.copy_.default or not _aligned(a, written.meta["val"], m, reads, root):
-                found.append((a, w, True))
-    for n in gm.graph.nodes:  # a functional scatter of a caller's memory from a decomposition: inductor may
+                yield a, w, True
+    for n in nodes:  # a functional scatter of a caller's memory from a decomposition: inductor may
         if n.op == "call_function" and is_scatter(n.target) and n.args and n.args[0] in root:  # run it in place
             m = root[n.args[0]]
-            found += [(a, n, True) for a in n.all_input_nodes if a is not n.args[0] and m in reads[a]]
-    return found
+            yield from ((a, n, True) for a in n.all_input_nodes if a is not n.args[0] and m in reads[a])
 
 
 # Layouts and shapes are compared for every value of the program's symbols (`surely`): a comparison that held only
@@ -279,8 +299,8 @@ def insert_snapshots(gm: fx.GraphModule) -> int:
     g` read again) is read back from where it was stored, when nothing writes there later; any other is
     materialized where the program computed it. Returns how many snapshots were inserted."""
     count = 0
-    while found := hazards(gm):
-        value, write, at_write = found[0]
+    while (found := next(hazards(gm), None)) is not None:
+        value, write, at_write = found
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         later = [u for u in value.users if order[u] > order[write]]
         if not at_write and _stored_whole(gm, value, write) and all(u.op != "output" for u in later):
@@ -314,7 +334,7 @@ def _stored_whole(gm: fx.GraphModule, value: fx.Node, write: fx.Node) -> bool:
 
 def check_hazards(gm: fx.GraphModule) -> None:
     """The invariant the fused executor relies on (see the module's docstring)."""
-    found = hazards(gm)
-    if found:
-        value, write, _ = found[0]
+    found = next(hazards(gm), None)
+    if found is not None:
+        value, write, _ = found
         raise InternalError(f"fused graph reads {value.name} after {write.name} overwrote the memory it came from")
