@@ -152,8 +152,9 @@ def _arg(n: fx.Node, name: str) -> fx.Node | None:
 
 def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
     """(value, write, at_write): a value computed, not viewed, from a caller's memory before a write to that memory and
-    used after it; or the write's own source, when it reads that memory anywhere but at the elements each
-    element of the write receives (`x[1:] = x[:-1]`: one kernel would read what it already wrote; `at_write`).
+    used after it, directly or through a view of it made before the write; or the write's own source, when it reads
+    that memory anywhere but at the elements each element of the write receives (`x[1:] = x[:-1]`: one kernel would
+    read what it already wrote; `at_write`).
     In the order of the writes, each write's values in program order. Lazily: `insert_snapshots` removes one at a
     time and asks again, so the first is found without scanning the graph per write (the values computed from each
     memory, with the running maximum of their last uses' positions: the first value before a write used after it
@@ -168,10 +169,11 @@ def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
     positions: dict[fx.Node, list[int]] = {}
     last_uses: dict[fx.Node, list[int]] = {}
     reach: dict[fx.Node, list[int]] = {}
+    through = _last_uses_through_views(nodes, order)
     for n in nodes:
         if n.op != "call_function" or n.target is SNAPSHOT or not reads[n] or _alias(n):
             continue
-        last = max((order[u] for u in n.users), default=-1)
+        last = through[n]
         for m in reads[n]:
             values.setdefault(m, []).append(n)
             positions.setdefault(m, []).append(order[n])
@@ -195,6 +197,18 @@ def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
         if n.op == "call_function" and is_scatter(n.target) and n.args and n.args[0] in root:  # run it in place
             m = root[n.args[0]]
             yield from ((a, n, True) for a in n.all_input_nodes if a is not n.args[0] and m in reads[a])
+
+
+def _last_uses_through_views(nodes: list[fx.Node], order: dict[fx.Node, int]) -> dict[fx.Node, int]:
+    """Each node's last use, where a use by a view of it counts as that view's own last use: a view made before a
+    write (`r = a[0]` of `a = buf.clone()`, `r.sum()` before `buf[0] = buf[1]`) and read after it reads the value
+    there, and inductor may compute the value there too (`r.neg()` read the new `buf[0]`)."""
+    last: dict[fx.Node, int] = {}
+    for n in reversed(nodes):
+        uses = [order[u] for u in n.users]
+        uses += [last[u] for u in n.users if is_view_node(u) and u.args[0] is n]  # (split(..)[i]: of the split)
+        last[n] = max(uses, default=-1)
+    return last
 
 
 # Layouts and shapes are compared for every value of the program's symbols (`surely`): a comparison that held only
@@ -303,7 +317,11 @@ def insert_snapshots(gm: fx.GraphModule) -> int:
         value, write, at_write = found
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         later = [u for u in value.users if order[u] > order[write]]
-        if not at_write and _stored_whole(gm, value, write) and all(u.op != "output" for u in later):
+        # (read back only where the value's later users read it directly: a view of it made before the write
+        # would read the memory the write stored there at its uses before the write too)
+        viewed_across = any(is_view_node(u) and order[u] < order[write] for u in value.users)
+        stored = not at_write and not viewed_across and _stored_whole(gm, value, write)
+        if stored and all(u.op != "output" for u in later):
             for u in later:
                 u.replace_input_with(value, write.args[0])
             continue
