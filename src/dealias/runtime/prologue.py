@@ -232,10 +232,23 @@ def _computed_from_nothing(cone: list[fx.Node], indices: list[fx.Node]) -> bool:
         if isinstance(val, SYMBOLIC) or isinstance(val, torch.Tensor) and symbolic_layout(val):
             return False
     for i in indices:
-        for u in i.users:
-            if isinstance(u.target, torch._ops.OpOverload) and facts(u.target).mutated:
+        # (through its views: a constant index returned, `pos` or `pos.view(..)`, would be the one tensor every call
+        # returns, which a caller's write into one call's output changed for the next calls)
+        for u in _users_through_views(i):
+            if u.op == "output" or isinstance(u.target, torch._ops.OpOverload) and facts(u.target).mutated:
                 return False
     return True
+
+
+def _users_through_views(n: fx.Node) -> list[fx.Node]:
+    """The users of `n` and of each view of it, transitively."""
+    out, stack = [], [n]
+    while stack:
+        for u in stack.pop().users:
+            out.append(u)
+            if is_view_node(u):
+                stack.append(u)
+    return out
 
 
 def example_like(val: torch.Tensor, example: list[Any]) -> torch.Tensor:
