@@ -71,7 +71,7 @@ def _overlapping():
 
 
 CASES = [
-    (write_after_a_no_grad_view, lambda: (torch.randn(2, 3, requires_grad=True).clone(),), "with torch.no_grad():"),
+    (write_after_a_no_grad_view, lambda: (torch.randn(2, 3, requires_grad=True).clone(),), "set_grad_enabled(False)\n"),
     (fill_expanded_then_read, lambda: (torch.randn(1).expand(3), torch.randn(3, requires_grad=True)), ".narrow(0, 0,"),
     (overlapping_writes, _overlapping, "base_of_group0(a, b)"),
     (write_under_no_grad, lambda: (torch.zeros(4), torch.ones(4, requires_grad=True)), "set_grad_enabled(True)"),

@@ -531,8 +531,11 @@ def call(leaves):
     if grad_enabled() is not True:
         return call_with_grad_off(leaves)
     x, = leaves
-    with torch.no_grad():
+    set_grad_enabled(False)
+    try:
         out0 = aten_select_int(x, 0, 0)
+    finally:
+        set_grad_enabled(True)
     mul_1, = execute(x)
     # write-back into the caller's tensors
     x.copy_(mul_1)

@@ -25,6 +25,7 @@ from ..ir.viewops import symbolic_layout
 from ..runtime.executor import torch_executor
 from ..runtime.fused import AUTOGRAD, Unfusable, fused_executor, unfusable
 from ..runtime.fused_autograd import fused_autograd_executor
+from ..runtime.fused_outputs import outputs_in_graph
 from ..runtime.generated_call import returned_as_views_only
 from ..runtime.program import CompiledProgram, Executor, Tier
 from .alias import analyze
@@ -167,6 +168,7 @@ def compile_program(
             with clock("write-back lowering (fused)"):
                 trial, reports = lower(trial, aliases, fused=True)
             check("lower", trial, functional_gm, aliases)
+            trial = outputs_in_graph(trial)  # (a reshape of a result, as returned: made by the graph, no replay)
             with clock("inductor"):
                 run = fused_executor(trial.gm, _examples(captured, leaves))
             fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), Tier.FUSED
