@@ -115,3 +115,34 @@ def test_module_whose_running_var_is_its_running_mean():
             same(jf(jit_m, x), eager_m(x))
             same(jit_m.running_mean, eager_m.running_mean)
             same(jit_m.num_batches_tracked, eager_m.num_batches_tracked)
+
+
+def _train_step(m, x):
+    return m(x)
+
+
+@pytest.mark.parametrize("made_inside", [True, False])
+def test_training_batch_norm_called_in_inference_mode(made_inside):
+    """The generated call read the running statistics' version counters to set them back after the write-back:
+    an inference tensor has none ("Inference tensors do not track version counter"), where eager's call ran.
+    Buffers made outside inference mode keep their counters as eager's."""
+    torch.manual_seed(0)
+    jf = dealias.jit(_train_step, executor="torch")
+    for _ in range(2):
+        if made_inside:
+            with torch.inference_mode():
+                eager_m = nn.BatchNorm2d(3).train()
+                jit_m = copy.deepcopy(eager_m)
+        else:
+            eager_m = nn.BatchNorm2d(3).train()
+            jit_m = copy.deepcopy(eager_m)
+        x = torch.randn(2, 3, 4, 4)
+        with torch.inference_mode():
+            want, got = _train_step(eager_m, x), jf(jit_m, x)
+        same(got, want)
+        for name, b in eager_m.named_buffers():
+            jb = dict(jit_m.named_buffers())[name]
+            same(jb, b)
+            assert jb.is_inference() == b.is_inference()
+            if not b.is_inference():
+                assert jb._version == b._version, name
