@@ -28,6 +28,13 @@ UNIFORM_WRITES = {aten.fill_.Scalar, aten.zero_.default}
 
 def check_writable(node: fx.Node, written: list[Value], others: list[Value]) -> None:
     """Raise where eager raises (or where dealias cannot follow eager) before anything is written."""
+    if facts(node.target).kind is OpKind.MUTABLE:
+        # Two arguments it writes share memory (a BatchNorm whose running_var is its running_mean, or views of one
+        # buffer): its kernel writes one, then reads or writes it again through the other, where the functional
+        # form computes both new values from the old ones. Refused (an island runs eager's kernel, or eagerly).
+        for i, v in enumerate(written):
+            if any(o.storage is v.storage and overlaps(v.meta, o.meta) for o in written[i + 1 :]):
+                raise OverlapError(f"{node.target} writes two arguments that share memory")
     for v in written:
         overlap = internal_overlap(v.meta)
         if overlap != "no" and node.target not in UNIFORM_WRITES:

@@ -54,6 +54,19 @@ def set_version_counter(t: torch.Tensor, version: int) -> None:
     set_version_counters((t,), (version,))
 
 
+# A call in inference mode may be handed inference tensors (a training BatchNorm's buffers made or copied inside
+# `torch.inference_mode()`), which have no version counter: reading one raises, where eager's call reads none.
+# Their counters are neither read nor set (0 stands for one); normal tensors' are, as outside inference mode.
+def versions_of(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
+    return tuple(0 if t.is_inference() else t._version for t in tensors)
+
+
+def set_counted_versions(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:
+    kept = [(t, v) for t, v in zip(tensors, versions) if not t.is_inference()]
+    if kept:
+        set_version_counters(tuple(t for t, _ in kept), tuple(v for _, v in kept))
+
+
 def restore_sizes(spec: pytree.TreeSpec, value: Any) -> Any:
     """pytree rebuilds a torch.Size as a plain tuple; eager returned a torch.Size (`return x.shape`)."""
     if spec.type is torch.Size:
@@ -248,10 +261,14 @@ class _Call:
             self.in_mode(self.grad or any(cap.requires_grad), [f"{name} = {helper}({members})"])
         # (in a fixed order: the plan's comes from a set, and the printed source should not change between runs)
         unmoved = [self.ref(r) for r in sorted(fp.unmoved_counters, key=_order)]
+        inference = torch.is_inference_mode_enabled()  # (a guard of the program: its calls run in this mode)
         if unmoved:  # (FunctionalProgram.unmoved_counters: set back at the end, whatever the writes moved them by)
             kept, versions = s.fresh("kept"), s.fresh("versions")
             s.emit(f"{kept} = {_tuple(unmoved)}")
-            s.emit(f"{versions} = {_tuple(f'{t}._version' for t in unmoved)}")
+            if inference:
+                s.emit(f"{versions} = {s.bind(versions_of, 'versions_of')}({kept})")
+            else:
+                s.emit(f"{versions} = {_tuple(f'{t}._version' for t in unmoved)}")
         self.outs = [""] * len(fp.outputs)
         for i, slot in enumerate(fp.outputs):  # (OutputSlot.early: views made before the graph's writes)
             if slot.early and slot.same_as is None and slot.from_output is None:
@@ -276,8 +293,14 @@ class _Call:
         self.set_layouts()
         if unmoved:
             moved = [self.ref(r) for r in sorted(fp.moved_counters, key=_order)]
-            set_versions = s.bind(set_version_counters, "set_version_counters")
-            if moved:  # (the moved counters read before the kept are set back)
+            if inference:
+                set_versions = s.bind(set_counted_versions, "set_counted_versions")
+            else:
+                set_versions = s.bind(set_version_counters, "set_version_counters")
+            if moved and inference:  # (the moved counters read before the kept are set back)
+                finals = s.fresh("finals")
+                s.emit(f"{finals} = {s.bind(versions_of, 'versions_of')}({_tuple(moved)})")
+            elif moved:
                 finals = s.fresh("finals")
                 s.emit(f"{finals} = {_tuple(f'{t}._version' for t in moved)}")
             s.emit(f"{set_versions}({kept}, {versions})")
@@ -408,7 +431,14 @@ def _compile(source: str, call: _Call) -> Callable[[list[Any]], Any]:
 
 # What a generated call may bind that sets version counters.
 _SETS_COUNTERS = {
-    id(f) for f in (set_version_counters, set_version_counter, as_strided_keeping_version, attach_history)
+    id(f)
+    for f in (
+        set_version_counters,
+        set_version_counter,
+        set_counted_versions,
+        as_strided_keeping_version,
+        attach_history,
+    )
 }
 
 

@@ -178,7 +178,9 @@ def _mutate(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any]) -> 
         returned = w.info.values[node]
         for rv, res, arg in zip(returned if isinstance(returned, tuple) else (returned,), results, returns):
             if isinstance(rv, Value) and arg is None:
-                w.bind_fresh(rv, res)
+                # (behind the node raising eager's error at backward, where the program then writes what eager's
+                # node saved: `y = F.batch_norm(x, rm, rv, training=True); rm.zero_()`)
+                w.bind_fresh(rv, w.raise_at_backward(node, res))
         new_values = [
             results[returns.index(name)] if name in returns else results[n + rest.index(name)]
             for name in f.mutated
