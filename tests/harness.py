@@ -147,3 +147,17 @@ class AddsItsInput(torch.autograd.Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         return g * 3 + x
+
+
+def execution_ops(jf) -> list[str]:
+    """The ops of the last program's execution graph by name (`relu_`, `native_batch_norm`), whether the torch
+    executor calls them as methods, as OpOverloads or as torch functions."""
+    ops = []
+    for n in jf.last.functional.gm.graph.nodes:
+        if n.op == "call_method":
+            ops.append(n.target)
+        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            ops.append(n.target._schema.name.split("::")[-1])
+        elif n.op == "call_function":
+            ops.append(getattr(n.target, "__name__", ""))
+    return ops

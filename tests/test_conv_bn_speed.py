@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
-from harness import no_fallback, same, same_state
+from harness import execution_ops, no_fallback, same, same_state
 
 import dealias
 
@@ -23,19 +23,6 @@ def _model(momentum: float | None = 0.1, affine: bool = True) -> nn.Module:
 
 def forward(m, x):
     return m(x)
-
-
-def _execution_ops(jf) -> list[str]:
-    """The ops of the execution graph by name, whether the torch executor calls them as methods or not."""
-    ops = []
-    for n in jf.last.functional.gm.graph.nodes:
-        if n.op == "call_method":
-            ops.append(n.target)
-        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-            ops.append(n.target._schema.name.split("::")[-1])
-        elif n.op == "call_function":  # (`torch.native_batch_norm`)
-            ops.append(getattr(n.target, "__name__", ""))
-    return ops
 
 
 def _call_source(jf) -> str:
@@ -81,7 +68,7 @@ def test_training_batch_norm_runs_eagers_ops_on_the_caller_buffers(momentum, aff
             got.square().sum().backward()
             for (name, a), b in zip(eager_m.named_parameters(), jit_m.parameters()):
                 same(b.grad, a.grad), name
-    ops = _execution_ops(jf)
+    ops = execution_ops(jf)
     assert "native_batch_norm" in ops and "_native_batch_norm_legit" not in ops, ops
     assert "add_" in ops and "clone" not in ops and "copy_" not in ops, ops
     source = _call_source(jf)

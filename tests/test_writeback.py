@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import check
+from harness import check, execution_ops
 
 import dealias
 
@@ -195,19 +195,6 @@ def test_index_out_of_range_leaves_inputs_untouched():
         f(torch.zeros(4, 3), torch.tensor([1, 6, 9]), torch.ones(3, 3))
 
 
-def _execution_ops(jf) -> list[str]:
-    """The ops of the execution graph by name (`relu_`), whether the torch executor calls them as methods or not."""
-    ops = []
-    for n in jf.last.functional.gm.graph.nodes:
-        if n.op == "call_method":
-            ops.append(n.target)
-        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-            ops.append(n.target._schema.name.split("::")[-1])
-        elif n.op == "call_function":  # (`torch._native_batch_norm_legit`)
-            ops.append(getattr(n.target, "__name__", ""))
-    return ops
-
-
 def _conv_bn_relu() -> tuple[torch.Tensor, ...]:
     """A conv's input, weight and bias, then a training BatchNorm's running statistics, weight and bias."""
     torch.manual_seed(0)
@@ -229,7 +216,7 @@ def test_eager_in_place_update_of_an_intermediate_runs_in_place_under_autograd()
 
     jf = dealias.jit(conv_bn_relu, executor="torch")
     assert not grads_like_eager(conv_bn_relu, jf, _conv_bn_relu, calls=2)
-    ops = _execution_ops(jf)
+    ops = execution_ops(jf)
     assert "relu_" in ops and "relu" not in ops, ops
     assert "native_batch_norm" in ops and "clone" not in ops, ops
     assert [r.mode for r in dealias.explain(jf)] == ["in place", "in place"]  # (mean, var)
@@ -257,8 +244,8 @@ def test_out_of_place_op_of_an_intermediate_stays_out_of_place_under_autograd():
         return z, y
 
     w = torch.randn(4, requires_grad=True)
-    assert "relu" in _execution_ops(check(f, torch.randn(4), w, executor="torch"))
-    ops = _execution_ops(check(g, torch.randn(4), w, executor="torch"))
+    assert "relu" in execution_ops(check(f, torch.randn(4), w, executor="torch"))
+    ops = execution_ops(check(g, torch.randn(4), w, executor="torch"))
     assert "relu" in ops and "relu_" not in ops, ops
 
 
