@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..ir.checks import concrete
 from ..ir.opfacts import OpKind, bind_args, facts, inplace_variant, op_name
 from ..ir.plan import FunctionalProgram, Ref, RefKind, ResultArg, WriteBackReport, alias_group_of
 from ..ir.viewops import chain_args, internal_overlap
@@ -273,15 +274,16 @@ def _requires_grad(value: fx.Node) -> bool:
     def meta_of(a: Any) -> Any:
         if not isinstance(a, fx.Node):
             return a
-        v = a.meta["val"]
-        t = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+        v = a.meta["val"]  # (symbolic sizes at the compiling call's values: which results require grad is no size's)
+        shape, stride = [concrete(n) for n in v.shape], [concrete(n) for n in v.stride()]
+        t = torch.empty_strided(shape, stride, dtype=v.dtype, device="meta")
         return t.requires_grad_(bool(a.meta.get("rg")) and t.is_floating_point())
 
     try:
         with torch.enable_grad():
             args, kwargs = torch.utils._pytree.tree_unflatten([meta_of(a) for a in flat], spec)
             out = op(*args, **kwargs)[value.args[1]]
-    except Exception:  # noqa: BLE001 - no meta kernel, symbolic sizes: as marked
+    except Exception:  # noqa: BLE001 - no meta kernel, a size without a value: as marked
         return True
     return bool(getattr(out, "requires_grad", True))
 

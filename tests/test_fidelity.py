@@ -1,0 +1,129 @@
+"""Eager's observable details on the torch executor, each compared with eager on cloned inputs: aliasing, grad_fn
+names, version counters and autograd's errors. With sizes traced as symbols (`dynamic=True`, or a batch size that
+changed between calls), torch's Python dispatcher decomposes dropout and batch norm otherwise than eager's kernels;
+capture traces them as eager dispatches them (compat/internals.py `eager_dispatch`)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from harness import no_fallback, same, same_state
+
+import dealias
+
+
+def _grad_fns(out: torch.Tensor) -> list[str]:
+    names, fn = [], out.grad_fn
+    while fn is not None:
+        names.append(type(fn).__name__)
+        fn = next((f for f, _ in fn.next_functions if f is not None and "AccumulateGrad" not in type(f).__name__), None)
+    return names
+
+
+def dropout_eval_then_written(x):
+    y = F.dropout(x, 0.5, training=False)  # eager: y is x itself
+    y.add_(1)
+    return y
+
+
+def test_dropout_outside_training_returns_its_input():
+    """Eager's dropout outside training returns the input tensor itself, so a write through the result writes the
+    input. A symbolic trace (here after the size changed) decomposed it into a clone: the input stayed unwritten
+    (a silent wrong result)."""
+    jf = dealias.jit(dropout_eval_then_written, executor="torch")
+    with no_fallback():
+        for n in (3, 5):
+            x = torch.randn(n, 4)
+            want_x = x.clone()
+            want = dropout_eval_then_written(want_x)
+            got = jf(x)
+            same(x, want_x)
+            assert (got is x) == (want is want_x) is True
+            assert x._version == want_x._version
+
+
+def dropout_module_eval(m, x):
+    return m(x)
+
+
+def test_dropout_module_eval_symbolic_is_its_input():
+    m = nn.Dropout(0.5).eval()
+    jf = dealias.jit(dropout_module_eval, executor="torch", dynamic=True)
+    with no_fallback():
+        x = torch.randn(3, 4, requires_grad=True)
+        assert dropout_module_eval(m, x) is x
+        assert jf(m, x) is x
+
+
+def dropout_train(x):
+    return F.dropout(x * 2, 0.3, training=True)
+
+
+def test_dropout_in_training_symbolic_draws_as_eager():
+    """Eager's CPU dropout draws a Bernoulli mask and multiplies (MulBackward0); the decomposition drew through
+    native_dropout (NativeDropoutBackward0). Same draws, same values, eager's node."""
+    jf = dealias.jit(dropout_train, executor="torch", dynamic=True)
+    with no_fallback():
+        for n in (30, 50):
+            x = torch.randn(n, 40, requires_grad=True)
+            torch.manual_seed(3)
+            want = dropout_train(x)
+            torch.manual_seed(3)
+            got = jf(x)
+            same(got, want)
+            assert _grad_fns(got) == _grad_fns(want) == ["MulBackward0", "MulBackward0"]
+
+
+def forward(m, x):
+    return m(x)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm_with_symbolic_sizes_records_eagers_node(dims, train):
+    """BatchNorm1d/2d/3d with the batch size symbolic (`dynamic=True`, as after a batch size changed): eager's
+    NativeBatchNormBackward0 (not NativeBatchNormLegit[NoTraining]Backward0), the running statistics updated in
+    place by eager's op (counters as eager's), gradients as eager's."""
+    torch.manual_seed(0)
+    eager_m = getattr(nn, f"BatchNorm{dims}d")(3).train(train)
+    jit_m = copy.deepcopy(eager_m)
+    jf = dealias.jit(forward, executor="torch", dynamic=True)
+    spatial = {1: (5,), 2: (4, 4), 3: (2, 3, 3)}[dims]
+    with no_fallback():
+        for n in (2, 4):
+            x = torch.randn(n, 3, *spatial)
+            xe, xj = x.clone().requires_grad_(), x.clone().requires_grad_()
+            want, got = forward(eager_m, xe), jf(jit_m, xj)
+            same(got, want)
+            same_state(eager_m, jit_m)
+            assert _grad_fns(got) == _grad_fns(want) == ["NativeBatchNormBackward0"]
+            assert [b._version for b in jit_m.buffers()] == [b._version for b in eager_m.buffers()]
+            want.square().sum().backward()
+            got.square().sum().backward()
+            same(xj.grad, xe.grad)
+            for a, b in zip(eager_m.parameters(), jit_m.parameters()):
+                same(b.grad, a.grad)
+    if train:
+        source = str(dealias.last_traces(jf)[-1])
+        assert ".copy_(" not in source and "set_version_counters" not in source, source
+
+
+@pytest.mark.parametrize(
+    "module", [nn.InstanceNorm2d(3), nn.BatchNorm2d(3, track_running_stats=False)], ids=["instance", "no_stats"]
+)
+def test_norms_without_running_statistics_symbolic(module):
+    jf = dealias.jit(forward, executor="torch", dynamic=True)
+    with no_fallback():
+        x = torch.randn(2, 3, 4, 4)
+        xe, xj = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want, got = forward(module, xe), jf(module, xj)
+        same(got, want)
+        assert _grad_fns(got) == _grad_fns(want)
+        assert "NativeBatchNormBackward0" in _grad_fns(want)
+        want.sum().backward()
+        got.sum().backward()
+        same(xj.grad, xe.grad)
