@@ -127,3 +127,63 @@ def test_norms_without_running_statistics_symbolic(module):
         want.sum().backward()
         got.sum().backward()
         same(xj.grad, xe.grad)
+
+
+def checkpointed(m, x):
+    return torch.utils.checkpoint.checkpoint(m, x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("executor", ["torch", "tiered"])
+def test_checkpointed_training_batch_norm_backward_runs_as_eagers(executor):
+    """A training BatchNorm inside a non-reentrant checkpoint: eager's checkpoint saves only its arguments, so the
+    module's `num_batches_tracked.add_(1)` (again at the recompute) raises nothing; dynamo's operator passed the
+    buffers as arguments and backward raised "modified by an inplace operation". State (updated twice, as eager's),
+    values and gradients as eager's."""
+    torch.manual_seed(0)
+    eager_m = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)).train()
+    jit_m = copy.deepcopy(eager_m)
+    jf = dealias.jit(checkpointed, executor=executor)
+    for _ in range(2):
+        x = torch.randn(5, 4)
+        xe, xj = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want, got = checkpointed(eager_m, xe), jf(jit_m, xj)
+        same(got, want)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        same_state(eager_m, jit_m)
+        same(xj.grad, xe.grad)
+        for a, b in zip(eager_m.parameters(), jit_m.parameters()):
+            same(b.grad, a.grad)
+
+
+def checkpoint_writes_its_argument(x, c):
+    def body(x, c):
+        c.add_(1)
+        return x * c
+
+    return torch.utils.checkpoint.checkpoint(body, x, c, use_reentrant=False)
+
+
+def checkpoint_writes_what_it_closes_over(x, c):
+    def body(x):
+        c.add_(1)
+        return x * c
+
+    return torch.utils.checkpoint.checkpoint(body, x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("fn", [checkpoint_writes_its_argument, checkpoint_writes_what_it_closes_over])
+def test_checkpoint_write_raises_where_eagers_raises(fn):
+    """A tensor given to checkpoint as an argument is saved by eager's checkpoint: written inside, backward raises;
+    the same tensor closed over is saved by nothing: backward runs. Both as eager's, `c` written twice."""
+    results = []
+    for f in (fn, dealias.jit(fn, executor="torch")):
+        x, c = torch.randn(3, requires_grad=True), torch.zeros(3)
+        out = f(x, c)
+        try:
+            out.sum().backward()
+            results.append(("ran", x.grad.tolist(), c.tolist()))
+        except RuntimeError as e:
+            assert "modified by an inplace operation" in str(e)
+            results.append(("raised", c.tolist()))
+    assert results[1] == results[0]
