@@ -187,3 +187,137 @@ def test_checkpoint_write_raises_where_eagers_raises(fn):
             assert "modified by an inplace operation" in str(e)
             results.append(("raised", c.tolist()))
     assert results[1] == results[0]
+
+
+# Autograd's "modified by an inplace operation" check against a compiled call: a tensor saved for backward before
+# the call (outside it), the call writing it (or not, or where autograd cannot see): backward raises exactly where
+# eager's raises. Each program gets `c` (requires no grad), `x` (a non-leaf requiring grad) and `w`.
+def writes_c(c, x, w):
+    c.add_(1)
+    return x * 2
+
+
+def writes_c_twice(c, x, w):
+    c.add_(1)
+    c.mul_(2)
+    return x * 2
+
+
+def writes_a_row_of_c(c, x, w):
+    c[0].add_(1)
+    return x * 2
+
+
+def writes_c_under_no_grad(c, x, w):
+    with torch.no_grad():
+        c.add_(1)
+    return x * 2
+
+
+def writes_c_through_data(c, x, w):
+    c.data.add_(1)  # (hidden from autograd: eager's counter stays)
+    return x * 2
+
+
+def reads_c(c, x, w):
+    return x * c
+
+
+def writes_x(c, x, w):
+    x.add_(1)
+    return x * 2
+
+
+def writes_x_through_data(c, x, w):
+    x.data.mul_(2)
+    return x * 2
+
+
+def copies_into_c(c, x, w):
+    c.copy_(x.detach())
+    return w * c
+
+
+def chunk_element_written(c, x, w):
+    c.unsafe_chunk(2)[0].add_(1)  # (an unsafe_chunk element has a counter of its own: eager's c stays)
+    return x * 2
+
+
+@pytest.mark.parametrize("executor", ["torch", "tiered"])
+@pytest.mark.parametrize(
+    "program",
+    [
+        writes_c,
+        writes_c_twice,
+        writes_a_row_of_c,
+        writes_c_under_no_grad,
+        writes_c_through_data,
+        reads_c,
+        writes_x,
+        writes_x_through_data,
+        copies_into_c,
+        chunk_element_written,
+    ],
+)
+def test_backward_through_saved_tensors_raises_where_eagers_raises(program, executor):
+    jf = dealias.jit(program, executor=executor)
+    for _ in range(3):  # (later calls: the cached program, and on "tiered" the tier chosen)
+        outcomes = []
+        for f in (program, jf):
+            g = torch.Generator().manual_seed(0)
+            leaf = torch.randn(4, 3, generator=g, requires_grad=True)
+            w = torch.randn(4, 3, generator=g, requires_grad=True)
+            c, x = torch.randn(4, 3, generator=g), leaf * 1
+            saved = (w * c).sum() + (x * x).sum()  # (mul saves c and x)
+            before = (c._version, x._version)
+            out = f(c, x, w)
+            moved = (c._version != before[0], x._version != before[1])
+            try:
+                (saved + out.sum()).backward()
+                outcomes.append(("ran", moved, leaf.grad, w.grad, c.clone()))
+            except RuntimeError as e:
+                assert "modified by an inplace operation" in str(e), e
+                outcomes.append(("raised", moved, None, None, c.clone()))
+        (kind, moved, *tensors), (jkind, jmoved, *jtensors) = outcomes
+        assert (jkind, jmoved) == (kind, moved)
+        for a, b in zip(tensors, jtensors):
+            assert (a is None) == (b is None)
+            if a is not None:
+                same(b, a)
+
+
+def stats_read_first(m, x):
+    s = m.running_mean.sum()  # (read before the BatchNorm: not only written back, so not updated on the caller's)
+    return m(x) + s
+
+
+def stats_returned(m, x):
+    return m(x), m.running_var * 1
+
+
+@pytest.mark.parametrize("program", [stats_read_first, stats_returned])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_training_batch_norm_with_its_statistics_read_records_eagers_node(program, dynamic):
+    """Where the running statistics are read besides the BatchNorm's update, eager's `native_batch_norm` runs on
+    copies of them (not `_native_batch_norm_legit_functional`): NativeBatchNormBackward0 as eager's, values, state,
+    counters and gradients as eager's."""
+    torch.manual_seed(0)
+    eager_m = nn.BatchNorm2d(3).train()
+    jit_m = copy.deepcopy(eager_m)
+    jf = dealias.jit(program, executor="torch", dynamic=dynamic)
+    with no_fallback():
+        for n in (2, 4):
+            x = torch.randn(n, 3, 4, 4)
+            xe, xj = x.clone().requires_grad_(), x.clone().requires_grad_()
+            want, got = program(eager_m, xe), jf(jit_m, xj)
+            same(got, want)
+            same_state(eager_m, jit_m)
+            assert "NativeBatchNormBackward0" in _grad_fns(want[0] if isinstance(want, tuple) else want)
+            for a, b in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+                assert _grad_fns(b) == _grad_fns(a)
+            assert [b._version for b in jit_m.buffers()] == [b._version for b in eager_m.buffers()]
+            (want[0] if isinstance(want, tuple) else want).square().sum().backward()
+            (got[0] if isinstance(got, tuple) else got).square().sum().backward()
+            same(xj.grad, xe.grad)
+            for a, b in zip(eager_m.parameters(), jit_m.parameters()):
+                same(b.grad, a.grad)
