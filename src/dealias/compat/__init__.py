@@ -4,6 +4,7 @@ dynamo traces for a dealias backend (registry.py). `dealias doctor` lists which 
 
 from . import (  # noqa: F401
     dynamo_autograd,
+    dynamo_checkpoint,
     dynamo_guards,
     dynamo_hook_split,
     dynamo_hooks,

@@ -115,6 +115,14 @@ def divided(x: torch.Tensor, s: float) -> torch.Tensor:
     return x / s  # 1 / 0.0 is inf, 1 / -0.0 is -inf
 
 
+def checkpoint_closing_over(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    def body(x: torch.Tensor) -> torch.Tensor:
+        c.add_(1)  # (as BatchNorm's num_batches_tracked: state the checkpointed function reads from outside)
+        return x * c
+
+    return torch.utils.checkpoint.checkpoint(body, x, use_reentrant=False)
+
+
 def add_into_transpose(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     torch.add(x, 1, out=y.t())  # dynamo: a graph break at any non-contiguous out=
     return y * 2
@@ -173,6 +181,9 @@ EXAMPLES: dict[str, Example] = {
     "out_views": Example(add_into_transpose, lambda: [(torch.linspace(-1, 1, 9).view(3, 3), torch.zeros(3, 3))]),
     "rng": Example(replayed_draws, lambda: [(torch.zeros(3),), (torch.zeros(3),)]),
     "resize_within_memory": Example(resize_within, lambda: [(torch.linspace(-1, 1, 6).view(2, 3),) for _ in range(2)]),
+    "checkpoint_arguments": Example(
+        checkpoint_closing_over, lambda: [(torch.linspace(-1, 1, 3).requires_grad_(), torch.zeros(3))], backward=True
+    ),
     "signed_zero_guards": Example(divided, lambda: [(torch.ones(2), 0.0), (torch.ones(2), -0.0)], dynamic=False),
 }
 
@@ -186,8 +197,11 @@ def _outcome(fn: Callable[..., Any], args: tuple[Any, ...], backward: bool) -> A
     grads = None
     if backward:
         results = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if results:
-            sum(t.sum() for t in results).backward()
+        try:
+            if results:
+                sum(t.sum() for t in results).backward()
+        except RuntimeError as e:  # (the error is the outcome)
+            return out, args, ("backward raises", type(e).__name__)
         leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad and a.is_leaf]
         grads = [None if a.grad is None else a.grad.clone() for a in leaves]
     return out, args, grads

@@ -99,3 +99,22 @@ try:
     from torch._C._dynamo.guards import TensorGuards
 except ImportError:  # pragma: no cover - not in the torch this project pins
     TensorGuards = None
+
+
+# Eager's dispatch of an op in a symbolic trace: make_fx turns torch's Python dispatcher on for symbolic tracing,
+# and it runs the Python decompositions torch registers on some ops' autograd keys (`py_impl`) in place of the C++
+# kernels eager runs. Two of them differ from eager: `aten.dropout` outside training returns a clone where eager's
+# returns the input tensor itself (a write through the result then missed the input: a silent wrong result), and in
+# training draws through `native_dropout` (another autograd node); `aten.native_batch_norm` becomes
+# `_native_batch_norm_legit*` (NativeBatchNormLegitBackward0 where eager's is NativeBatchNormBackward0). Their C++
+# composites take symbolic sizes, so capture traces the torch functions reaching them with the dispatcher off (a
+# thread-local switch). Without the switch, those functions are refused in a symbolic trace (UnsupportedError: the
+# frame runs eagerly with a FallbackWarning).
+_NO_PYTHON_DISPATCHER, _NO_PYTHON_DISPATCHER_MISSING = _lookup(torch._C, "_DisablePythonDispatcher")
+
+
+def eager_dispatch() -> Any:
+    """A context manager under which ops dispatch as in eager (torch's Python dispatcher off, this thread)."""
+    if _NO_PYTHON_DISPATCHER is None:
+        raise UnsupportedError(f"eager's dispatch cannot be traced here: {_NO_PYTHON_DISPATCHER_MISSING}")
+    return _NO_PYTHON_DISPATCHER()

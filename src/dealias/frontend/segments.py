@@ -32,6 +32,7 @@ import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
 from ..compat.dynamo_autograd import FUNCTION_NAME
+from ..compat.dynamo_checkpoint import ARGUMENTS
 from . import quiet
 
 quiet.install()  # (installed with the backend, which imports this module)
@@ -93,7 +94,10 @@ def checkpoint_like_eager(body: fx.GraphModule, *args: Any, **kwargs: Any) -> An
     """`torch.utils.checkpoint.checkpoint(body, *args, ...)` with the user's own arguments, as eager calls it. Dynamo's
     operator, run eagerly, recomputes with `preserve_rng_state=False` (it leaves the random state to inductor's RNG
     functionalization): a draw inside the checkpointed code drew other numbers in backward than in forward, so the
-    gradients were not eager's, and backward moved the default generator, which eager's does not."""
+    gradients were not eager's, and backward moved the default generator, which eager's does not. Only the tensors
+    the user passed are its arguments (compat/dynamo_checkpoint.py): the rest, what the function read from outside
+    (a module's buffers), are closed over as in the user's code, so eager's checkpoint does not save them (a training
+    BatchNorm's `num_batches_tracked.add_(1)` inside made backward raise)."""
     from torch.utils.checkpoint import checkpoint
 
     own = {*inspect.signature(checkpoint).parameters, "preserve_rng_state"} - {"function", "args", "kwargs"}
@@ -101,7 +105,16 @@ def checkpoint_like_eager(body: fx.GraphModule, *args: Any, **kwargs: Any) -> An
     context_fn = body.meta.get("_checkpoint_context_fn")  # (the user's `context_fn`, which dynamo keeps there)
     if context_fn is not None:
         options["context_fn"] = context_fn
-    return checkpoint(body, *args, **options, **{k: v for k, v in kwargs.items() if k not in own})
+    rest = {k: v for k, v in kwargs.items() if k not in own}
+    given = body.meta.get(ARGUMENTS)
+    if given is None or len(given) != len(args) or all(given):
+        return checkpoint(body, *args, **options, **rest)
+
+    def function(*passed: Any, **kw: Any) -> Any:
+        it = iter(passed)
+        return body(*(next(it) if g else a for a, g in zip(args, given)), **kw)
+
+    return checkpoint(function, *(a for a, g in zip(args, given) if g), **options, **rest)
 
 
 def autograd_function_apply(fwd: fx.GraphModule, bwd: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:

@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..compat import saved_hooks
 from ..compat.dynamo_out import static_layout
-from ..compat.internals import CREATION_META, DATA_ATTR, creation_meta
+from ..compat.internals import CREATION_META, DATA_ATTR, creation_meta, eager_dispatch
 from ..errors import (
     DataDependentError,
     UnsupportedError,
@@ -56,6 +56,21 @@ from ..ir.plan import TENSOR_SLOT, Captured, Symbolic
 from ..ir.sharing import find_groups
 
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
+
+
+# The torch functions of dynamo's graphs that reach `aten.dropout` or `aten.native_batch_norm`, whose Python
+# decompositions differ from eager's kernels (compat/internals.py `eager_dispatch`).
+_EAGER_DISPATCH = frozenset(
+    {
+        torch.nn.functional.dropout,
+        torch.dropout,
+        torch.nn.functional.batch_norm,
+        torch.batch_norm,
+        torch.native_batch_norm,
+        torch.nn.functional.instance_norm,
+        torch.instance_norm,
+    }
+)
 
 
 class _Replay(fx.Interpreter):
@@ -75,6 +90,11 @@ class _Replay(fx.Interpreter):
             # `x.data` shares x's memory but not its version counter (writes through it are hidden from
             # autograd); it traces to aten.detach, which shares both. Its node is tagged (see _GradModes).
             n.meta["custom"] = {**(n.meta.get("custom") or {}), OWN_COUNTER_KEY: True}
+        if n.target in _EAGER_DISPATCH:
+            # (traced as eager dispatches it: the Python dispatcher of a symbolic trace decomposes these
+            # otherwise, compat/internals.py `eager_dispatch`; a no-op in a trace with static sizes)
+            with eager_dispatch():
+                return super().run_node(n)
         out = n.kwargs.get("out")
         outs = [out] if isinstance(out, fx.Node) else [o for o in out if isinstance(o, fx.Node)] if out else []
         if not outs:

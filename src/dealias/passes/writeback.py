@@ -226,11 +226,13 @@ def lower(
             from .writeback_autograd import (  # (it imports this module)
                 eager_input_updates_in_place,
                 eager_mutations_in_place,
+                eager_ops_on_copies,
                 eager_updates_in_place,
             )
 
             eager_updates_in_place(graph)
             fp, in_place = eager_mutations_in_place(fp, aliases)
+            eager_ops_on_copies(graph)
             fp, inputs_in_place = eager_input_updates_in_place(fp, aliases)
             in_place += inputs_in_place
         decompose(gm)

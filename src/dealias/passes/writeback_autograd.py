@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..ir.checks import concrete
 from ..ir.opfacts import OpKind, bind_args, facts, inplace_variant, op_name
 from ..ir.plan import FunctionalProgram, Ref, RefKind, ResultArg, WriteBackReport, alias_group_of
 from ..ir.viewops import chain_args, internal_overlap
@@ -158,6 +159,53 @@ def eager_mutations_in_place(
     return _drop_results(fp, results, dropped), reports
 
 
+def eager_ops_on_copies(graph: fx.Graph) -> list[fx.Node]:
+    """In a graph autograd records (the torch executor), after `eager_mutations_in_place`: a functional node whose
+    eager op declares no write (`native_batch_norm`, see `_eager_op`) that rule left functional (the running
+    statistics read elsewhere, aliased, or not only written back) runs as eager's op on copies of the written
+    arguments, fresh tensors read by nothing else, whose values after it are the functional node's new values:
+    autograd records eager's NativeBatchNormBackward0, not `_native_batch_norm_legit_functional`'s node, from the
+    same kernel and values. A copy is the functional graph's own `clone` where only this node reads it. Returns the
+    nodes made."""
+    made = []
+    for n in list(graph.nodes):
+        mutable = _eager_op(n) if n.op == "call_function" else None
+        if mutable is None or any(u.target is not operator.getitem for u in n.users):
+            continue
+        returns = len(mutable._schema.returns)
+        bound = bind_args(mutable._schema, n.args, n.kwargs)
+        written = [bound.get(name) for name in facts(mutable).mutated]
+        if not all(isinstance(a, fx.Node) for a in written) or len(set(written)) != len(written):
+            continue
+        if any(a in n.args[:1] for a in written):  # (read as another argument too)
+            continue
+        copies: dict[fx.Node, fx.Node] = {}
+        with graph.inserting_before(n):
+            for a in written:
+                if a.target is aten.clone.default and not a.kwargs and set(a.users) == {n}:
+                    copies[a] = a
+                    continue
+                c = graph.call_function(aten.clone.default, (a,))
+                c.meta = {**n.meta, "val": a.meta.get("val"), "rg": False}  # (made for the op: its line, grad mode)
+                c.meta.pop("eager_in_place", None)
+                c.meta["counts_as"] = None  # (a copy for the op to write, not a value the functional graph computes)
+                copies[a] = c
+            op = graph.call_function(mutable, *fx.node.map_arg((n.args, n.kwargs), lambda a, c=copies: c.get(a, a)))
+        op.meta = dict(n.meta)
+        op.meta["counts_as"] = n.target
+        news = [(i, g) for i, g in ((u.args[1], u) for u in list(n.users))]
+        op.meta["absorbs"] = [operator.getitem] * sum(i >= returns for i, _ in news)
+        for i, g in news:
+            if i < returns:
+                g.args = (op, i)
+            else:
+                g.replace_all_uses_with(copies[written[i - returns]])
+                graph.erase_node(g)
+        graph.erase_node(n)
+        made.append(op)
+    return made
+
+
 def eager_input_updates_in_place(
     fp: FunctionalProgram, aliases: dict[fx.Node, list[fx.Node]]
 ) -> tuple[FunctionalProgram, list[WriteBackReport]]:
@@ -273,15 +321,16 @@ def _requires_grad(value: fx.Node) -> bool:
     def meta_of(a: Any) -> Any:
         if not isinstance(a, fx.Node):
             return a
-        v = a.meta["val"]
-        t = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+        v = a.meta["val"]  # (symbolic sizes at the compiling call's values: which results require grad is no size's)
+        shape, stride = [concrete(n) for n in v.shape], [concrete(n) for n in v.stride()]
+        t = torch.empty_strided(shape, stride, dtype=v.dtype, device="meta")
         return t.requires_grad_(bool(a.meta.get("rg")) and t.is_floating_point())
 
     try:
         with torch.enable_grad():
             args, kwargs = torch.utils._pytree.tree_unflatten([meta_of(a) for a in flat], spec)
             out = op(*args, **kwargs)[value.args[1]]
-    except Exception:  # noqa: BLE001 - no meta kernel, symbolic sizes: as marked
+    except Exception:  # noqa: BLE001 - no meta kernel, a size without a value: as marked
         return True
     return bool(getattr(out, "requires_grad", True))
 
