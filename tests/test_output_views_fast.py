@@ -1,7 +1,8 @@
 """Output views replayed by the generated call as Tensor methods (`addmm.view([..]).transpose(1, 0)`, runtime/
 generated_call.py `_view_method`) where the method dispatches to exactly the chain's aten overload with its
 arguments: the same views as eager's (`_base`, sizes, strides, offset, a version counter shared with the base, grad_fn
-and gradients), at half the aten call's Python dispatch (MultiheadAttention's output after its kernels)."""
+and gradients), at half the aten call's Python dispatch (MultiheadAttention's output after its kernels); and the
+fused call's backward node of its own for a result (its attention weights) made by the Function's C apply."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch.nn as nn
 from harness import check, grads_like_eager
 
 import dealias
+from dealias.runtime import fused_autograd
 
 
 def projected_heads(x, w, b):  # MultiheadAttention's output: a linear's 2-D result viewed and transposed
@@ -103,7 +105,7 @@ def test_an_op_without_a_method_keeps_its_aten_call():
 
 
 @pytest.mark.inductor
-def test_fused_multihead_attention_output_like_eager():
+def test_fused_multihead_attention_output_like_eager(monkeypatch):
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(16, 2, batch_first=True)
     x = torch.randn(2, 5, 16)
@@ -112,7 +114,22 @@ def test_fused_multihead_attention_output_like_eager():
         return m(x, x, x)
 
     jf = dealias.jit(attend, executor="inductor")
+    jf(mha, x)
+    # The weights' backward node of their own (fused_autograd._OwnNode) made by the Function's C apply, not through
+    # Function.apply's Python: the same node, its hooks run only for a gradient into the weights, as eager's.
+    monkeypatch.setattr(fused_autograd._OwnNode, "apply", classmethod(lambda cls, t: pytest.fail("Function.apply")))
     got, want = jf(mha, x), attend(mha, x)
+    monkeypatch.undo()
+    assert type(got[1].grad_fn).__name__ == "_OwnNodeBackward"
+    ran = {"dealias": 0, "eager": 0}
+    got[1].register_hook(lambda g: ran.__setitem__("dealias", ran["dealias"] + 1))
+    want[1].register_hook(lambda g: ran.__setitem__("eager", ran["eager"] + 1))
+    torch.autograd.grad(got[0].sum(), mha.in_proj_weight, retain_graph=True)
+    torch.autograd.grad(want[0].sum(), mha.in_proj_weight, retain_graph=True)
+    assert ran == {"dealias": 0, "eager": 0}
+    torch.autograd.grad(got[1].sum(), mha.in_proj_weight, retain_graph=True)
+    torch.autograd.grad(want[1].sum(), mha.in_proj_weight, retain_graph=True)
+    assert ran == {"dealias": 1, "eager": 1}
     assert dealias.cache_info(jf).tiers == ("fused",), dealias.cache_info(jf)
     assert "out0 = addmm.view([5, 2, 16]).transpose(1, 0)" in jf.last.source, jf.last.source
     for g, w in zip(got, want):

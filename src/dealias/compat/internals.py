@@ -99,3 +99,20 @@ try:
     from torch._C._dynamo.guards import TensorGuards
 except ImportError:  # pragma: no cover - not in the torch this project pins
     TensorGuards = None
+
+
+# A custom autograd Function's C `apply`, bound to the Function's class: what `Function.apply` calls after its
+# Python checks (default arguments bound for a `setup_context`, functorch's transforms). For a Function without
+# `setup_context` called where no functorch transform is active, those checks do nothing; the caller asks
+# `torch._C._are_functorch_transforms_active()` and takes `Function.apply` then. None where this torch has no such
+# `apply`: `Function.apply` runs.
+_APPLY, _ = _lookup(torch._C, "_FunctionBase")
+
+
+def function_c_apply(cls: type) -> Callable[..., Any] | None:
+    import inspect
+
+    if _APPLY is None or cls.setup_context is not torch.autograd.function._SingleLevelFunction.setup_context:
+        return None
+    raw = inspect.getattr_static(_APPLY, "apply", None)
+    return raw.__get__(None, cls) if hasattr(raw, "__get__") else None

@@ -29,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..compat.graph_cache import graph_cache, key_config
 from ..compat.inductor import dealias_compile, layout_options, no_donated_buffers, size_asserts
+from ..compat.internals import function_c_apply
 from ..compat.vec_isa import vec_isa_config
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
@@ -410,7 +411,7 @@ def _compile(
             outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, version_counters(args))
         if own_nodes:
             outs = tuple(
-                _OwnNode.apply(o) if i in own_nodes and isinstance(o, torch.Tensor) and o.requires_grad else o
+                _own_node(o) if i in own_nodes and isinstance(o, torch.Tensor) and o.requires_grad else o
                 for i, o in enumerate(outs)
             )
         return outs
@@ -435,6 +436,17 @@ class _OwnNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
         return g
+
+
+_OWN_NODE_C_APPLY = function_c_apply(_OwnNode)
+
+
+def _own_node(t: torch.Tensor) -> torch.Tensor:
+    """`_OwnNode.apply(t)` by its C `apply` (compat.internals.function_c_apply): Function.apply's Python checks cost
+    MultiheadAttention's fused call ~8 us after its kernels (its weights' node)."""
+    if _OWN_NODE_C_APPLY is None or torch._C._are_functorch_transforms_active():
+        return _OwnNode.apply(t)
+    return _OWN_NODE_C_APPLY(t)
 
 
 def _results_eager_saves(results: Any, rg_results: list[int]) -> list[tuple[int, fx.Node, frozenset[int]]]:
