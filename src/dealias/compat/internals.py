@@ -109,10 +109,21 @@ except ImportError:  # pragma: no cover - not in the torch this project pins
 _APPLY, _ = _lookup(torch._C, "_FunctionBase")
 
 
-def function_c_apply(cls: type) -> Callable[..., Any] | None:
+def function_apply(cls: type) -> Callable[..., Any]:
+    """`cls.apply`, by its C `apply` where Function.apply's Python checks would do nothing."""
     import inspect
 
-    if _APPLY is None or cls.setup_context is not torch.autograd.function._SingleLevelFunction.setup_context:
-        return None
-    raw = inspect.getattr_static(_APPLY, "apply", None)
-    return raw.__get__(None, cls) if hasattr(raw, "__get__") else None
+    raw = inspect.getattr_static(_APPLY, "apply", None) if _APPLY is not None else None
+    if (
+        not hasattr(raw, "__get__")
+        or cls.setup_context is not torch.autograd.function._SingleLevelFunction.setup_context
+    ):
+        return cls.apply
+    c_apply = raw.__get__(None, cls)
+
+    def apply(*args: Any) -> Any:
+        if torch._C._are_functorch_transforms_active():
+            return cls.apply(*args)
+        return c_apply(*args)
+
+    return apply
