@@ -361,7 +361,7 @@ def call(leaves):
         return call_with_grad_off(leaves)
     x, = leaves
     execute(x)
-    out0 = aten_view(x, [-1])
+    out0 = x.view([-1])
     return (out0,)""",
         )
 
@@ -533,7 +533,7 @@ def call(leaves):
     x, = leaves
     set_grad_enabled(False)
     try:
-        out0 = aten_select_int(x, 0, 0)
+        out0 = x.select(0, 0)
     finally:
         set_grad_enabled(True)
     mul_1, = execute(x)
@@ -603,8 +603,8 @@ def call(leaves):
         return call_with_grad_off(leaves)
     x, = leaves
     mul, = execute(x)
-    out1 = aten_select_int(mul, 0, 0)
-    out2 = aten_select_int(aten_t(mul), 0, 1)
+    out1 = mul.select(0, 0)
+    out2 = mul.t().select(0, 1)
     as_strided_keeping_version(mul, [4, 3], [1, 4], 0)
     return (mul, out1, out2)""",
         )

@@ -118,3 +118,31 @@ def eager_dispatch() -> Any:
     if _NO_PYTHON_DISPATCHER is None:
         raise UnsupportedError(f"eager's dispatch cannot be traced here: {_NO_PYTHON_DISPATCHER_MISSING}")
     return _NO_PYTHON_DISPATCHER()
+
+
+# A custom autograd Function's C `apply`, bound to the Function's class: what `Function.apply` calls after its
+# Python checks (default arguments bound for a `setup_context`, functorch's transforms). For a Function without
+# `setup_context` called where no functorch transform is active, those checks do nothing; the caller asks
+# `torch._C._are_functorch_transforms_active()` and takes `Function.apply` then. None where this torch has no such
+# `apply`: `Function.apply` runs.
+_APPLY, _ = _lookup(torch._C, "_FunctionBase")
+
+
+def function_apply(cls: type) -> Callable[..., Any]:
+    """`cls.apply`, by its C `apply` where Function.apply's Python checks would do nothing."""
+    import inspect
+
+    raw = inspect.getattr_static(_APPLY, "apply", None) if _APPLY is not None else None
+    if (
+        not hasattr(raw, "__get__")
+        or cls.setup_context is not torch.autograd.function._SingleLevelFunction.setup_context
+    ):
+        return cls.apply
+    c_apply = raw.__get__(None, cls)
+
+    def apply(*args: Any) -> Any:
+        if torch._C._are_functorch_transforms_active():
+            return cls.apply(*args)
+        return c_apply(*args)
+
+    return apply

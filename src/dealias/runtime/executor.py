@@ -49,11 +49,15 @@ def _same(a: Any, b: Any) -> bool:
 def _binding_for(node: fx.Node) -> tuple[str, Any] | None:
     """A faster Python binding that dispatches to exactly `node.target` with exactly these arguments:
     ("method", name) for `x.name(...)`, ("function", f) for `torch.name(...)`; None to keep the aten call."""
-    op = node.target
+    fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (node.args, node.kwargs))
+    return binding_for_call(node.target, fargs, fkwargs)
+
+
+def binding_for_call(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> tuple[str, Any] | None:
+    """`_binding_for` of a call of `op` on these fake arguments (the generated call's view replays ask it too)."""
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return None
     name = op_name(op)
-    fargs, fkwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (node.args, node.kwargs))
     fakes = [v for v in pytree.tree_leaves((fargs, fkwargs)) if isinstance(v, FakeTensor)]
     mode = fakes[0].fake_mode if fakes else None
     if mode is None:
