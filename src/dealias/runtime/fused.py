@@ -195,6 +195,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     compiled = Background(compile_now) if later else compile_now()
     run = runner(gm, compiled, prologue, written=written, floats=floats)
     run.graph = handed  # type: ignore[attr-defined]  # what inductor was given: for traces and tests
+    run.prologue = prologue  # type: ignore[attr-defined]  # (its generated source: `prologue.source`)
     run.pending = compiled if later else None  # type: ignore[attr-defined]
     return run
 
