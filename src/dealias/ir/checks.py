@@ -328,6 +328,7 @@ def bounds_check(policy: IndexPolicy, where: str) -> Any:
     def check_index_bounds(index: torch.Tensor, size: int, dim: int) -> None:
         _check(index, size, dim, policy, where)
 
+    check_index_bounds.policy = policy  # type: ignore[attr-defined]  # (the prologue's inline reads: prologue.py)
     check_index_bounds._dealias_effect = True  # type: ignore[attr-defined]
     check_index_bounds._dealias_bounds_check = True  # type: ignore[attr-defined]
     return check_index_bounds

@@ -2,10 +2,11 @@
 
 Index bounds are checked before any write: eager's error, the caller's tensors untouched (inductor checks indices
 inside its kernels, after earlier kernels wrote, with an error of its own naming its C++ source). An index the
-graph computes (HF's static cache: `torch.arange(n) + self.cumulative_length`) is computed here too, when its
-inputs are memory no earlier write of the graph touched, and handed to the graph as an input (`_Hoisted`).
+graph computes (HF's static cache: `torch.arange(n) + self.cumulative_length`) from memory no earlier write of the
+graph touched is checked here by its range where its ops allow (index_ranges.py: read from one-element inputs
+with `.item()`, the index left to the graph), else computed here and handed to the graph as an input (`_Hoisted`).
 Version bumps of inputs run here for a graph that records no autograd (when they happen inside the call is not
-observable then).
+observable then). The whole is one generated function (`prologue.source`), each check inline.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..ir.gradops import bump_version
 from ..ir.opfacts import facts, has_effect, is_view_node, may_raise, op_name
 from ..ir.viewops import symbolic_layout
 from .hazards import Unfusable, is_scatter, memory_of, reads_of
+from .index_ranges import Ranged, index_range
 
 aten = torch.ops.aten
 
@@ -39,8 +41,9 @@ def in_prologue(n: fx.Node) -> bool:
 def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
     """The graph's Python steps (`in_prologue`), taken out of it, as one function of the call's inputs (None if
     it has none). An index computed inside the graph (`torch.arange(n) + self.cumulative_length`, as HF's static
-    cache computes its write position) is computed there too, before any write, and becomes an input of the graph
-    (`_Hoisted`): the function returns the values of those inputs, to pass after the call's own. `autograd`: for a
+    cache computes its write position) is checked by its range (`_Hoisted.where`), or computed there too, before
+    any write, and becomes an input of the graph (`_Hoisted`): the function returns the values of those inputs, to
+    pass after the call's own. `autograd`: for a
     functional graph AOTAutograd compiles (fused_autograd.py): its scatters are AOTAutograd's to run, its version
     bumps stay in it (where they happen is observable there), and only index reads are checked."""
     placeholders = gm.graph.find_nodes(op="placeholder")
@@ -78,39 +81,112 @@ def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple
             checks.append((n.target, placeholders.index(n.args[0]), ()))
         else:
             index, size, dim = n.args
-            i, of = hoisted.position(index), _size_of(size, placeholders)
+            i, of = hoisted.where(index), _size_of(size, placeholders)
             if of is None:
                 checks.append((n.target, i, (size, dim)))
             else:
                 sized.append((n.target, i, of, dim))
         gm.graph.erase_node(n)
     compute = hoisted.finish()
-
-    if not checks and not sized:
-        return None
-
     handed = hoisted.handed
     every = compute is None or len(handed) == len(hoisted.indices)
     # A check of a constant index (`hoisted.constant`) against a static size passes or raises alike on every call:
     # it runs until a call passed it.
-    once = [c for c in checks if c[1] - len(placeholders) in hoisted.constant and c[0] is not bump_version]
-    checks = [c for c in checks if c not in once]
-    passed = []
+    once = [c for c in checks if isinstance(c[1], int) and c[1] - len(placeholders) in hoisted.constant]
+    once = [c for c in once if c[0] is not bump_version]
+    checks = [c for c in checks if not any(c is o for o in once)]
+    if not checks and not sized and not once:
+        return None
+    examples = [n.meta.get("val") for n in (*placeholders, *hoisted.indices)]
+    return _generated(checks, sized, once, compute, None if every else handed, examples, len(placeholders))
 
-    def prologue(args: tuple[Any, ...]) -> tuple[Any, ...]:
-        extra = compute(*args) if compute is not None else ()
-        args = (*args, *extra)
-        for fn, i, rest in checks:
-            fn(args[i], *rest)
-        for fn, i, (t, d), dim in sized:  # (against a symbolic size: the call's input `t` has it, or is it)
-            fn(args[i], args[t] if d is None else args[t].shape[d], dim)
-        if once and not passed:
-            for fn, i, rest in once:
-                fn(args[i], *rest)
-            passed.append(True)
-        return extra if every else tuple(extra[k] for k in handed)
 
+def _generated(
+    checks: list[tuple[Any, Any, tuple[Any, ...]]],
+    sized: list[tuple[Any, Any, tuple[int, int | None], int]],
+    once: list[tuple[Any, Any, tuple[Any, ...]]],
+    compute: Callable[..., tuple[Any, ...]] | None,
+    handed: list[int] | None,
+    examples: list[Any],
+    passed_inputs: int,
+) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The prologue as one generated Python function of the call's inputs: the hoisted indices computed, then each
+    check in graph order (`checks`, then those against symbolic sizes, `sized`; `once`: until a call passed them),
+    each read inline where the index is one element or a few (the check function, eager's error, runs only where a
+    value may be out of range), version bumps; returns the hoisted indices handed to the graph (`handed`: their
+    positions, None for all of them)."""
+    env: dict[str, Any] = {"bump_version": bump_version, "compute": compute, "passed": []}
+    body: list[str] = []
+    if compute is not None:
+        body += ["extra = compute(*args)", "args = (*args, *extra)"]
+
+    def emit(lines: list[str], fn: Any, where: Any, size: Any, dim: int) -> None:
+        """`size`: an int, or the source reading it from the call's inputs."""
+        k = len(env)
+        if fn is bump_version:
+            lines.append(f"bump_version(args[{where}])")
+            return
+        env[f"check{k}"] = fn
+        s = repr(size) if isinstance(size, int) else f"s{k}"  # (a static size inline, a symbolic one read once)
+        low = f"-{s}" if fn.policy.allow_negative else "0"
+        if isinstance(where, Ranged):
+            env[f"index{k}"] = where.compute
+            slow = f"check{k}(index{k}(*args[:{passed_inputs}]), {s}, {dim})"
+            if where.constant and isinstance(size, int):  # (the same outcome on every call: decided now)
+                lowest = -size if fn.policy.allow_negative else 0
+                if not lowest <= int(where.lo) <= int(where.hi) < size <= where.limit:
+                    lines.append(slow)  # (eager's error on every call)
+                return
+            lines += [f"s{k} = {size}"] if s != repr(size) else []
+            bound = f"{s} <= {where.limit}" if not isinstance(size, int) else s  # (static: checked now)
+            if isinstance(size, int) and size > where.limit:
+                lines.append(slow)
+                return
+            lines += [*where.lines, f"if not ({low} <= {where.lo} and {where.hi} < {bound}):", f"    {slow}"]
+            return
+        lines += [f"s{k} = {size}"] if s != repr(size) else []
+        lines.append(f"t{k} = args[{where}]")
+        slow = f"check{k}(t{k}, {s}, {dim})"
+        bounds = _read_bounds(examples[where], f"t{k}", f"r{k}")
+        if bounds is None:
+            lines.append(slow)
+            return
+        read, lo, hi = bounds
+        lines += [read, f"if not ({low} <= {lo} and {hi} < {s}):", f"    {slow}"]
+
+    for fn, where, rest in checks:
+        emit(body, fn, where, *(rest or (None, 0)))
+    for fn, where, (t, d), dim in sized:  # (against a symbolic size: the call's input `t` has it, or is it)
+        emit(body, fn, where, f"args[{t}]" if d is None else f"args[{t}].shape[{d}]", dim)
+    if once:
+        lines: list[str] = []
+        for fn, where, (size, dim) in once:
+            emit(lines, fn, where, size, dim)
+        body += ["if not passed:", *(f"    {line}" for line in lines), "    passed.append(True)"]
+    if compute is None:
+        body.append("return ()")
+    else:
+        body.append("return extra" if handed is None else f"return ({''.join(f'extra[{k}], ' for k in handed)})")
+    src = "def prologue(args):\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(src, "<dealias prologue>", "exec"), env)  # noqa: S102 - generated from the checks above only
+    prologue = env["prologue"]
+    prologue.source = src
     return prologue
+
+
+def _read_bounds(example: Any, t: str, r: str) -> tuple[str, str, str] | None:
+    """(a line reading the index `t` into `r`, its least value, its greatest) for an integer index of static
+    sizes with one entry (`.item()`) or a few in at most two dims (`tolist()`, read as it is: a reshape first costs
+    more than the read); None for others (the check function reads them)."""
+    if not isinstance(example, torch.Tensor) or example.dtype not in (torch.int32, torch.int64):
+        return None
+    if symbolic_layout(example) or example.numel() == 0 or example.numel() > 64 or example.dim() > 2:
+        return None
+    if example.numel() == 1:
+        return f"{r} = {t}.item()", r, r
+    if example.dim() == 1:
+        return f"{r} = {t}.tolist()", f"min({r})", f"max({r})"
+    return f"{r} = {t}.tolist()", f"min(map(min, {r}))", f"max(map(max, {r}))"
 
 
 class _Hoisted:
@@ -149,6 +225,18 @@ class _Hoisted:
             self._cone(index)  # (raises Unfusable)
             self.indices.append(index)
         return len(self.placeholders) + self.indices.index(index)
+
+    def where(self, index: fx.Node) -> int | Ranged:
+        """`position`, or for an index the graph computes whose range the prologue can follow (index_ranges.py), the
+        index left to the graph and checked by its range (`Ranged`, with the function computing it for a range not
+        inside the bounds)."""
+        if _reshaped_input(index, self.placeholders) is None and index not in self.placeholders:
+            cone = self._cone(index)  # (raises Unfusable where the index reads memory written before it)
+            ranged = index_range(index, self.placeholders)
+            if ranged is not None:
+                ranged.compute = _without_grad(self._computing([index], [cone]))
+                return ranged
+        return self.position(index)
 
     def _cone(self, index: fx.Node) -> list[fx.Node]:
         """The nodes computing `index` (constants included), in graph order."""
@@ -227,6 +315,20 @@ class _Hoisted:
             env[n] = graph.node_copy(n, env.__getitem__)
         graph.output(tuple(env[i] for i in indices))
         return fx.GraphModule(self.gm, graph).forward
+
+
+def _without_grad(compute: Callable[..., tuple[Any, ...]]) -> Callable[..., torch.Tensor]:
+    """The one index `compute` returns, computed without grad (nothing in the fused graph records autograd)."""
+
+    def index(*args: Any) -> torch.Tensor:
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            return compute(*args)[0]
+        finally:
+            torch._C._set_grad_enabled(grad)
+
+    return index
 
 
 # Views whose elements, in row-major order, are their input's in row-major order: a bounds check reads only that
@@ -366,5 +468,5 @@ def _read_checks(n: fx.Node, placeholders: list[fx.Node], hoisted: _Hoisted) -> 
         if not isinstance(size, int):  # (read from the call's inputs)
             size = (placeholders.index(n.args[0]), dim) if n.args[0] in placeholders else _symbol_in(size, placeholders)
         where = with_location(f" ({n.target})", node_location(n))
-        out.append((bounds_check(index_policy(n, index, negative), where), hoisted.position(index), (size, dim)))
+        out.append((bounds_check(index_policy(n, index, negative), where), hoisted.where(index), (size, dim)))
     return out
