@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
-from operator import getitem
+from operator import attrgetter, getitem
 from typing import Any
 
 import sympy
@@ -34,8 +34,8 @@ from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.opfacts import is_view_node, may_raise, op_name
 from .conv_layout import channels_last
-from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_counters, written_inputs_read
-from .fused import runner
+from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
+from .fused import picker, runner
 from .graph_order import views_after_their_source
 from .hazards import SNAPSHOT, Unfusable
 from .inductor_fixes import decompositions
@@ -378,6 +378,10 @@ def _compile(
     reads = written_inputs_read(gm, written)
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
     own, first = double_backward_of_its_own(compiled, call)
+    # The counters a double backward checks, read on every call in C (a comprehension over the arguments was ~1 us
+    # of a BatchNorm call, a frame of its own).
+    positions = version_positions(example, written)
+    pick, version = picker(positions), attrgetter("_version")
     watched = _results_eager_saves(results, rg_results)
     # (every input requiring grad reached by every result: nothing to set to None. An input requiring no grad gets
     # None from the compiled backward already: BatchNorm's running statistics then cost no hook per call.)
@@ -407,7 +411,8 @@ def _compile(
         if own:
             # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
             # counters of the others.
-            outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, version_counters(args))
+            versions = (positions, tuple(map(version, pick(args))))
+            outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, versions)
         if own_nodes:
             outs = tuple(
                 _OwnNode.apply(o) if i in own_nodes and isinstance(o, torch.Tensor) and o.requires_grad else o
