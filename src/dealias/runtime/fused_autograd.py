@@ -378,9 +378,7 @@ def _compile(
     reads = written_inputs_read(gm, written)
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
     own, first = double_backward_of_its_own(compiled, call)
-    # The counters a double backward checks, read on every call in C (a comprehension over the arguments was ~1 us
-    # of a BatchNorm call, a frame of its own).
-    positions = version_positions(example, written)
+    positions = version_positions(example, written)  # (their counters read in C on every call: no frame per call)
     pick, version = picker(positions), attrgetter("_version")
     watched = _results_eager_saves(results, rg_results)
     # (every input requiring grad reached by every result: nothing to set to None. An input requiring no grad gets
@@ -409,9 +407,7 @@ def _compile(
         if none_where_none is not None:
             _on_backward_node(outs, none_where_none)
         if own:
-            # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
-            # counters of the others.
-            versions = (positions, tuple(map(version, pick(args))))
+            versions = (positions, tuple(map(version, pick(args))))  # (create_graph=True recomputes from these)
             outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, versions)
         if own_nodes:
             outs = tuple(
