@@ -47,8 +47,10 @@ def _copy_strided(a: torch.Tensor) -> torch.Tensor:
     return copy.requires_grad_(a.requires_grad)
 
 
-def version_counters(args: Any) -> list[int | None]:
-    return [a._version if isinstance(a, torch.Tensor) else None for a in args]  # (None: a symbol's value)
+def version_positions(example: Any, written: Any) -> tuple[int, ...]:
+    """The positions of the arguments whose version counters a double backward checks (recompute_double_backward):
+    the tensors (fixed per program: those of `example`) that the call does not write."""
+    return tuple(i for i, a in enumerate(example) if isinstance(a, torch.Tensor) and i not in written)
 
 
 def takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
@@ -109,7 +111,7 @@ def recompute_double_backward(
     must not see it: a backward run from the user's code between two graphs of a jitted function (a gradient
     penalty's `autograd.grad(.., create_graph=True)`) runs in a frame dynamo traces, and it compiled `graph` anew,
     with inductor, on every call: 61 programs for a WGAN-GP step.)"""
-    moved = next((i for i, a in enumerate(args) if i not in written and versions[i] not in (None, a._version)), None)
+    moved = next((i for i, v in zip(*versions) if args[i]._version != v), None)  # ((positions, counters))
     if moved is not None:
         raise RuntimeError(
             f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and input "

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import operator
 import threading
 from collections.abc import Callable, Iterator
-from operator import getitem
+from operator import getitem, itemgetter
 from typing import Any
 
 import torch
@@ -346,6 +345,9 @@ def runner(
     # call: None until the first call returned; restride: (result, sizes, strides) to copy into; copied: results of
     # symbolic sizes that come back in an input's memory; pending: those not yet seen non-empty.
     state: dict[str, Any] = {"call": None, "restride": layouts, "copied": set(), "pending": made.intersection(dense)}
+    # The written inputs picked in C on every call (a generator over them was ~2 us of a 40-tensor optimizer step,
+    # as much as inductor's kernel call; torch.compile's wrapper has no such loop).
+    pick_written = picker(written)
 
     def restrided(outs: list[Any]) -> Any:
         fixed = list(outs)
@@ -383,9 +385,6 @@ def runner(
             if outs[i].untyped_storage()._cdata in inputs:
                 state["copied"].add(i)
 
-    # (the written inputs picked in C: a generator over HF Llama's 12 written caches and counts cost ~2 us a call)
-    written_of = operator.itemgetter(*written) if len(written) > 1 else lambda args: tuple(args[i] for i in written)
-
     def run(*args: Any) -> Any:
         if autograd:
             outs = compiled(args)
@@ -409,7 +408,7 @@ def runner(
             torch._C._set_grad_enabled(grad)
         if written:
             # Once per call, however many writes eager made (what autograd checks is only whether it moved).
-            increment_versions(written_of(args))
+            increment_versions(pick_written(args))
         if call is None:
             first(outs, args)
         if state["pending"]:
@@ -417,6 +416,15 @@ def runner(
         return restrided(outs) if state["restride"] or dense else tuple(outs)
 
     return run
+
+
+def picker(positions: tuple[int, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """A function of a sequence giving its elements at `positions` as a tuple (itemgetter's, which gives one
+    element bare where there is one position)."""
+    if len(positions) == 1:
+        (only,) = positions
+        return lambda args: (args[only],)
+    return itemgetter(*positions) if positions else lambda args: ()
 
 
 def result_layouts(gm: fx.GraphModule) -> tuple[list[tuple[int, tuple[int, ...], tuple[int, ...]]], list[int]]:

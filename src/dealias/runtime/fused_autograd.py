@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
-from operator import getitem
+from operator import attrgetter, getitem
 from typing import Any
 
 import sympy
@@ -35,8 +35,8 @@ from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.opfacts import is_view_node, may_raise, op_name
 from .conv_layout import channels_last
-from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_counters, written_inputs_read
-from .fused import runner
+from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
+from .fused import picker, runner
 from .graph_order import views_after_their_source
 from .hazards import SNAPSHOT, Unfusable
 from .inductor_fixes import decompositions
@@ -379,6 +379,8 @@ def _compile(
     reads = written_inputs_read(gm, written)
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
     own, first = double_backward_of_its_own(compiled, call)
+    positions = version_positions(example, written)  # (their counters read in C on every call: no frame per call)
+    pick, version = picker(positions), attrgetter("_version")
     watched = _results_eager_saves(results, rg_results)
     # (every input requiring grad reached by every result: nothing to set to None. An input requiring no grad gets
     # None from the compiled backward already: BatchNorm's running statistics then cost no hook per call.)
@@ -386,10 +388,9 @@ def _compile(
     partly = None if all(reaching[i] == frozenset(rg_results) for i in differentiable) else reaching
     # (made once: a call registers it on its backward node; the tensors among the arguments are fixed per program)
     none_where_none = None if partly is None else _none_where_no_gradient(example, rg_results, partly)
-    # The results requiring grad that each get a backward node of their own (_OwnNode), where there are several:
-    # not those the call returns only as views it makes with grad on, which have nodes of their own already (an
-    # _OwnNode costs a custom Function's call: MultiheadAttention's output and weights, 2-3 % of the call), called
-    # by its C apply (Function.apply's Python checks, which do nothing here, cost MHA's call ~8 us).
+    # The results requiring grad that each get a backward node of their own (_OwnNode), where there are several: not
+    # those returned only as views made with grad on, which have nodes of their own already (an _OwnNode costs a
+    # custom Function's call, by its C apply: Function.apply's Python checks, which do nothing here, cost ~8 us).
     own_nodes = frozenset(i for i in rg_results if i not in viewed) if len(rg_results) > 1 else frozenset()
     own_node = function_apply(_OwnNode)
 
@@ -408,9 +409,8 @@ def _compile(
         if none_where_none is not None:
             _on_backward_node(outs, none_where_none)
         if own:
-            # What a backward with create_graph=True recomputes from: the call's inputs, the copies, and the version
-            # counters of the others.
-            outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, version_counters(args))
+            versions = (positions, tuple(map(version, pick(args))))  # (create_graph=True recomputes from these)
+            outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, versions)
         for i in own_nodes:
             if isinstance(outs[i], torch.Tensor) and outs[i].requires_grad:
                 outs = (*outs[:i], own_node(outs[i]), *outs[i + 1 :])
