@@ -39,6 +39,7 @@ GIL in turns), and the first call after it is done adopts the program, measured 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,14 +51,24 @@ from torch._dynamo.convert_frame import compile_lock
 from ..compat.fx_lazy import generated_forward
 from ..compat.inductor import compile_beside_calls
 from ..errors import InvariantError
-from ..ir.plan import Symbolic
+from ..ir.draws import kept_rng
+from ..ir.plan import RefKind, Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
+from ..runtime.verify import clone_args
 
 log = logging.getLogger("dealias")
 
-PROMOTE_AFTER = 16  # calls of a program before executor="tiered" compiles its fused program
+# executor="tiered" compiles a program's fused program in its first call, as torch.compile does (its first call costs
+# seconds either way), so that no later call waits for a compile or runs beside one. DEALIAS_FUSE_FIRST=0 (read once,
+# at import; the test suite's setting, where tests not about tiers compare many calls bit for bit with eager) leaves it
+# for the PROMOTE_AFTER-th call instead.
+FUSE_FIRST = os.environ.get("DEALIAS_FUSE_FIRST", "1") != "0"
+# The exact tiers measured in that first call on copies of the tensors the call writes (their timed calls then take
+# no user's call: a foreach optimizer's step runs 1.2x eager on them), where the copies are at most this many bytes.
+COPY_BYTES = 256 << 20
+PROMOTE_AFTER = 16  # calls of a program before executor="tiered" compiles its fused program (without FUSE_FIRST)
 # ...or, sooner, seconds spent running it: an inductor compile costs seconds (a few for a small graph, 12 s for the
 # 40-tensor Adam of bench/run.py), so a program whose calls take long (large tensors) earns one within a few calls.
 PROMOTE_AFTER_SECONDS = 2.0
@@ -168,6 +179,7 @@ class Tiered:
         self.lock = threading.Lock()
         self.settled = False
         self.measured = ""  # "graph 40.1 us vs torch 55.0 us", once measured
+        self.measured_on_copies = False  # the exact tiers timed on copies in the first call (FUSE_FIRST)
         if not self.candidates and not fuse:
             self._settle()
 
@@ -192,7 +204,8 @@ class Tiered:
             calls = f"{self.calls} call{'s' if self.calls != 1 else ''} so far"
             why = f"measuring ({', '.join(self.candidates) or self.current}; {calls})"
         elif self.measured:
-            why = f"fastest measured: {self.measured} (each one's fastest timed call)"
+            copies = ", the exact tiers' on copies in the first call" if self.measured_on_copies else ""
+            why = f"fastest measured: {self.measured} (each one's fastest timed call{copies})"
         elif self.fuse and not self.promoted:
             why = f"the only exact tier; fused after {PROMOTE_AFTER} calls or {PROMOTE_AFTER_SECONDS} s"
         else:
@@ -209,7 +222,8 @@ class Tiered:
                 self._record(tier, seconds + max(0.0, now - returned), seconds)
             self.calls += 1
             due = self.fuse and not self.promoted and not self.promoting
-            due = due and (self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
+            first = due and FUSE_FIRST and self.calls == 1
+            due = due and (first or self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
             if due and self.candidates and all(self.samples.get(t) for t in self.candidates):
                 # The exact tiers still measured (close ones measured on) are chosen between now, by their calls so
                 # far: else the fused program would be measured against all of them afresh (their calls taken while
@@ -219,7 +233,10 @@ class Tiered:
             compiled = self.pending is not None and self.pending.run_graph.pending.done.is_set()
             if compiled:
                 program, self.pending = self.pending, None
-        if due:
+        if first:
+            self._promote(leaves, background=False)
+            self._measure_on_copies(leaves)
+        elif due:
             self._promote(leaves)
         elif compiled:
             error = program.run_graph.pending.error
@@ -291,8 +308,8 @@ class Tiered:
         self.kept = self.samples[best] if best != "fused" and not self.promoted else []
         self.candidates, self.samples = [], {}
         self.current = best
-        if best != "fused":
-            self.exact = best
+        # (the exact tier that runs calls the fused program's guard rejects: the fastest measured)
+        self.exact = min((t for t in self.timings if t != "fused"), key=self.timings.__getitem__, default=self.exact)
         self.shown = self.fused if best == "fused" else self.first
         if self.promoted or not self.fuse:
             self._settle()
@@ -329,15 +346,16 @@ class Tiered:
         if _report.ACTIVE is not None:  # DEALIAS_REPORT (report/records.py)
             _report.ACTIVE.settled(backend, self)
 
-    def _promote(self, leaves: list[Any]) -> None:
+    def _promote(self, leaves: list[Any], background: bool = True) -> None:
         """Build the fused program with this call's inputs (the entry's layout check held: the same program).
-        Inductor's compile of it goes to a thread of its own where it can (`BACKGROUND`, fused.in_background): calls
-        run the exact tiers until it is done, and the first call after adopts it."""
+        Inductor's compile of it goes to a thread of its own where it can (`BACKGROUND`, fused.in_background), unless
+        `background` is off (the first call, FUSE_FIRST): calls run the exact tiers until it is done, and the first
+        call after adopts it."""
         b = self.backend
         grad = torch.is_grad_enabled()
         program, note = None, ""
         try:
-            with compile_lock, fused.in_background(BACKGROUND and compile_beside_calls()):
+            with compile_lock, fused.in_background(background and BACKGROUND and compile_beside_calls()):
                 program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
             if program.tier != "fused":
                 note = "not fusable"
@@ -377,11 +395,77 @@ class Tiered:
             self.candidates, self.samples, self.open = [*(self.candidates or [self.current]), "fused"], kept, None
             self.dropped = {}
 
+    def _measure_on_copies(self, leaves: list[Any]) -> None:
+        """In the first call (FUSE_FIRST), the exact tiers' warm-up and timed calls on copies of the call's tensors
+        (`copies_refusal` says where not): each run on fresh copies of those the plan writes, as the user's call would
+        run, the random state set back after. The user's calls then go to the fused program, measured against these
+        samples, and to an exact tier only where the two are close (or the fused compile failed)."""
+        exact = [t for t in self.candidates if t != "fused"]
+        why = copies_refusal(self.first, leaves) if exact else ""
+        if not exact or why:
+            self.notes += [f"exact tiers measured on the calls: {why}"] if why else []
+            return
+        tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        written = sorted({self.first.captured.tensor_positions[r.ref.key] for r in self.first.reports})
+        grad = torch.is_grad_enabled()
+        samples: dict[str, list[float]] = {}
+        try:
+            with kept_rng(self.backend.gm, leaves):
+                base = list(leaves)  # (every tensor copied once: a write the plan would not name stays in the copy)
+                for i, c in zip(tensors, clone_args([leaves[i] for i in tensors])):
+                    base[i] = c
+                for t in exact:
+                    spent = 0.0
+                    for k in range(SAMPLES + 1):  # (the first: the tier's warm-up, untimed)
+                        copies = list(base)
+                        for i, c in zip(written, clone_args([leaves[i] for i in written])):
+                            copies[i] = c
+                        _, seconds = measure(t, self.runs[t], copies)
+                        torch._C._set_grad_enabled(grad)
+                        if k:
+                            samples.setdefault(t, []).append(seconds)
+                            spent += seconds
+                        if spent >= MEASURE_SECONDS:
+                            break
+        except Exception as e:  # noqa: BLE001 - the user's calls measure the exact tiers, as without copies
+            torch._C._set_grad_enabled(grad)
+            self.notes.append(f"exact tiers measured on the calls: a run on copies raised {type(e).__name__}")
+            return
+        with self.lock:
+            for t, s in samples.items():
+                self.warm.add(t)
+                self.samples[t] = s
+            self.measured_on_copies = True
+            if all(self._enough(t) for t in self.candidates):  # (no fused program: the exact tiers chosen now)
+                self._choose()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
         next call adopts it."""
         pending = self.pending
         return pending is None or pending.run_graph.pending.done.wait(timeout)
+
+
+def copies_refusal(program: Any, leaves: list[Any]) -> str:
+    """Why the exact tiers cannot be timed on copies of what `program` (the torch executor's) writes in this call;
+    "" when they can. A call whose results may carry autograd history is timed with its backward, which a run on
+    copies has not; the tensors must be ordinary CPU ones (a GPU's memory is not to be doubled, nor its errors risked)
+    of at most COPY_BYTES in all, and everything written a caller's argument the plan names (not inputs sharing memory,
+    a tensor the graph reads as an attribute, a size)."""
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return "its calls record autograd"
+    if any(x.device.type != "cpu" or x.layout != torch.strided or x.is_inference() for x in tensors):
+        return "not all its tensors are ordinary CPU tensors"
+    refusal = graph_tier_refusal(program)
+    if refusal:
+        return refusal
+    if any(r.ref.kind is not RefKind.INPUT for r in program.reports):
+        return "it writes a tensor it reads as an attribute"
+    storages = {x.untyped_storage()._cdata: x.untyped_storage().nbytes() for x in tensors}
+    if sum(storages.values()) > COPY_BYTES:
+        return f"its tensors take more than {COPY_BYTES >> 20} MB"
+    return ""
 
 
 def _failure(error: BaseException) -> str:
