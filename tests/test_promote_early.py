@@ -124,7 +124,7 @@ def test_a_failed_fused_compile_chooses_the_exact_tier_in_the_first_call(monkeyp
     assert len(ran) == n  # settled in the first call: nothing timed on the user's calls
 
 
-def test_a_call_recording_autograd_measures_the_exact_tiers_on_the_calls(monkeypatch):
+def test_a_call_recording_autograd_times_the_exact_tiers_on_the_calls_warmed_up_on_copies(monkeypatch):
     ran, compiled = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
 
     def scaled_write(buf, w):
@@ -141,7 +141,13 @@ def test_a_call_recording_autograd_measures_the_exact_tiers_on_the_calls(monkeyp
     scaled_write(expected, w).sum().backward()
     assert torch.equal(got, expected) and torch.equal(grad, w.grad)
     assert compiled == ["inductor"]  # (in the first call all the same)
-    assert ran == [("torch", True)], ran  # (the torch executor's first call, untimed, as without FUSE_FIRST)
+    # the exact tiers' untimed first runs on copies (timed on the calls, with what follows each: its backward),
+    # then the user's call on the fused program, its untimed first
+    assert ran == [("torch", False), ("graph", False), ("fused", True)], ran
+    for _ in range(3):
+        fake.mine.append(expected)
+        jf(expected, w)
+    assert [t for t, mine in ran[3:]] == ["torch", "graph", "fused"] and all(mine for _, mine in ran[3:]), ran
     reasons = dealias.cache_info(jf).tier_reasons[0]
     assert "exact tiers measured on the calls: its calls record autograd" in reasons, reasons
 

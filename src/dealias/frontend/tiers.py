@@ -1,4 +1,5 @@
-"""Tiers: per compiled program, run the fastest of what can run it, measured on the user's own calls.
+"""Tiers: per compiled program, run the fastest of what can run it, measured on the user's own calls (and copies of
+their tensors in the first call).
 
 A program (one cache entry of a graph: one input layout) can run on
 - "torch": dealias's torch executor (eager's kernels op by op, the functional graph, exact write-back);
@@ -9,8 +10,9 @@ A program (one cache entry of a graph: one input layout) can run on
   in-place metadata change written back, no output re-strided, no detach_() of an input,
   no input whose writes eager restricts. Where dealias does any of that, running the graph as it is might not be
   eager's behaviour, so it is not tried;
-- "fused": the fused executor (inductor), compiled once the program has run `PROMOTE_AFTER` times or for
-  `PROMOTE_AFTER_SECONDS` (a compile costs seconds). Its results differ from eager's in the last bits.
+- "fused": the fused executor (inductor), compiled in the program's first call (`FUSE_FIRST`, as torch.compile
+  compiles: that call costs seconds either way), or, with DEALIAS_FUSE_FIRST=0, once the program has run
+  `PROMOTE_AFTER` times or for `PROMOTE_AFTER_SECONDS`. Its results differ from eager's in the last bits.
 
 executor="tiered" (the default) measures all three and keeps the fastest; executor="exact" ("auto" before) only the
 two exact tiers: bit for bit eager's results. Either way never slower than eager's run of the same graph (beyond
@@ -29,11 +31,23 @@ are the other programs of the same step, a graph break's second graph: measured 
 each then chooses the tier best for the two together, never worse than both on exact tiers.) After that, nothing is
 timed: the graph's lean call is pointed at the winner directly.
 
-The promoting call builds the fused program (capture, passes, lowering and the trace for inductor read its inputs
-and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process while it traces).
-Inductor's compile of the traced graph, the seconds-long part, then runs in a thread of its own where the torch
-allows it (`BACKGROUND`, fused.Background): the exact tiers serve calls meanwhile, slower (the compile holds the
-GIL in turns), and the first call after it is done adopts the program, measured afresh against the exact tier.
+With FUSE_FIRST, the first call also times the exact tiers, on copies of the call's tensors (each run on fresh
+copies of those the plan writes, the random state set back after; `copies_refusal`: not for tensors off the CPU or
+over `COPY_BYTES`, nor where the graph is no candidate; where the call records autograd, whose backward and the
+user's code up to the next call are part of what a tier costs there, the copies only warm the exact tiers up), then
+runs the user's call on the fused program (its untimed first call). So the user's next calls are the fused program's
+timed calls, and a clearly faster one is chosen after 2 of them, against the exact tiers' samples, without a user's
+call on an exact tier (a foreach optimizer's step, 0.6x eager fused, runs 1.2x on them); an exact tier close to it
+is measured on the user's calls too. (The samples on copies are of the same inputs' values and layouts; if anything
+a little fast, the copies just written and in the caches: that favours the exact tiers, the reference, so a fused
+program is chosen only where it beats them.) No later call waits for a compile or runs beside one.
+
+Without FUSE_FIRST, the promoting call builds the fused program (capture, passes, lowering and the trace for
+inductor read its inputs and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process
+while it traces). Inductor's compile of the traced graph, the seconds-long part, then runs in a thread of its own
+where the torch allows it (`BACKGROUND`, fused.Background): the exact tiers serve calls meanwhile, slower (the
+compile holds the GIL in turns), and the first call after it is done adopts the program, measured afresh against the
+exact tier.
 """
 
 from __future__ import annotations
@@ -402,9 +416,10 @@ class Tiered:
         samples, and to an exact tier only where the two are close (or the fused compile failed)."""
         exact = [t for t in self.candidates if t != "fused"]
         why = copies_refusal(self.first, leaves) if exact else ""
-        if not exact or why:
-            self.notes += [f"exact tiers measured on the calls: {why}"] if why else []
+        self.notes += [f"exact tiers measured on the calls: {why}"] if why else []
+        if not exact or (why and why != RECORDS):
             return
+        runs = 1 if why else SAMPLES + 1  # (RECORDS: only the untimed first runs)
         tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         written = sorted({self.first.captured.tensor_positions[r.ref.key] for r in self.first.reports})
         grad = torch.is_grad_enabled()
@@ -416,7 +431,7 @@ class Tiered:
                     base[i] = c
                 for t in exact:
                     spent = 0.0
-                    for k in range(SAMPLES + 1):  # (the first: the tier's warm-up, untimed)
+                    for k in range(runs):  # (the first: the tier's warm-up, untimed)
                         copies = list(base)
                         for i, c in zip(written, clone_args([leaves[i] for i in written])):
                             copies[i] = c
@@ -432,11 +447,12 @@ class Tiered:
             self.notes.append(f"exact tiers measured on the calls: a run on copies raised {type(e).__name__}")
             return
         with self.lock:
-            for t, s in samples.items():
-                self.warm.add(t)
-                self.samples[t] = s
-            self.measured_on_copies = True
-            if all(self._enough(t) for t in self.candidates):  # (no fused program: the exact tiers chosen now)
+            self.warm.update(exact)
+            self.samples.update(samples)
+            self.measured_on_copies = bool(samples)
+            if samples and all(
+                self._enough(t) for t in self.candidates
+            ):  # (no fused program: the exact tiers chosen now)
                 self._choose()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -447,14 +463,13 @@ class Tiered:
 
 
 def copies_refusal(program: Any, leaves: list[Any]) -> str:
-    """Why the exact tiers cannot be timed on copies of what `program` (the torch executor's) writes in this call;
-    "" when they can. A call whose results may carry autograd history is timed with its backward, which a run on
-    copies has not; the tensors must be ordinary CPU ones (a GPU's memory is not to be doubled, nor its errors risked)
-    of at most COPY_BYTES in all, and everything written a caller's argument the plan names (not inputs sharing memory,
-    a tensor the graph reads as an attribute, a size)."""
+    """Why the exact tiers cannot be timed on copies of what `program` (the torch executor's) writes in this call; ""
+    when they can. A call whose results may carry autograd history is timed with its backward and the user's
+    code up to the next call, which a run on copies has not (RECORDS: they only warm the exact tiers up); the
+    tensors must be ordinary CPU ones (a GPU's memory is not to be doubled, nor its errors risked) of at most
+    COPY_BYTES in all, and everything written a caller's argument the plan names (not inputs sharing memory, a
+    tensor the graph reads as an attribute, a size)."""
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return "its calls record autograd"
     if any(x.device.type != "cpu" or x.layout != torch.strided or x.is_inference() for x in tensors):
         return "not all its tensors are ordinary CPU tensors"
     refusal = graph_tier_refusal(program)
@@ -465,7 +480,14 @@ def copies_refusal(program: Any, leaves: list[Any]) -> str:
     storages = {x.untyped_storage()._cdata: x.untyped_storage().nbytes() for x in tensors}
     if sum(storages.values()) > COPY_BYTES:
         return f"its tensors take more than {COPY_BYTES >> 20} MB"
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return RECORDS
     return ""
+
+
+# Why copies_refusal refuses a call whose results carry autograd history: the copies then only warm the exact tiers up
+# (their untimed first runs), so that the user's calls are all timed calls (or the fused program's first).
+RECORDS = "its calls record autograd"
 
 
 def _failure(error: BaseException) -> str:
