@@ -162,6 +162,8 @@ class Tiered:
     def __init__(self, backend: Any, program: Any, symbolic: Symbolic | None, fuse: bool) -> None:
         self.backend, self.symbolic, self.fuse = backend, symbolic, fuse
         self.first = program  # the torch executor's program
+        if not fuse:
+            program.front = None  # (what a fused compile in the first call would take from it: none here)
         self.fused: Any = None  # the fused program, once compiled
         self.shown = program  # the program whose traces and reports `last_traces` / `explain` show
         self.runs: dict[str, Callable[[list[Any]], Any]] = {"torch": program.lean_call}
@@ -370,7 +372,11 @@ class Tiered:
         program, note = None, ""
         try:
             with compile_lock, fused.in_background(background and BACKGROUND and compile_beside_calls()):
-                program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
+                # (the first call: the torch executor's program was compiled from this call's leaves, and its
+                # capture and passes up to optimize are the fused one's too)
+                front, self.first.front = getattr(self.first, "front", None) if not background else None, None
+                extra = {"front": front} if front is not None else {}
+                program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic, **extra)
             if program.tier != "fused":
                 note = "not fusable"
         except InvariantError:
