@@ -79,8 +79,8 @@ log = logging.getLogger("dealias")
 # at import; the test suite's setting, where tests not about tiers compare many calls bit for bit with eager) leaves it
 # for the PROMOTE_AFTER-th call instead.
 FUSE_FIRST = os.environ.get("DEALIAS_FUSE_FIRST", "1") != "0"
-# The exact tiers measured in that first call on copies of the tensors the call writes (their timed calls then take
-# no user's call: a foreach optimizer's step runs 1.2x eager on them), where the copies are at most this many bytes.
+# The exact tiers measured in that first call on copies of the call's tensors (their timed calls then take no user's
+# call: a foreach optimizer's step runs 1.2x eager on them), where those tensors take at most this many bytes.
 COPY_BYTES = 256 << 20
 PROMOTE_AFTER = 16  # calls of a program before executor="tiered" compiles its fused program (without FUSE_FIRST)
 # ...or, sooner, seconds spent running it: an inductor compile costs seconds (a few for a small graph, 12 s for the
@@ -456,9 +456,8 @@ class Tiered:
             self.warm.update(exact)
             self.samples.update(samples)
             self.measured_on_copies = bool(samples)
-            if samples and all(
-                self._enough(t) for t in self.candidates
-            ):  # (no fused program: the exact tiers chosen now)
+            # (no fused program, a failed compile: the exact tiers chosen now, from their runs on copies)
+            if samples and all(self._enough(t) for t in self.candidates):
                 self._choose()
 
     def wait(self, timeout: float | None = None) -> bool:
