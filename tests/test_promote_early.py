@@ -155,6 +155,24 @@ def test_a_call_recording_autograd_times_the_exact_tiers_on_the_calls_warmed_up_
     assert "exact tiers measured on the calls: its calls record autograd" in reasons, reasons
 
 
+def test_a_call_switching_grad_off_inside_is_timed_on_copies(monkeypatch):
+    # (a transformers forward under `with torch.no_grad()` in the function: called with grad on, weights that
+    # require grad, results without history)
+    ran, compiled = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
+    w = torch.randn(8, requires_grad=True)
+
+    def scaled_write(buf, row):
+        with torch.no_grad():
+            buf[123] = row * w
+            return buf.sum()
+
+    jf = dealias.jit(scaled_write)
+    call(scaled_write, jf, 4)
+    copies = [("torch", False)] * (tiers.SAMPLES + 1) + [("graph", False)] * (tiers.SAMPLES + 1)
+    assert ran == [*copies, ("fused", True), ("fused", True), ("fused", True)], ran
+    assert compiled == [FRONT] and dealias.cache_info(jf).tiers == ("fused",)
+
+
 def test_tensors_over_copy_bytes_are_not_copied(monkeypatch):
     ran, compiled = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
     monkeypatch.setattr(tiers, "COPY_BYTES", 1024, raising=False)

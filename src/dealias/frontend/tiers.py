@@ -422,10 +422,10 @@ class Tiered:
         samples, and to an exact tier only where the two are close (or the fused compile failed)."""
         exact = [t for t in self.candidates if t != "fused"]
         why = copies_refusal(self.first, leaves) if exact else ""
-        self.notes += [f"exact tiers measured on the calls: {why}"] if why else []
-        if not exact or (why and why != RECORDS):
+        if not exact or why:
+            self.notes += [f"exact tiers measured on the calls: {why}"] if why else []
             return
-        runs = 1 if why else SAMPLES + 1  # (RECORDS: only the untimed first runs)
+        records = False  # (outputs with autograd history: only the untimed first runs, RECORDS)
         tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         written = sorted({self.first.captured.tensor_positions[r.ref.key] for r in self.first.reports})
         grad = torch.is_grad_enabled()
@@ -437,12 +437,16 @@ class Tiered:
                     base[i] = c
                 for t in exact:
                     spent = 0.0
-                    for k in range(runs):  # (the first: the tier's warm-up, untimed)
+                    for k in range(SAMPLES + 1):  # (the first: the tier's warm-up, untimed)
                         copies = list(base)
                         for i, c in zip(written, clone_args([leaves[i] for i in written])):
                             copies[i] = c
-                        _, seconds = measure(t, self.runs[t], copies)
+                        out, seconds = measure(t, self.runs[t], copies)
                         torch._C._set_grad_enabled(grad)
+                        records = records or _has_history(out)
+                        del out
+                        if records:
+                            break
                         if k:
                             samples.setdefault(t, []).append(seconds)
                             spent += seconds
@@ -452,6 +456,8 @@ class Tiered:
             torch._C._set_grad_enabled(grad)
             self.notes.append(f"exact tiers measured on the calls: a run on copies raised {type(e).__name__}")
             return
+        if records:
+            self.notes.append(f"exact tiers measured on the calls: {RECORDS}")
         with self.lock:
             self.warm.update(exact)
             self.samples.update(samples)
@@ -469,11 +475,11 @@ class Tiered:
 
 def copies_refusal(program: Any, leaves: list[Any]) -> str:
     """Why the exact tiers cannot be timed on copies of what `program` (the torch executor's) writes in this call; ""
-    when they can. A call whose results may carry autograd history is timed with its backward and the user's
-    code up to the next call, which a run on copies has not (RECORDS: they only warm the exact tiers up); the
-    tensors must be ordinary CPU ones (a GPU's memory is not to be doubled, nor its errors risked) of at most
-    COPY_BYTES in all, and everything written a caller's argument the plan names (not inputs sharing memory, a
-    tensor the graph reads as an attribute, a size)."""
+    when they can. (A call whose results carry autograd history is timed with its backward and the user's code up
+    to the next call, which a run on copies has not: RECORDS, seen on the first run on copies.) The tensors must
+    be ordinary CPU ones (a GPU's memory is not to be doubled, nor its errors risked) of at most COPY_BYTES in
+    all, and everything written a caller's argument the plan names (not inputs sharing memory, a tensor the graph
+    reads as an attribute, a size)."""
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
     if any(x.device.type != "cpu" or x.layout != torch.strided or x.is_inference() for x in tensors):
         return "not all its tensors are ordinary CPU tensors"
@@ -485,13 +491,12 @@ def copies_refusal(program: Any, leaves: list[Any]) -> str:
     storages = {x.untyped_storage()._cdata: x.untyped_storage().nbytes() for x in tensors}
     if sum(storages.values()) > COPY_BYTES:
         return f"its tensors take more than {COPY_BYTES >> 20} MB"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return RECORDS
     return ""
 
 
-# Why copies_refusal refuses a call whose results carry autograd history: the copies then only warm the exact tiers up
-# (their untimed first runs), so that the user's calls are all timed calls (or the fused program's first).
+# Why the exact tiers are timed on the calls where a run's results carry autograd history (seen on the first run on
+# copies: a graph may switch grad off inside, `with torch.no_grad()` in the function): the copies then only warm
+# them up (their untimed first runs), so that the user's calls are all timed calls (or the fused program's first).
 RECORDS = "its calls record autograd"
 
 
