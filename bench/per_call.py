@@ -57,9 +57,9 @@ class Events:
             events.now.append(tier)
             return out
 
-        def promoting(entry: Any, leaves: list[Any]) -> None:
+        def promoting(entry: Any, leaves: list[Any], **kwargs: Any) -> None:
             start = time.perf_counter()
-            promote(entry, leaves)
+            promote(entry, leaves, **kwargs)
             where = "background" if entry.pending is not None else "in this call"
             events.now.append(f"{events.of(entry)} fused compile {where} ({time.perf_counter() - start:.2f} s here)")
 

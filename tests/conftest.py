@@ -1,5 +1,6 @@
 """Test-run settings: dealias's checks between passes are on in every test (`DEALIAS_CHECK=0` turns them off,
-e.g. to time the suite without them). The fused executor's keep-ATen list, its choice of one-row products and of
+e.g. to time the suite without them); the default's fused program is compiled on a program's 16th call, not its
+first (`DEALIAS_FUSE_FIRST=0`). The fused executor's keep-ATen list, its choice of one-row products and of
 the variance's lowering (runtime/keep_aten.py, row_products.py, inductor_fixes.py: measured per host otherwise)
 are pinned, so that fused graphs are the same on every machine; test_keep_aten.py, test_row_products.py and
 test_inductor_fixes.py measure."""
@@ -13,6 +14,10 @@ os.environ.setdefault("DEALIAS_KEEP_ATEN", "gelu,tanh,exp,_softmax")
 os.environ.setdefault("DEALIAS_ROW_PRODUCTS", "inductor")
 os.environ.setdefault("DEALIAS_CONV_LAYOUT", "contiguous")
 os.environ.setdefault("DEALIAS_VARIANCE", "float64")
+# executor="tiered" compiles the fused program in a program's first call (frontend/tiers.py): tests not about tiers
+# call the default many times, compared bit for bit with eager, and would each compile with inductor. The tier tests
+# set tiers.FUSE_FIRST themselves (test_promote_early.py).
+os.environ.setdefault("DEALIAS_FUSE_FIRST", "0")
 
 
 @pytest.fixture(autouse=True)

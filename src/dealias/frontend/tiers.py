@@ -1,4 +1,5 @@
-"""Tiers: per compiled program, run the fastest of what can run it, measured on the user's own calls.
+"""Tiers: per compiled program, run the fastest of what can run it, measured on the user's own calls (and copies of
+their tensors in the first call).
 
 A program (one cache entry of a graph: one input layout) can run on
 - "torch": dealias's torch executor (eager's kernels op by op, the functional graph, exact write-back);
@@ -9,8 +10,9 @@ A program (one cache entry of a graph: one input layout) can run on
   in-place metadata change written back, no output re-strided, no detach_() of an input,
   no input whose writes eager restricts. Where dealias does any of that, running the graph as it is might not be
   eager's behaviour, so it is not tried;
-- "fused": the fused executor (inductor), compiled once the program has run `PROMOTE_AFTER` times or for
-  `PROMOTE_AFTER_SECONDS` (a compile costs seconds). Its results differ from eager's in the last bits.
+- "fused": the fused executor (inductor), compiled in the program's first call (`FUSE_FIRST`, as torch.compile
+  compiles: that call costs seconds either way), or, with DEALIAS_FUSE_FIRST=0, once the program has run
+  `PROMOTE_AFTER` times or for `PROMOTE_AFTER_SECONDS`. Its results differ from eager's in the last bits.
 
 executor="tiered" (the default) measures all three and keeps the fastest; executor="exact" ("auto" before) only the
 two exact tiers: bit for bit eager's results. Either way never slower than eager's run of the same graph (beyond
@@ -29,16 +31,29 @@ are the other programs of the same step, a graph break's second graph: measured 
 each then chooses the tier best for the two together, never worse than both on exact tiers.) After that, nothing is
 timed: the graph's lean call is pointed at the winner directly.
 
-The promoting call builds the fused program (capture, passes, lowering and the trace for inductor read its inputs
-and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process while it traces).
-Inductor's compile of the traced graph, the seconds-long part, then runs in a thread of its own where the torch
-allows it (`BACKGROUND`, fused.Background): the exact tiers serve calls meanwhile, slower (the compile holds the
-GIL in turns), and the first call after it is done adopts the program, measured afresh against the exact tier.
+With FUSE_FIRST, the first call also times the exact tiers, on copies of the call's tensors (each run on fresh
+copies of those the plan writes, the random state set back after; `copies_refusal`: not for tensors off the CPU or
+over `COPY_BYTES`, nor where the graph is no candidate; where the call records autograd, whose backward and the
+user's code up to the next call are part of what a tier costs there, the copies only warm the exact tiers up), then
+runs the user's call on the fused program (its untimed first call). So the user's next calls are the fused program's
+timed calls, and a clearly faster one is chosen after 2 of them, against the exact tiers' samples, without a user's
+call on an exact tier (a foreach optimizer's step, 0.6x eager fused, runs 1.2x on them); an exact tier close to it
+is measured on the user's calls too. (The samples on copies are of the same inputs' values and layouts; if anything
+a little fast, the copies just written and in the caches: that favours the exact tiers, the reference, so a fused
+program is chosen only where it beats them.) No later call waits for a compile or runs beside one.
+
+Without FUSE_FIRST, the promoting call builds the fused program (capture, passes, lowering and the trace for
+inductor read its inputs and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process
+while it traces). Inductor's compile of the traced graph, the seconds-long part, then runs in a thread of its own
+where the torch allows it (`BACKGROUND`, fused.Background): the exact tiers serve calls meanwhile, slower (the
+compile holds the GIL in turns), and the first call after it is done adopts the program, measured afresh against the
+exact tier.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,14 +65,24 @@ from torch._dynamo.convert_frame import compile_lock
 from ..compat.fx_lazy import generated_forward
 from ..compat.inductor import compile_beside_calls
 from ..errors import InvariantError
-from ..ir.plan import Symbolic
+from ..ir.draws import kept_rng
+from ..ir.plan import RefKind, Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
+from ..runtime.verify import clone_args
 
 log = logging.getLogger("dealias")
 
-PROMOTE_AFTER = 16  # calls of a program before executor="tiered" compiles its fused program
+# executor="tiered" compiles a program's fused program in its first call, as torch.compile does (its first call costs
+# seconds either way), so that no later call waits for a compile or runs beside one. DEALIAS_FUSE_FIRST=0 (read once,
+# at import; the test suite's setting, where tests not about tiers compare many calls bit for bit with eager) leaves it
+# for the PROMOTE_AFTER-th call instead.
+FUSE_FIRST = os.environ.get("DEALIAS_FUSE_FIRST", "1") != "0"
+# The exact tiers measured in that first call on copies of the call's tensors (their timed calls then take no user's
+# call: a foreach optimizer's step runs 1.2x eager on them), where those tensors take at most this many bytes.
+COPY_BYTES = 256 << 20
+PROMOTE_AFTER = 16  # calls of a program before executor="tiered" compiles its fused program (without FUSE_FIRST)
 # ...or, sooner, seconds spent running it: an inductor compile costs seconds (a few for a small graph, 12 s for the
 # 40-tensor Adam of bench/run.py), so a program whose calls take long (large tensors) earns one within a few calls.
 PROMOTE_AFTER_SECONDS = 2.0
@@ -137,6 +162,8 @@ class Tiered:
     def __init__(self, backend: Any, program: Any, symbolic: Symbolic | None, fuse: bool) -> None:
         self.backend, self.symbolic, self.fuse = backend, symbolic, fuse
         self.first = program  # the torch executor's program
+        if not fuse:
+            program.front = None  # (what a fused compile in the first call would take from it: none here)
         self.fused: Any = None  # the fused program, once compiled
         self.shown = program  # the program whose traces and reports `last_traces` / `explain` show
         self.runs: dict[str, Callable[[list[Any]], Any]] = {"torch": program.lean_call}
@@ -168,6 +195,7 @@ class Tiered:
         self.lock = threading.Lock()
         self.settled = False
         self.measured = ""  # "graph 40.1 us vs torch 55.0 us", once measured
+        self.measured_on_copies = False  # the exact tiers timed on copies in the first call (FUSE_FIRST)
         if not self.candidates and not fuse:
             self._settle()
 
@@ -192,7 +220,8 @@ class Tiered:
             calls = f"{self.calls} call{'s' if self.calls != 1 else ''} so far"
             why = f"measuring ({', '.join(self.candidates) or self.current}; {calls})"
         elif self.measured:
-            why = f"fastest measured: {self.measured} (each one's fastest timed call)"
+            copies = ", the exact tiers' on copies in the first call" if self.measured_on_copies else ""
+            why = f"fastest measured: {self.measured} (each one's fastest timed call{copies})"
         elif self.fuse and not self.promoted:
             why = f"the only exact tier; fused after {PROMOTE_AFTER} calls or {PROMOTE_AFTER_SECONDS} s"
         else:
@@ -209,7 +238,8 @@ class Tiered:
                 self._record(tier, seconds + max(0.0, now - returned), seconds)
             self.calls += 1
             due = self.fuse and not self.promoted and not self.promoting
-            due = due and (self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
+            first = due and FUSE_FIRST and self.calls == 1
+            due = due and (first or self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
             if due and self.candidates and all(self.samples.get(t) for t in self.candidates):
                 # The exact tiers still measured (close ones measured on) are chosen between now, by their calls so
                 # far: else the fused program would be measured against all of them afresh (their calls taken while
@@ -219,7 +249,10 @@ class Tiered:
             compiled = self.pending is not None and self.pending.run_graph.pending.done.is_set()
             if compiled:
                 program, self.pending = self.pending, None
-        if due:
+        if first:
+            self._promote(leaves, background=False)
+            self._measure_on_copies(leaves)
+        elif due:
             self._promote(leaves)
         elif compiled:
             error = program.run_graph.pending.error
@@ -291,8 +324,8 @@ class Tiered:
         self.kept = self.samples[best] if best != "fused" and not self.promoted else []
         self.candidates, self.samples = [], {}
         self.current = best
-        if best != "fused":
-            self.exact = best
+        # (the exact tier that runs calls the fused program's guard rejects: the fastest measured)
+        self.exact = min((t for t in self.timings if t != "fused"), key=self.timings.__getitem__, default=self.exact)
         self.shown = self.fused if best == "fused" else self.first
         if self.promoted or not self.fuse:
             self._settle()
@@ -329,16 +362,21 @@ class Tiered:
         if _report.ACTIVE is not None:  # DEALIAS_REPORT (report/records.py)
             _report.ACTIVE.settled(backend, self)
 
-    def _promote(self, leaves: list[Any]) -> None:
+    def _promote(self, leaves: list[Any], background: bool = True) -> None:
         """Build the fused program with this call's inputs (the entry's layout check held: the same program).
-        Inductor's compile of it goes to a thread of its own where it can (`BACKGROUND`, fused.in_background): calls
-        run the exact tiers until it is done, and the first call after adopts it."""
+        Inductor's compile of it goes to a thread of its own where it can (`BACKGROUND`, fused.in_background), unless
+        `background` is off (the first call, FUSE_FIRST): calls run the exact tiers until it is done, and the first
+        call after adopts it."""
         b = self.backend
         grad = torch.is_grad_enabled()
         program, note = None, ""
         try:
-            with compile_lock, fused.in_background(BACKGROUND and compile_beside_calls()):
-                program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic)
+            with compile_lock, fused.in_background(background and BACKGROUND and compile_beside_calls()):
+                # (the first call: the torch executor's program was compiled from this call's leaves, and its
+                # capture and passes up to optimize are the fused one's too)
+                front, self.first.front = getattr(self.first, "front", None) if not background else None, None
+                extra = {"front": front} if front is not None else {}
+                program = compile_program(b.gm, leaves, b.names, "inductor", self.symbolic, **extra)
             if program.tier != "fused":
                 note = "not fusable"
         except InvariantError:
@@ -377,11 +415,89 @@ class Tiered:
             self.candidates, self.samples, self.open = [*(self.candidates or [self.current]), "fused"], kept, None
             self.dropped = {}
 
+    def _measure_on_copies(self, leaves: list[Any]) -> None:
+        """In the first call (FUSE_FIRST), the exact tiers' warm-up and timed calls on copies of the call's tensors
+        (`copies_refusal` says where not): each run on fresh copies of those the plan writes, as the user's call would
+        run, the random state set back after. The user's calls then go to the fused program, measured against these
+        samples, and to an exact tier only where the two are close (or the fused compile failed)."""
+        exact = [t for t in self.candidates if t != "fused"]
+        why = copies_refusal(self.first, leaves) if exact else ""
+        if not exact or why:
+            self.notes += [f"exact tiers measured on the calls: {why}"] if why else []
+            return
+        records = False  # (outputs with autograd history: only the untimed first runs, RECORDS)
+        tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        written = sorted({self.first.captured.tensor_positions[r.ref.key] for r in self.first.reports})
+        grad = torch.is_grad_enabled()
+        samples: dict[str, list[float]] = {}
+        try:
+            with kept_rng(self.backend.gm, leaves):
+                base = list(leaves)  # (every tensor copied once: a write the plan would not name stays in the copy)
+                for i, c in zip(tensors, clone_args([leaves[i] for i in tensors])):
+                    base[i] = c
+                for t in exact:
+                    spent = 0.0
+                    for k in range(SAMPLES + 1):  # (the first: the tier's warm-up, untimed)
+                        copies = list(base)
+                        for i, c in zip(written, clone_args([leaves[i] for i in written])):
+                            copies[i] = c
+                        out, seconds = measure(t, self.runs[t], copies)
+                        torch._C._set_grad_enabled(grad)
+                        records = records or _has_history(out)
+                        del out
+                        if records:
+                            break
+                        if k:
+                            samples.setdefault(t, []).append(seconds)
+                            spent += seconds
+                        if spent >= MEASURE_SECONDS:
+                            break
+        except Exception as e:  # noqa: BLE001 - the user's calls measure the exact tiers, as without copies
+            torch._C._set_grad_enabled(grad)
+            self.notes.append(f"exact tiers measured on the calls: a run on copies raised {type(e).__name__}")
+            return
+        if records:
+            self.notes.append(f"exact tiers measured on the calls: {RECORDS}")
+        with self.lock:
+            self.warm.update(exact)
+            self.samples.update(samples)
+            self.measured_on_copies = bool(samples)
+            # (no fused program, a failed compile: the exact tiers chosen now, from their runs on copies)
+            if samples and all(self._enough(t) for t in self.candidates):
+                self._choose()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
         next call adopts it."""
         pending = self.pending
         return pending is None or pending.run_graph.pending.done.wait(timeout)
+
+
+def copies_refusal(program: Any, leaves: list[Any]) -> str:
+    """Why the exact tiers cannot be timed on copies of what `program` (the torch executor's) writes in this call; ""
+    when they can. (A call whose results carry autograd history is timed with its backward and the user's code up
+    to the next call, which a run on copies has not: RECORDS, seen on the first run on copies.) The tensors must
+    be ordinary CPU ones (a GPU's memory is not to be doubled, nor its errors risked) of at most COPY_BYTES in
+    all, and everything written a caller's argument the plan names (not inputs sharing memory, a tensor the graph
+    reads as an attribute, a size)."""
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    if any(x.device.type != "cpu" or x.layout != torch.strided or x.is_inference() for x in tensors):
+        return "not all its tensors are ordinary CPU tensors"
+    refusal = graph_tier_refusal(program)
+    if refusal:
+        return refusal
+    if any(r.ref.kind is not RefKind.INPUT for r in program.reports):
+        return "it writes a tensor it reads as an attribute"
+    storages = {x.untyped_storage()._cdata: x.untyped_storage().nbytes() for x in tensors}
+    if sum(storages.values()) > COPY_BYTES:
+        return f"its tensors take more than {COPY_BYTES >> 20} MB"
+    return ""
+
+
+# Why the exact tiers are timed on the calls where a run's results carry autograd history (seen on the first run on
+# copies: a graph may switch grad off inside, `with torch.no_grad()` in the function): the copies then only warm
+# them up (their untimed first runs), so that the user's calls are all timed calls (or the fused program's first).
+RECORDS = "its calls record autograd"
 
 
 def _failure(error: BaseException) -> str:

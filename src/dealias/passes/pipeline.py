@@ -5,6 +5,7 @@ lowering -> executor. Its input is a graph from dynamo and the real inputs of on
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import re
 import time
@@ -17,7 +18,7 @@ from torch._dynamo.source import LocalSource
 from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 from torch.utils import _pytree as pytree
 
-from ..errors import UnsupportedError
+from ..errors import InvariantError, UnsupportedError
 from ..ir.gradops import caller_tensor, write_back_now
 from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
 from ..ir.traces import Trace, format_graph
@@ -96,39 +97,49 @@ def compile_program(
     names: list[str],
     executor: Executor | str = Executor.TORCH,
     symbolic: Symbolic | None = None,
+    front: Front | None = None,
 ) -> CompiledProgram:
     """capture -> alias analysis -> functionalize -> optimize -> write-back lowering -> executor, for dynamo's
     graph `gm` called with `leaves`, whose inputs are called `names`; what `symbolic` names stays symbolic (the
-    program's `shape_guard` says for which calls it holds)."""
+    program's `shape_guard` says for which calls it holds). `front`: another program's `front`, compiled from the
+    same graph and the same call's leaves, whose passes up to optimize are taken instead of run again."""
     grad = torch.is_grad_enabled()  # the mode calls enter with (keyed): the executor's baseline
     clock = _Clock()
-    try:
-        with clock("capture"):
-            captured = capture(gm, leaves, names, symbolic)
-    finally:
-        # Tracing runs the graph's grad-mode switches; a piece of a split graph (segments.py) may end in
-        # another mode than it began.
-        torch._C._set_grad_enabled(grad)
-    captured_passes = clock.take()
-    with clock("alias analysis"):
-        info = analyze(captured.gm, captured.groups)
-        symbolic_sizes = captured.symbols or any(isinstance(d, torch.SymInt) for f in captured.fakes for d in f.shape)
-        tensors = None if symbolic_sizes else [leaves[p] for p in captured.tensor_positions]
-        refuse_saved_then_written(captured.gm, info, captured.requires_grad, tensors)
-    check = checker(captured)  # post-conditions of each pass (DEALIAS_CHECK=1), a no-op otherwise
-    with clock("functionalize"):
-        fp = functionalize(captured, info)
-    check("functionalize", fp)
-    with clock("optimize"):
-        fp.gm = optimize(fp.gm, first_output=fp.first_output)
-    check("optimize", fp)
-    functional_gm = _copy_graph_module(fp.gm)
-    functional = Trace(
-        "functional",
-        lambda: format_graph(functional_gm, "functional", "functional trace (no mutation)"),
-        clock.take(),
-        functional_gm,
-    )
+    if front is not None:
+        captured, fp, functional, captured_passes = front.take()
+        functional_gm = functional.graph
+        check = checker(captured)
+    else:
+        try:
+            with clock("capture"):
+                captured = capture(gm, leaves, names, symbolic)
+        finally:
+            # Tracing runs the graph's grad-mode switches; a piece of a split graph (segments.py) may end in
+            # another mode than it began.
+            torch._C._set_grad_enabled(grad)
+        captured_passes = clock.take()
+        with clock("alias analysis"):
+            info = analyze(captured.gm, captured.groups)
+            symbolic_sizes = captured.symbols or any(
+                isinstance(d, torch.SymInt) for f in captured.fakes for d in f.shape
+            )
+            tensors = None if symbolic_sizes else [leaves[p] for p in captured.tensor_positions]
+            refuse_saved_then_written(captured.gm, info, captured.requires_grad, tensors)
+        check = checker(captured)  # post-conditions of each pass (DEALIAS_CHECK=1), a no-op otherwise
+        with clock("functionalize"):
+            fp = functionalize(captured, info)
+        check("functionalize", fp)
+        with clock("optimize"):
+            fp.gm = optimize(fp.gm, first_output=fp.first_output)
+        check("optimize", fp)
+        functional_gm = _copy_graph_module(fp.gm)
+        functional = Trace(
+            "functional",
+            lambda: format_graph(functional_gm, "functional", "functional trace (no mutation)"),
+            clock.take(),
+            functional_gm,
+        )
+    kept = Front(captured, _fp_copy(fp, functional_gm), functional, captured_passes)
     run, tier, name = None, Tier.TORCH, "execution trace (torch executor)"
     unfused = ""  # why a graph the fused executor was asked for runs on the torch executor
     if executor == Executor.INDUCTOR and not torch.is_inference_mode_enabled():
@@ -202,8 +213,39 @@ def compile_program(
         guard, layouts = _shape_guard(captured), tensor_layouts(captured)
         program = CompiledProgram(captured, fp, run, traces, functional_gm, reports, guard, layouts, tier, grad)
         program.unfused = unfused
+    program.front = kept if tier is Tier.TORCH else None
     traces.append(_execution_trace(shown, reports, name, clock.take(), program.source))
     return program
+
+
+def _fp_copy(fp: FunctionalProgram, gm: fx.GraphModule) -> FunctionalProgram:
+    """`fp` over `gm`, with lists and output slots of its own (lowering may change them in place)."""
+    return dataclasses.replace(
+        fp,
+        gm=gm,
+        writebacks=list(fp.writebacks),
+        metadata_writebacks=list(fp.metadata_writebacks),
+        outputs=[copy.copy(slot) for slot in fp.outputs],
+        constants=dict(fp.constants),
+        unmoved_counters=list(fp.unmoved_counters),
+        moved_counters=list(fp.moved_counters),
+    )
+
+
+class Front:
+    """What a compile made up to optimize, for a second compile of the same graph from the same call (executor
+    "tiered" builds its fused program in the first call, right after the torch executor's: capture and the
+    passes, a second or more on a large graph, are not run twice). `take()` once: the functional program on a copy
+    of the functional graph, which the first compile's trace keeps unchanged."""
+
+    def __init__(self, captured: Captured, fp: FunctionalProgram, functional: Trace, passes: list[Any]) -> None:
+        self.parts: tuple[Any, ...] | None = (captured, fp, functional, passes)
+
+    def take(self) -> tuple[Captured, FunctionalProgram, Trace, list[Any]]:
+        if self.parts is None:
+            raise InvariantError("a compile's front taken twice")
+        (captured, fp, functional, passes), self.parts = self.parts, None
+        return captured, _fp_copy(fp, _copy_graph_module(fp.gm)), functional, passes
 
 
 def _hidden_writes_only(fp: FunctionalProgram, captured: Captured) -> bool:

@@ -1,0 +1,230 @@
+"""executor="tiered" with FUSE_FIRST (frontend/tiers.py): a program's fused program is compiled in its first call, as
+torch.compile compiles, and the exact tiers are timed there on copies of the call's tensors, so that no later call
+waits for a compile and a fused program clearly faster takes every later call (issue 38: no call after the first
+above eager x 1.10; a foreach optimizer's step runs 1.2x eager on the exact tiers). Timing is faked (`tiers.measure`);
+the "fused" program is the torch executor's labelled fused (no inductor compile: every call compared with eager's
+bit for bit), but for the one test marked `inductor`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from harness import compare_call
+
+import dealias
+from dealias.frontend import tiers
+from dealias.passes import pipeline
+from dealias.runtime.program import Tier
+
+FRONT = "inductor from the first's front"  # (capture and passes up to optimize not run again)
+
+
+def slice_write(buf, row):
+    buf[123] = row
+    buf[124].add_(row)
+    return buf[3:5], buf.sum()
+
+
+def noisy_write(buf, row):  # (a random draw: the runs on copies must leave the random state as it was)
+    buf[7].add_(torch.rand(8))
+    buf[123] = row
+    return buf.sum()
+
+
+def make_args():
+    return torch.randn(256, 8), torch.randn(8)
+
+
+def fake(monkeypatch, fail: bool = False, **seconds) -> tuple[list[tuple[str, bool]], list[str]]:
+    """FUSE_FIRST on; `tiers.measure` says each timed call of tier t took seconds[t]; the "fused" compile is the torch
+    executor's program (or raises, `fail`). Returns the runs (tier, whether on the caller's own buffer) and the
+    executors compiled, both in order."""
+    ran: list[tuple[str, bool]] = []
+    compiled: list[str] = []
+    mine: list[torch.Tensor] = []  # the caller's buffer of the current call
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
+    monkeypatch.setattr(tiers, "clock", lambda: 0.0)
+
+    def measure(tier, run, leaves):
+        ran.append((tier, any(x is mine[-1] for x in leaves)))
+        return run(leaves), seconds[tier]
+
+    real = tiers.compile_program
+
+    def compile_program(gm, leaves, names, executor, symbolic, front=None):
+        compiled.append(str(executor) + (" from the first's front" if front is not None else ""))
+        if fail:
+            raise RuntimeError("inductor could not compile it")
+        program = real(gm, leaves, names, "torch", symbolic, front=front)
+        program.tier = Tier.FUSED
+        return program
+
+    monkeypatch.setattr(tiers, "measure", measure)
+    monkeypatch.setattr(tiers, "compile_program", compile_program)
+    fake.mine = mine
+    return ran, compiled
+
+
+def call(fn, jf, n: int = 1) -> None:
+    for k in range(n):
+        args = make_args()
+        fake.mine.append(args[0])  # (compare_call runs the compiled function on a copy: recognized by its storage)
+        diff = compare_call(fn, lambda *a: (fake.mine.append(a[0]), jf(*a))[1], args)
+        assert diff is None, f"call {k + 1}: {diff}"
+
+
+def test_the_first_call_compiles_the_fused_program_and_times_the_exact_tiers_on_copies(monkeypatch):
+    ran, compiled = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
+    jf = dealias.jit(slice_write)  # the default: "tiered"
+    call(slice_write, jf)
+    # the fused program compiled in this call; each exact tier's first run (warm-up) and SAMPLES timed runs on
+    # copies; then the user's call on the fused program (its untimed first call)
+    assert compiled == [FRONT]
+    copies = [("torch", False)] * (tiers.SAMPLES + 1) + [("graph", False)] * (tiers.SAMPLES + 1)
+    assert ran == [*copies, ("fused", True)], ran
+    assert "measuring" in dealias.cache_info(jf).tier_reasons[0]
+    # 2 timed calls of the fused program, a clear win over the exact tiers' samples: settled, nothing timed after
+    call(slice_write, jf, 5)
+    assert ran[len(copies) :] == [("fused", True)] * 3, ran
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("fused",) and (info.misses, info.hits) == (1, 5) and compiled == [FRONT]
+    assert info.timings == ({"torch": 2e-5, "graph": 3e-5, "fused": 1e-5},)
+    assert "the exact tiers' on copies in the first call" in info.tier_reasons[0]
+
+
+def test_a_fused_program_close_to_the_exact_tier_is_measured_against_its_calls_too(monkeypatch):
+    ran, _ = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1.95e-5)  # (within CLOSE of the torch executor)
+    jf = dealias.jit(slice_write)
+    call(slice_write, jf, 40)
+    on_calls = [t for t, mine in ran if mine]
+    timed = tiers.CLOSE_ROUNDS * tiers.SAMPLES
+    # the torch executor's SAMPLES timed runs on copies count; the rest on the user's calls
+    assert on_calls.count("fused") == timed + 1 and on_calls.count("torch") == timed - tiers.SAMPLES, on_calls
+    assert "graph" not in on_calls and dealias.cache_info(jf).tiers == ("fused",)
+
+
+def test_the_runs_on_copies_leave_the_random_state_as_eager_has_it(monkeypatch):
+    ran, compiled = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
+    jf = dealias.jit(noisy_write)
+    call(noisy_write, jf, 4)  # (compare_call: the same random state for eager and dealias; bit for bit)
+    assert [t for t, mine in ran if not mine] == ["torch"] * (tiers.SAMPLES + 1) + ["graph"] * (tiers.SAMPLES + 1)
+    assert compiled == [FRONT]
+
+
+def test_a_failed_fused_compile_chooses_the_exact_tier_in_the_first_call(monkeypatch):
+    ran, compiled = fake(monkeypatch, fail=True, torch=2e-5, graph=3e-5)
+    jf = dealias.jit(slice_write)
+    call(slice_write, jf)
+    assert compiled == [FRONT] and ran[-1] == ("torch", True) and not any(mine for _, mine in ran[:-1])
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("torch (fused compile failed)",), info.tiers
+    n = len(ran)
+    call(slice_write, jf, 3)
+    assert len(ran) == n  # settled in the first call: nothing timed on the user's calls
+
+
+def test_a_call_recording_autograd_times_the_exact_tiers_on_the_calls_warmed_up_on_copies(monkeypatch):
+    ran, compiled = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
+
+    def scaled_write(buf, w):
+        buf.mul_(2)
+        return buf * w  # (w requires grad: the results carry history, timed with their backward)
+
+    jf = dealias.jit(scaled_write)
+    w = torch.randn(8, requires_grad=True)
+    expected = torch.randn(4, 8)
+    got = expected.clone()
+    fake.mine.append(got)
+    jf(got, w).sum().backward()
+    grad, w.grad = w.grad.clone(), None
+    scaled_write(expected, w).sum().backward()
+    assert torch.equal(got, expected) and torch.equal(grad, w.grad)
+    assert compiled == [FRONT]  # (in the first call all the same)
+    # the exact tiers' untimed first runs on copies (timed on the calls, with what follows each: its backward),
+    # then the user's call on the fused program, its untimed first
+    assert ran == [("torch", False), ("graph", False), ("fused", True)], ran
+    for _ in range(3):
+        fake.mine.append(expected)
+        jf(expected, w)
+    assert [t for t, mine in ran[3:]] == ["torch", "graph", "fused"] and all(mine for _, mine in ran[3:]), ran
+    reasons = dealias.cache_info(jf).tier_reasons[0]
+    assert "exact tiers measured on the calls: its calls record autograd" in reasons, reasons
+
+
+def test_a_call_switching_grad_off_inside_is_timed_on_copies(monkeypatch):
+    # (a transformers forward under `with torch.no_grad()` in the function: called with grad on, weights that
+    # require grad, results without history)
+    ran, compiled = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
+    w = torch.randn(8, requires_grad=True)
+
+    def scaled_write(buf, row):
+        with torch.no_grad():
+            buf[123] = row * w
+            return buf.sum()
+
+    jf = dealias.jit(scaled_write)
+    call(scaled_write, jf, 4)
+    copies = [("torch", False)] * (tiers.SAMPLES + 1) + [("graph", False)] * (tiers.SAMPLES + 1)
+    assert ran == [*copies, ("fused", True), ("fused", True), ("fused", True)], ran
+    assert compiled == [FRONT] and dealias.cache_info(jf).tiers == ("fused",)
+
+
+def test_tensors_over_copy_bytes_are_not_copied(monkeypatch):
+    ran, compiled = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
+    monkeypatch.setattr(tiers, "COPY_BYTES", 1024, raising=False)
+    jf = dealias.jit(slice_write)
+    call(slice_write, jf)
+    assert compiled == [FRONT] and ran == [("torch", True)], ran  # (the torch executor's first call, as before)
+    assert "more than 0 MB" in dealias.cache_info(jf).tier_reasons[0]
+    call(slice_write, jf, 12)
+    assert dealias.cache_info(jf).tiers == ("fused",)
+
+
+def test_dealias_fuse_first_0_leaves_the_fused_compile_for_later():
+    # the test suite's setting (conftest.py), read once at import; without it, on
+    assert os.environ["DEALIAS_FUSE_FIRST"] == "0" and tiers.FUSE_FIRST is False
+    env = {k: v for k, v in os.environ.items() if k != "DEALIAS_FUSE_FIRST"}
+    code = "from dealias.frontend import tiers; print(tiers.FUSE_FIRST)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True", out.stderr[-500:]
+
+
+@pytest.mark.inductor
+def test_a_foreach_step_is_fused_in_its_first_call(monkeypatch):
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
+    monkeypatch.setattr(tiers, "BACKGROUND", True)  # (2.14: still compiled in the first call, not in a thread)
+
+    def step(params, grads, bufs):
+        torch._foreach_mul_(bufs, 0.9)
+        torch._foreach_add_(bufs, grads)
+        torch._foreach_add_(params, bufs, alpha=-0.1)
+
+    def make():
+        torch.manual_seed(0)
+        return (
+            [torch.randn(64) for _ in range(3)],
+            [torch.randn(64) for _ in range(3)],
+            [torch.zeros(64) for _ in range(3)],
+        )
+
+    captures = []
+    real_capture = pipeline.capture
+    monkeypatch.setattr(pipeline, "capture", lambda *a, **k: captures.append(1) or real_capture(*a, **k))
+    jf = dealias.jit(step)
+    mine, eager = make(), make()
+    for k in range(40):  # (until settled: a close choice is measured longer)
+        jf(*mine)
+        step(*eager)
+        if k == 0:  # compiled in the first call (not left to a thread), the exact tiers timed on copies
+            assert jf.last.fused is not None and jf.last.pending is None
+            assert len(captures) == 1  # (the fused compile took the torch executor's capture and passes)
+            assert "measuring (torch, graph, fused" in dealias.cache_info(jf).tier_reasons[0]
+        for a, b in zip(mine, eager):
+            for x, y in zip(a, b):
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    info = dealias.cache_info(jf)
+    assert info.misses == 1 and set(info.timings[0]) == {"torch", "graph", "fused"}, info
