@@ -56,10 +56,11 @@ EXACT_TIERS = {"torch", "graph"}
 # one call of a fused program against eager's, from the same state (atol times the tensor's largest magnitude)
 FUSED_TOLERANCE = dict(rtol=1e-3, atol=1e-4)
 MIN_WARM_CALLS = 20
-SETTLE_CALLS = 48  # calls before the default and "tiered" count as settled (16 before the fused compile, then
-# measurement), and their tiers and reasons unchanged over the last SETTLE_STABLE calls: more than a program's
-# measurement of three tiers takes (each tier's untimed first call and its samples), so that a program still
-# "measuring" after that is one no longer called (an optimizer's first step, which creates its state)
+SETTLE_CALLS = 48  # calls before the default and "tiered" count as settled (the fused compile in the first call,
+# or the 16th under DEALIAS_FUSE_FIRST=0, then measurement), and their tiers and reasons unchanged over the last
+# SETTLE_STABLE calls: more than a program's measurement of three tiers takes (each tier's untimed first call and
+# its samples), so that a program still "measuring" after that is one no longer called (an optimizer's first step,
+# which creates its state)
 SETTLE_STABLE = max(24, 3 * (getattr(dealias_tiers, "SAMPLES", 5) + 1) + 6)
 MAX_WARM_SECONDS = 600.0  # (the default and "tiered" settle within seconds of calls, unless the machine is loaded)
 ROUND_SECONDS = 0.2  # per variant per round
