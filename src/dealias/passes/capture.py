@@ -69,6 +69,12 @@ _EAGER_DISPATCH = frozenset(
         torch.native_batch_norm,
         torch.nn.functional.instance_norm,
         torch.instance_norm,
+        # (their Python decompositions draw the dropout between layers otherwise than eager's kernels: in training
+        # with symbolic sizes, other random numbers, a silent wrong result)
+        torch.rnn_tanh,
+        torch.rnn_relu,
+        torch.lstm,
+        torch.gru,
     }
 )
 

@@ -1,0 +1,75 @@
+"""Review of the fidelity merge (eager dispatch of dropout and batch norm in symbolic traces, running statistics on
+copies, checkpoint's arguments): each program compared with eager on inputs made from the same seed, with the
+same random state before each call: outputs, gradients, the random state after, FallbackWarnings allowed only
+where said."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from harness import same
+
+import dealias
+
+
+def _weights(layers: int, gates: int, hidden: int = 4) -> list[torch.Tensor]:
+    ws = []
+    for _ in range(layers):
+        ws += [torch.randn(gates * hidden, hidden), torch.randn(gates * hidden, hidden)]
+        ws += [torch.randn(gates * hidden), torch.randn(gates * hidden)]
+    return [w.requires_grad_() for w in ws]
+
+
+def rnn_tanh_dropout(x, *w):
+    return torch.rnn_tanh(x, torch.zeros(2, 3, 4), list(w), True, 2, 0.5, True, False, False)[0]
+
+
+def lstm_dropout(x, *w):
+    h = torch.zeros(2, 3, 4)
+    return torch.lstm(x, (h, h), list(w), True, 2, 0.5, True, False, False)[0]
+
+
+def _outcome(fn, n: int, gates: int):
+    torch.manual_seed(n)
+    args = (torch.randn(n, 3, 4, requires_grad=True), *_weights(2, gates))
+    torch.manual_seed(100 + n)
+    out = fn(*args)
+    out.sum().backward()
+    return out.detach(), [a.grad for a in args], torch.rand(3)
+
+
+@pytest.mark.parametrize("fn, gates", [(rnn_tanh_dropout, 1), (lstm_dropout, 4)])
+def test_recurrent_dropout_in_training_draws_as_eager_with_symbolic_sizes(fn, gates):
+    """torch's Python decompositions of rnn_tanh/lstm/gru (py_impl on their autograd keys, run by a symbolic
+    trace's Python dispatcher) draw the dropout between layers otherwise than eager's kernels: from the second
+    size on (sizes traced as symbols) the outputs and gradients were not eager's, silently."""
+    jf = dealias.jit(fn, executor="torch")
+    for n in (4, 6, 8):
+        want = _outcome(fn, n, gates)
+        got = _outcome(jf, n, gates)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def module_forward(m, x):
+    return m(x)[0]
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+def test_recurrent_module_dropout_in_training_as_eager(kind):
+    """nn.RNN/nn.LSTM with dropout between layers, traced by dynamo with `allow_rnn`: eager's random draws, static
+    and symbolic sizes."""
+    jf = dealias.jit(module_forward, executor="torch")
+    with torch._dynamo.config.patch(allow_rnn=True):
+        for n in (4, 6):
+            results = []
+            for f in (module_forward, jf):
+                torch.manual_seed(n)
+                m = getattr(nn, kind)(4, 4, num_layers=2, dropout=0.5)
+                x = torch.randn(n, 3, 4, requires_grad=True)
+                torch.manual_seed(100 + n)
+                out = f(m, x)
+                out.sum().backward()
+                results.append((out.detach(), x.grad, [p.grad for p in m.parameters()], torch.rand(3)))
+            torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-6)
+            same(results[1][3], results[0][3])
