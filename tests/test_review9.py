@@ -135,6 +135,7 @@ def attention_with_dropout(q, k, v):
 
 
 @pytest.mark.xfail(
+    torch.__version__.startswith("2.13"),  # (torch 2.14 gives eager's result)
     strict=True,
     reason="scaled_dot_product_attention's math path (dropout on CPU) calls matmul inside its C++ composite: a "
     "symbolic trace runs matmul's Python decomposition there, whose result is a view (eager's is not)",
