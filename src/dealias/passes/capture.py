@@ -90,6 +90,7 @@ class _Replay(fx.Interpreter):
     the node that made it (`preserve_node_meta`): the user's source line stays on the captured op."""
 
     current: fx.Node | None = None
+    symbolic = False  # (a symbolic trace: make_fx runs it with torch's Python dispatcher on)
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
@@ -102,9 +103,12 @@ class _Replay(fx.Interpreter):
             # `x.data` shares x's memory but not its version counter (writes through it are hidden from
             # autograd); it traces to aten.detach, which shares both. Its node is tagged (see _GradModes).
             n.meta["custom"] = {**(n.meta.get("custom") or {}), OWN_COUNTER_KEY: True}
-        if n.target in _EAGER_DISPATCH or (n.op == "call_method" and n.target in _EAGER_DISPATCH_METHODS):
+        if self.symbolic and (
+            n.target in _EAGER_DISPATCH or (n.op == "call_method" and n.target in _EAGER_DISPATCH_METHODS)
+        ):
             # (traced as eager dispatches it: the Python dispatcher of a symbolic trace decomposes these
-            # otherwise, compat/internals.py `eager_dispatch`; a no-op in a trace with static sizes)
+            # otherwise, compat/internals.py `eager_dispatch`; only there, so that a torch without the switch
+            # refuses only symbolic traces of these, not every matmul)
             with eager_dispatch():
                 return self._run_checking_out(n)
         return self._run_checking_out(n)
@@ -213,6 +217,7 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
         i: why for i, p in enumerate(positions) if (why := restriction(leaves[p])) in COMPILED_RESTRICTIONS
     }
     replay = _Replay(gm)
+    replay.symbolic = bool(symbolic)
 
     def flat_fn(*inputs: Any) -> list[torch.Tensor]:
         call_leaves = list(leaves)
