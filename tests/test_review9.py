@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn as nn
 from harness import same
 
 import dealias
@@ -49,30 +48,6 @@ def test_recurrent_dropout_in_training_draws_as_eager_with_symbolic_sizes(fn, ga
         want = _outcome(fn, n, gates)
         got = _outcome(jf, n, gates)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-
-
-def module_forward(m, x):
-    return m(x)[0]
-
-
-@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
-def test_recurrent_module_dropout_in_training_as_eager(kind):
-    """nn.RNN/nn.LSTM with dropout between layers, traced by dynamo with `allow_rnn`: eager's random draws, static
-    and symbolic sizes."""
-    jf = dealias.jit(module_forward, executor="torch")
-    with torch._dynamo.config.patch(allow_rnn=True):
-        for n in (4, 6):
-            results = []
-            for f in (module_forward, jf):
-                torch.manual_seed(n)
-                m = getattr(nn, kind)(4, 4, num_layers=2, dropout=0.5)
-                x = torch.randn(n, 3, 4, requires_grad=True)
-                torch.manual_seed(100 + n)
-                out = f(m, x)
-                out.sum().backward()
-                results.append((out.detach(), x.grad, [p.grad for p in m.parameters()], torch.rand(3)))
-            torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-6)
-            same(results[1][3], results[0][3])
 
 
 def checkpoint_unused_argument_written_after(x, b):
