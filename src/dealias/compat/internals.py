@@ -103,10 +103,13 @@ except ImportError:  # pragma: no cover - not in the torch this project pins
 
 # Eager's dispatch of an op in a symbolic trace: make_fx turns torch's Python dispatcher on for symbolic tracing,
 # and it runs the Python decompositions torch registers on some ops' autograd keys (`py_impl`) in place of the C++
-# kernels eager runs. Two of them differ from eager: `aten.dropout` outside training returns a clone where eager's
+# kernels eager runs. Some differ from eager: `aten.dropout` outside training returns a clone where eager's
 # returns the input tensor itself (a write through the result then missed the input: a silent wrong result), and in
 # training draws through `native_dropout` (another autograd node); `aten.native_batch_norm` becomes
-# `_native_batch_norm_legit*` (NativeBatchNormLegitBackward0 where eager's is NativeBatchNormBackward0). Their C++
+# `_native_batch_norm_legit*` (NativeBatchNormLegitBackward0 where eager's is NativeBatchNormBackward0); the recurrent
+# ops (`rnn_tanh`, `rnn_relu`, `lstm`, `gru`) draw the dropout between layers otherwise than eager's kernels (other
+# numbers in training: a silent wrong result); `matmul` of batches returns a `view` of its bmm where eager's returns
+# `_unsafe_view` (a tensor of its own: made under no_grad, the view raised at an in-place op with grad on). Their C++
 # composites take symbolic sizes, so capture traces the torch functions reaching them with the dispatcher off (a
 # thread-local switch). Without the switch, those functions are refused in a symbolic trace (UnsupportedError: the
 # frame runs eagerly with a FallbackWarning).

@@ -58,8 +58,8 @@ from ..ir.sharing import find_groups
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
 
 
-# The torch functions of dynamo's graphs that reach `aten.dropout` or `aten.native_batch_norm`, whose Python
-# decompositions differ from eager's kernels (compat/internals.py `eager_dispatch`).
+# The torch functions (and Tensor methods) of dynamo's graphs that reach ops whose Python decompositions differ
+# from eager's kernels (compat/internals.py `eager_dispatch`): dropout, batch norm, the recurrent ops, matmul.
 _EAGER_DISPATCH = frozenset(
     {
         torch.nn.functional.dropout,
@@ -69,8 +69,20 @@ _EAGER_DISPATCH = frozenset(
         torch.native_batch_norm,
         torch.nn.functional.instance_norm,
         torch.instance_norm,
+        # (their Python decompositions draw the dropout between layers otherwise than eager's kernels: in training
+        # with symbolic sizes, other random numbers, a silent wrong result)
+        torch.rnn_tanh,
+        torch.rnn_relu,
+        torch.lstm,
+        torch.gru,
+        # (a batched product's result: eager's `_unsafe_view` of the bmm, a tensor of its own; the decomposition's
+        # `view`, whose `_base` differs and which, made under no_grad, raised at an in-place op with grad on)
+        torch.matmul,
+        operator.matmul,
+        torch.Tensor.matmul,
     }
 )
+_EAGER_DISPATCH_METHODS = frozenset({"matmul", "__matmul__", "__rmatmul__"})
 
 
 class _Replay(fx.Interpreter):
@@ -78,6 +90,7 @@ class _Replay(fx.Interpreter):
     the node that made it (`preserve_node_meta`): the user's source line stays on the captured op."""
 
     current: fx.Node | None = None
+    symbolic = False  # (a symbolic trace: make_fx runs it with torch's Python dispatcher on)
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
@@ -90,11 +103,17 @@ class _Replay(fx.Interpreter):
             # `x.data` shares x's memory but not its version counter (writes through it are hidden from
             # autograd); it traces to aten.detach, which shares both. Its node is tagged (see _GradModes).
             n.meta["custom"] = {**(n.meta.get("custom") or {}), OWN_COUNTER_KEY: True}
-        if n.target in _EAGER_DISPATCH:
+        if self.symbolic and (
+            n.target in _EAGER_DISPATCH or (n.op == "call_method" and n.target in _EAGER_DISPATCH_METHODS)
+        ):
             # (traced as eager dispatches it: the Python dispatcher of a symbolic trace decomposes these
-            # otherwise, compat/internals.py `eager_dispatch`; a no-op in a trace with static sizes)
+            # otherwise, compat/internals.py `eager_dispatch`; only there, so that a torch without the switch
+            # refuses only symbolic traces of these, not every matmul)
             with eager_dispatch():
-                return super().run_node(n)
+                return self._run_checking_out(n)
+        return self._run_checking_out(n)
+
+    def _run_checking_out(self, n: fx.Node) -> Any:
         out = n.kwargs.get("out")
         outs = [out] if isinstance(out, fx.Node) else [o for o in out if isinstance(o, fx.Node)] if out else []
         if not outs:
@@ -198,6 +217,7 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
         i: why for i, p in enumerate(positions) if (why := restriction(leaves[p])) in COMPILED_RESTRICTIONS
     }
     replay = _Replay(gm)
+    replay.symbolic = bool(symbolic)
 
     def flat_fn(*inputs: Any) -> list[torch.Tensor]:
         call_leaves = list(leaves)
