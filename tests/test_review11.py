@@ -109,6 +109,31 @@ def test_a_graph_of_torch_ops_alone_is_still_timed_on_copies(monkeypatch):
     assert "the exact tiers' on copies in the first call" in reasons, reasons
 
 
+def test_the_runs_on_copies_do_not_call_the_callers_saved_tensor_hooks(monkeypatch):
+    fake_fused(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
+
+    def scaled(buf, x, w):
+        buf[3:5].add_(x @ w)
+        return (buf @ w).sum()  # (w requires grad: the call records autograd, saving tensors)
+
+    jf = dealias.jit(scaled)
+    for call in range(3):
+        torch.manual_seed(call)
+        args = (torch.randn(32, 8), torch.randn(2, 8), torch.randn(8, 8, requires_grad=True))
+        mine = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        packed = {"eager": 0, "dealias": 0}
+        for who, fn, a in (("eager", scaled, args), ("dealias", jf, mine)):
+
+            def pack(t, who=who, packed=packed):
+                packed[who] += 1
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                fn(*a).backward()
+        assert packed["dealias"] == packed["eager"], (call, packed)
+        assert torch.equal(mine[0], args[0]) and torch.equal(mine[2].grad, args[2].grad)
+
+
 @pytest.mark.inductor
 def test_torch_compile_backend_runs_a_custom_op_once_a_call(monkeypatch):
     monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)

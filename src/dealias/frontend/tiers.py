@@ -62,6 +62,7 @@ from typing import Any
 import torch
 from torch._dynamo.convert_frame import compile_lock
 
+from ..compat import saved_hooks
 from ..compat.fx_lazy import generated_forward
 from ..compat.inductor import compile_beside_calls
 from ..errors import InvariantError
@@ -431,7 +432,12 @@ class Tiered:
         grad = torch.is_grad_enabled()
         samples: dict[str, list[float]] = {}
         try:
-            with kept_rng(self.backend.gm, leaves):
+            # (the caller's saved-tensor hooks set aside: a run on copies that records autograd called the user's
+            # pack hooks, once per saved tensor: counting, offloading, 3 times in the first call where eager's once)
+            with kept_rng(self.backend.gm, leaves), saved_hooks.set_aside():
+                if saved_hooks.in_force():  # (hooks that could not be set aside)
+                    self.notes.append("exact tiers measured on the calls: saved-tensor hooks in force")
+                    return
                 base = list(leaves)  # (every tensor copied once: a write the plan would not name stays in the copy)
                 for i, c in zip(tensors, clone_args([leaves[i] for i in tensors])):
                     base[i] = c
