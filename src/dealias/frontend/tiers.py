@@ -56,6 +56,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -433,8 +434,12 @@ class Tiered:
         samples: dict[str, list[float]] = {}
         try:
             # (the caller's saved-tensor hooks set aside: a run on copies that records autograd called the user's
-            # pack hooks, once per saved tensor: counting, offloading, 3 times in the first call where eager's once)
-            with kept_rng(self.backend.gm, leaves), saved_hooks.set_aside():
+            # pack hooks, once per saved tensor: counting, offloading, 3 times in the first call where eager's once.
+            # Warnings ignored: dynamo's graph calls torch's Python functions, `F.softmax(x)` without a dim warned
+            # once per run, 6 more times in the first call. Python's filters are the process's: another thread's
+            # warnings in these runs' fraction of a second are ignored too.)
+            with kept_rng(self.backend.gm, leaves), saved_hooks.set_aside(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 if saved_hooks.in_force():  # (hooks that could not be set aside)
                     self.notes.append("exact tiers measured on the calls: saved-tensor hooks in force")
                     return
