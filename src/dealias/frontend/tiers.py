@@ -436,9 +436,11 @@ class Tiered:
             # (the caller's saved-tensor hooks set aside: a run on copies that records autograd called the user's
             # pack hooks, once per saved tensor: counting, offloading, 3 times in the first call where eager's once.
             # Warnings ignored: dynamo's graph calls torch's Python functions, `F.softmax(x)` without a dim warned
-            # once per run, 6 more times in the first call. Python's filters are the process's: another thread's
-            # warnings in these runs' fraction of a second are ignored too.)
-            with kept_rng(self.backend.gm, leaves), saved_hooks.set_aside(), warnings.catch_warnings():
+            # once per run, 6 more times in the first call. Python's filters and the default generator are the
+            # process's, set aside and back here as by compiles in other threads: under dynamo's compile lock, as
+            # the fused compile before, so that none restores another's. Another thread's warnings in these runs'
+            # fraction of a second are ignored too.)
+            with compile_lock, kept_rng(self.backend.gm, leaves), saved_hooks.set_aside(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if saved_hooks.in_force():  # (hooks that could not be set aside)
                     self.notes.append("exact tiers measured on the calls: saved-tensor hooks in force")
