@@ -56,12 +56,14 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._dynamo.convert_frame import compile_lock
 
+from ..compat import saved_hooks
 from ..compat.fx_lazy import generated_forward
 from ..compat.inductor import compile_beside_calls
 from ..errors import InvariantError
@@ -421,7 +423,7 @@ class Tiered:
         run, the random state set back after. The user's calls then go to the fused program, measured against these
         samples, and to an exact tier only where the two are close (or the fused compile failed)."""
         exact = [t for t in self.candidates if t != "fused"]
-        why = copies_refusal(self.first, leaves) if exact else ""
+        why = copies_refusal(self.first, leaves, self.backend.gm) if exact else ""
         if not exact or why:
             self.notes += [f"exact tiers measured on the calls: {why}"] if why else []
             return
@@ -431,7 +433,18 @@ class Tiered:
         grad = torch.is_grad_enabled()
         samples: dict[str, list[float]] = {}
         try:
-            with kept_rng(self.backend.gm, leaves):
+            # (the caller's saved-tensor hooks set aside: a run on copies that records autograd called the user's
+            # pack hooks, once per saved tensor: counting, offloading, 3 times in the first call where eager's once.
+            # Warnings ignored: dynamo's graph calls torch's Python functions, `F.softmax(x)` without a dim warned
+            # once per run, 6 more times in the first call. Python's filters and the default generator are the
+            # process's, set aside and back here as by compiles in other threads: under dynamo's compile lock, as
+            # the fused compile before, so that none restores another's. Another thread's warnings in these runs'
+            # fraction of a second are ignored too.)
+            with compile_lock, kept_rng(self.backend.gm, leaves), saved_hooks.set_aside(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if saved_hooks.in_force():  # (hooks that could not be set aside)
+                    self.notes.append("exact tiers measured on the calls: saved-tensor hooks in force")
+                    return
                 base = list(leaves)  # (every tensor copied once: a write the plan would not name stays in the copy)
                 for i, c in zip(tensors, clone_args([leaves[i] for i in tensors])):
                     base[i] = c
@@ -473,7 +486,7 @@ class Tiered:
         return pending is None or pending.run_graph.pending.done.wait(timeout)
 
 
-def copies_refusal(program: Any, leaves: list[Any]) -> str:
+def copies_refusal(program: Any, leaves: list[Any], gm: torch.fx.GraphModule | None = None) -> str:
     """Why the exact tiers cannot be timed on copies of what `program` (the torch executor's) writes in this call; ""
     when they can. (A call whose results carry autograd history is timed with its backward and the user's code up
     to the next call, which a run on copies has not: RECORDS, seen on the first run on copies.) The tensors must
@@ -491,6 +504,51 @@ def copies_refusal(program: Any, leaves: list[Any]) -> str:
     storages = {x.untyped_storage()._cdata: x.untyped_storage().nbytes() for x in tensors}
     if sum(storages.values()) > COPY_BYTES:
         return f"its tensors take more than {COPY_BYTES >> 20} MB"
+    opaque = _opaque_call(gm) if gm is not None else ""
+    return f"it calls {opaque}, whose effects eager has once a call" if opaque else ""
+
+
+# Callables a graph may call any number of times unseen: torch's own functions and ops, Python's operators. Anything
+# else, a custom op (torch.library: its Python body may count, log, write a file, or be a collective that every rank
+# must call alike), a function `allow_in_graph` put in the graph, or a higher-order op with effects, would run once
+# per run on copies: SAMPLES + 1 times per exact tier in the first call, where eager runs it once. (dealias's own ops
+# are eager's kernels under other names, compat/tensor_scalars.py, dynamo_rng.py: the random state kept_rng keeps.)
+_PURE_NAMESPACES = ("aten", "prims", "dealias")
+_PURE_MODULES = ("torch", "_operator", "operator", "builtins", "math")
+_PURE_HOPS = (
+    "wrap",
+    "wrap_with_set_grad_enabled",
+    "wrap_with_autocast",
+    "tag_activation_checkpoint",
+    "autograd_function_apply",
+)
+
+
+def _opaque_call(gm: torch.fx.GraphModule) -> str:
+    """The first call in dynamo's graph `gm` (or a subgraph of it) whose effects may be more than its results; ""
+    when there is none."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_module":
+            sub = gm.get_submodule(target)
+            opaque = _opaque_call(sub) if isinstance(sub, torch.fx.GraphModule) else ""
+            if opaque or not type(sub).__module__.startswith("torch."):
+                return opaque or type(sub).__qualname__
+        if node.op != "call_function":
+            continue
+        if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            namespace = target.namespace if isinstance(target, torch._ops.OpOverload) else target._qualified_op_name
+            if namespace.split("::")[0] not in _PURE_NAMESPACES:
+                return str(target)
+        elif isinstance(target, torch._ops.HigherOrderOperator):
+            if target.name() not in _PURE_HOPS:
+                return f"higher-order op {target.name()}"
+        elif (getattr(target, "__module__", None) or "").split(".")[0] not in _PURE_MODULES:
+            return getattr(target, "__qualname__", str(target))
+    for sub in gm.children():  # (the subgraphs higher-order ops take)
+        opaque = _opaque_call(sub) if isinstance(sub, torch.fx.GraphModule) else ""
+        if opaque:
+            return opaque
     return ""
 
 
