@@ -33,7 +33,8 @@ timed: the graph's lean call is pointed at the winner directly.
 
 With FUSE_FIRST, the first call also times the exact tiers, on copies of the call's tensors (each run on fresh
 copies of those the plan writes, the random state set back after; `copies_refusal`: not for tensors off the CPU or
-over `COPY_BYTES`, nor where the graph is no candidate; where the call records autograd, whose backward and the
+over `COPY_BYTES`, nor where the graph is no candidate; those runs stop after `COPIES_SECONDS` in all, the tiers
+they did not measure measured on the user's calls; where the call records autograd, whose backward and the
 user's code up to the next call are part of what a tier costs there, the copies only warm the exact tiers up), then
 runs the user's call on the fused program (its untimed first call). So the user's next calls are the fused program's
 timed calls, and a clearly faster one is chosen after 2 of them, against the exact tiers' samples, without a user's
@@ -84,6 +85,9 @@ FUSE_FIRST = os.environ.get("DEALIAS_FUSE_FIRST", "1") != "0"
 # The exact tiers measured in that first call on copies of the call's tensors (their timed calls then take no user's
 # call: a foreach optimizer's step runs 1.2x eager on them), where those tensors take at most this many bytes.
 COPY_BYTES = 256 << 20
+# ...and while those runs took at most this many seconds in all: each is one more run of the program in the first
+# call (a 2.3 s program ran 5 more times, 12 s); the tiers not measured there are measured on the user's calls.
+COPIES_SECONDS = 1.0
 PROMOTE_AFTER = 16  # calls of a program before executor="tiered" compiles its fused program (without FUSE_FIRST)
 # ...or, sooner, seconds spent running it: an inductor compile costs seconds (a few for a small graph, 12 s for the
 # 40-tensor Adam of bench/run.py), so a program whose calls take long (large tensors) earns one within a few calls.
@@ -432,6 +436,8 @@ class Tiered:
         written = sorted({self.first.captured.tensor_positions[r.ref.key] for r in self.first.reports})
         grad = torch.is_grad_enabled()
         samples: dict[str, list[float]] = {}
+        warmed: set[str] = set()
+        total = 0.0  # (every run on copies, warm-ups included: COPIES_SECONDS)
         try:
             # (the caller's saved-tensor hooks set aside: a run on copies that records autograd called the user's
             # pack hooks, once per saved tensor: counting, offloading, 3 times in the first call where eager's once.
@@ -451,6 +457,8 @@ class Tiered:
                 for t in exact:
                     spent = 0.0
                     for k in range(SAMPLES + 1):  # (the first: the tier's warm-up, untimed)
+                        if total >= COPIES_SECONDS:
+                            break
                         copies = list(base)
                         for i, c in zip(written, clone_args([leaves[i] for i in written])):
                             copies[i] = c
@@ -458,6 +466,8 @@ class Tiered:
                         torch._C._set_grad_enabled(grad)
                         records = records or _has_history(out)
                         del out
+                        total += seconds
+                        warmed.add(t)
                         if records:
                             break
                         if k:
@@ -471,8 +481,10 @@ class Tiered:
             return
         if records:
             self.notes.append(f"exact tiers measured on the calls: {RECORDS}")
+        elif total >= COPIES_SECONDS and any(t not in samples for t in exact):
+            self.notes.append(f"exact tiers measured on the calls too: runs on copies stopped after {total:.1f} s")
         with self.lock:
-            self.warm.update(exact)
+            self.warm.update(warmed)
             self.samples.update(samples)
             self.measured_on_copies = bool(samples)
             # (no fused program, a failed compile: the exact tiers chosen now, from their runs on copies)
