@@ -388,3 +388,27 @@ def test_a_read_index_written_by_the_graph_is_checked_at_its_value():
             assert torch.equal(a, b), c
         outcomes.append(want[0])
     assert outcomes == ["ok", "ok", "ok", "err", "err", "err"]
+
+
+def intermediate_index_written(cache, c, d, v):
+    t = c * 1  # an index the graph makes, written after the first write into the caller's memory (d)
+    d.add_(1)
+    t.add_(1)
+    cache.index_copy_(0, t, v)
+    return cache * 1
+
+
+def test_an_intermediate_index_written_after_the_first_write():
+    jf = _jit(intermediate_index_written, executor="torch")
+    outcomes = []
+    for c in (0, -1, 3, 4):
+        args = [torch.zeros(5), torch.tensor([c]), torch.zeros(1), torch.tensor([1.0])]
+        eager_args = _clone(args)
+        want, got = _run(intermediate_index_written, eager_args), _run(jf, args)
+        assert want[0] == got[0], (c, want, got)
+        if want[0] == "ok":
+            torch.testing.assert_close(got[1], want[1])
+            for a, b in zip(args, eager_args):
+                assert torch.equal(a, b), c
+        outcomes.append(want[0])
+    assert outcomes == ["ok", "ok", "ok", "err"]

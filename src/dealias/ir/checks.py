@@ -408,10 +408,8 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
             if any(isinstance(a, fx.Node) for a in pytree.tree_leaves((base.args[1:], base.kwargs))):
                 return None
             base = base.args[0]
-        memory = base
-        while is_view_node(memory):
-            memory = memory.args[0]
-        if order[base] > order[first] or any(_root(w.args[0]) is memory for w in written if order[w] < order[op]):
+        memory = _view_base(base)
+        if order[base] > order[first] or any(_view_base(w.args[0]) is memory for w in written if order[w] < order[op]):
             return None
         if base is index:
             return index
@@ -454,6 +452,13 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
             stands_for[check] = order[w]
     if last >= 0:  # (moved read checks and write checks interleave in graph order: sort those before `first`)
         _order_moved_checks(first, stands_for)
+
+
+def _view_base(n: Any) -> Any:
+    """The tensor whose memory `n` views (itself if not a view)."""
+    while is_view_node(n):
+        n = n.args[0]
+    return n
 
 
 def _insert_check(
