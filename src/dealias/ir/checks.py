@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UnsupportedError, node_location, with_location
 from .draws import kept_rng
-from .opfacts import OpKind, bind_args, facts
+from .opfacts import OpKind, bind_args, facts, is_view_node
 
 aten = torch.ops.aten
 
@@ -384,34 +384,115 @@ def _root(node: Any) -> Any:
 
 
 def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
-    """Insert bounds checks for the indexed writes into caller memory (`roots`) before the first write
-    into caller memory, or, for indices computed later, right before their own write."""
+    """Insert bounds checks for the indexed writes into caller memory (`roots`) before the first write into
+    caller memory, or, for indices known only after it, right before their own write. Known before it: an index
+    computed before the first write whose memory no write from the first on touches (not `c` in `c.add_(1);
+    cache.index_copy_(0, c, v)`, whose check before the write read c's old value: eager's error where eager wrote
+    and passed, and none where it raised), or views of one (their nodes copied before it). A read that raises on its
+    index (`index_args`: `cache[pos]`, `gather`) between the first write and such a moved check has its check moved
+    too, in graph order: eager raises the read's error first (HF's static cache writes its count before the
+    positions computed from it are used)."""
     roots = {r for r in roots if r is not None}
     writes = [n for n in graph.nodes if n.op == "call_function" and _is_write(n) and _root(n.args[0]) in roots]
     if not writes:
         return
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
     first = writes[0]
+    written = [n for n in nodes[order[first] :] if n.op == "call_function" and _is_write(n)]
+
+    def early(index: fx.Node, op: fx.Node) -> fx.Node | None:
+        """`index` as a node before `first` with the value it has at `op`, or None."""
+        base = index
+        while is_view_node(base) and order[base] > order[first]:
+            if any(isinstance(a, fx.Node) for a in pytree.tree_leaves((base.args[1:], base.kwargs))):
+                return None
+            base = base.args[0]
+        memory = _view_base(base)
+        if order[base] > order[first] or any(_view_base(w.args[0]) is memory for w in written if order[w] < order[op]):
+            return None
+        if base is index:
+            return index
+        chain = []
+        while index is not base:
+            chain.append(index)
+            index = index.args[0]
+        copied = base
+        with graph.inserting_before(first):
+            for n in reversed(chain):  # (views: no data read, so the same view before the write)
+                copied = graph.node_copy(n, lambda a, src=n.args[0], new=copied: new if a is src else a)
+        return copied
+
+    moved = [w for w in writes if any(order[index] < order[first] for index, _, _ in index_args(w))]
+    last = order[moved[-1]] if moved else -1
     done: set[tuple[Any, ...]] = set()
+    stands_for: dict[fx.Node, int] = {}  # a check moved before `first` -> the graph position of its op
+    for n in nodes[order[first] : last + 1]:
+        if n.op != "call_function" or _is_write(n) or not index_args(n):
+            continue
+        read = n.args[0].meta["val"]
+        for index, dim, neg in index_args(n):
+            size = read.shape[dim] if read.dim() > 0 else 1
+            if isinstance(size, torch.SymInt) and order[n.args[0]] > order[first]:
+                continue  # (known only after the first write: checked where it is)
+            at = early(index, n)
+            if at is not None:
+                stands_for[_insert_check(graph, first, n, index, at, size, dim, neg)] = order[n]
     for w in writes:
         for index, dim, neg in index_args(w):
-            written = w.args[0].meta["val"]
-            size = written.shape[dim] if written.dim() > 0 else 1  # a 0-d tensor is indexed as one element
+            size = w.args[0].meta["val"].shape[dim] if w.args[0].meta["val"].dim() > 0 else 1  # (0-d: one element)
             if (index, str(size), dim, neg) in done:
                 continue
             done.add((index, str(size), dim, neg))
-            anchor = first if order[index] < order[first] else w
-            with graph.inserting_before(anchor):
-                if isinstance(size, torch.SymInt):  # read from the written tensor when it is symbolic
-                    if order[w.args[0]] > order[anchor]:
-                        raise UnsupportedError("an index bound of symbolic size known only after the first write")
-                    size = graph.call_function(torch.ops.aten.sym_size.int, (w.args[0], dim))
-                    size.meta["val"] = written.shape[dim]
-                policy = index_policy(w, index, neg)
-                where = with_location(f" ({w.target})", node_location(w))
-                check = graph.call_function(bounds_check(policy, where), (index, size, dim))
-                # The write's own line (the check stands for it in traces), and its value: it returns nothing.
-                check.meta.update(val=None, stack_trace=w.meta.get("stack_trace"))
+            at = early(index, w) if order[index] < order[first] else None
+            anchor = first if at is not None else w
+            if isinstance(size, torch.SymInt) and order[w.args[0]] > order[anchor]:
+                raise UnsupportedError("an index bound of symbolic size known only after the first write")
+            check = _insert_check(graph, anchor, w, index, at if at is not None else index, size, dim, neg)
+            stands_for[check] = order[w]
+    if last >= 0:  # (moved read checks and write checks interleave in graph order: sort those before `first`)
+        _order_moved_checks(first, stands_for)
+
+
+def _view_base(n: Any) -> Any:
+    """The tensor whose memory `n` views (itself if not a view)."""
+    while is_view_node(n):
+        n = n.args[0]
+    return n
+
+
+def _insert_check(
+    graph: fx.Graph, anchor: fx.Node, op: fx.Node, index: fx.Node, at: fx.Node, size: Any, dim: int, neg: bool
+) -> fx.Node:
+    """A bounds check of `op`'s argument `index` (eager's error for it), of its value `at`, inserted before
+    `anchor`; a symbolic size read from the tensor `op` indexes."""
+    with graph.inserting_before(anchor):
+        if isinstance(size, torch.SymInt):  # read from the indexed tensor when it is symbolic
+            val = size
+            size = graph.call_function(torch.ops.aten.sym_size.int, (op.args[0], dim))
+            size.meta["val"] = val
+        policy = index_policy(op, index, neg)
+        where = with_location(f" ({op.target})", node_location(op))
+        check = graph.call_function(bounds_check(policy, where), (at, size, dim))
+        # The op's own line (the check stands for it in traces), and its value: it returns nothing.
+        check.meta.update(val=None, stack_trace=op.meta.get("stack_trace"))
+    return check
+
+
+def _order_moved_checks(first: fx.Node, stands_for: dict[fx.Node, int]) -> None:
+    """The checks inserted before `first` (reads' and writes'), each after its symbolic size's read, put in the graph
+    order of the ops they stand for."""
+    groups: list[list[fx.Node]] = []
+    n = first.prev
+    while n in stands_for or (n.target is torch.ops.aten.sym_size.int and groups and n.users.keys() <= {groups[-1][0]}):
+        if n in stands_for:
+            groups.append([n])
+        else:
+            groups[-1].insert(0, n)
+        n = n.prev
+    for group in sorted(groups, key=lambda g: stands_for[g[-1]]):
+        for m in group:
+            first.prepend(m)
 
 
 def _is_write(n: fx.Node) -> bool:

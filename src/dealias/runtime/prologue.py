@@ -81,7 +81,7 @@ def make_prologue(gm: fx.GraphModule, autograd: bool = False) -> Callable[[tuple
             checks.append((n.target, placeholders.index(n.args[0]), ()))
         else:
             index, size, dim = n.args
-            i, of = hoisted.where(index), _size_of(size, placeholders)
+            i, of = hoisted.where(index, n), _size_of(size, placeholders)
             if of is None:
                 checks.append((n.target, i, (size, dim)))
             else:
@@ -212,9 +212,13 @@ class _Hoisted:
     def _memory(self) -> tuple[list[tuple[fx.Node, fx.Node]], dict[fx.Node, fx.Node]]:
         return memory_of(self.gm)
 
-    def position(self, index: fx.Node) -> int:
+    def position(self, index: fx.Node, at: fx.Node | None = None) -> int:
         """The input position of `index` in the call's inputs followed by the hoisted ones. An index that is the
-        call's input reshaped (`_reshaped_input`) is checked as that input: nothing computed before the call."""
+        call's input reshaped (`_reshaped_input`) is checked as that input: nothing computed before the call.
+        `at`: the node checking it (Unfusable where the graph writes the input before it: `c.add_(1);
+        cache.index_copy_(0, c, v)` read c's old value before the call)."""
+        if at is not None:
+            self._unwritten_before(_reshaped_input(index, self.placeholders) or index, at)
         reshaped = _reshaped_input(index, self.placeholders)
         if reshaped is not None:
             self._cone(index)  # (raises Unfusable where the input's memory is written before the index is read)
@@ -226,7 +230,15 @@ class _Hoisted:
             self.indices.append(index)
         return len(self.placeholders) + self.indices.index(index)
 
-    def where(self, index: fx.Node) -> int | Ranged:
+    def _unwritten_before(self, index: fx.Node, at: fx.Node) -> None:
+        if index not in self.placeholders:
+            return  # (computed inside the graph: `_cone` asks of each of its nodes)
+        writes, root = self._memory
+        m = root.get(index)
+        if m is not None and any(w_m is m and self._order[w] < self._order[at] for w, w_m in writes):
+            raise Unfusable(f"an index checked before any write is {m.name}, written before it is used")
+
+    def where(self, index: fx.Node, at: fx.Node | None = None) -> int | Ranged:
         """`position`, or for an index the graph computes whose range the prologue can follow (index_ranges.py), the
         index left to the graph and checked by its range (`Ranged`, with the function computing it for a range not
         inside the bounds)."""
@@ -236,7 +248,7 @@ class _Hoisted:
             if ranged is not None:
                 ranged.compute = _without_grad(self._computing([index], [cone]))
                 return ranged
-        return self.position(index)
+        return self.position(index, at)
 
     def _cone(self, index: fx.Node) -> list[fx.Node]:
         """The nodes computing `index` (constants included), in graph order."""
@@ -468,5 +480,5 @@ def _read_checks(n: fx.Node, placeholders: list[fx.Node], hoisted: _Hoisted) -> 
         if not isinstance(size, int):  # (read from the call's inputs)
             size = (placeholders.index(n.args[0]), dim) if n.args[0] in placeholders else _symbol_in(size, placeholders)
         where = with_location(f" ({n.target})", node_location(n))
-        out.append((bounds_check(index_policy(n, index, negative), where), hoisted.where(index), (size, dim)))
+        out.append((bounds_check(index_policy(n, index, negative), where), hoisted.where(index, n), (size, dim)))
     return out
