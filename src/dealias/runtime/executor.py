@@ -54,7 +54,83 @@ def _binding_for(node: fx.Node) -> tuple[str, Any] | None:
 
 
 def binding_for_call(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> tuple[str, Any] | None:
-    """`_binding_for` of a call of `op` on these fake arguments (the generated call's view replays ask it too)."""
+    """`_binding_for` of a call of `op` on these fake arguments (the generated call's view replays ask it too).
+    Probed once per op and argument kinds (`_probe_key`): a first call asked it per node, ~1 ms each."""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return None
+    key = _probe_key(op, fargs, fkwargs)
+    if key is None:
+        return probe_binding(op, fargs, fkwargs)
+    try:
+        return _BINDINGS[key]
+    except KeyError:
+        pass
+    binding = probe_binding(op, fargs, fkwargs)
+    if len(_BINDINGS) >= _BINDINGS_LIMIT:
+        _BINDINGS.clear()
+    _BINDINGS[key] = binding
+    return binding
+
+
+_BINDINGS: dict[Any, tuple[str, Any] | None] = {}
+_BINDINGS_LIMIT = 8192
+
+
+def _probe_key(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> Any:
+    """What the probe's answer can depend on: the overload, the grad mode, and every argument as the Python
+    binding sees it (a tensor's dtype, device, layout, sizes, strides, offset, requires_grad and type; any other
+    value itself, with its type: `1`, `1.0` and `True` bind to other overloads). None (probe, do not cache) where
+    a value is symbolic (a SymInt's meaning is its ShapeEnv's), a real tensor, or of another type."""
+    try:
+        return (op, torch.is_grad_enabled(), _kind(fargs), _kind(fkwargs))
+    except _Uncached:
+        return None
+
+
+class _Uncached(Exception):
+    pass
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+# values keyed as themselves: immutable, equal only where the Python binding cannot tell them apart
+_PLAIN = (
+    int,
+    float,
+    bool,
+    complex,
+    str,
+    type(None),
+    type(...),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
+
+
+def _kind(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if not isinstance(v, FakeTensor) or v.layout is not torch.strided:
+            raise _Uncached  # a real tensor among fakes: the answer is the fake mode's (allow_non_fake_inputs)
+        meta = (tuple(v.shape), v.stride(), v.storage_offset())
+        if any(isinstance(x, _SYMBOLIC) for part in meta[:2] for x in part) or isinstance(meta[2], _SYMBOLIC):
+            raise _Uncached
+        return (type(v), v.dtype, v.device, *meta, v.requires_grad, v.is_leaf)
+    if isinstance(v, _SYMBOLIC):
+        raise _Uncached
+    if isinstance(v, (list, tuple)):
+        return (type(v), tuple(_kind(x) for x in v))
+    if isinstance(v, dict):
+        return (dict, tuple((k, _kind(x)) for k, x in v.items()))
+    if type(v) in _PLAIN:
+        return (type(v), v)
+    raise _Uncached  # anything else (an object hashed by identity would also be kept alive by the cache)
+
+
+def probe_binding(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> tuple[str, Any] | None:
+    """`binding_for_call` without its cache: the probes themselves."""
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return None
     name = op_name(op)
