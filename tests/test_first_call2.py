@@ -3,14 +3,24 @@ argument kinds, not once per node; a cached answer is the probe's answer for eve
 
 from __future__ import annotations
 
+import pytest
 import torch
 from harness import check
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from dealias.runtime import executor
+from dealias.runtime import bindings, executor
 
 aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def own_cache(monkeypatch, tmp_path):
+    """Answers in memory and on disk as a new host has them: none (the disk file in `tmp_path`)."""
+    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
+    bindings.clear()
+    yield tmp_path
+    bindings.clear()
 
 
 def _calls(mode: FakeTensorMode) -> list[tuple]:
@@ -61,7 +71,7 @@ def _calls(mode: FakeTensorMode) -> list[tuple]:
 def test_cached_binding_is_the_probed_one():
     """Each call asked twice (the second from the cache) under both grad modes: the probe's answer each time, and the
     calls whose kinds differ got answers of their own (a method for some, a function for others, None for some)."""
-    executor._BINDINGS.clear()
+    bindings.clear()
     mode = FakeTensorMode()
     answers = set()
     for grad in (True, False):
@@ -77,7 +87,7 @@ def test_cached_binding_is_the_probed_one():
 def test_probe_once_per_kind(monkeypatch):
     """Nodes of one op on arguments of one kind probe once; another scalar type, dtype, layout or grad mode probes
     again."""
-    executor._BINDINGS.clear()
+    bindings.clear()
     probed = []
     probe = executor.probe_binding
     monkeypatch.setattr(executor, "probe_binding", lambda *a: probed.append(a[0]) or probe(*a))
@@ -99,7 +109,7 @@ def test_probe_once_per_kind(monkeypatch):
 
 def test_symbolic_arguments_are_probed_each_time(monkeypatch):
     """A symbolic size is its ShapeEnv's: such calls are never answered from the cache."""
-    executor._BINDINGS.clear()
+    bindings.clear()
     probed = []
     probe = executor.probe_binding
     monkeypatch.setattr(executor, "probe_binding", lambda *a: probed.append(a[0]) or probe(*a))
@@ -112,7 +122,7 @@ def test_symbolic_arguments_are_probed_each_time(monkeypatch):
         executor.binding_for_call(aten.mul.Tensor, (sym, sym), {})  # symbolic sizes
         executor.binding_for_call(aten.view.default, (static, [sym.shape[0] * 5]), {})  # a symbolic argument
     assert len(probed) == 4
-    assert not executor._BINDINGS
+    assert not bindings._memory
 
 
 def test_programs_of_repeated_ops_match_eager():
@@ -132,3 +142,36 @@ def test_programs_of_repeated_ops_match_eager():
 
     for executor_name in ("torch", "exact"):
         check(f, *args(), executor=executor_name)
+
+
+def test_answers_from_disk_are_the_probed_ones(monkeypatch, own_cache):
+    """A later process (memory cleared) answers from the disk file without probing, each answer the probe's: the
+    function itself, the method's name, None."""
+    mode = FakeTensorMode()
+    calls = _calls(mode)
+    want = [executor.probe_binding(op, a, k) for op, a, k in calls]
+    for op, a, k in calls:
+        executor.binding_for_call(op, a, k)
+    bindings.flush()
+    assert list(own_cache.glob("bindings-*.json"))
+    bindings.clear()
+    probed = []
+    monkeypatch.setattr(executor, "probe_binding", lambda *a: probed.append(a[0]))
+    got = [executor.binding_for_call(op, a, k) for op, a, k in calls]
+    assert got == want and not probed
+    with torch.no_grad():  # not on disk: probed
+        executor.binding_for_call(*calls[0])
+    assert probed == [calls[0][0]]
+
+
+def test_a_program_compiled_from_disk_answers_matches_eager(own_cache):
+    """The same program compiled again in a "later process" (memory cleared, the file kept) runs as eager does."""
+
+    def f(x, y):
+        x.add_(y).mul_(2)
+        return torch.where(x > 0, x, y).sum(0), x.t().clamp(min=0.5)
+
+    check(f, torch.randn(3, 4), torch.randn(3, 4), executor="torch")
+    assert list(own_cache.glob("bindings-*.json"))
+    bindings.clear()
+    check(f, torch.randn(3, 4), torch.randn(3, 4), executor="torch")

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import quiet_fake_tensor_log
 from ..ir.opfacts import OpKind, bind_args, facts, has_effect, is_view_node, op_name
+from . import bindings
 
 aten = torch.ops.aten
 
@@ -55,25 +56,17 @@ def _binding_for(node: fx.Node) -> tuple[str, Any] | None:
 
 def binding_for_call(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> tuple[str, Any] | None:
     """`_binding_for` of a call of `op` on these fake arguments (the generated call's view replays ask it too).
-    Probed once per op and argument kinds (`_probe_key`): a first call asked it per node, ~1 ms each."""
+    Probed once per op and argument kinds (`_probe_key`; bindings.py keeps the answers, also for the next process)."""
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return None
     key = _probe_key(op, fargs, fkwargs)
     if key is None:
         return probe_binding(op, fargs, fkwargs)
-    try:
-        return _BINDINGS[key]
-    except KeyError:
-        pass
-    binding = probe_binding(op, fargs, fkwargs)
-    if len(_BINDINGS) >= _BINDINGS_LIMIT:
-        _BINDINGS.clear()
-    _BINDINGS[key] = binding
+    found, binding = bindings.lookup(key)
+    if not found:
+        binding = probe_binding(op, fargs, fkwargs)
+        bindings.remember(key, binding)
     return binding
-
-
-_BINDINGS: dict[Any, tuple[str, Any] | None] = {}
-_BINDINGS_LIMIT = 8192
 
 
 def _probe_key(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> Any:
@@ -276,5 +269,6 @@ def torch_executor(gm: fx.GraphModule, grad: bool) -> Callable[..., Any]:
                 node.op, node.target = "call_method", binding[1]
             elif binding is not None:
                 node.target = binding[1]
+    bindings.flush()
     gm.recompile()
     return gm.forward
