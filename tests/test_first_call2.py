@@ -34,6 +34,8 @@ def _calls(mode: FakeTensorMode) -> list[tuple]:
         cond = torch.zeros(4, 5, dtype=torch.bool)
         g = torch.randn(4, 5, requires_grad=True)
         xs = [torch.randn(3), torch.randn(2, 2)]
+        z = torch.randn(4, 5, dtype=torch.complex64)
+        zc = z.conj()  # (the conjugate bit: eager's dispatch materializes it first)
     return [
         (aten.add.Tensor, (x, y), {}),
         (aten.add.Tensor, (x, y), {"alpha": 2}),
@@ -65,6 +67,10 @@ def _calls(mode: FakeTensorMode) -> list[tuple]:
         (aten.expand.default, (x[0], [4, 5]), {}),
         (aten.slice.Tensor, (x, 1, 0, 3), {}),
         (aten.to.dtype, (x, torch.float64), {}),
+        (aten.mul.Tensor, (z, z), {}),
+        (aten.mul.Tensor, (zc, z), {}),
+        (aten.sum.default, (z,), {}),
+        (aten.sum.default, (zc,), {}),
     ]
 
 

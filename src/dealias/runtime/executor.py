@@ -110,7 +110,8 @@ def _kind(v: Any) -> Any:
         meta = (tuple(v.shape), v.stride(), v.storage_offset())
         if any(isinstance(x, _SYMBOLIC) for part in meta[:2] for x in part) or isinstance(meta[2], _SYMBOLIC):
             raise _Uncached
-        return (type(v), v.dtype, v.device, *meta, v.requires_grad, v.is_leaf)
+        bits = (v.requires_grad, v.is_leaf, v.is_conj(), v.is_neg(), v._is_zerotensor(), v.is_inference())
+        return (type(v), v.dtype, v.device, *meta, *bits)
     if isinstance(v, _SYMBOLIC):
         raise _Uncached
     if isinstance(v, (list, tuple)):
