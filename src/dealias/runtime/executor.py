@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import quiet_fake_tensor_log
 from ..ir.opfacts import OpKind, bind_args, facts, has_effect, is_view_node, op_name
+from . import bindings
 
 aten = torch.ops.aten
 
@@ -54,7 +55,76 @@ def _binding_for(node: fx.Node) -> tuple[str, Any] | None:
 
 
 def binding_for_call(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> tuple[str, Any] | None:
-    """`_binding_for` of a call of `op` on these fake arguments (the generated call's view replays ask it too)."""
+    """`_binding_for` of a call of `op` on these fake arguments (the generated call's view replays ask it too).
+    Probed once per op and argument kinds (`_probe_key`; bindings.py keeps the answers, also for the next process)."""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return None
+    key = _probe_key(op, fargs, fkwargs)
+    if key is None:
+        return probe_binding(op, fargs, fkwargs)
+    found, binding = bindings.lookup(key)
+    if not found:
+        binding = probe_binding(op, fargs, fkwargs)
+        bindings.remember(key, binding)
+    return binding
+
+
+def _probe_key(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> Any:
+    """What the probe's answer can depend on: the overload, the grad mode, and every argument as the Python
+    binding sees it (a tensor's dtype, device, layout, sizes, strides, offset, requires_grad and type; any other
+    value itself, with its type: `1`, `1.0` and `True` bind to other overloads). None (probe, do not cache) where
+    a value is symbolic (a SymInt's meaning is its ShapeEnv's), a real tensor, or of another type."""
+    try:
+        return (op, torch.is_grad_enabled(), _kind(fargs), _kind(fkwargs))
+    except _Uncached:
+        return None
+
+
+class _Uncached(Exception):
+    pass
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+# values keyed as themselves: immutable, equal only where the Python binding cannot tell them apart
+_PLAIN = (
+    int,
+    float,
+    bool,
+    complex,
+    str,
+    type(None),
+    type(...),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
+
+
+def _kind(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if not isinstance(v, FakeTensor) or v.layout is not torch.strided:
+            raise _Uncached  # a real tensor among fakes: the answer is the fake mode's (allow_non_fake_inputs)
+        meta = (tuple(v.shape), v.stride(), v.storage_offset())
+        if any(isinstance(x, _SYMBOLIC) for part in meta[:2] for x in part) or isinstance(meta[2], _SYMBOLIC):
+            raise _Uncached
+        bits = (v.requires_grad, v.is_leaf, v.is_conj(), v.is_neg(), v._is_zerotensor(), v.is_inference())
+        return (type(v), v.dtype, v.device, *meta, *bits)
+    if isinstance(v, _SYMBOLIC):
+        raise _Uncached
+    if isinstance(v, (list, tuple)):
+        return (type(v), tuple(_kind(x) for x in v))
+    if isinstance(v, dict):
+        return (dict, tuple((k, _kind(x)) for k, x in v.items()))
+    if type(v) in _PLAIN:
+        return (type(v), v)
+    raise _Uncached  # anything else (an object hashed by identity would also be kept alive by the cache)
+
+
+def probe_binding(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> tuple[str, Any] | None:
+    """`binding_for_call` without its cache: the probes themselves."""
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return None
     name = op_name(op)
@@ -200,5 +270,6 @@ def torch_executor(gm: fx.GraphModule, grad: bool) -> Callable[..., Any]:
                 node.op, node.target = "call_method", binding[1]
             elif binding is not None:
                 node.target = binding[1]
+    bindings.flush()
     gm.recompile()
     return gm.forward

@@ -1,0 +1,117 @@
+"""The torch executor's binding probes (executor.py: which Tensor method or torch function dispatches to exactly a
+node's aten call) remembered per op and argument kinds: in this process, and on disk for the next one (a program's
+first call probed each node, 1-5 ms apiece; a process restarting with warm caches probed them all again).
+
+The disk file is per torch version and per source of the probe (executor.py, this file): an answer is the probe's
+answer on that build; a file from another build is another file. Keys hash the `repr` of the in-process key (the
+overload, grad mode, and each argument's kind: types, dtypes, devices, sizes, strides and plain values), which is
+deterministic for the values keys hold. An answer is stored by its kind (method, function, none) and made
+again from the op's name on load."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..ir.opfacts import op_name
+from .keep_aten import cache_dir, write_whole
+
+_LIMIT = 8192  # entries in memory, and on disk
+_lock = threading.Lock()
+_memory: dict[Any, tuple[str, Any] | None] = {}
+_disk: dict[str, str | None] | None = None  # _disk_key(key) -> the answer's kind; read once per process
+_unsaved = False
+
+
+def lookup(key: Any) -> tuple[bool, tuple[str, Any] | None]:
+    """(found, answer) for a key of executor._probe_key."""
+    if key in _memory:
+        return True, _memory[key]
+    stored = _read().get(_disk_key(key), _MISSING)
+    if stored is _MISSING:
+        return False, None
+    answer = _from_kind(key[0], stored)
+    if answer is _MISSING:
+        return False, None
+    _memory[key] = answer
+    return True, answer
+
+
+def remember(key: Any, answer: tuple[str, Any] | None) -> None:
+    global _unsaved
+    if len(_memory) >= _LIMIT:
+        _memory.clear()
+    _memory[key] = answer
+    disk = _read()
+    if len(disk) < _LIMIT:
+        disk[_disk_key(key)] = None if answer is None else answer[0]
+        _unsaved = True
+
+
+def flush() -> None:
+    """Write what this process probed (with what another process wrote meanwhile) for the next process."""
+    global _unsaved
+    if not _unsaved:
+        return
+    with _lock:
+        _unsaved = False
+        merged = {**_load_file(), **_read()}
+        write_whole(_path(), json.dumps(merged, sort_keys=True))
+
+
+def clear() -> None:
+    """Forget every answer in this process (tests: the next lookup reads the disk file again)."""
+    global _disk, _unsaved
+    _memory.clear()
+    _disk, _unsaved = None, False
+
+
+_MISSING: Any = object()
+
+
+def _disk_key(key: Any) -> str:
+    # (hashed: a foreach op's key names every tensor of its lists)
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+
+
+def _from_kind(op: Any, kind: str | None) -> Any:
+    """The answer the probe gave, made from its kind: the probe binds the op's own name (executor.probe_binding)."""
+    if kind is None:
+        return None
+    name = op_name(op)
+    if kind == "method":
+        return ("method", name) if hasattr(torch.Tensor, name) else _MISSING
+    fn = getattr(torch, name, None)
+    return ("function", fn) if kind == "function" and callable(fn) else _MISSING
+
+
+def _read() -> dict[str, str | None]:
+    global _disk
+    if _disk is None:
+        _disk = _load_file()
+    return _disk
+
+
+def _load_file() -> dict[str, str | None]:
+    try:
+        data = json.loads(_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _path() -> Path:
+    return cache_dir() / f"bindings-{_build_key()}.json"
+
+
+@functools.cache
+def _build_key() -> str:
+    here = Path(__file__).parent
+    parts = [torch.__version__] + [(here / f).read_text() for f in ("executor.py", "bindings.py")]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
