@@ -75,9 +75,14 @@ def _probe_key(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> Any:
     value itself, with its type: `1`, `1.0` and `True` bind to other overloads). None (probe, do not cache) where
     a value is symbolic (a SymInt's meaning is its ShapeEnv's), a real tensor, or of another type. The key also
     names the bindings the probe calls (`_bound`): a library that replaces `torch.Tensor.clamp` or `torch.clamp`
-    (in this process after a probe, or only in the next process) makes another answer."""
+    (in this process after a probe, or only in the next process) makes another answer. Inference mode is keyed
+    apart from no_grad (composite ops such as `matmul` and `softmax` reach other aten calls in it); under autocast
+    or a torch function mode the bindings reach what those make of them: probed each time."""
+    if torch._C._is_any_autocast_enabled() or torch._C._is_torch_function_mode_enabled():
+        return None
     try:
-        return (op, torch.is_grad_enabled(), _bound(op_name(op)), _kind(fargs), _kind(fkwargs))
+        grad = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        return (op, grad, _bound(op_name(op)), _kind(fargs), _kind(fkwargs))
     except _Uncached:
         return None
 
