@@ -158,3 +158,16 @@ def test_autocast_disabled_region_under_ambient_autocast():
         got = dealias.jit(f, executor="torch")(x, w)
     assert [t.dtype for t in got] == [t.dtype for t in expected]
     assert all(torch.equal(a, b) for a, b in zip(expected, got))
+
+
+@pytest.mark.parametrize("content", ["", "{", "[1]", '{"a": [1]}', "\x00\xff", '{"a":' * 100000])
+def test_damaged_disk_file_is_probed_again(monkeypatch, tmp_path, content):
+    """Whatever the file holds, the answer is the probe's, and writing it again works."""
+    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
+    bindings.clear()
+    call = _context_calls()[0]
+    bindings._path().write_text(content)
+    assert executor.binding_for_call(*call) == executor.probe_binding(*call)
+    bindings.flush()
+    bindings.clear()
+    assert executor.binding_for_call(*call) == executor.probe_binding(*call)

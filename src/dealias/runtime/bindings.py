@@ -102,7 +102,7 @@ def _read() -> dict[str, str | None]:
 def _load_file() -> dict[str, str | None]:
     try:
         data = json.loads(_path().read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (a damaged file of nested brackets: json recurses)
         return {}
     return data if isinstance(data, dict) else {}
 
