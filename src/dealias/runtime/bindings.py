@@ -31,8 +31,9 @@ _unsaved = False
 
 def lookup(key: Any) -> tuple[bool, tuple[str, Any] | None]:
     """(found, answer) for a key of executor._probe_key."""
-    if key in _memory:
-        return True, _memory[key]
+    answer = _memory.get(key, _MISSING)  # (one read: another thread's `remember` may clear the dict)
+    if answer is not _MISSING:
+        return True, answer
     stored = _read().get(_disk_key(key), _MISSING)
     if stored is _MISSING:
         return False, None
@@ -101,7 +102,7 @@ def _read() -> dict[str, str | None]:
 def _load_file() -> dict[str, str | None]:
     try:
         data = json.loads(_path().read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (a damaged file of nested brackets: json recurses)
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -112,6 +113,8 @@ def _path() -> Path:
 
 @functools.cache
 def _build_key() -> str:
+    # (a dev build's version can stay while its git revision moves; the probe also binds through ir/opfacts.py)
     here = Path(__file__).parent
-    parts = [torch.__version__] + [(here / f).read_text() for f in ("executor.py", "bindings.py")]
+    files = (here / "executor.py", here / "bindings.py", here.parent / "ir" / "opfacts.py")
+    parts = [torch.__version__, str(getattr(torch.version, "git_version", ""))] + [f.read_text() for f in files]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

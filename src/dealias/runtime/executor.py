@@ -73,9 +73,16 @@ def _probe_key(op: Any, fargs: Any, fkwargs: dict[str, Any]) -> Any:
     """What the probe's answer can depend on: the overload, the grad mode, and every argument as the Python
     binding sees it (a tensor's dtype, device, layout, sizes, strides, offset, requires_grad and type; any other
     value itself, with its type: `1`, `1.0` and `True` bind to other overloads). None (probe, do not cache) where
-    a value is symbolic (a SymInt's meaning is its ShapeEnv's), a real tensor, or of another type."""
+    a value is symbolic (a SymInt's meaning is its ShapeEnv's), a real tensor, or of another type. The key also
+    names the bindings the probe calls (`_bound`): a library that replaces `torch.Tensor.clamp` or `torch.clamp`
+    (in this process after a probe, or only in the next process) makes another answer. Inference mode is keyed
+    apart from no_grad (composite ops such as `matmul` and `softmax` reach other aten calls in it); under autocast
+    or a torch function mode the bindings reach what those make of them: probed each time."""
+    if torch._C._is_any_autocast_enabled() or torch._C._is_torch_function_mode_enabled():
+        return None
     try:
-        return (op, torch.is_grad_enabled(), _kind(fargs), _kind(fkwargs))
+        grad = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        return (op, grad, _bound(op_name(op)), _kind(fargs), _kind(fkwargs))
     except _Uncached:
         return None
 
@@ -101,6 +108,20 @@ _PLAIN = (
     torch.layout,
     torch.memory_format,
 )
+
+
+def _bound(name: str) -> tuple[Any, ...]:
+    """What `torch.Tensor.<name>` and `torch.<name>` are, in terms the next process spells alike (a key on disk
+    holds its repr: no addresses): a Python function by where its code is (a `functools.wraps` wrapper copies the
+    name, not the code), a built-in by its type and name."""
+    return tuple(_where(getattr(owner, name, None)) for owner in (torch.Tensor, torch))
+
+
+def _where(obj: Any) -> Any:
+    code = getattr(obj, "__code__", None)
+    if code is not None:
+        return (code.co_filename, code.co_firstlineno, code.co_name)
+    return (type(obj).__name__, getattr(obj, "__module__", None), getattr(obj, "__qualname__", None))
 
 
 def _kind(v: Any) -> Any:
