@@ -94,6 +94,12 @@ class _Replay(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
+        if n.target is _ENTER_AUTOCAST and torch._C._is_any_autocast_enabled():
+            # An autocast region inside a call made under the caller's autocast (review12): the trace records the
+            # casts of both, and the program runs under the caller's autocast again (its guards hold it), which
+            # casts the region's ops once more: `x @ w` under `autocast(enabled=False)` came back bf16 where eager's
+            # is fp32. Left to eager (a FallbackWarning), as `backend="eager"` runs the graph.
+            raise UnsupportedError(with_location("an autocast region in a call made under autocast", node_location(n)))
         if _user_op_with_grad(n, self):
             # A user's op (torch.library.custom_op) dispatches its autograd kernel above make_fx: the trace records
             # the op it calls below autograd, run under no_grad, and the compiled result had no gradient (a
@@ -197,6 +203,9 @@ def restriction(x: torch.Tensor) -> str | None:
     meta = creation_meta(x)
     # (one this torch's CreationMeta has and dealias does not know, or cannot tell: left to eager)
     return None if meta == _DEFAULT_VIEW else _RESTRICTIONS.get(meta, f"of creation {meta}")
+
+
+_ENTER_AUTOCAST = getattr(getattr(torch.amp, "autocast_mode", None), "_enter_autocast", None)
 
 
 def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: Symbolic | None = None) -> Captured:
