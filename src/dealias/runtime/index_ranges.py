@@ -27,9 +27,9 @@ from ..ir.viewops import symbolic_layout
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
-# Views whose entries are some of their input's (a reshape, a broadcast, a slice...): the input's range bounds them.
-# (Not a dtype view, which reinterprets bits, nor `as_strided`, which may reach memory its input does not cover.)
-_SUBSET_VIEWS = frozenset(
+# Views whose elements, in row-major order, are their input's in row-major order (prologue.py checks such a view of
+# an input as the input itself).
+RESHAPES = frozenset(
     (
         aten.view.default,
         aten._unsafe_view.default,
@@ -41,15 +41,19 @@ _SUBSET_VIEWS = frozenset(
         aten.flatten.using_ints,
         aten.unflatten.int,
         aten.alias.default,
-        aten.expand.default,
-        aten.permute.default,
-        aten.transpose.int,
-        aten.t.default,
-        aten.slice.Tensor,
-        aten.select.int,
-        aten.clone.default,
     )
 )
+# Views whose entries are some of their input's (a reshape, a broadcast, a slice...): the input's range bounds them.
+# (Not a dtype view, which reinterprets bits, nor `as_strided`, which may reach memory its input does not cover.)
+_SUBSET_VIEWS = RESHAPES | {
+    aten.expand.default,
+    aten.permute.default,
+    aten.transpose.int,
+    aten.t.default,
+    aten.slice.Tensor,
+    aten.select.int,
+    aten.clone.default,
+}
 _ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 _LIMITS = {torch.int32: 1 << 31, torch.int64: 1 << 63}
 

@@ -26,7 +26,7 @@ from ..ir.gradops import bump_version
 from ..ir.opfacts import facts, has_effect, is_view_node, may_raise, op_name
 from ..ir.viewops import symbolic_layout
 from .hazards import Unfusable, is_scatter, memory_of, reads_of
-from .index_ranges import Ranged, index_range
+from .index_ranges import RESHAPES, Ranged, index_range
 
 aten = torch.ops.aten
 
@@ -343,30 +343,14 @@ def _without_grad(compute: Callable[..., tuple[Any, ...]]) -> Callable[..., torc
     return index
 
 
-# Views whose elements, in row-major order, are their input's in row-major order: a bounds check reads only that
-# (its min and max, and the first entry out of range, which names eager's error), so checking the input is checking
-# the view. GPT-2's `input_ids.view(-1, n)` was computed on every call only to be checked (~10 us a call; 40 us
-# with a cold cache between kernels). Not permute/transpose/expand/slices: other orders, or other elements.
-_RESHAPES = frozenset(
-    (
-        aten.view.default,
-        aten._unsafe_view.default,
-        aten.reshape.default,
-        aten.unsqueeze.default,
-        aten.squeeze.default,
-        aten.squeeze.dim,
-        aten.squeeze.dims,
-        aten.flatten.using_ints,
-        aten.unflatten.int,
-        aten.alias.default,
-    )
-)
-
-
 def _reshaped_input(index: fx.Node, placeholders: list[fx.Node]) -> fx.Node | None:
-    """The call's input `index` is a reshaping (`_RESHAPES`) of, through reshapings only, or None."""
+    """The call's input `index` is a reshaping (index_ranges.RESHAPES) of, through reshapings only, or None. A view
+    whose elements, in row-major order, are its input's in row-major order: a bounds check reads only that (its min
+    and max, and the first entry out of range, which names eager's error), so checking the input is checking the
+    view. GPT-2's `input_ids.view(-1, n)` was computed on every call only to be checked (~10 us a call; 40 us with a
+    cold cache between kernels). Not permute/transpose/expand/slices: other orders, or other elements."""
     n = index
-    while n.op == "call_function" and n.target in _RESHAPES and n.args and isinstance(n.args[0], fx.Node):
+    while n.op == "call_function" and n.target in RESHAPES and n.args and isinstance(n.args[0], fx.Node):
         n = n.args[0]
     return n if n is not index and n in placeholders else None
 
