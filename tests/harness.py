@@ -161,3 +161,12 @@ def execution_ops(jf) -> list[str]:
         elif n.op == "call_function":
             ops.append(getattr(n.target, "__name__", ""))
     return ops
+
+
+def grad_fn_chain(out: torch.Tensor) -> list[str]:
+    """The names of `out`'s backward nodes, following each node's first input that is not a leaf's accumulator."""
+    names, fn = [], out.grad_fn
+    while fn is not None:
+        names.append(type(fn).__name__)
+        fn = next((f for f, _ in fn.next_functions if f is not None and "AccumulateGrad" not in type(f).__name__), None)
+    return names

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
-from harness import execution_ops, no_fallback, same, same_state
+from harness import execution_ops, grad_fn_chain, no_fallback, same, same_state
 
 import dealias
 
@@ -27,14 +27,6 @@ def forward(m, x):
 
 def _call_source(jf) -> str:
     return str(dealias.last_traces(jf)[-1])
-
-
-def _grad_fns(out: torch.Tensor) -> list[str]:
-    names, fn = [], out.grad_fn
-    while fn is not None:
-        names.append(type(fn).__name__)
-        fn = next((f for f, _ in fn.next_functions if f is not None and "AccumulateGrad" not in type(f).__name__), None)
-    return names
 
 
 def _versions(m: nn.Module) -> list[int]:
@@ -60,8 +52,8 @@ def test_training_batch_norm_runs_eagers_ops_on_the_caller_buffers(momentum, aff
             assert _versions(jit_m) == _versions(eager_m)
             assert got._version == want._version
             assert (
-                _grad_fns(got)
-                == _grad_fns(want)
+                grad_fn_chain(got)
+                == grad_fn_chain(want)
                 == ["ReluBackward0", "NativeBatchNormBackward0", "ConvolutionBackward0"]
             )
             want.square().sum().backward()

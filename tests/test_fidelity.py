@@ -11,17 +11,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from harness import no_fallback, same, same_state
+from harness import grad_fn_chain, no_fallback, same, same_state
 
 import dealias
-
-
-def _grad_fns(out: torch.Tensor) -> list[str]:
-    names, fn = [], out.grad_fn
-    while fn is not None:
-        names.append(type(fn).__name__)
-        fn = next((f for f, _ in fn.next_functions if f is not None and "AccumulateGrad" not in type(f).__name__), None)
-    return names
 
 
 def dropout_eval_then_written(x):
@@ -75,7 +67,7 @@ def test_dropout_in_training_symbolic_draws_as_eager():
             torch.manual_seed(3)
             got = jf(x)
             same(got, want)
-            assert _grad_fns(got) == _grad_fns(want) == ["MulBackward0", "MulBackward0"]
+            assert grad_fn_chain(got) == grad_fn_chain(want) == ["MulBackward0", "MulBackward0"]
 
 
 def forward(m, x):
@@ -100,7 +92,7 @@ def test_batch_norm_with_symbolic_sizes_records_eagers_node(dims, train):
             want, got = forward(eager_m, xe), jf(jit_m, xj)
             same(got, want)
             same_state(eager_m, jit_m)
-            assert _grad_fns(got) == _grad_fns(want) == ["NativeBatchNormBackward0"]
+            assert grad_fn_chain(got) == grad_fn_chain(want) == ["NativeBatchNormBackward0"]
             assert [b._version for b in jit_m.buffers()] == [b._version for b in eager_m.buffers()]
             want.square().sum().backward()
             got.square().sum().backward()
@@ -122,8 +114,8 @@ def test_norms_without_running_statistics_symbolic(module):
         xe, xj = x.clone().requires_grad_(), x.clone().requires_grad_()
         want, got = forward(module, xe), jf(module, xj)
         same(got, want)
-        assert _grad_fns(got) == _grad_fns(want)
-        assert "NativeBatchNormBackward0" in _grad_fns(want)
+        assert grad_fn_chain(got) == grad_fn_chain(want)
+        assert "NativeBatchNormBackward0" in grad_fn_chain(want)
         want.sum().backward()
         got.sum().backward()
         same(xj.grad, xe.grad)
@@ -312,9 +304,9 @@ def test_training_batch_norm_with_its_statistics_read_records_eagers_node(progra
             want, got = program(eager_m, xe), jf(jit_m, xj)
             same(got, want)
             same_state(eager_m, jit_m)
-            assert "NativeBatchNormBackward0" in _grad_fns(want[0] if isinstance(want, tuple) else want)
+            assert "NativeBatchNormBackward0" in grad_fn_chain(want[0] if isinstance(want, tuple) else want)
             for a, b in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
-                assert _grad_fns(b) == _grad_fns(a)
+                assert grad_fn_chain(b) == grad_fn_chain(a)
             assert [b._version for b in jit_m.buffers()] == [b._version for b in eager_m.buffers()]
             (want[0] if isinstance(want, tuple) else want).square().sum().backward()
             (got[0] if isinstance(got, tuple) else got).square().sum().backward()
