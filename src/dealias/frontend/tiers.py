@@ -168,7 +168,7 @@ class Tiered:
     def __init__(self, backend: Any, program: Any, symbolic: Symbolic | None, fuse: bool) -> None:
         self.backend, self.symbolic, self.fuse = backend, symbolic, fuse
         self.first = program  # the torch executor's program
-        if not fuse:
+        if not (fuse and FUSE_FIRST):
             program.front = None  # (what a fused compile in the first call would take from it: none here)
         self.fused: Any = None  # the fused program, once compiled
         self.shown = program  # the program whose traces and reports `last_traces` / `explain` show
