@@ -154,8 +154,8 @@ def _arg(n: fx.Node, name: str) -> fx.Node | None:
 def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
     """(value, write, at_write): a value computed, not viewed, from a caller's memory before a write to that memory and
     used after it, directly or through a view of it made before the write; or the write's own source, when it reads
-    that memory anywhere but at the elements each element of the write receives (`x[1:] = x[:-1]`: one kernel would
-    read what it already wrote; `at_write`).
+    that memory anywhere but at the elements each element of the write receives or elements the write does not touch
+    (`x[1:] = x[:-1]`: one kernel would read what it already wrote; `at_write`).
     In the order of the writes, each write's values in program order. Lazily: `insert_snapshots` removes one at a
     time and asks again, so the first is found without scanning the graph per write (the values computed from each
     memory, with the running maximum of their last uses' positions: the first value before a write used after it
@@ -282,11 +282,17 @@ def _disjoint(a: Any, b: torch.Tensor) -> bool:
     """Two views of one memory that surely share no element, for every value of the program's symbols."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         return False
+    (la, ha), (lb, hb) = [_byte_range(t) for t in (a, b)]
+    if surely(ha <= lb) or surely(hb <= la):
+        return True
     if has_symbols(a) or has_symbols(b):
-        # Only byte ranges surely apart: a decision that held for this call's symbols alone would add a guard.
-        (la, ha), (lb, hb) = [_byte_range(t) for t in (a, b)]
-        return surely(ha <= lb) or surely(hb <= la)
+        return False  # (interleaved at symbolic positions: a decision for this call's symbols would add a guard)
+    if max(ha, hb) - min(la, lb) > _EXACT_BYTES:
+        return False  # (the exact test marks each element of the span: kept to small spans, a compile's cost)
     return not overlaps(a, b)  # (exact, by the elements each touches)
+
+
+_EXACT_BYTES = 1 << 24
 
 
 def _byte_range(t: torch.Tensor) -> tuple[Any, Any]:
