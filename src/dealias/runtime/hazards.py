@@ -23,6 +23,7 @@ import torch.fx as fx
 
 from ..errors import InternalError
 from ..ir.opfacts import OpKind, bind_args, facts, is_view_node, op_name
+from ..ir.sharing import has_symbols, overlaps
 from ..ir.viewops import same_layout, surely
 
 aten = torch.ops.aten
@@ -153,8 +154,8 @@ def _arg(n: fx.Node, name: str) -> fx.Node | None:
 def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
     """(value, write, at_write): a value computed, not viewed, from a caller's memory before a write to that memory and
     used after it, directly or through a view of it made before the write; or the write's own source, when it reads
-    that memory anywhere but at the elements each element of the write receives (`x[1:] = x[:-1]`: one kernel would
-    read what it already wrote; `at_write`).
+    that memory anywhere but at the elements each element of the write receives or elements the write does not touch
+    (`x[1:] = x[:-1]`: one kernel would read what it already wrote; `at_write`).
     In the order of the writes, each write's values in program order. Lazily: `insert_snapshots` removes one at a
     time and asks again, so the first is found without scanning the graph per write (the values computed from each
     memory, with the running maximum of their last uses' positions: the first value before a write used after it
@@ -191,7 +192,10 @@ def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
         for a in w.all_input_nodes:
             if a is written or m not in reads[a]:
                 continue
-            if w.target is not aten.copy_.default or not _aligned(a, written.meta["val"], m, reads, root):
+            layout = written.meta["val"]
+            if w.target is not aten.copy_.default or not (
+                _aligned(a, layout, m, reads, root) or _apart(a, layout, m, reads, root)
+            ):
                 yield a, w, True
     for n in nodes:  # a functional scatter of a caller's memory from a decomposition: inductor may
         if n.op == "call_function" and is_scatter(n.target) and n.args and n.args[0] in root:  # run it in place
@@ -227,8 +231,8 @@ def _aligned(
     """Whether each element of `n` reads memory `m` only at the element of `layout` (the written region's value)
     it is stored to: `n` is a view of `m` laid out as the written region, or an elementwise op (no broadcast of
     such a read) of such."""
-    if root.get(n) is m:
-        return same_layout(n.meta["val"], layout)
+    if root.get(n) is m:  # (or elements the write does not touch: `_apart`)
+        return same_layout(n.meta["val"], layout) or _disjoint(n.meta.get("val"), layout)
     if m not in reads[n]:
         return True
     op = n.target
@@ -250,6 +254,52 @@ def _aligned(
         for a in inputs
         if isinstance(a, fx.Node)
     )
+
+
+def _apart(n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict) -> bool:
+    """Whether `n` reads memory `m` only through views sharing no element with `layout` (the written region): its
+    value is the same computed before, during or after the write, so one kernel may store the write's elements
+    while it loads these. A red-black Gauss-Seidel sweep writes one colour of a grid from its neighbours, the
+    other colour (`c.copy_((up + down + left + right) * 0.25)`, strided views of one buffer): without this the
+    source was computed into a buffer, snapshotted (a clone through ATen) and copied into the grid, each colour."""
+    if root.get(n) is m:
+        return _disjoint(n.meta.get("val"), layout)
+    if m not in reads[n]:
+        return True
+    if n.op != "call_function" or _alias(n):  # (a view or write of other memory reading m: not followed)
+        return False
+    element = foreach_element(n)  # (one result of a foreach op: computed from the i-th tensors of its lists)
+    if element is not None:
+        inputs = element[0]
+    elif n.target is aten.copy.default:  # (functional setitem: its source's values, its first argument's layout)
+        inputs = [n.args[1]]
+    else:
+        inputs = n.all_input_nodes
+    return all(not isinstance(a, fx.Node) or _apart(a, layout, m, reads, root) for a in inputs)
+
+
+def _disjoint(a: Any, b: torch.Tensor) -> bool:
+    """Two views of one memory that surely share no element, for every value of the program's symbols."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    (la, ha), (lb, hb) = [_byte_range(t) for t in (a, b)]
+    if surely(ha <= lb) or surely(hb <= la):
+        return True
+    if has_symbols(a) or has_symbols(b):
+        return False  # (interleaved at symbolic positions: a decision for this call's symbols would add a guard)
+    if max(ha, hb) - min(la, lb) > _EXACT_BYTES:
+        return False  # (the exact test marks each element of the span: kept to small spans, a compile's cost)
+    return not overlaps(a, b)  # (exact, by the elements each touches)
+
+
+_EXACT_BYTES = 1 << 24
+
+
+def _byte_range(t: torch.Tensor) -> tuple[Any, Any]:
+    """[first, end) bytes of a tensor's elements in its storage (strides are never negative; an empty tensor's
+    range may be off, but it shares no element with anything, so "apart" drawn from it is right)."""
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.storage_offset() * t.element_size(), (last + 1) * t.element_size()
 
 
 # Foreach ops whose i-th result is an elementwise op over the i-th tensors (the op of the same name is tagged
