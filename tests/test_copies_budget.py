@@ -7,13 +7,13 @@ from __future__ import annotations
 from test_promote_early import call, fake, slice_write
 
 import dealias
-from dealias.frontend import tiers
+from dealias.frontend import copies, tiers
 
 
 def test_long_runs_on_copies_stop_at_the_budget_and_the_rest_is_measured_on_the_calls(monkeypatch):
     # each run "takes" 0.6 s: the torch executor's warm-up and one timed run on copies (1.2 s), then no more
     ran, _ = fake(monkeypatch, torch=0.6, graph=0.7, fused=0.1)
-    monkeypatch.setattr(tiers, "COPIES_SECONDS", 1.0)
+    monkeypatch.setattr(copies, "COPIES_SECONDS", 1.0)
     jf = dealias.jit(slice_write)
     call(slice_write, jf)
     # (the user's call: the tier measured least, dynamo's graph, not yet warm)

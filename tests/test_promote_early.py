@@ -16,7 +16,7 @@ import torch
 from harness import compare_call
 
 import dealias
-from dealias.frontend import tiers
+from dealias.frontend import copies, tiers
 from dealias.passes import pipeline
 from dealias.runtime.program import Tier
 
@@ -175,7 +175,7 @@ def test_a_call_switching_grad_off_inside_is_timed_on_copies(monkeypatch):
 
 def test_tensors_over_copy_bytes_are_not_copied(monkeypatch):
     ran, compiled = fake(monkeypatch, torch=2e-5, graph=3e-5, fused=1e-5)
-    monkeypatch.setattr(tiers, "COPY_BYTES", 1024, raising=False)
+    monkeypatch.setattr(copies, "COPY_BYTES", 1024)
     jf = dealias.jit(slice_write)
     call(slice_write, jf)
     assert compiled == [FRONT] and ran == [("torch", True)], ran  # (the torch executor's first call, as before)
