@@ -5,11 +5,13 @@ that the user's later calls are not the measured ones (a foreach optimizer's ste
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch._dynamo.convert_frame import compile_lock
 
 from ..compat import saved_hooks
@@ -52,24 +54,31 @@ def graph_tier_refusal(program: Any) -> str:
 
 
 def run_on_copies(
-    entry: Any, leaves: list[Any], exact: list[str], measure: Callable, samples_per_tier: int, measure_seconds: float
+    entry: Any, leaves: list[Any], tiers: list[str], measure: Callable, samples_per_tier: int, measure_seconds: float
 ) -> tuple[dict[str, list[float]], set[str], list[str]]:
-    """In the first call (FUSE_FIRST), the warm-up and timed runs of the tiers `exact` of the cache entry `entry`
-    (tiers.Tiered) on copies of the call's tensors (`copies_refusal` says where not): each run on fresh copies of
-    those the plan writes, as the user's call would run, the random state set back after. Returns each tier's timed
-    runs (seconds), the tiers warmed up, and notes on what was not measured and why."""
+    """In the first call (FUSE_FIRST), the warm-up and timed runs of the tiers `tiers` of the cache entry `entry`
+    (tiers.Tiered; the fused program among them once compiled) on copies of the call's tensors (`copies_refusal`
+    says where not): each run on fresh copies of those the plan writes, as the user's call would run, the random
+    state set back after. Where a run's results carry autograd history, each run is the forward and its backward on
+    the copies (`_backward`; `backward_refusal` says where not). Returns each tier's timed runs (seconds), the tiers
+    warmed up, and notes on what was not measured and why.
+
+    The fused program's runs here are its warm-up too: its first calls after the compile ran 1.1-1.3x eager for 2-4
+    calls (a foreach optimizer's step, a decode step), eager's own calls after the compile as slow (the process's
+    caches and Python's specializations cold after the compile's seconds of other work), then 0.6x."""
     notes: list[str] = []
-    why = copies_refusal(entry.first, leaves, entry.backend.gm) if exact else ""
-    if not exact or why:
-        notes += [f"exact tiers measured on the calls: {why}"] if why else []
+    why = copies_refusal(entry.first, leaves, entry.backend.gm) if tiers else ""
+    if not tiers or why:
+        notes += [f"tiers measured on the calls: {why}"] if why else []
         return {}, set(), notes
-    records = False  # (outputs with autograd history: only the untimed first runs, RECORDS)
     tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     written = sorted({entry.first.captured.tensor_positions[r.ref.key] for r in entry.first.reports})
     grad = torch.is_grad_enabled()
     samples: dict[str, list[float]] = {}
     warmed: set[str] = set()
     total = 0.0  # (every run on copies, warm-ups included: COPIES_SECONDS)
+    records: bool | None = None  # (outputs with autograd history: each run its forward and backward; None: unknown)
+    warm_only = False
     try:
         # (the caller's saved-tensor hooks set aside: a run on copies that records autograd called the user's
         # pack hooks, once per saved tensor: counting, offloading, 3 times in the first call where eager's once.
@@ -81,41 +90,115 @@ def run_on_copies(
         with compile_lock, kept_rng(entry.backend.gm, leaves), saved_hooks.set_aside(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if saved_hooks.in_force():  # (hooks that could not be set aside)
-                notes.append("exact tiers measured on the calls: saved-tensor hooks in force")
+                notes.append("tiers measured on the calls: saved-tensor hooks in force")
                 return {}, set(), notes
             base = list(leaves)  # (every tensor copied once: a write the plan would not name stays in the copy)
             for i, c in zip(tensors, clone_args([leaves[i] for i in tensors])):
                 base[i] = c
-            for t in exact:
-                spent = 0.0
-                for k in range(samples_per_tier + 1):  # (the first: the tier's warm-up, untimed)
+            spent = dict.fromkeys(tiers, 0.0)
+            # Each tier's warm-up first (untimed), then SAMPLES rounds, a run of each tier measured on per round
+            # (so that a noisy stretch of the machine falls on them all).
+            for k in range(samples_per_tier + 1):
+                for t in [t for t in tiers if spent[t] < measure_seconds and (k == 0 or t in samples)]:
                     if total >= COPIES_SECONDS:
                         break
                     copies = list(base)
                     for i, c in zip(written, clone_args([leaves[i] for i in written])):
                         copies[i] = c
-                    out, seconds = measure(t, entry.runs[t], copies)
+                    run = entry.runs[t]
+                    if records and not warm_only:
+                        run = _with_backward(run)
+                    out, seconds = measure(t, run, copies)
                     torch._C._set_grad_enabled(grad)
-                    records = records or has_history(out)
+                    if records is None:  # (the first run: its backward, untimed, warms that up too)
+                        records = has_history(out)
+                        refusal = backward_refusal(entry.backend.gm) if records else ""
+                        if refusal:  # (the copies then only warm the tiers up: the user's calls are timed ones)
+                            notes.append(f"tiers measured on the calls: {RECORDS} ({refusal})")
+                            warm_only = True
+                        elif records:
+                            start = time.thread_time()
+                            _backward(out)
+                            seconds += time.thread_time() - start
+                            torch._C._set_grad_enabled(grad)
                     del out
-                    total += seconds
                     warmed.add(t)
-                    if records:
-                        break
+                    if k == 0 and t == "fused":
+                        # (not counted: the fused program's first run, its lazily built parts, inductor's backward
+                        # compiled in its first backward, is the user's first call's cost either way)
+                        samples.setdefault(t, [])
+                        continue
+                    total += seconds
                     if k:
-                        samples.setdefault(t, []).append(seconds)
-                        spent += seconds
-                    if spent >= measure_seconds:
-                        break
-    except Exception as e:  # noqa: BLE001 - the user's calls measure the exact tiers, as without copies
+                        samples[t].append(seconds)
+                        spent[t] += seconds
+                    else:
+                        samples.setdefault(t, [])
+                if warm_only:
+                    break
+    except Exception as e:  # noqa: BLE001 - the user's calls measure the tiers, as without copies
         torch._C._set_grad_enabled(grad)
-        notes.append(f"exact tiers measured on the calls: a run on copies raised {type(e).__name__}")
+        notes.append(f"tiers measured on the calls: a run on copies raised {type(e).__name__}")
         return {}, set(), notes
-    if records:
-        notes.append(f"exact tiers measured on the calls: {RECORDS}")
-    elif total >= COPIES_SECONDS and any(t not in samples for t in exact):
-        notes.append(f"exact tiers measured on the calls too: runs on copies stopped after {total:.1f} s")
+    samples = {t: s for t, s in samples.items() if s}
+    if not warm_only and total >= COPIES_SECONDS and any(t not in samples for t in tiers):
+        notes.append(f"tiers measured on the calls too: runs on copies stopped after {total:.1f} s")
     return samples, warmed, notes
+
+
+def _with_backward(run: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    return lambda copies: _backward(run(copies))
+
+
+def _backward(out: Any) -> Any:
+    """The backward of a run on copies: what a call recording autograd costs besides its forward (the user's calls
+    time it, up to the next call). Gradients of ones for every result with history, computed for the leaves that
+    require grad (`torch.autograd.grad`: into no tensor's `.grad`); the leaves are the copies' (clone_args makes
+    fresh leaves of the caller's, and fresh graphs under its computed tensors), so no tensor, graph or hook of the
+    caller's is reached."""
+    flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    outs = [t for t in flat if t.requires_grad and t.grad_fn is not None]
+    if outs:
+        roots = _leaves_of(outs)
+        grads = [torch.ones_like(t) for t in outs]
+        if roots:
+            torch.autograd.grad(outs, roots, grads, allow_unused=True)
+    return out
+
+
+def _leaves_of(outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The leaves requiring grad that `outs`' graph reaches (AccumulateGrad nodes' variables)."""
+    seen: set[int] = set()
+    roots: dict[int, torch.Tensor] = {}
+    stack = [t.grad_fn for t in outs]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            roots[id(variable)] = variable
+        stack += [n for n, _ in node.next_functions]
+    return list(roots.values())
+
+
+def backward_refusal(gm: torch.fx.GraphModule) -> str:
+    """Why a call recording autograd cannot be timed with its backward on copies; "" when it can: a backward that
+    is the user's Python (an autograd.Function's, `autograd_function_apply`), a hook dynamo put in the graph,
+    runs once per run on copies where eager runs it once a call (or never, without the user's backward)."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if isinstance(target, torch._ops.HigherOrderOperator) and target.name() == "autograd_function_apply":
+            return "a backward of the user's"
+        name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
+        if "hook" in name.lower() or "hook" in str(node.target).lower():
+            return "a hook in the graph"
+    for sub in gm.children():
+        refusal = backward_refusal(sub) if isinstance(sub, torch.fx.GraphModule) else ""
+        if refusal:
+            return refusal
+    return ""
 
 
 def copies_refusal(program: Any, leaves: list[Any], gm: torch.fx.GraphModule | None = None) -> str:
@@ -184,7 +267,6 @@ def _opaque_call(gm: torch.fx.GraphModule) -> str:
     return ""
 
 
-# Why the exact tiers are timed on the calls where a run's results carry autograd history (seen on the first run on
-# copies: a graph may switch grad off inside, `with torch.no_grad()` in the function): the copies then only warm
-# them up (their untimed first runs), so that the user's calls are all timed calls (or the fused program's first).
+# Why a call recording autograd is timed on the user's calls, where its backward is not to be run on copies
+# (`backward_refusal`, seen on the first run on copies: a graph may switch grad off inside, `with torch.no_grad()`).
 RECORDS = "its calls record autograd"
