@@ -118,7 +118,7 @@ def run_on_copies(
                             warm_only = True
                         elif records:
                             start = time.thread_time()
-                            _backward(out)
+                            _backward(out, copies)
                             seconds += time.thread_time() - start
                             torch._C._set_grad_enabled(grad)
                     del out
@@ -147,40 +147,24 @@ def run_on_copies(
 
 
 def _with_backward(run: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
-    return lambda copies: _backward(run(copies))
+    return lambda copies: _backward(run(copies), copies)
 
 
-def _backward(out: Any) -> Any:
+def _backward(out: Any, copies: list[Any]) -> Any:
     """The backward of a run on copies: what a call recording autograd costs besides its forward (the user's calls
-    time it, up to the next call). Gradients of ones for every result with history, computed for the leaves that
-    require grad (`torch.autograd.grad`: into no tensor's `.grad`); the leaves are the copies' (clone_args makes
-    fresh leaves of the caller's, and fresh graphs under its computed tensors), so no tensor, graph or hook of the
-    caller's is reached."""
+    time it, up to the next call). Gradients of ones for every result with history, computed for the copies that
+    require grad (`torch.autograd.grad`: into no tensor's `.grad`, and no further back than the copies: clone_args
+    made fresh leaves of the caller's leaves and a fresh graph under each computed tensor, a graph break's earlier
+    graph's results, which every run shares), so no tensor, graph or hook of the caller's is reached: given
+    `inputs`, autograd's engine runs only the nodes on a path from the outputs to them. (The graph's tensors are
+    all among the copies, its attributes lifted to inputs, backend.lift_attributes; a tensor that were not would
+    only be left out of the backward, where walking the graph for its leaves ran the caller's nodes and hooks.)"""
     flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    outs = [t for t in flat if t.requires_grad and t.grad_fn is not None]
-    if outs:
-        roots = _leaves_of(outs)
-        grads = [torch.ones_like(t) for t in outs]
-        if roots:
-            torch.autograd.grad(outs, roots, grads, allow_unused=True)
+    outs = [t for t in flat if t.requires_grad and t.grad_fn is not None]  # (has_history: requires_grad first)
+    inputs = [c for c in copies if isinstance(c, torch.Tensor) and c.requires_grad]
+    if outs and inputs:
+        torch.autograd.grad(outs, inputs, [torch.ones_like(t) for t in outs], allow_unused=True)
     return out
-
-
-def _leaves_of(outs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The leaves requiring grad that `outs`' graph reaches (AccumulateGrad nodes' variables)."""
-    seen: set[int] = set()
-    roots: dict[int, torch.Tensor] = {}
-    stack = [t.grad_fn for t in outs]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        variable = getattr(node, "variable", None)
-        if isinstance(variable, torch.Tensor):
-            roots[id(variable)] = variable
-        stack += [n for n, _ in node.next_functions]
-    return list(roots.values())
 
 
 def backward_refusal(gm: torch.fx.GraphModule) -> str:
