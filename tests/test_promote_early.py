@@ -219,10 +219,12 @@ def test_a_foreach_step_is_fused_in_its_first_call(monkeypatch):
     for k in range(40):  # (until settled: a close choice is measured longer)
         jf(*mine)
         step(*eager)
-        if k == 0:  # compiled in the first call (not left to a thread), the exact tiers timed on copies
+        if k == 0:  # compiled in the first call (not left to a thread), every tier timed on copies
             assert jf.last.fused is not None and jf.last.pending is None
             assert len(captures) == 1  # (the fused compile took the torch executor's capture and passes)
-            assert "measuring (torch, graph, fused" in dealias.cache_info(jf).tier_reasons[0]
+            reason = dealias.cache_info(jf).tier_reasons[0]
+            # (chosen there, or tiers close to the best measured on on the user's calls)
+            assert "on copies in the first call" in reason or "measuring (" in reason, reason
         for a, b in zip(mine, eager):
             for x, y in zip(a, b):
                 torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
