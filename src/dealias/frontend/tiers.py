@@ -19,29 +19,28 @@ two exact tiers: bit for bit eager's results. Either way never slower than eager
 measurement noise) where that graph is a candidate.
 Each candidate's first call is not timed (warm-up: lazily built paths, caches); then the candidates take turns, call
 by call (so a noisy stretch of the machine moves them all), until each has `SAMPLES` timed calls (or `MEASURE_SECONDS`
-of them), and the one whose fastest timed call is fastest wins (load only adds to a call's time); tiers within `CLOSE`
-of the best are measured on (`CLOSE_ROUNDS`); a clear loser (`CLEAR_LOSS`) stops being measured after 2, and the last
-candidate left wins. The fused program is measured against the exact tier chosen before it (the promoting call chooses
-between exact tiers still measured), whose timed calls count: each timed call of a slower tier is one a user waits
-for. A call whose outputs carry autograd history is timed until the program's next call: its backward (and the freeing
-of its autograd graph) is part of what the tier costs, and the tiers differ there most (the fused program's backward is
-inductor's, the others' eager's). The user's code between the calls is timed along, the same for every tier, as noise
-that each one's fastest call leaves out. (So
-are the other programs of the same step, a graph break's second graph: measured in step with this one, turn by turn,
-each then chooses the tier best for the two together, never worse than both on exact tiers.) After that, nothing is
-timed: the graph's lean call is pointed at the winner directly.
+of them), and the one whose fastest calls are fastest wins (`_fastest`; load only adds to a call's time); tiers within
+`CLOSE` of the best are measured on (`CLOSE_ROUNDS`); a clear loser (`CLEAR_LOSS`) stops being measured after 2, and
+the last candidate left wins. The fused program is measured against the exact tier chosen before it (the promoting
+call chooses between exact tiers still measured), whose timed calls count: each timed call of a slower tier is one a
+user waits for. A call whose outputs carry autograd history is timed until the program's next call: its backward (and
+the freeing of its autograd graph) is part of what the tier costs, and the tiers differ there most (the fused
+program's backward is inductor's, the others' eager's). The user's code between the calls is timed along, the same for
+every tier, as noise that each one's fastest call leaves out. (So are the other programs of the same step, a graph
+break's second graph: measured in step with this one, turn by turn, each then chooses the tier best for the two
+together, never worse than both on exact tiers.) After that, nothing is timed: the graph's lean call is pointed at the
+winner directly.
 
-With FUSE_FIRST, the first call also times the exact tiers, on copies of the call's tensors (frontend/copies.py:
-each run on fresh copies of those the plan writes, the random state set back after; `copies_refusal`: not for
-tensors off the CPU or over `COPY_BYTES`, nor where the graph is no candidate; those runs stop after
-`COPIES_SECONDS` in all, the tiers they did not measure measured on the user's calls; where the call records
-autograd, whose backward and the user's code up to the next call are part of what a tier costs there, the copies
-only warm the exact tiers up), then runs the user's call on the fused program (its untimed first call). So the
-user's next calls are the fused program's timed calls, and a clearly faster one is chosen after 2 of them, against
-the exact tiers' samples, without a user's call on an exact tier (a foreach optimizer's step, 0.6x eager fused, runs
-1.2x on them); an exact tier close to it is measured on the user's calls too. (The samples on copies are of the same
-inputs' values and layouts; if anything a little fast, the copies just written and in the caches: that favours the
-exact tiers, the reference, so a fused program is chosen only where it beats them.) No later call waits for a
+With FUSE_FIRST, the first call also times every tier, the fused program's too, on copies of the call's tensors
+(frontend/copies.py: each run on fresh copies of those the plan writes, the random state set back after;
+`copies_refusal`: not for tensors off the CPU or over `COPY_BYTES`, nor where the graph is no candidate; those runs
+stop after `COPIES_SECONDS` in all, the tiers they did not measure measured on the user's calls; where the call
+records autograd, each run is its forward and its backward on the copies, `backward_refusal`: not where that backward
+is the user's Python or a hook). The choice is made there, and the user's calls from the second on run the winner
+(a foreach optimizer's step, 0.6x eager fused, runs 1.2x on the exact tiers, and its fused program's first 2-4 calls
+after the compile ran 1.1-1.3x: the runs on copies are their warm-up); tiers close to the best are measured on the
+user's calls too. (The samples on copies are of the same inputs' values and layouts; if anything a little fast,
+the copies just written and in the caches.) No later call waits for a
 compile or runs beside one.
 
 Without FUSE_FIRST, the promoting call builds the fused program (capture, passes, lowering and the trace for
