@@ -91,7 +91,7 @@ def test_a_training_forward_is_timed_with_its_backward_on_copies_and_leaves_the_
         counts[who], forwards[who] = Counted(), torch.zeros(())
         m[0].weight.register_hook(counts[who])
         # (a module hook writing a tensor of the user's: traced into the graph, written by the runs on copies too)
-        m[1].register_forward_hook(lambda mod, args, out, n=forwards[who]: n.add_(1) and None)
+        m[1].register_forward_hook(lambda mod, args, out, n=forwards[who]: (n.add_(1), None)[1])
     jf = dealias.jit(model)
     for call in range(4):
         x = torch.randn(2, 3, 8, 8)

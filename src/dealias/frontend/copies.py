@@ -173,6 +173,8 @@ def backward_refusal(gm: torch.fx.GraphModule) -> str:
     runs once per run on copies where eager runs it once a call (or never, without the user's backward)."""
     for node in gm.graph.nodes:
         target = node.target
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue  # (an input's name says where dynamo found it: a forward hook's default, `..._forward_hooks_0_`)
         if isinstance(target, torch._ops.HigherOrderOperator) and target.name() == "autograd_function_apply":
             return "a backward of the user's"
         name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
