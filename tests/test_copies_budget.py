@@ -7,25 +7,23 @@ from __future__ import annotations
 from test_promote_early import call, fake, slice_write
 
 import dealias
-from dealias.frontend import tiers
+from dealias.frontend import copies, tiers
 
 
 def test_long_runs_on_copies_stop_at_the_budget_and_the_rest_is_measured_on_the_calls(monkeypatch):
-    # each run "takes" 0.6 s: the torch executor's warm-up and one timed run on copies (1.2 s), then no more
+    # each run "takes" 0.6-0.7 s: the exact tiers' warm-ups on copies (1.3 s), then no more
     ran, _ = fake(monkeypatch, torch=0.6, graph=0.7, fused=0.1)
-    monkeypatch.setattr(tiers, "COPIES_SECONDS", 1.0)
+    monkeypatch.setattr(copies, "COPIES_SECONDS", 1.0)
     jf = dealias.jit(slice_write)
     call(slice_write, jf)
-    # (the user's call: the tier measured least, dynamo's graph, not yet warm)
-    assert ran == [("torch", False), ("torch", False), ("graph", True)], ran
+    # (the user's call: the tier measured least, the fused program, not yet warm)
+    assert ran == [("torch", False), ("graph", False), ("fused", True)], ran
     assert any("runs on copies stopped" in n for n in dealias.cache_info(jf).tier_reasons), dealias.cache_info(jf)
     # later calls: dynamo's graph warmed up and measured on the calls, every call compared with eager's
     call(slice_write, jf, 12)
     on_calls = [t for t, mine in ran if mine]
     assert "graph" in on_calls, on_calls
-    assert [t for t, mine in ran if not mine] == ["torch", "torch"], (
-        ran
-    )  # (no more runs on copies after the first call)
+    assert [t for t, mine in ran if not mine] == ["torch", "graph"], ran  # (none after the first call)
     assert dealias.cache_info(jf).tiers == ("fused",)
 
 
@@ -34,4 +32,4 @@ def test_short_runs_on_copies_take_every_sample(monkeypatch):
     jf = dealias.jit(slice_write)
     call(slice_write, jf)
     copies = [t for t, mine in ran if not mine]
-    assert copies == ["torch"] * (tiers.SAMPLES + 1) + ["graph"] * (tiers.SAMPLES + 1), ran
+    assert copies == ["torch", "graph", "fused"] * (tiers.SAMPLES + 1), ran

@@ -92,7 +92,7 @@ def test_the_runs_on_copies_do_not_run_a_callable_with_effects_of_its_own(monkey
     # (allow_in_graph: dealias's torch executor and fused program run what dynamo traced of it, not the function)
     assert all(len(got) <= len(eager) == 1 for eager, got in seen), seen
     reasons = dealias.cache_info(jf).tier_reasons[0]
-    assert "exact tiers measured on the calls: it calls" in reasons, reasons
+    assert "tiers measured on the calls: it calls" in reasons, reasons
 
 
 def test_a_graph_of_torch_ops_alone_is_still_timed_on_copies(monkeypatch):
@@ -108,7 +108,7 @@ def test_a_graph_of_torch_ops_alone_is_still_timed_on_copies(monkeypatch):
         mine = [a.clone() for a in args]
         assert torch.equal(jf(*mine), plain(*args)) and torch.equal(mine[0], args[0])
     reasons = dealias.cache_info(jf).tier_reasons[0]
-    assert "the exact tiers' on copies in the first call" in reasons, reasons
+    assert "on copies in the first call" in reasons, reasons
 
 
 def test_the_runs_on_copies_do_not_call_the_callers_saved_tensor_hooks(monkeypatch):

@@ -73,7 +73,7 @@ def test_exact_keeps_the_faster_exact_tier_and_stays_exact(monkeypatch, winner, 
     assert (info.misses, info.hits, info.tiers) == (1, CALLS - 1, (winner,)), info
     assert info.timings == ({winner: 2e-5, loser: 5e-5},)
     assert info.tier_reasons == (
-        f"fastest measured: {winner} 20.0 us vs {loser} 50.0 us (each one's fastest timed call)",
+        f"fastest measured: {winner} 20.0 us vs {loser} 50.0 us (each one's fastest timed calls)",
     )
     # one untimed first call per tier, then timed ones, taking turns: the loser (2.5x) dropped after its second
     # timed call, which chooses the winner (the only candidate left); nothing timed after the choice

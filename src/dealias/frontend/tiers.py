@@ -19,29 +19,29 @@ two exact tiers: bit for bit eager's results. Either way never slower than eager
 measurement noise) where that graph is a candidate.
 Each candidate's first call is not timed (warm-up: lazily built paths, caches); then the candidates take turns, call
 by call (so a noisy stretch of the machine moves them all), until each has `SAMPLES` timed calls (or `MEASURE_SECONDS`
-of them), and the one whose fastest timed call is fastest wins (load only adds to a call's time); tiers within `CLOSE`
-of the best are measured on (`CLOSE_ROUNDS`); a clear loser (`CLEAR_LOSS`) stops being measured after 2, and the last
-candidate left wins. The fused program is measured against the exact tier chosen before it (the promoting call chooses
-between exact tiers still measured), whose timed calls count: each timed call of a slower tier is one a user waits
-for. A call whose outputs carry autograd history is timed until the program's next call: its backward (and the freeing
-of its autograd graph) is part of what the tier costs, and the tiers differ there most (the fused program's backward is
-inductor's, the others' eager's). The user's code between the calls is timed along, the same for every tier, as noise
-that each one's fastest call leaves out. (So
-are the other programs of the same step, a graph break's second graph: measured in step with this one, turn by turn,
-each then chooses the tier best for the two together, never worse than both on exact tiers.) After that, nothing is
-timed: the graph's lean call is pointed at the winner directly.
+of them), and the one whose fastest calls are fastest wins (`_fastest`; load only adds to a call's time); tiers within
+`CLOSE` of the best are measured on (`CLOSE_ROUNDS`); a clear loser (`CLEAR_LOSS`) stops being measured after 2, and
+the last candidate left wins. The fused program is measured against the exact tier chosen before it (the promoting
+call chooses between exact tiers still measured), whose timed calls count: each timed call of a slower tier is one a
+user waits for. A call whose outputs carry autograd history is timed until the program's next call: its backward (and
+the freeing of its autograd graph) is part of what the tier costs, and the tiers differ there most (the fused
+program's backward is inductor's, the others' eager's). The user's code between the calls is timed along, the same for
+every tier, as noise that each one's fastest call leaves out. (So are the other programs of the same step, a graph
+break's second graph: measured in step with this one, turn by turn, each then chooses the tier best for the two
+together, never worse than both on exact tiers.) After that, nothing is timed: the graph's lean call is pointed at the
+winner directly.
 
-With FUSE_FIRST, the first call also times the exact tiers, on copies of the call's tensors (each run on fresh
-copies of those the plan writes, the random state set back after; `copies_refusal`: not for tensors off the CPU or
-over `COPY_BYTES`, nor where the graph is no candidate; those runs stop after `COPIES_SECONDS` in all, the tiers
-they did not measure measured on the user's calls; where the call records autograd, whose backward and the
-user's code up to the next call are part of what a tier costs there, the copies only warm the exact tiers up), then
-runs the user's call on the fused program (its untimed first call). So the user's next calls are the fused program's
-timed calls, and a clearly faster one is chosen after 2 of them, against the exact tiers' samples, without a user's
-call on an exact tier (a foreach optimizer's step, 0.6x eager fused, runs 1.2x on them); an exact tier close to it
-is measured on the user's calls too. (The samples on copies are of the same inputs' values and layouts; if anything
-a little fast, the copies just written and in the caches: that favours the exact tiers, the reference, so a fused
-program is chosen only where it beats them.) No later call waits for a compile or runs beside one.
+With FUSE_FIRST, the first call also times every tier, the fused program's too, on copies of the call's tensors
+(frontend/copies.py: each run on fresh copies of those the plan writes, the random state set back after;
+`copies_refusal`: not for tensors off the CPU or over `COPY_BYTES`, nor where the graph is no candidate; those runs
+stop after `COPIES_SECONDS` in all, the tiers they did not measure measured on the user's calls; where the call
+records autograd, each run is its forward and its backward on the copies, `backward_refusal`: not where that backward
+is the user's Python or a hook). The choice is made there, and the user's calls from the second on run the winner
+(a foreach optimizer's step, 0.6x eager fused, runs 1.2x on the exact tiers, and its fused program's first 2-4 calls
+after the compile ran 1.1-1.3x: the runs on copies are their warm-up); tiers close to the best are measured on the
+user's calls too. (The samples on copies are of the same inputs' values and layouts; if anything a little fast,
+the copies just written and in the caches.) No later call waits for a
+compile or runs beside one.
 
 Without FUSE_FIRST, the promoting call builds the fused program (capture, passes, lowering and the trace for
 inductor read its inputs and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process
@@ -57,23 +57,21 @@ import logging
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._dynamo.convert_frame import compile_lock
 
-from ..compat import saved_hooks
 from ..compat.fx_lazy import generated_forward
 from ..compat.inductor import compile_beside_calls
 from ..errors import InvariantError
-from ..ir.draws import kept_rng
-from ..ir.plan import RefKind, Symbolic
+from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
-from ..runtime.verify import clone_args
+from . import copies
+from .copies import graph_tier_refusal, has_history
 
 log = logging.getLogger("dealias")
 
@@ -82,12 +80,6 @@ log = logging.getLogger("dealias")
 # at import; the test suite's setting, where tests not about tiers compare many calls bit for bit with eager) leaves it
 # for the PROMOTE_AFTER-th call instead.
 FUSE_FIRST = os.environ.get("DEALIAS_FUSE_FIRST", "1") != "0"
-# The exact tiers measured in that first call on copies of the call's tensors (their timed calls then take no user's
-# call: a foreach optimizer's step runs 1.2x eager on them), where those tensors take at most this many bytes.
-COPY_BYTES = 256 << 20
-# ...and while those runs took at most this many seconds in all: each is one more run of the program in the first
-# call (a 2.3 s program ran 5 more times, 12 s); the tiers not measured there are measured on the user's calls.
-COPIES_SECONDS = 1.0
 PROMOTE_AFTER = 16  # calls of a program before executor="tiered" compiles its fused program (without FUSE_FIRST)
 # ...or, sooner, seconds spent running it: an inductor compile costs seconds (a few for a small graph, 12 s for the
 # 40-tensor Adam of bench/run.py), so a program whose calls take long (large tensors) earns one within a few calls.
@@ -127,32 +119,6 @@ def measure(tier: str, run: Callable[[list[Any]], Any], leaves: list[Any]) -> tu
 
 
 clock = _now  # times from a call with autograd history to the next (tests replace it, as `measure`)
-
-
-def _has_history(out: Any) -> bool:
-    """Whether a call's outputs may carry autograd history, whose backward the next call's timing then includes.
-    (`requires_grad`, not `grad_fn`: reading a view's grad_fn after its base was written rebuilds it, or raises
-    where eager forbids it, a view made under no_grad; an output that is a leaf only times a little more.)"""
-    if not torch.is_grad_enabled():
-        return False
-    outs = out if isinstance(out, (list, tuple)) else (out,)
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in outs)
-
-
-def graph_tier_refusal(program: Any) -> str:
-    """Why dynamo's graph, run as it is, may not be eager's behaviour for this compiled program; "" when it is.
-    Each reason is something dealias corrects or rebuilds around the graph for this layout."""
-    cap, fp = program.captured, program.functional
-    if cap.groups:
-        return "inputs share memory"
-    if fp.metadata_writebacks or any(slot.restride is not None for slot in fp.outputs):
-        return "it changes a tensor's sizes or strides in place"
-    # (Version counters that dealias's write-back would move where eager's writes do not, FunctionalProgram.
-    # unmoved_counters: BatchNorm's running statistics, writes through `x.data` or unsafe_split elements, are
-    # dealias's correction of its own write-back, not of dynamo's graph, whose ops move them as eager's do.)
-    if cap.detached or cap.restricted:
-        return "an input is detached in place or is a view whose writes eager restricts"
-    return ""
 
 
 def _us(seconds: float) -> str:
@@ -226,8 +192,8 @@ class Tiered:
             calls = f"{self.calls} call{'s' if self.calls != 1 else ''} so far"
             why = f"measuring ({', '.join(self.candidates) or self.current}; {calls})"
         elif self.measured:
-            copies = ", the exact tiers' on copies in the first call" if self.measured_on_copies else ""
-            why = f"fastest measured: {self.measured} (each one's fastest timed call{copies})"
+            copies = ", on copies in the first call" if self.measured_on_copies else ""
+            why = f"fastest measured: {self.measured} (each one's fastest timed calls{copies})"
         elif self.fuse and not self.promoted:
             why = f"the only exact tier; fused after {PROMOTE_AFTER} calls or {PROMOTE_AFTER_SECONDS} s"
         else:
@@ -272,7 +238,7 @@ class Tiered:
             return self.runs[self.exact](leaves)  # (not timed: another program ran)
         out, seconds = measure(tier, self.runs[tier], leaves)
         with self.lock:
-            if tier in self.candidates and not self.settled and _has_history(out):
+            if tier in self.candidates and not self.settled and has_history(out):
                 self.open = (tier, seconds, clock())
             else:
                 self._record(tier, seconds, seconds)
@@ -286,10 +252,14 @@ class Tiered:
         return len(samples) >= rounds * SAMPLES or (len(samples) > 0 and sum(samples) >= rounds * MEASURE_SECONDS)
 
     def _fastest(self, tier: str) -> float:
-        """A candidate's fastest timed call: what it costs. The machine's load only adds to a call's time, and on a
-        loaded machine by as much as the tiers differ (medians of 5 calls chose dynamo's graph for GPT-2's forward,
-        0.87x eager, over the fused program's 0.72x)."""
-        return min(self.samples[tier])
+        """What a candidate costs: the mean of its fastest timed calls, the fastest quarter of them (2 at least,
+        where it has 2). The machine's load only adds to a call's time, and on a loaded machine by as much as the
+        tiers differ (medians of 5 calls chose dynamo's graph for GPT-2's forward, 0.87x eager, over the fused
+        program's 0.72x); but one lucky call is not what the tier costs (a foreach EMA's torch tier: fastest call
+        576 us, median 657-678 us, chosen over the fused program's 568-593 us)."""
+        calls = sorted(self.samples[tier])
+        fastest = calls[: max(2, len(calls) // 4)]
+        return sum(fastest) / len(fastest)
 
     def _record(self, tier: str, seconds: float, own: float) -> None:
         """A call on `tier` took `seconds` (until the next call, for one with autograd history), `own` of them in
@@ -301,6 +271,11 @@ class Tiered:
             self.warm.add(tier)  # its first call: not a sample
             return
         self.samples.setdefault(tier, []).append(seconds)
+        self._decide()
+
+    def _decide(self) -> None:
+        """After a timed call: drop clear losers, stop measuring tiers not close to the best once each has its
+        samples, and choose once the close ones have theirs."""
         self._drop_clear_losers()
         if self.promoting:
             return
@@ -422,152 +397,26 @@ class Tiered:
             self.dropped = {}
 
     def _measure_on_copies(self, leaves: list[Any]) -> None:
-        """In the first call (FUSE_FIRST), the exact tiers' warm-up and timed calls on copies of the call's tensors
-        (`copies_refusal` says where not): each run on fresh copies of those the plan writes, as the user's call would
-        run, the random state set back after. The user's calls then go to the fused program, measured against these
-        samples, and to an exact tier only where the two are close (or the fused compile failed)."""
-        exact = [t for t in self.candidates if t != "fused"]
-        why = copies_refusal(self.first, leaves, self.backend.gm) if exact else ""
-        if not exact or why:
-            self.notes += [f"exact tiers measured on the calls: {why}"] if why else []
-            return
-        records = False  # (outputs with autograd history: only the untimed first runs, RECORDS)
-        tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        written = sorted({self.first.captured.tensor_positions[r.ref.key] for r in self.first.reports})
-        grad = torch.is_grad_enabled()
-        samples: dict[str, list[float]] = {}
-        warmed: set[str] = set()
-        total = 0.0  # (every run on copies, warm-ups included: COPIES_SECONDS)
-        try:
-            # (the caller's saved-tensor hooks set aside: a run on copies that records autograd called the user's
-            # pack hooks, once per saved tensor: counting, offloading, 3 times in the first call where eager's once.
-            # Warnings ignored: dynamo's graph calls torch's Python functions, `F.softmax(x)` without a dim warned
-            # once per run, 6 more times in the first call. Python's filters and the default generator are the
-            # process's, set aside and back here as by compiles in other threads: under dynamo's compile lock, as
-            # the fused compile before, so that none restores another's. Another thread's warnings in these runs'
-            # fraction of a second are ignored too.)
-            with compile_lock, kept_rng(self.backend.gm, leaves), saved_hooks.set_aside(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                if saved_hooks.in_force():  # (hooks that could not be set aside)
-                    self.notes.append("exact tiers measured on the calls: saved-tensor hooks in force")
-                    return
-                base = list(leaves)  # (every tensor copied once: a write the plan would not name stays in the copy)
-                for i, c in zip(tensors, clone_args([leaves[i] for i in tensors])):
-                    base[i] = c
-                for t in exact:
-                    spent = 0.0
-                    for k in range(SAMPLES + 1):  # (the first: the tier's warm-up, untimed)
-                        if total >= COPIES_SECONDS:
-                            break
-                        copies = list(base)
-                        for i, c in zip(written, clone_args([leaves[i] for i in written])):
-                            copies[i] = c
-                        out, seconds = measure(t, self.runs[t], copies)
-                        torch._C._set_grad_enabled(grad)
-                        records = records or _has_history(out)
-                        del out
-                        total += seconds
-                        warmed.add(t)
-                        if records:
-                            break
-                        if k:
-                            samples.setdefault(t, []).append(seconds)
-                            spent += seconds
-                        if spent >= MEASURE_SECONDS:
-                            break
-        except Exception as e:  # noqa: BLE001 - the user's calls measure the exact tiers, as without copies
-            torch._C._set_grad_enabled(grad)
-            self.notes.append(f"exact tiers measured on the calls: a run on copies raised {type(e).__name__}")
-            return
-        if records:
-            self.notes.append(f"exact tiers measured on the calls: {RECORDS}")
-        elif total >= COPIES_SECONDS and any(t not in samples for t in exact):
-            self.notes.append(f"exact tiers measured on the calls too: runs on copies stopped after {total:.1f} s")
+        """In the first call (FUSE_FIRST), every candidate's warm-up and timed calls on copies of the call's tensors
+        (frontend/copies.py), the fused program's among them: the choice made there where they are not close, and
+        the user's calls then run the winner, all of them; tiers close to the best measured on on the user's calls."""
+        tiers = list(self.candidates)
+        if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
+            tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
+        samples, warmed, notes = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
+        self.notes += notes
         with self.lock:
             self.warm.update(warmed)
             self.samples.update(samples)
             self.measured_on_copies = bool(samples)
-            # (no fused program, a failed compile: the exact tiers chosen now, from their runs on copies)
-            if samples and all(self._enough(t) for t in self.candidates):
-                self._choose()
+            if samples and self.candidates:
+                self._decide()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
         next call adopts it."""
         pending = self.pending
         return pending is None or pending.run_graph.pending.done.wait(timeout)
-
-
-def copies_refusal(program: Any, leaves: list[Any], gm: torch.fx.GraphModule | None = None) -> str:
-    """Why the exact tiers cannot be timed on copies of what `program` (the torch executor's) writes in this call; ""
-    when they can. (A call whose results carry autograd history is timed with its backward and the user's code up
-    to the next call, which a run on copies has not: RECORDS, seen on the first run on copies.) The tensors must
-    be ordinary CPU ones (a GPU's memory is not to be doubled, nor its errors risked) of at most COPY_BYTES in
-    all, and everything written a caller's argument the plan names (not inputs sharing memory, a tensor the graph
-    reads as an attribute, a size)."""
-    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-    if any(x.device.type != "cpu" or x.layout != torch.strided or x.is_inference() for x in tensors):
-        return "not all its tensors are ordinary CPU tensors"
-    refusal = graph_tier_refusal(program)
-    if refusal:
-        return refusal
-    if any(r.ref.kind is not RefKind.INPUT for r in program.reports):
-        return "it writes a tensor it reads as an attribute"
-    storages = {x.untyped_storage()._cdata: x.untyped_storage().nbytes() for x in tensors}
-    if sum(storages.values()) > COPY_BYTES:
-        return f"its tensors take more than {COPY_BYTES >> 20} MB"
-    opaque = _opaque_call(gm) if gm is not None else ""
-    return f"it calls {opaque}, whose effects eager has once a call" if opaque else ""
-
-
-# Callables a graph may call any number of times unseen: torch's own functions and ops, Python's operators. Anything
-# else, a custom op (torch.library: its Python body may count, log, write a file, or be a collective that every rank
-# must call alike), a function `allow_in_graph` put in the graph, or a higher-order op with effects, would run once
-# per run on copies: SAMPLES + 1 times per exact tier in the first call, where eager runs it once. (dealias's own ops
-# are eager's kernels under other names, compat/tensor_scalars.py, dynamo_rng.py: the random state kept_rng keeps.)
-_PURE_NAMESPACES = ("aten", "prims", "dealias")
-_PURE_MODULES = ("torch", "_operator", "operator", "builtins", "math")
-_PURE_HOPS = (
-    "wrap",
-    "wrap_with_set_grad_enabled",
-    "wrap_with_autocast",
-    "tag_activation_checkpoint",
-    "autograd_function_apply",
-)
-
-
-def _opaque_call(gm: torch.fx.GraphModule) -> str:
-    """The first call in dynamo's graph `gm` (or a subgraph of it) whose effects may be more than its results; ""
-    when there is none."""
-    for node in gm.graph.nodes:
-        target = node.target
-        if node.op == "call_module":
-            sub = gm.get_submodule(target)
-            opaque = _opaque_call(sub) if isinstance(sub, torch.fx.GraphModule) else ""
-            if opaque or not type(sub).__module__.startswith("torch."):
-                return opaque or type(sub).__qualname__
-        if node.op != "call_function":
-            continue
-        if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-            namespace = target.namespace if isinstance(target, torch._ops.OpOverload) else target._qualified_op_name
-            if namespace.split("::")[0] not in _PURE_NAMESPACES:
-                return str(target)
-        elif isinstance(target, torch._ops.HigherOrderOperator):
-            if target.name() not in _PURE_HOPS:
-                return f"higher-order op {target.name()}"
-        elif (getattr(target, "__module__", None) or "").split(".")[0] not in _PURE_MODULES:
-            return getattr(target, "__qualname__", str(target))
-    for sub in gm.children():  # (the subgraphs higher-order ops take)
-        opaque = _opaque_call(sub) if isinstance(sub, torch.fx.GraphModule) else ""
-        if opaque:
-            return opaque
-    return ""
-
-
-# Why the exact tiers are timed on the calls where a run's results carry autograd history (seen on the first run on
-# copies: a graph may switch grad off inside, `with torch.no_grad()` in the function): the copies then only warm
-# them up (their untimed first runs), so that the user's calls are all timed calls (or the fused program's first).
-RECORDS = "its calls record autograd"
 
 
 def _failure(error: BaseException) -> str:
