@@ -406,11 +406,15 @@ def _compile(
             outs = compiled(*args)
         if watched:
             _check_saved_results_at_backward(outs, watched)
-        if none_where_none is not None:
-            _on_backward_node(outs, none_where_none)
         if own:
+            # (AOTAutograd's node, the one of every result requiring grad: read once for both)
+            node = outs[first].grad_fn
             versions = (positions, tuple(map(version, pick(args))))  # (create_graph=True recomputes from these)
-            outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, versions)
+            node.dealias_recompute = (handed, args, copies, written, versions)
+            if none_where_none is not None:
+                node.register_hook(none_where_none)
+        elif none_where_none is not None:
+            _on_backward_node(outs, none_where_none)
         for i in own_nodes:
             if isinstance(outs[i], torch.Tensor) and outs[i].requires_grad:
                 outs = (*outs[:i], own_node(outs[i]), *outs[i + 1 :])
