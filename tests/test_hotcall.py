@@ -180,3 +180,31 @@ def test_a_piece_called_in_the_other_grad_mode():
         _like_eager(f, jf, w, torch.randn(4))
         assert not jf(w, torch.randn(4)).requires_grad
     assert jf(w, torch.randn(4)).requires_grad
+
+
+def attention(mha, x):
+    return mha(x, x, x)
+
+
+@pytest.mark.parametrize("through", [0, 1])
+def test_a_gradient_into_one_result_of_a_fused_multihead_attention(through):
+    """The fused call registers its none-gradient post-hook on the backward node it reads once per call: with a
+    gradient into the attention weights only, the output projection's parameters get None, as eager's (not the
+    compiled backward's zeros); into the output only, every parameter a gradient."""
+    torch.manual_seed(0)
+    ours = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    theirs = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    theirs.load_state_dict(ours.state_dict())
+    jf = dealias.jit(attention, executor="inductor")
+    for call in range(3):
+        x = torch.randn(1, 3, 8)
+        got, expected = jf(ours, x.clone()), attention(theirs, x.clone())
+        grads = [
+            torch.autograd.grad(out[through].sum(), list(m.parameters()), allow_unused=True)
+            for out, m in ((got, ours), (expected, theirs))
+        ]
+        for name, g, e in zip([n for n, _ in ours.named_parameters()], *grads):
+            assert (g is None) == (e is None), f"call {call + 1}: {name}: {g} where eager's is {e}"
+            if e is not None:
+                torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    assert jf.last.tier == "fused" and _lean_hit(jf)
