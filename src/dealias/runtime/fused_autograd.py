@@ -373,9 +373,8 @@ def _compile(
         run.graph = handed  # type: ignore[attr-defined]
         return run
     # The written inputs a result requiring grad is computed from: a double backward recomputes from copies taken
-    # before the call writes them. And whether AOTAutograd's own Function can take the double backward (see
-    # recompute_double_backward), learned from a run on copies of the example inputs; else each call runs
-    # inside a TwiceDifferentiable, which costs more.
+    # before the call writes them. Whether AOTAutograd's own Function takes the double backward (see
+    # recompute_double_backward) is learned from a run on copies of the example inputs; else a TwiceDifferentiable.
     reads = written_inputs_read(gm, written)
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
     own, first = double_backward_of_its_own(compiled, call)
@@ -406,11 +405,13 @@ def _compile(
             outs = compiled(*args)
         if watched:
             _check_saved_results_at_backward(outs, watched)
-        if none_where_none is not None:
+        if own:  # (AOTAutograd's node, that of every result requiring grad: read once)
+            node, versions = outs[first].grad_fn, (positions, tuple(map(version, pick(args))))
+            node.dealias_recompute = (handed, args, copies, written, versions)  # (create_graph=True recomputes)
+            if none_where_none is not None:
+                node.register_hook(none_where_none)
+        elif none_where_none is not None:
             _on_backward_node(outs, none_where_none)
-        if own:
-            versions = (positions, tuple(map(version, pick(args))))  # (create_graph=True recomputes from these)
-            outs[first].grad_fn.dealias_recompute = (handed, args, copies, written, versions)
         for i in own_nodes:
             if isinstance(outs[i], torch.Tensor) and outs[i].requires_grad:
                 outs = (*outs[:i], own_node(outs[i]), *outs[i + 1 :])
@@ -511,10 +512,9 @@ def _computed_from(n: fx.Node) -> set[fx.Node]:
 
 def _on_backward_node(outs: Any, hook: Callable[..., Any]) -> None:
     """Register `hook` (a post-hook) on the backward node of this call's results requiring grad (one for all)."""
-    for o in outs:
-        if isinstance(o, torch.Tensor) and o.grad_fn is not None:
-            o.grad_fn.register_hook(hook)
-            return
+    node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+    if node is not None:
+        node.register_hook(hook)
 
 
 def _none_where_no_gradient(args: Any, rg_results: list[int], reaching: Any) -> Callable[..., Any]:
