@@ -100,3 +100,27 @@ def test_a_call_raising_inside_a_grad_mode_region_leaves_the_callers_grad_mode(m
         assert (error, mode) == (eager_error, eager_mode), (call, error, mode)
         assert torch.equal(x, eager_x) and (got is None or torch.equal(got, expected)), call
     assert dealias.cache_info(jf).tiers == ("graph",)
+
+
+def _halves(x, y):
+    n = x.shape[0]
+    x[: n // 2].add_(y[: n // 2])
+    x.mul_(2)
+    return x[1:].sum(0) + y.sum()
+
+
+@pytest.mark.inductor
+def test_a_size_the_fused_compile_pinned_is_guarded(monkeypatch):
+    # (batch sizes 4, 5, 2, 3: the program of 2 is over a symbol s0 for x.size(0), and its compile replaced s0 by 2;
+    # produce_guards left that out, and the tensor check saw a symbol: the call with 3 ran the fused program compiled
+    # for 2, an AssertionError from inductor's assert_size_stride where eager returns; every executor with inductor)
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
+    jf = dealias.jit(_halves)
+    for n in (4, 5, 2, 3):
+        torch.manual_seed(n)
+        x, y = torch.randn(n, 3), torch.randn(n, 3)
+        ex, ey = x.clone(), y.clone()
+        expected = _halves(ex, ey)
+        got = jf(x, y)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(x, ex)
