@@ -157,3 +157,70 @@ def test_an_island_keeps_two_tensors_of_one_layout_two(monkeypatch, fn):
     (eager_how, eager_what), (how, what) = outcomes
     assert how == eager_how, (how, what)
     assert torch.equal(what, eager_what) if how == "returned" else what == eager_what
+
+
+@pytest.mark.inductor
+def test_the_first_call_leaves_random_state_and_module_state_as_eager(monkeypatch):
+    # (regression test of the default's first call: the fused compile and the runs on copies must not draw random
+    # numbers or update BatchNorm's running statistics more than eager's one call does)
+    import copy
+
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.3))
+    mine = copy.deepcopy(model)
+    jm = dealias.jit(mine)
+    for call in range(3):
+        x = torch.randn(5, 6)
+        torch.manual_seed(10 + call)
+        expected = model(x)
+        expected.sum().backward()
+        eager_rng = torch.get_rng_state()
+        torch.manual_seed(10 + call)
+        got = jm(x.clone())
+        got.sum().backward()
+        assert torch.equal(torch.get_rng_state(), eager_rng), call
+        torch.testing.assert_close(got, expected)
+        bn, my_bn = model[1], mine[1]
+        assert my_bn.num_batches_tracked.item() == bn.num_batches_tracked.item() == call + 1
+        torch.testing.assert_close(my_bn.running_mean, bn.running_mean)
+        torch.testing.assert_close(my_bn.running_var, bn.running_var)
+        for p, e in zip(mine.parameters(), model.parameters()):
+            torch.testing.assert_close(p.grad, e.grad)
+
+
+@pytest.mark.inductor
+def test_threads_in_the_first_call_each_get_eagers_result(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
+
+    def step(x, y):
+        x.add_(y)
+        x[2:5].mul_(3)
+        return x.sum() + y
+
+    jf = dealias.jit(step)
+    n = 4
+    xs, ys = [torch.randn(64) for _ in range(n)], [torch.randn(64) for _ in range(n)]
+    eager_x = [x.clone() for x in xs]
+    expected = [step(x, y) for x, y in zip(eager_x, ys)]
+    got, errors, barrier = [None] * n, [], threading.Barrier(n)
+
+    def work(i):
+        barrier.wait()
+        try:
+            got[i] = jf(xs[i], ys[i])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(n):
+        torch.testing.assert_close(got[i], expected[i])
+        torch.testing.assert_close(xs[i], eager_x[i])
+    assert dealias.cache_info(jf).misses == 1
