@@ -21,7 +21,7 @@ from . import (  # noqa: F401
     tensor_scalars,
 )
 from .dynamo_hooks import EARLY as HOOK_EARLY
-from .dynamo_inputs import fold_input_aliases
+from .dynamo_inputs import INPUT_ALIAS, fold_input_aliases
 from .dynamo_out import keep_out_overlaps
 from .dynamo_tensor import HOOKED_AFTER, REFRESHED, hooks_of_frame, inplace_view_node, is_inplace_view
 from .registry import Correction, Missing, active, corrections, forced_off, install_all, report
@@ -30,6 +30,7 @@ from .settings import for_dealias, in_dealias_frame, settings_in_force
 __all__ = [
     "HOOKED_AFTER",
     "HOOK_EARLY",
+    "INPUT_ALIAS",
     "REFRESHED",
     "Correction",
     "Missing",

@@ -95,6 +95,18 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Any, name: str) -> None:
         return
     # The hooked tensor need not be a graph input: a view of it may be (`x1 = x0[::2]` written, hook on x0).
     for tensor in hooked:
+        if tensor.meta.get(compat.INPUT_ALIAS):
+            # The graph changes this input's layout in place (`x.t_()`: dynamo's variable for it moved onto an
+            # alias, compat/dynamo_inputs.py). dealias carries that change out on the caller's tensor after the call,
+            # which gives it an autograd node of its own that the graph's outputs do not go through: dynamo's hook,
+            # registered on the tensor after the graph, never fired (eager's, before or after the change, does).
+            changes = (n for n in gm.graph.nodes if compat.inplace_view_node(n) and _on_input_alias(n))
+            message = with_location(
+                f"{name}: a hook on an input whose layout the graph changes in place would not see its gradient; "
+                "this frame runs eagerly",
+                node_location(next(changes, tensor)),
+            )
+            run_frame_eagerly(message, options)
         if tensor.meta.get(compat.HOOK_EARLY) and compat.active("hook_early"):
             continue  # (its hook is registered before the graph runs: on the version the frame received)
         before = tensor.meta.get(compat.HOOKED_AFTER, frozenset()) if compat.active("hook_record") else frozenset()
@@ -107,6 +119,11 @@ def refuse_late_hooks(gm: fx.GraphModule, options: Any, name: str) -> None:
             node_location(writer),
         )
         run_frame_eagerly(message, options)
+
+
+def _on_input_alias(node: fx.Node) -> bool:
+    first = node.args[0] if node.args else None
+    return isinstance(first, fx.Node) and bool(first.meta.get(compat.INPUT_ALIAS))
 
 
 def refuse_stale_autograd_facts(gm: fx.GraphModule, options: Any, name: str) -> None:

@@ -121,6 +121,24 @@ def measure(tier: str, run: Callable[[list[Any]], Any], leaves: list[Any]) -> tu
 clock = _now  # times from a call with autograd history to the next (tests replace it, as `measure`)
 
 
+def _graph_run(forward: Callable[..., Any]) -> Callable[[list[Any]], Any]:
+    """The "graph" tier's run of dynamo's graph `forward`. Its `with torch.no_grad()` (`enable_grad`,
+    `set_grad_enabled`) is a pair of `_set_grad_enabled` calls in the graph, not Python's `with`: an error between
+    them (an index out of range) left the region's grad mode on for the caller's code after the call
+    (`backend="eager"` too), where eager's `with` restores it. So the caller's mode is set back when the run
+    raises."""
+
+    def run(leaves: list[Any]) -> Any:
+        grad = torch.is_grad_enabled()
+        try:
+            return forward(*leaves)
+        except BaseException:
+            torch._C._set_grad_enabled(grad)
+            raise
+
+    return run
+
+
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
@@ -142,7 +160,7 @@ class Tiered:
         refusal = graph_tier_refusal(program)
         if not refusal:
             forward = generated_forward(backend.gm)  # (not dynamo's lazy forward: the module call on every call)
-            self.runs["graph"] = lambda leaves: forward(*leaves)
+            self.runs["graph"] = _graph_run(forward)
         self.notes = [f"graph not tried: {refusal}"] if refusal else []
         self.fused_note = ""  # "not fusable" or "fused compile failed"
         self.samples: dict[str, list[float]] = {}

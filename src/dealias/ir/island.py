@@ -9,7 +9,8 @@ the memory in its order, reading what it already wrote; a functional op computes
 `island(op, base, size, stride, views, *args, **kwargs)` runs that very kernel on memory laid out as the
 caller's: a fresh buffer with the base's sizes and strides (so as big as the base, no more) holding the base's
 current value, the op's arguments of that memory rebuilt on it by `as_strided` with their traced sizes, strides
-and offsets relative to the base's first element (`views`: (argument position or name, size, stride, offset)),
+and offsets relative to the base's first element (`views`: (argument position or name, size, stride, offset, which
+of the call's tensors it is)),
 then `op` in place there; the buffer is the base's new value. From outside it is a functional op (a base
 value in, a new one out, nothing else touched), so write-back, the other views of the memory and the outputs go
 as for any write. Same kernel, dtype, relative layout and thread count: the same visiting order, the same bits.
@@ -28,7 +29,7 @@ def island(
     base: torch.Tensor,
     size: list[int],
     stride: list[int],
-    views: list[tuple[int | str, list[int], list[int], int]],
+    views: list[tuple[int | str, list[int], list[int], int, int]],
     *args: Any,
     **kwargs: Any,
 ) -> torch.Tensor:
@@ -37,11 +38,12 @@ def island(
     buf = torch.empty_strided(size, stride, dtype=base.dtype, device=base.device)
     buf.copy_(base)
     call_args, call_kwargs = list(args), dict(kwargs)
-    made: dict[tuple[Any, ...], torch.Tensor] = {}
-    for key, vsize, vstride, offset in views:
-        layout = (tuple(vsize), tuple(vstride), offset)
-        # One tensor object per layout: an argument given twice (`x.mul_(x)`) is one tensor in eager too.
-        view = made.setdefault(layout, buf.as_strided(vsize, vstride, buf.storage_offset() + offset))
+    made: dict[int, torch.Tensor] = {}
+    for key, vsize, vstride, offset, tensor in views:
+        # One tensor object per tensor of the call's: an argument given twice (`x.mul_(x)`) is one tensor in eager
+        # too, and two of one layout are two (`x.index_copy_(1, i, x.detach())`: eager's overlap check raises for
+        # one tensor given twice, not for two).
+        view = made.setdefault(tensor, buf.as_strided(vsize, vstride, buf.storage_offset() + offset))
         if isinstance(key, int):
             call_args[key] = view
         else:

@@ -302,6 +302,7 @@ def _shape_guard(captured: Any) -> Any:
     # torch's produce_guards_expression joins its guards with a bare " and ": a guard that is a disjunction
     # (`a == 1 or b == c`) then swallows the guards before it. Each guard is parenthesized here.
     guards = shape_env.produce_guards(placeholders, [LocalSource(name) for name in names])
+    guards += _pinned(shape_env, placeholders, names)
     code = " and ".join(f"({g})" for g in guards)
     for name in names:
         code = code.replace(f"L['{name}']", name)
@@ -311,6 +312,26 @@ def _shape_guard(captured: Any) -> Any:
     for name, p in zip(names, positions):
         guard.text = re.sub(rf"\b{name}\b", captured.names[p], guard.text)
     return guard
+
+
+def _pinned(shape_env: Any, placeholders: list[Any], names: list[str]) -> list[str]:
+    """A guard per symbolic size, stride, storage offset or scalar that a compile pinned to a constant (inductor's
+    compile of a program over symbols may replace `s0` by 2): produce_guards leaves it out (its guard `Eq(s0, 2)`
+    simplifies to True once the replacement applies), and the tensor check (`tensor_layouts`) sees a symbol: no check
+    at all, and a call with `x.size(0) == 3` ran the fused program compiled for 2 (inductor's assert_size_stride)."""
+    pinned = []
+    for name, p in zip(names, placeholders):
+        parts = [(name, p)]
+        if isinstance(p, torch.Tensor):
+            parts = [(f"{name}.size()[{i}]", s) for i, s in enumerate(p.shape)]
+            parts += [(f"{name}.stride()[{i}]", s) for i, s in enumerate(p.stride())]
+            parts.append((f"{name}.storage_offset()", p.storage_offset()))
+        for text, value in parts:
+            if isinstance(value, torch.SymInt):
+                expr = shape_env.replace(value.node.expr)
+                if expr.is_number:
+                    pinned.append(f"{text} == {int(expr)}")
+    return pinned
 
 
 def tensor_layouts(captured: Any) -> list[tuple[list[Any], list[Any]]]:

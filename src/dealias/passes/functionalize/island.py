@@ -49,14 +49,18 @@ def lower_island(
     s = target.storage
     root = s.root_meta
     base = w.timeline.base[s]
-    views: list[tuple[int | str, list[int], list[int], int]] = []
+    views: list[tuple[int | str, list[int], list[int], int, int]] = []
+    same: dict[int, int] = {}  # (id of the analysis's Value: an in-place op's result is its self's)
     args = list(node.args)
     kwargs = dict(node.kwargs)
     for key, a in [*enumerate(node.args), *node.kwargs.items()]:
         v = w.info.values.get(a) if isinstance(a, fx.Node) else None
         if isinstance(v, Value) and v.storage is s:
             m = v.meta
-            views.append((key, list(m.shape), list(m.stride()), m.storage_offset() - root.storage_offset()))
+            # (and which of the call's tensors: one given twice is one tensor object in eager, two tensors of one
+            # layout, `x.index_copy_(1, i, x.detach())`, are two: eager's overlap check raises for the first alone)
+            tensor = same.setdefault(id(v), len(same))
+            views.append((key, list(m.shape), list(m.stride()), m.storage_offset() - root.storage_offset(), tensor))
             if isinstance(key, int):
                 args[key] = None
             else:
