@@ -174,7 +174,10 @@ def compile_program(
         try:
             if why is not None:
                 raise Unfusable(why)
-            trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
+            # Lowering and the fused executor rewrite the graph: a copy of it; a front's `fp` is one already
+            # (`Front.take`), and the torch executor's fallback copies the functional graph only if this fails.
+            trial = fp if front is not None else dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))
+            fp = _fp_copy(fp, functional_gm) if front is not None else fp  # (lists and slots its own)
             aliases = _alias_placeholders(trial.gm, captured)
             with clock("write-back lowering (fused)"):
                 trial, reports = lower(trial, aliases, fused=True)
@@ -188,6 +191,8 @@ def compile_program(
                 name = f"execution trace (fused: {run.raises})"
         except Unfusable as e:
             name, unfused = f"execution trace (torch executor: not fused, {e})", str(e)
+            if fp.gm is functional_gm:  # (the trace's graph: the torch executor lowers a copy)
+                fp = dataclasses.replace(fp, gm=_copy_graph_module(functional_gm))
     if run is None:
         aliases = _alias_placeholders(fp.gm, captured)
         with clock("write-back lowering"):
