@@ -118,6 +118,8 @@ def test_a_fused_build_from_a_front_that_fails_after_lowering_leaves_eagers_prog
     assert program.tier == "torch" and "dtype view" in program.unfused, program.unfused
     assert program.traces[2].graph.code == functional and "add_" not in functional  # (the trace's graph untouched)
     # (the graph the torch executor runs: the functional graph lowered once, as a compile of its own lowers it)
+    # (its graph a lazy copy, compat/fx_lazy.py: the callable must be the generated forward, not the module's call)
+    assert "_lazy" not in program.run_graph.__func__.__qualname__
     ops = lambda p: [(n.op, str(n.target)) for n in p.functional.gm.graph.nodes]  # noqa: E731
     assert ops(program) == ops(compile_program(gm, make(), ["x"]))
     for _ in range(2):
@@ -127,3 +129,21 @@ def test_a_fused_build_from_a_front_that_fails_after_lowering_leaves_eagers_prog
         got = program(args)
         assert first_difference(expected, got, expected_args, args) is None
         assert args[0]._version == expected_args[0]._version
+
+
+def test_the_torch_executors_graph_runs_its_generated_code():
+    # compile_program's graph modules are lazy (compat/fx_lazy.py): the torch executor's callable must be the
+    # generated forward, not a lazy module's `_lazy_forward` (the module's __call__ on every call).
+    import dealias
+
+    def f(x, y):
+        x.add_(1)
+        return x * y
+
+    jf = dealias.jit(f, executor="torch")
+    for _ in range(2):
+        args = [torch.randn(4), torch.randn(4)]
+        expected_args = [a.clone() for a in args]
+        assert first_difference(f(*expected_args), jf(*args), expected_args, args) is None
+    run = jf.last.run_graph
+    assert getattr(run, "__name__", "") == "forward" and "_lazy" not in run.__func__.__qualname__
