@@ -5,9 +5,9 @@ process restarting with warm caches: 15-20 ms of a warm first call of 1.5-2.5 s)
 What a probe checks (checks.metadata_error): whether eager's kernel of the op raises for its arguments' dtypes,
 sizes, strides, storage offsets and sizes, devices, which of them share memory, and the op's constants, whatever
 the values. Its answer depends on nothing else but the torch build (the kernels), the probe's own source, and the
-process settings a kernel reads: deterministic algorithms (a kernel refusing its nondeterministic path raises) and
-the default dtype. The key is all of that, so an op looked up under a key answers as its probe would. Only "eager
-accepts it" (the probe's None) is remembered: a program whose kernel raises is probed again (its error, with
+process settings a kernel reads: deterministic algorithms (a kernel refusing its nondeterministic path raises),
+the default dtype and device. The key is all of that, so an op looked up under a key answers as its probe would.
+Only "eager accepts it" (the probe's None) is remembered: a program whose kernel raises is probed again (its error, with
 eager's message, is what the program raises), and a graph over symbols is never looked up (its probe is at the
 compiling call's values). The disk file is per torch build and per source of the probe (checks.py,
 kernel_checks.py, this file); a key hashes the `repr` of the in-process key, deterministic for the values it holds.
@@ -38,7 +38,13 @@ _unsaved = False
 def key_of(node: fx.Node) -> str | None:
     """The key of `node`'s probe, or None where it is not kept (symbols, values a key cannot name)."""
     storages: dict[Any, int] = {}  # (which arguments share memory: the probe gives them one buffer)
-    parts: list[Any] = [str(node.target), torch.are_deterministic_algorithms_enabled(), torch.get_default_dtype()]
+    settings = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_default_dtype(),
+        str(torch.get_default_device()),  # (the probe's memory is made there)
+    )
+    parts: list[Any] = [str(node.target), settings]
     leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
     parts.append(str(spec))  # (where each argument stands: `op(a, [b, c])` is not `op([a, b], c)`)
     for a in leaves:
