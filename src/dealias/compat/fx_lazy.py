@@ -10,6 +10,7 @@ call, as before.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -28,3 +29,27 @@ def generated_forward(gm: fx.GraphModule) -> Callable[..., Any]:
     except Missing:
         pass
     return gm.forward
+
+
+def lazy_graph_modules() -> contextlib.AbstractContextManager[None]:
+    """While in force, graph modules made or recompiled generate their Python code only when it is read (`.code`, a
+    call, pickling: inductor's cache key), as dynamo's own are (`_LazyGraphModule`). A compile's passes rewrite and
+    copy graphs a dozen times, each recompile 5-10 ms of a GPT-2 forward's first call, and most of that code was never
+    read. Without `_use_lazy_graph_module` (another torch): modules generate their code at once, as before."""
+    try:
+        use = require(require_module("torch.fx._lazy_graph_module"), "_use_lazy_graph_module")
+        require(require(require_module("torch.fx._lazy_graph_module"), "_LazyGraphModule"), "real_recompile")
+    except Missing:
+        return contextlib.nullcontext()
+    return use(True)
+
+
+def graph_module(root: Any, graph: fx.Graph) -> fx.GraphModule:
+    """`fx.GraphModule(root, graph)`, lazy as under `lazy_graph_modules` (its code generated when read) where this
+    torch has `_LazyGraphModule`: a pass's copy of a graph is rewritten and recompiled before anything reads it."""
+    try:
+        lazy = require(require_module("torch.fx._lazy_graph_module"), "_LazyGraphModule")
+        require(lazy, "real_recompile")
+    except Missing:
+        return fx.GraphModule(root, graph)
+    return lazy(root, graph)

@@ -18,6 +18,7 @@ from torch._dynamo.source import LocalSource
 from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 from torch.utils import _pytree as pytree
 
+from ..compat.fx_lazy import graph_module, lazy_graph_modules
 from ..errors import InvariantError, UnsupportedError
 from ..ir.gradops import caller_tensor, write_back_now
 from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
@@ -79,7 +80,7 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
     out = graph.graph_copy(gm.graph, {})  # the copy's own nodes for the output values
     graph.output(out)
-    return fx.GraphModule(gm, graph)
+    return graph_module(gm, graph)  # (lazy: lowering rewrites it, and only the executors read its code)
 
 
 def _alias_placeholders(gm: fx.GraphModule, captured: Any) -> dict[fx.Node, list[fx.Node]]:
@@ -98,6 +99,19 @@ def compile_program(
     executor: Executor | str = Executor.TORCH,
     symbolic: Symbolic | None = None,
     front: Front | None = None,
+) -> CompiledProgram:
+    """`_compile_program`, its graph modules generating their code when it is read (compat/fx_lazy.py)."""
+    with lazy_graph_modules():
+        return _compile_program(gm, leaves, names, executor, symbolic, front)
+
+
+def _compile_program(
+    gm: fx.GraphModule,
+    leaves: list[Any],
+    names: list[str],
+    executor: Executor | str,
+    symbolic: Symbolic | None,
+    front: Front | None,
 ) -> CompiledProgram:
     """capture -> alias analysis -> functionalize -> optimize -> write-back lowering -> executor, for dynamo's
     graph `gm` called with `leaves`, whose inputs are called `names`; what `symbolic` names stays symbolic (the
@@ -174,7 +188,10 @@ def compile_program(
         try:
             if why is not None:
                 raise Unfusable(why)
-            trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))  # lowering rewrites it
+            # Lowering and the fused executor rewrite the graph: a copy of it; a front's `fp` is one already
+            # (`Front.take`), and the torch executor's fallback copies the functional graph only if this fails.
+            trial = fp if front is not None else dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))
+            fp = _fp_copy(fp, functional_gm) if front is not None else fp  # (lists and slots its own)
             aliases = _alias_placeholders(trial.gm, captured)
             with clock("write-back lowering (fused)"):
                 trial, reports = lower(trial, aliases, fused=True)
@@ -188,6 +205,8 @@ def compile_program(
                 name = f"execution trace (fused: {run.raises})"
         except Unfusable as e:
             name, unfused = f"execution trace (torch executor: not fused, {e})", str(e)
+            if fp.gm is functional_gm:  # (the trace's graph: the torch executor lowers a copy)
+                fp = dataclasses.replace(fp, gm=_copy_graph_module(functional_gm))
     if run is None:
         aliases = _alias_placeholders(fp.gm, captured)
         with clock("write-back lowering"):

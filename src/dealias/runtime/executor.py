@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor, disable_fake_tensor_cache
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..compat.fx_lazy import generated_forward
 from ..errors import quiet_fake_tensor_log
 from ..ir.opfacts import OpKind, bind_args, facts, has_effect, is_view_node, op_name
 from . import bindings
@@ -293,4 +294,4 @@ def torch_executor(gm: fx.GraphModule, grad: bool) -> Callable[..., Any]:
                 node.target = binding[1]
     bindings.flush()
     gm.recompile()
-    return gm.forward
+    return generated_forward(gm)  # (its code generated now: a lazy module's forward would call the module each call)

@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..ir.checks import NoProbe, index_args, is_bounds_check, metadata_error
 from ..ir.gradops import bump_version
 from ..ir.opfacts import facts, is_view_node, may_raise
+from . import kernel_verdicts
 from .hazards import Unfusable
 from .prologue import make_prologue
 
@@ -43,16 +44,25 @@ def first_metadata_error(gm: fx.GraphModule, at_hints: bool = False) -> tuple[fx
     """The first op of `gm` (in program order) whose eager kernel raises for its arguments' metadata whatever
     their values (checks.metadata_error), and eager's exception; None if there is none (or none can be asked).
     `at_hints`: symbolic sizes at their values in the compiling call."""
-    for n in gm.graph.nodes:
-        if not _probed(n):
-            continue
-        try:
-            error = metadata_error(n, at_hints=at_hints)
-        except NoProbe:
-            continue
-        if error is not None:
-            return n, error
-    return None
+    try:
+        for n in gm.graph.nodes:
+            if not _probed(n):
+                continue
+            # (an op whose kernel accepted these metadata in an earlier probe, in this process or on disk, is not
+            # probed again: kernel_verdicts.py says what its key holds)
+            key = kernel_verdicts.key_of(n) if not at_hints else None
+            if kernel_verdicts.accepted(key):
+                continue
+            try:
+                error = metadata_error(n, at_hints=at_hints)
+            except NoProbe:
+                continue
+            if error is not None:
+                return n, error
+            kernel_verdicts.remember(key)
+        return None
+    finally:
+        kernel_verdicts.flush()
 
 
 def _probed(n: fx.Node) -> bool:
