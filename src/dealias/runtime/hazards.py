@@ -70,6 +70,8 @@ def reads_of(gm: fx.GraphModule) -> dict[fx.Node, frozenset[fx.Node]]:
             # Inductor's copy_ stores its source into the destination's memory and returns that memory: a later
             # read of its result loads the stored elements, it never recomputes the source.
             reads[n] = reads.get(n.args[0], frozenset())
+        elif n.op == "call_function" and n.target in _METADATA:
+            reads[n] = frozenset()  # (a size: no write changes it; `n - 1` of it is no value of the memory)
         elif foreach_element(n) is not None:
             reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in foreach_element(n)[0]))
         elif n.op == "call_function" and n.target is not SNAPSHOT:
@@ -198,6 +200,11 @@ def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
         if n.op == "call_function" and is_scatter(n.target) and n.args and n.args[0] in root:  # run it in place
             m = root[n.args[0]]
             yield from ((a, n, True) for a in n.all_input_nodes if a is not n.args[0] and m in reads[a])
+
+
+# A tensor's size, stride, numel or offset: no write changes them, and a snapshot of the SymInt (a dynamic
+# shape's `n = x.shape[0]` before a write, used after it) failed inductor's compile (the program ran unfused).
+_METADATA = frozenset([aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default])
 
 
 def _in_place(a: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict, root: dict) -> bool:
