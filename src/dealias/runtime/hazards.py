@@ -241,11 +241,17 @@ def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _aligned(
-    n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict, memo: dict
+    n: fx.Node,
+    layout: torch.Tensor,
+    m: fx.Node,
+    reads: dict[fx.Node, frozenset[fx.Node]],
+    root: dict,
+    memo: dict | None = None,
 ) -> bool:
     """Whether each element of `n` reads memory `m` only at the element of `layout` (the written region's value)
     it is stored to: `n` is a view of `m` laid out as the written region, or an elementwise op (no broadcast of
     such a read) of such. `memo`: the answers for this layout and memory so far (`_in_place`)."""
+    memo = {} if memo is None else memo
     if n not in memo:
         memo[n] = _aligned_uncached(n, layout, m, reads, root, memo)
     return memo[n]
@@ -278,7 +284,12 @@ def _aligned_uncached(n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict,
 
 
 def _apart(
-    n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict, memo: dict
+    n: fx.Node,
+    layout: torch.Tensor,
+    m: fx.Node,
+    reads: dict[fx.Node, frozenset[fx.Node]],
+    root: dict,
+    memo: dict | None = None,
 ) -> bool:
     """Whether `n` reads memory `m` only through views sharing no element with `layout` (the written region): its
     value is the same computed before, during or after the write, so one kernel may store the write's elements
@@ -286,6 +297,7 @@ def _apart(
     other colour (`c.copy_((up + down + left + right) * 0.25)`, strided views of one buffer): without this the
     source was computed into a buffer, snapshotted (a clone through ATen) and copied into the grid, each colour.
     `memo` as `_aligned`'s."""
+    memo = {} if memo is None else memo
     if n not in memo:
         memo[n] = _apart_uncached(n, layout, m, reads, root, memo)
     return memo[n]
