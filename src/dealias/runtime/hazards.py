@@ -70,6 +70,8 @@ def reads_of(gm: fx.GraphModule) -> dict[fx.Node, frozenset[fx.Node]]:
             # Inductor's copy_ stores its source into the destination's memory and returns that memory: a later
             # read of its result loads the stored elements, it never recomputes the source.
             reads[n] = reads.get(n.args[0], frozenset())
+        elif n.op == "call_function" and n.target in _METADATA:
+            reads[n] = frozenset()  # (a size: no write changes it; `n - 1` of it is no value of the memory)
         elif foreach_element(n) is not None:
             reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in foreach_element(n)[0]))
         elif n.op == "call_function" and n.target is not SNAPSHOT:
@@ -192,15 +194,28 @@ def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
         for a in w.all_input_nodes:
             if a is written or m not in reads[a]:
                 continue
-            layout = written.meta["val"]
-            if w.target is not aten.copy_.default or not (
-                _aligned(a, layout, m, reads, root) or _apart(a, layout, m, reads, root)
-            ):
+            if w.target is not aten.copy_.default or not _in_place(a, written.meta["val"], m, reads, root):
                 yield a, w, True
     for n in nodes:  # a functional scatter of a caller's memory from a decomposition: inductor may
         if n.op == "call_function" and is_scatter(n.target) and n.args and n.args[0] in root:  # run it in place
             m = root[n.args[0]]
             yield from ((a, n, True) for a in n.all_input_nodes if a is not n.args[0] and m in reads[a])
+
+
+# A tensor's size, stride, numel or offset: no write changes them, and a snapshot of the SymInt (a dynamic
+# shape's `n = x.shape[0]` before a write, used after it) failed inductor's compile (the program ran unfused).
+_METADATA = frozenset([aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default])
+
+
+def _in_place(a: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict, root: dict) -> bool:
+    """Whether a write's source `a` may be computed in the kernel storing it (`_aligned` or `_apart`). The memos:
+    a source built as a diamond-shaped DAG (`a, b = b, a + b` in a loop) has exponentially many paths (20 steps
+    took minutes of a compile). A source deeper than Python's recursion limit (a chain of some 300 ops) keeps its
+    copy: a missed fusion, not a failed compile."""
+    try:
+        return _aligned(a, layout, m, reads, root, {}) or _apart(a, layout, m, reads, root, {})
+    except RecursionError:
+        return False
 
 
 def _last_uses_through_views(nodes: list[fx.Node], order: dict[fx.Node, int]) -> dict[fx.Node, int]:
@@ -226,11 +241,23 @@ def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _aligned(
-    n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict
+    n: fx.Node,
+    layout: torch.Tensor,
+    m: fx.Node,
+    reads: dict[fx.Node, frozenset[fx.Node]],
+    root: dict,
+    memo: dict | None = None,
 ) -> bool:
     """Whether each element of `n` reads memory `m` only at the element of `layout` (the written region's value)
     it is stored to: `n` is a view of `m` laid out as the written region, or an elementwise op (no broadcast of
-    such a read) of such."""
+    such a read) of such. `memo`: the answers for this layout and memory so far (`_in_place`)."""
+    memo = {} if memo is None else memo
+    if n not in memo:
+        memo[n] = _aligned_uncached(n, layout, m, reads, root, memo)
+    return memo[n]
+
+
+def _aligned_uncached(n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict, root: dict, memo: dict) -> bool:
     if root.get(n) is m:  # (or elements the write does not touch: `_apart`)
         return same_layout(n.meta["val"], layout) or _disjoint(n.meta.get("val"), layout)
     if m not in reads[n]:
@@ -250,18 +277,33 @@ def _aligned(
     else:
         return False
     return all(
-        m not in reads[a] or (_same_shape(a.meta["val"], n.meta["val"]) and _aligned(a, layout, m, reads, root))
+        m not in reads[a] or (_same_shape(a.meta["val"], n.meta["val"]) and _aligned(a, layout, m, reads, root, memo))
         for a in inputs
         if isinstance(a, fx.Node)
     )
 
 
-def _apart(n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict[fx.Node, frozenset[fx.Node]], root: dict) -> bool:
+def _apart(
+    n: fx.Node,
+    layout: torch.Tensor,
+    m: fx.Node,
+    reads: dict[fx.Node, frozenset[fx.Node]],
+    root: dict,
+    memo: dict | None = None,
+) -> bool:
     """Whether `n` reads memory `m` only through views sharing no element with `layout` (the written region): its
     value is the same computed before, during or after the write, so one kernel may store the write's elements
     while it loads these. A red-black Gauss-Seidel sweep writes one colour of a grid from its neighbours, the
     other colour (`c.copy_((up + down + left + right) * 0.25)`, strided views of one buffer): without this the
-    source was computed into a buffer, snapshotted (a clone through ATen) and copied into the grid, each colour."""
+    source was computed into a buffer, snapshotted (a clone through ATen) and copied into the grid, each colour.
+    `memo` as `_aligned`'s."""
+    memo = {} if memo is None else memo
+    if n not in memo:
+        memo[n] = _apart_uncached(n, layout, m, reads, root, memo)
+    return memo[n]
+
+
+def _apart_uncached(n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict, root: dict, memo: dict) -> bool:
     if root.get(n) is m:
         return _disjoint(n.meta.get("val"), layout)
     if m not in reads[n]:
@@ -275,7 +317,7 @@ def _apart(n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict[fx.Node, fr
         inputs = [n.args[1]]
     else:
         inputs = n.all_input_nodes
-    return all(not isinstance(a, fx.Node) or _apart(a, layout, m, reads, root) for a in inputs)
+    return all(not isinstance(a, fx.Node) or _apart(a, layout, m, reads, root, memo) for a in inputs)
 
 
 def _disjoint(a: Any, b: torch.Tensor) -> bool:
