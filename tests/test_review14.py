@@ -5,14 +5,11 @@ the "fused" program is the torch executor's, every call compared with eager bit 
 
 from __future__ import annotations
 
-import warnings
-
 import torch
+from test_copytiers import FAST_FUSED, fake_fused
 
 import dealias
 from dealias.frontend import tiers
-
-from test_copytiers import FAST_FUSED, fake_fused
 
 
 class Gapped(torch.autograd.Function):
