@@ -5,6 +5,8 @@ the "fused" program is the torch executor's, every call compared with eager bit 
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from test_copytiers import FAST_FUSED, fake_fused
 
@@ -57,3 +59,63 @@ def test_a_gapped_computed_input_is_not_handed_to_the_tiers_in_another_layout(mo
         assert torch.equal(a.grad, mine.grad), call
     call_layout = [((1,), 16), ((1000, 1), h2.untyped_storage().nbytes())]
     assert ran and all(sorted(seen) == sorted(call_layout) for seen in layouts), layouts[:3]
+
+
+def test_a_backward_raising_on_the_copies_surfaces_nothing_and_the_users_backward_raises_as_eagers(monkeypatch):
+    # Under anomaly detection the backward of sqrt at a negative input (not selected: 0 * inf) returns nan and
+    # raises: on the copies that must not surface (nor its warning), the user's result is eager's, and the user's
+    # own backward raises as eager's.
+    fake_fused(monkeypatch, **FAST_FUSED)
+
+    def f(buf, x):
+        buf.add_(1)
+        return torch.where(x < 0, x, x.sqrt()).sum() + buf.sum()
+
+    jf = dealias.jit(f)
+    outcomes = []
+    for fn in (f, jf):
+        x = torch.tensor([1.0, -1.0, 2.0], requires_grad=True)
+        buf = torch.zeros(3)
+        with warnings.catch_warnings(record=True) as seen, torch.autograd.detect_anomaly():
+            warnings.simplefilter("always")
+            out = fn(buf, x)
+            forward_warnings = [str(w.message) for w in seen if "Anomaly" not in str(w.message)]
+            try:
+                out.backward()
+                error = None
+            except RuntimeError as e:
+                error = str(e).split("\n")[0]
+        outcomes.append((out.detach(), buf, x.grad, forward_warnings, error))
+    (o1, b1, g1, w1, e1), (o2, b2, g2, w2, e2) = outcomes
+    assert torch.equal(o1, o2) and torch.equal(b1, b2) and g1 is None and g2 is None
+    assert w1 == w2 == [] and e1 == e2 and e1 is not None, (w1, w2, e1, e2)
+    assert "a run on copies raised RuntimeError" in dealias.cache_info(jf).tier_reasons[0]  # (the path taken)
+
+
+def test_autograd_grad_inside_the_function_calls_the_users_hooks_as_eager(monkeypatch):
+    # (dynamo breaks the graph at autograd.grad: the user's gradient penalty runs between the graphs, the second
+    # graph takes its results; the hook on w runs for it and for the user's backward, once each, as in eager)
+    fake_fused(monkeypatch, **FAST_FUSED)
+
+    def f(buf, x, w):
+        buf.add_(1)
+        y = (x @ w).tanh().sum()
+        (g,) = torch.autograd.grad(y, w, create_graph=True)
+        return y + g.square().sum()
+
+    jf = dealias.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for call in range(3):
+            x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+            results = []
+            for fn in (f, jf):
+                wi, buf, seen = w.detach().clone().requires_grad_(), torch.zeros(3), []
+                wi.register_hook(lambda g, seen=seen: seen.append(1))
+                out = fn(buf, x, wi)
+                after_call = len(seen)
+                out.backward()
+                results.append((out, buf, wi.grad, after_call, len(seen)))
+            (o1, b1, g1, n1, m1), (o2, b2, g2, n2, m2) = results
+            assert torch.equal(o1, o2) and torch.equal(b1, b2) and torch.equal(g1, g2), call
+            assert (n1, m1) == (n2, m2) == (1, 2), (n1, m1, n2, m2)
