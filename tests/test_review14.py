@@ -154,3 +154,45 @@ def test_another_threads_draws_while_the_copies_run_are_not_drawn_again(monkeypa
     other.join()
     # (eager: one generator, two draws in some order, never the same numbers)
     assert not torch.equal(mine, theirs[0]), (mine, theirs)
+
+
+def test_the_copies_backward_does_not_call_the_users_compiled_autograd_compiler(monkeypatch):
+    # Under compiled autograd the backward's graph goes to the user's compiler (a callback: logs, compiles): the
+    # copies' backward called it inside the first call's forward, where eager calls it at the user's backward only.
+    from torch._dynamo import compiled_autograd
+
+    fake_fused(monkeypatch, **FAST_FUSED)
+    compiled = []
+
+    def compiler(gm):
+        compiled.append(gm)
+        return gm
+
+    def make():
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 8)
+
+        def f(buf, x):
+            buf.add_(1)
+            return lin(x).relu().sum() + buf.sum()
+
+        return f, lin
+
+    (f, ref), (g, mine) = make(), make()
+    jf = dealias.jit(g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for call in range(2):
+            x = torch.randn(4, 8)
+            results = []
+            for fn, lin in ((f, ref), (jf, mine)):
+                buf = torch.zeros(3)
+                with compiled_autograd._enable(compiler):
+                    compiled.clear()
+                    out = fn(buf, x)
+                    in_forward = len(compiled)
+                    out.backward()
+                results.append((out, buf, in_forward, [p.grad.clone() for p in lin.parameters()]))
+            (o1, b1, n1, g1), (o2, b2, n2, g2) = results
+            assert torch.equal(o1, o2) and torch.equal(b1, b2) and all(map(torch.equal, g1, g2)), call
+            assert n1 == n2 == 0, (call, n1, n2)

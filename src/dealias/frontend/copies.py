@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 from torch._dynamo.convert_frame import compile_lock
 
 from ..compat import saved_hooks
+from ..compat.internals import compiled_autograd_in_force
 from ..ir.draws import kept_rng
 from ..ir.plan import RefKind
 from ..runtime.verify import clone_args
@@ -119,6 +120,8 @@ def run_on_copies(
                     if records is None:  # (the first run: its backward, untimed, warms that up too)
                         records = has_history(out)
                         refusal = backward_refusal(entry.backend.gm) if records else ""
+                        if records and not refusal and compiled_autograd_in_force():
+                            refusal = "compiled autograd in force"  # (its compiler, the user's, called for copies)
                         if refusal:  # (the copies then only warm the tiers up: the user's calls are timed ones)
                             notes.append(f"tiers measured on the calls: {RECORDS} ({refusal})")
                             warm_only = True
