@@ -86,6 +86,19 @@ def backward_keeps_graph() -> bool:
     return bool(_KEEP_GRAPH()) if _KEEP_GRAPH is not None else False
 
 
+# Whether a backward run now may be compiled autograd's (`torch._dynamo.config.compiled_autograd`, or inside
+# `compiled_autograd._enable(compiler)`): its compiler is the user's callback, called on the backward's graph (and a
+# compile), which eager's backward runs once a call; True where this torch cannot tell.
+def compiled_autograd_in_force() -> bool:
+    try:
+        from torch._dynamo import compiled_autograd, config
+
+        flags = require(config, "compiled_autograd"), require(compiled_autograd, "compiled_autograd_enabled")
+    except (ImportError, Missing):
+        return True
+    return any(bool(flag) for flag in flags)
+
+
 # A tensor's StorageImpl address, as `untyped_storage()._cdata` (which it falls back to) without making a storage
 # object: ~0.1 us a tensor less in the guard every call runs.
 storage_id: Callable[[torch.Tensor], int] = _lookup(torch._C, "_storage_id")[0] or (

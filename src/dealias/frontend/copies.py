@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 from torch._dynamo.convert_frame import compile_lock
 
 from ..compat import saved_hooks
+from ..compat.internals import compiled_autograd_in_force
 from ..ir.draws import kept_rng
 from ..ir.plan import RefKind
 from ..runtime.verify import clone_args
@@ -95,6 +96,12 @@ def run_on_copies(
             base = list(leaves)  # (every tensor copied once: a write the plan would not name stays in the copy)
             for i, c in zip(tensors, clone_args([leaves[i] for i in tensors])):
                 base[i] = c
+            if any(_layout(base[i]) != _layout(leaves[i]) for i in tensors):
+                # (clone_args recomputes a computed tensor requiring grad, `* 1`: dense, where the caller's may
+                # have gaps, an autograd.Function's `empty_strided` result; the tiers' programs, the fused one's
+                # kernels, index with the call's strides: past the copy's memory)
+                notes.append("tiers measured on the calls: a copy's layout is not the call's")
+                return {}, set(), notes
             spent = dict.fromkeys(tiers, 0.0)
             # Each tier's warm-up first (untimed), then SAMPLES rounds, a run of each tier measured on per round
             # (so that a noisy stretch of the machine falls on them all).
@@ -113,6 +120,8 @@ def run_on_copies(
                     if records is None:  # (the first run: its backward, untimed, warms that up too)
                         records = has_history(out)
                         refusal = backward_refusal(entry.backend.gm) if records else ""
+                        if records and not refusal and compiled_autograd_in_force():
+                            refusal = "compiled autograd in force"  # (its compiler, the user's, called for copies)
                         if refusal:  # (the copies then only warm the tiers up: the user's calls are timed ones)
                             notes.append(f"tiers measured on the calls: {RECORDS} ({refusal})")
                             warm_only = True
@@ -144,6 +153,10 @@ def run_on_copies(
     if not warm_only and total >= COPIES_SECONDS and any(t not in samples for t in tiers):
         notes.append(f"tiers measured on the calls too: runs on copies stopped after {total:.1f} s")
     return samples, warmed, notes
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    return t.shape, t.stride(), t.storage_offset(), t.untyped_storage().nbytes()
 
 
 def _with_backward(run: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
