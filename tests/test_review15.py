@@ -280,3 +280,40 @@ def test_no_call_runs_a_lazy_modules_forward(monkeypatch):
         h(we, x).backward()
         torch.testing.assert_close(w.grad, we.grad, rtol=0, atol=0)
     assert calls == []
+
+
+# --- found in review: switches choosing eager's kernel, the torch build's configuration -------------------------
+
+
+def conv(x, w, b):
+    return aten.convolution.default(x, w, b, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+
+
+def test_a_verdict_probed_with_onednn_off_does_not_answer_with_it_on():
+    # bfloat16 input and weight, a float32 bias: oneDNN's convolution (torch.backends.mkldnn on, the default) raises,
+    # the native kernel (mkldnn off) computes. An "accepts" probed with it off must not answer with it on (the key
+    # had no switch: the kept verdict said accepts, and eager's error was not found).
+    args = torch.zeros(1, 4, 8, 8, dtype=torch.bfloat16), torch.zeros(4, 4, 3, 3, dtype=torch.bfloat16), torch.zeros(4)
+    g = graph(conv, *args)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert kernel_checks.first_metadata_error(g) is None
+        conv(*args)  # (eager accepts it too)
+    for _ in range(2):
+        assert_eagers(kernel_checks.first_metadata_error(g), eager_error(conv, *args))
+        kernel_verdicts.clear()  # (the next process: the disk file only)
+
+
+def test_the_disk_file_is_per_torch_build_configuration():
+    # Two builds of one torch commit (one version string) may have other kernels (without LAPACK, oneDNN): their
+    # verdicts are kept apart.
+    show = torch.__config__.show
+    kernel_verdicts._build_key.cache_clear()
+    here = kernel_verdicts._build_key()
+    try:
+        torch.__config__.show = lambda: "another build: USE_MKLDNN=OFF"
+        kernel_verdicts._build_key.cache_clear()
+        assert kernel_verdicts._build_key() != here
+    finally:
+        torch.__config__.show = show
+        kernel_verdicts._build_key.cache_clear()
+    assert kernel_verdicts._build_key() == here

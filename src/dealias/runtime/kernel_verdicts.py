@@ -6,11 +6,13 @@ What a probe checks (checks.metadata_error): whether eager's kernel of the op ra
 sizes, strides, storage offsets and sizes, devices, which of them share memory, and the op's constants, whatever
 the values. Its answer depends on nothing else but the torch build (the kernels), the probe's own source, and the
 process settings a kernel reads: deterministic algorithms (a kernel refusing its nondeterministic path raises),
-the default dtype and device. The key is all of that, so an op looked up under a key answers as its probe would.
-Only "eager accepts it" (the probe's None) is remembered: a program whose kernel raises is probed again (its error, with
-eager's message, is what the program raises), and a graph over symbols is never looked up (its probe is at the
-compiling call's values). The disk file is per torch build and per source of the probe (checks.py,
-kernel_checks.py, this file); a key hashes the `repr` of the in-process key, deterministic for the values it holds.
+the default dtype and device, torch.backends' switches choosing a kernel (compat/kernel_flags.py: oneDNN's
+convolution rejects a bias dtype the native one accepts). The key is all of that, so an op looked up under a key
+answers as its probe would. Only "eager accepts it" (the probe's None) is remembered: a program whose kernel raises
+is probed again (its error, with eager's message, is what the program raises), and a graph over symbols is never
+looked up (its probe is at the compiling call's values). The disk file is per torch build (its version, commit and
+configuration) and per source of the probe (checks.py, kernel_checks.py, this file); a key hashes the `repr` of the
+in-process key, deterministic for the values it holds.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from ..compat.kernel_flags import kernel_flags
 from .keep_aten import cache_dir, write_whole
 
 _LIMIT = 8192  # keys in memory, and on disk
@@ -38,11 +41,15 @@ _unsaved = False
 def key_of(node: fx.Node) -> str | None:
     """The key of `node`'s probe, or None where it is not kept (symbols, values a key cannot name)."""
     storages: dict[Any, int] = {}  # (which arguments share memory: the probe gives them one buffer)
+    flags = kernel_flags()  # (which kernel runs: oneDNN's convolution rejects what the native one accepts)
+    if flags is None:
+        return None
     settings = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.get_default_dtype(),
         str(torch.get_default_device()),  # (the probe's memory is made there)
+        flags,
     )
     parts: list[Any] = [str(node.target), settings]
     leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
@@ -140,5 +147,7 @@ def _path() -> Path:
 def _build_key() -> str:
     here = Path(__file__).parent
     files = (here / "kernel_checks.py", here / "kernel_verdicts.py", here.parent / "ir" / "checks.py")
-    parts = [torch.__version__, str(getattr(torch.version, "git_version", ""))] + [f.read_text() for f in files]
+    # (the build's configuration too: two builds of one commit may have other kernels, without LAPACK or oneDNN)
+    build = [torch.__version__, str(getattr(torch.version, "git_version", "")), torch.__config__.show()]
+    parts = build + [f.read_text() for f in files]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
