@@ -317,3 +317,27 @@ def test_the_disk_file_is_per_torch_build_configuration():
         torch.__config__.show = show
         kernel_verdicts._build_key.cache_clear()
     assert kernel_verdicts._build_key() == here
+
+
+@pytest.mark.parametrize("how", ["dynamo config", "force skip"])
+def test_a_user_who_turned_lazy_graph_modules_off_gets_plain_ones(how):
+    # dynamo's `use_lazy_graph_module` off (or torch's `_force_skip_lazy_graph_module`, for TorchScript, which cannot
+    # script a lazy module): a program's graphs are plain graph modules, as dynamo's own are then (the compile made
+    # them lazy whatever the setting).
+    lazy = pytest.importorskip("torch.fx._lazy_graph_module")
+    off = (
+        torch._dynamo.config.patch(use_lazy_graph_module=False)
+        if how == "dynamo config"
+        else lazy._force_skip_lazy_graph_module()
+    )
+    with off:
+        jf = dealias.jit(step, executor="torch")
+        args = [torch.randn(4), torch.randn(4)]
+        expected_args = [a.clone() for a in args]
+        assert first_difference(step(*expected_args), jf(*args), expected_args, args) is None
+    program = jf.last
+    for gm in (program.functional_gm, program.functional.gm, program.captured.gm):
+        assert not isinstance(gm, lazy._LazyGraphModule), type(gm).__mro__
+    args = [torch.randn(4), torch.randn(4)]
+    expected_args = [a.clone() for a in args]
+    assert first_difference(step(*expected_args), jf(*args), expected_args, args) is None
