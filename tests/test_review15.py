@@ -341,3 +341,21 @@ def test_a_user_who_turned_lazy_graph_modules_off_gets_plain_ones(how):
     args = [torch.randn(4), torch.randn(4)]
     expected_args = [a.clone() for a in args]
     assert first_difference(step(*expected_args), jf(*args), expected_args, args) is None
+
+
+def test_an_install_without_the_probes_source_keeps_verdicts_in_memory_only(monkeypatch, verdicts):
+    # An install of compiled files only (or a zip): the probe's source cannot be read for the disk file's key. The
+    # check must still answer as eager (it raised FileNotFoundError from the key: executor="inductor" ran the graph
+    # eagerly with a FallbackWarning), and no file is written that another version would read.
+    monkeypatch.setattr(kernel_verdicts, "__file__", str(verdicts / "nowhere" / "runtime" / "kernel_verdicts.py"))
+    kernel_verdicts._build_key.cache_clear()
+    try:
+        x, i = torch.zeros(8), torch.zeros(3, dtype=torch.int64)
+        for _ in range(2):
+            assert kernel_checks.first_metadata_error(graph(fill(1.5), x, i)) is None
+            expected = eager_error(fill(1j), torch.zeros(8), torch.tensor([0, 1]))
+            assert_eagers(kernel_checks.first_metadata_error(graph(fill(1j), x, i)), expected)
+        assert not list(Path(verdicts).glob("kernel_checks-*"))
+    finally:
+        monkeypatch.undo()
+        kernel_verdicts._build_key.cache_clear()

@@ -113,8 +113,9 @@ def flush() -> None:
         return
     with _lock:
         _unsaved = False
-        merged = sorted(set(_load_file()) | _accepted)[:_LIMIT]
-        write_whole(_path(), json.dumps(merged))
+        path = _path()
+        if path is not None:
+            write_whole(path, json.dumps(sorted(set(_load_file()) | _accepted)[:_LIMIT]))
 
 
 def clear() -> None:
@@ -132,22 +133,31 @@ def _read() -> None:
 
 
 def _load_file() -> list[str]:
+    path = _path()
+    if path is None:
+        return []
     try:
-        data = json.loads(_path().read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):
         return []
     return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
 
 
-def _path() -> Path:
-    return cache_dir() / f"kernel_checks-{_build_key()}.json"
+def _path() -> Path | None:
+    """The disk file; None where the probe's source cannot be read (an install of compiled files only, a zip): its
+    verdicts are then kept in this process only (another version's file must not answer for this one)."""
+    key = _build_key()
+    return None if key is None else cache_dir() / f"kernel_checks-{key}.json"
 
 
 @functools.cache
-def _build_key() -> str:
+def _build_key() -> str | None:
     here = Path(__file__).parent
     files = (here / "kernel_checks.py", here / "kernel_verdicts.py", here.parent / "ir" / "checks.py")
     # (the build's configuration too: two builds of one commit may have other kernels, without LAPACK or oneDNN)
     build = [torch.__version__, str(getattr(torch.version, "git_version", "")), torch.__config__.show()]
-    parts = build + [f.read_text() for f in files]
+    try:
+        parts = build + [f.read_text() for f in files]
+    except (OSError, UnicodeDecodeError):
+        return None
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
