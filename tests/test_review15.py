@@ -359,3 +359,16 @@ def test_an_install_without_the_probes_source_keeps_verdicts_in_memory_only(monk
     finally:
         monkeypatch.undo()
         kernel_verdicts._build_key.cache_clear()
+
+
+def test_a_sparse_argument_beside_one_too_large_to_probe_is_no_error():
+    # A dense argument over the probe's memory limit, then a sparse one: the probe gives up at the first (NoProbe),
+    # as before the verdicts were kept; the key must not ask the sparse one for its storage (NotImplementedError
+    # from the compile). Eager accepts the op.
+    dense, sparse = (
+        torch.empty(2048, 4096),
+        torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.ones(1), (2048, 4096)),
+    )
+    g = graph(lambda a, b: aten.add.Tensor(a, b), dense, sparse)
+    assert kernel_checks.first_metadata_error(g) is None
+    aten.add.Tensor(dense, sparse)  # (eager's answer: accepted)

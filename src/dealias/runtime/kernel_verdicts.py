@@ -60,6 +60,8 @@ def key_of(node: fx.Node) -> str | None:
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return None
         if isinstance(a, torch.Tensor):
+            if a.layout is not torch.strided:  # (no strides nor storage to name: sparse, mkldnn)
+                return None
             if any(isinstance(d, torch.SymInt) for d in (*a.shape, *a.stride(), a.storage_offset())):
                 return None
             storage = a.untyped_storage()
