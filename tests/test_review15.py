@@ -372,3 +372,23 @@ def test_a_sparse_argument_beside_one_too_large_to_probe_is_no_error():
     g = graph(lambda a, b: aten.add.Tensor(a, b), dense, sparse)
     assert kernel_checks.first_metadata_error(g) is None
     aten.add.Tensor(dense, sparse)  # (eager's answer: accepted)
+
+
+def test_the_disk_file_is_per_source_of_what_the_probe_calls(monkeypatch):
+    # ir/opfacts.py says which arguments of an op are indices (a probe fills them as such): another version of it
+    # is another probe, whose verdicts must not answer for this one's.
+    kernel_verdicts._build_key.cache_clear()
+    here = kernel_verdicts._build_key()
+    read = Path.read_text
+
+    def other_opfacts(self, *args, **kwargs):
+        text = read(self, *args, **kwargs)
+        return text + "\n# another version" if self.name == "opfacts.py" else text
+
+    monkeypatch.setattr(Path, "read_text", other_opfacts)
+    kernel_verdicts._build_key.cache_clear()
+    try:
+        assert kernel_verdicts._build_key() != here
+    finally:
+        monkeypatch.setattr(Path, "read_text", read)
+        kernel_verdicts._build_key.cache_clear()

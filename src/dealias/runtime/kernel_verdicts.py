@@ -11,8 +11,8 @@ convolution rejects a bias dtype the native one accepts). The key is all of that
 answers as its probe would. Only "eager accepts it" (the probe's None) is remembered: a program whose kernel raises
 is probed again (its error, with eager's message, is what the program raises), and a graph over symbols is never
 looked up (its probe is at the compiling call's values). The disk file is per torch build (its version, commit and
-configuration) and per source of the probe (checks.py, kernel_checks.py, this file); a key hashes the `repr` of the
-in-process key, deterministic for the values it holds.
+configuration) and per source of the probe (checks.py, opfacts.py, draws.py, kernel_checks.py, this file); a key
+hashes the `repr` of the in-process key, deterministic for the values it holds.
 """
 
 from __future__ import annotations
@@ -155,7 +155,15 @@ def _path() -> Path | None:
 @functools.cache
 def _build_key() -> str | None:
     here = Path(__file__).parent
-    files = (here / "kernel_checks.py", here / "kernel_verdicts.py", here.parent / "ir" / "checks.py")
+    # (the probe's and what it calls: opfacts.py finds an op's index arguments, which a probe fills as indices)
+    ir = here.parent / "ir"
+    files = (
+        here / "kernel_checks.py",
+        here / "kernel_verdicts.py",
+        ir / "checks.py",
+        ir / "opfacts.py",
+        ir / "draws.py",
+    )
     # (the build's configuration too: two builds of one commit may have other kernels, without LAPACK or oneDNN)
     build = [torch.__version__, str(getattr(torch.version, "git_version", "")), torch.__config__.show()]
     try:
