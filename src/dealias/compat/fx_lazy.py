@@ -35,21 +35,30 @@ def lazy_graph_modules() -> contextlib.AbstractContextManager[None]:
     """While in force, graph modules made or recompiled generate their Python code only when it is read (`.code`, a
     call, pickling: inductor's cache key), as dynamo's own are (`_LazyGraphModule`). A compile's passes rewrite and
     copy graphs a dozen times, each recompile 5-10 ms of a GPT-2 forward's first call, and most of that code was never
-    read. Without `_use_lazy_graph_module` (another torch): modules generate their code at once, as before."""
-    try:
-        use = require(require_module("torch.fx._lazy_graph_module"), "_use_lazy_graph_module")
-        require(require(require_module("torch.fx._lazy_graph_module"), "_LazyGraphModule"), "real_recompile")
-    except Missing:
+    read. Without `_use_lazy_graph_module` (another torch), or where the user turned dynamo's lazy graph modules off
+    (`torch._dynamo.config.use_lazy_graph_module`; `_force_skip_lazy_graph_module`, for TorchScript, which cannot
+    script one): modules generate their code at once, as before."""
+    if _lazy_class() is None:
         return contextlib.nullcontext()
-    return use(True)
+    return require(require_module("torch.fx._lazy_graph_module"), "_use_lazy_graph_module")(True)
 
 
 def graph_module(root: Any, graph: fx.Graph) -> fx.GraphModule:
-    """`fx.GraphModule(root, graph)`, lazy as under `lazy_graph_modules` (its code generated when read) where this
-    torch has `_LazyGraphModule`: a pass's copy of a graph is rewritten and recompiled before anything reads it."""
+    """`fx.GraphModule(root, graph)`, lazy as under `lazy_graph_modules` (its code generated when read) where that
+    is in force: a pass's copy of a graph is rewritten and recompiled before anything reads it."""
+    lazy = _lazy_class()
+    return fx.GraphModule(root, graph) if lazy is None else lazy(root, graph)
+
+
+def _lazy_class() -> Any:
+    """`_LazyGraphModule` where dealias's compiles may make lazy graph modules, as dynamo's own; None otherwise."""
     try:
-        lazy = require(require_module("torch.fx._lazy_graph_module"), "_LazyGraphModule")
+        module = require_module("torch.fx._lazy_graph_module")
+        lazy = require(module, "_LazyGraphModule")
         require(lazy, "real_recompile")
+        require(module, "_use_lazy_graph_module")
+        wanted = require(require_module("torch._dynamo.config"), "use_lazy_graph_module")
     except Missing:
-        return fx.GraphModule(root, graph)
-    return lazy(root, graph)
+        return None
+    skipped = getattr(module, "_force_skip_lazy_graph_module_flag", False)
+    return lazy if wanted is True and not skipped else None

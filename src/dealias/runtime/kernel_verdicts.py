@@ -6,11 +6,13 @@ What a probe checks (checks.metadata_error): whether eager's kernel of the op ra
 sizes, strides, storage offsets and sizes, devices, which of them share memory, and the op's constants, whatever
 the values. Its answer depends on nothing else but the torch build (the kernels), the probe's own source, and the
 process settings a kernel reads: deterministic algorithms (a kernel refusing its nondeterministic path raises),
-the default dtype and device. The key is all of that, so an op looked up under a key answers as its probe would.
-Only "eager accepts it" (the probe's None) is remembered: a program whose kernel raises is probed again (its error, with
-eager's message, is what the program raises), and a graph over symbols is never looked up (its probe is at the
-compiling call's values). The disk file is per torch build and per source of the probe (checks.py,
-kernel_checks.py, this file); a key hashes the `repr` of the in-process key, deterministic for the values it holds.
+the default dtype and device, torch.backends' switches choosing a kernel (compat/kernel_flags.py: oneDNN's
+convolution rejects a bias dtype the native one accepts). The key is all of that, so an op looked up under a key
+answers as its probe would. Only "eager accepts it" (the probe's None) is remembered: a program whose kernel raises
+is probed again (its error, with eager's message, is what the program raises), and a graph over symbols is never
+looked up (its probe is at the compiling call's values). The disk file is per torch build (its version, commit and
+configuration) and per source of the probe (checks.py, opfacts.py, draws.py, kernel_checks.py, this file); a key
+hashes the `repr` of the in-process key, deterministic for the values it holds.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from ..compat.kernel_flags import kernel_flags
 from .keep_aten import cache_dir, write_whole
 
 _LIMIT = 8192  # keys in memory, and on disk
@@ -38,11 +41,15 @@ _unsaved = False
 def key_of(node: fx.Node) -> str | None:
     """The key of `node`'s probe, or None where it is not kept (symbols, values a key cannot name)."""
     storages: dict[Any, int] = {}  # (which arguments share memory: the probe gives them one buffer)
+    flags = kernel_flags()  # (which kernel runs: oneDNN's convolution rejects what the native one accepts)
+    if flags is None:
+        return None
     settings = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.get_default_dtype(),
         str(torch.get_default_device()),  # (the probe's memory is made there)
+        flags,
     )
     parts: list[Any] = [str(node.target), settings]
     leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
@@ -53,6 +60,8 @@ def key_of(node: fx.Node) -> str | None:
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return None
         if isinstance(a, torch.Tensor):
+            if a.layout is not torch.strided:  # (no strides nor storage to name: sparse, mkldnn)
+                return None
             if any(isinstance(d, torch.SymInt) for d in (*a.shape, *a.stride(), a.storage_offset())):
                 return None
             storage = a.untyped_storage()
@@ -106,8 +115,9 @@ def flush() -> None:
         return
     with _lock:
         _unsaved = False
-        merged = sorted(set(_load_file()) | _accepted)[:_LIMIT]
-        write_whole(_path(), json.dumps(merged))
+        path = _path()
+        if path is not None:
+            write_whole(path, json.dumps(sorted(set(_load_file()) | _accepted)[:_LIMIT]))
 
 
 def clear() -> None:
@@ -125,20 +135,39 @@ def _read() -> None:
 
 
 def _load_file() -> list[str]:
+    path = _path()
+    if path is None:
+        return []
     try:
-        data = json.loads(_path().read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):
         return []
     return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
 
 
-def _path() -> Path:
-    return cache_dir() / f"kernel_checks-{_build_key()}.json"
+def _path() -> Path | None:
+    """The disk file; None where the probe's source cannot be read (an install of compiled files only, a zip): its
+    verdicts are then kept in this process only (another version's file must not answer for this one)."""
+    key = _build_key()
+    return None if key is None else cache_dir() / f"kernel_checks-{key}.json"
 
 
 @functools.cache
-def _build_key() -> str:
+def _build_key() -> str | None:
     here = Path(__file__).parent
-    files = (here / "kernel_checks.py", here / "kernel_verdicts.py", here.parent / "ir" / "checks.py")
-    parts = [torch.__version__, str(getattr(torch.version, "git_version", ""))] + [f.read_text() for f in files]
+    # (the probe's and what it calls: opfacts.py finds an op's index arguments, which a probe fills as indices)
+    ir = here.parent / "ir"
+    files = (
+        here / "kernel_checks.py",
+        here / "kernel_verdicts.py",
+        ir / "checks.py",
+        ir / "opfacts.py",
+        ir / "draws.py",
+    )
+    # (the build's configuration too: two builds of one commit may have other kernels, without LAPACK or oneDNN)
+    build = [torch.__version__, str(getattr(torch.version, "git_version", "")), torch.__config__.show()]
+    try:
+        parts = build + [f.read_text() for f in files]
+    except (OSError, UnicodeDecodeError):
+        return None
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
