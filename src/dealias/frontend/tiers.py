@@ -417,7 +417,7 @@ class Tiered:
     def _measure_on_copies(self, leaves: list[Any]) -> None:
         """In the first call (FUSE_FIRST), every candidate's warm-up and timed calls on copies of the call's tensors
         (frontend/copies.py), the fused program's among them: the choice made there where they are not close, and
-        the user's calls then run the winner, all of them; tiers close to the best measured on on the user's calls."""
+        the user's calls then run the winner, all of them; tiers close to the best measured on the user's calls."""
         tiers = list(self.candidates)
         if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
             tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
