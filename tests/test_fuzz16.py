@@ -1,0 +1,43 @@
+"""A graph whose tracing fails where eager raises too runs eagerly on copies to tell (backend._raises): that run must
+not print fx's traceback to stderr (a lazy graph module's forward is its __call__, which prints it), as eager
+prints nothing. Found by fuzz seed 1800147 (call 3, arguments at an odd storage offset)."""
+
+import torch
+
+import dealias
+
+
+def program(x0, x1):
+    v2 = torch.view_as_complex(x1)
+    torch.neg(v2, out=v2)
+    x0.mul_(2)
+    return (v2,)
+
+
+def _args(offset):
+    base = torch.arange(24.0 + offset)[offset:].view(3, 4, 2)
+    return base, base[:1]
+
+
+def test_eager_error_check_prints_no_traceback(capfd):
+    jitted = dealias.jit(program, executor="torch")
+    results = []
+    for offset in (0, 0, 1):
+        args, eager_args = _args(offset), _args(offset)
+        try:
+            expected = program(*eager_args)
+        except RuntimeError as e:
+            expected = e
+        try:
+            got = jitted(*args)
+        except RuntimeError as e:
+            got = e
+        if isinstance(expected, Exception):
+            assert isinstance(got, Exception) and str(got).splitlines()[0] == str(expected).splitlines()[0]
+        else:
+            assert not isinstance(got, Exception), (offset, got)
+            torch.testing.assert_close(got, expected)
+            torch.testing.assert_close(args[0], eager_args[0])
+        results.append(isinstance(expected, Exception))
+    assert results == [False, False, True]  # the third call raises in eager
+    assert "Call using an FX-traced Module" not in capfd.readouterr().err
