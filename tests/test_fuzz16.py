@@ -2,6 +2,7 @@
 not print fx's traceback to stderr (a lazy graph module's forward is its __call__, which prints it), as eager
 prints nothing. Found by fuzz seed 1800147 (call 3, arguments at an odd storage offset)."""
 
+import pytest
 import torch
 
 import dealias
@@ -41,3 +42,38 @@ def test_eager_error_check_prints_no_traceback(capfd):
         results.append(isinstance(expected, Exception))
     assert results == [False, False, True]  # the third call raises in eager
     assert "Call using an FX-traced Module" not in capfd.readouterr().err
+
+
+class _Ident(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _split_program(x0):
+    v3 = x0 * 2
+    v5 = v3.new_zeros((1, 3))
+    v7 = v5.movedim(0, -1)
+    _Ident.apply(x0)  # (the graph is split here: v5 and v7 are the second piece's inputs)
+    v7.transpose_(0, 1)  # a layout change while v5 does not require grad...
+    v5.mul_(v3)  # ...then a write that makes it require grad
+    return v5, v7
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="fuzz seed 1808283: the epilogue sets v7's layout (as_strided_) after the write-back that made its base "
+    "require grad; autograd refuses an in-place layout change there (eager changed it before the write)",
+)
+def test_layout_change_before_a_write_that_brings_grad():
+    x = torch.randn(1, 3, requires_grad=True)
+    expected = _split_program(x * 1)
+    got = dealias.jit(_split_program, executor="torch")(x * 1)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+        assert (g.stride(), g.requires_grad) == (e.stride(), e.requires_grad)
