@@ -33,6 +33,7 @@ from torch._dynamo.convert_frame import compile_lock
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
 from .. import compat
+from ..compat.fx_lazy import generated_forward
 from ..errors import (
     DealiasError,
     EagerSemanticsError,
@@ -503,7 +504,9 @@ def _raises(gm: fx.GraphModule, leaves: list[Any]) -> bool:
     """Whether eager raises running the graph, on copies of its inputs and with the random state restored."""
     with kept_rng(gm, leaves):  # (the default generator's state and that of the generators its draws take)
         try:
-            gm.forward(*clone_args(leaves))  # forward: fx's __call__ would print the error's traceback
+            # Its generated code, not fx's __call__, which prints the error's traceback (a lazy graph module's
+            # forward is that call until its code is generated)
+            generated_forward(gm)(*clone_args(leaves))
         except Exception:  # noqa: BLE001 - any error: the program's own
             return True
     return False
