@@ -417,18 +417,29 @@ class Tiered:
     def _measure_on_copies(self, leaves: list[Any]) -> None:
         """In the first call (FUSE_FIRST), every candidate's warm-up and timed calls on copies of the call's tensors
         (frontend/copies.py), the fused program's among them: the choice made there where they are not close, and
-        the user's calls then run the winner, all of them; tiers close to the best measured on the user's calls."""
+        the user's calls then run the winner, all of them; tiers close to the best measured on the user's calls.
+        Where the runs on copies include their backward, a close tier's runs on copies are not kept: a user's call
+        recording autograd is timed up to the next call, with a backward only where the user runs one, so the two
+        are no measure together (a forward of MultiheadAttention with grad, never backpropagated: close tiers timed
+        on forwards beside others' forwards and backwards chose the torch executor, 1.11x eager, over the fused
+        program's 1.00x). The copies drop the clear losers there; the close tiers are timed on the user's calls
+        alone (every tier, where some candidate was not timed on copies)."""
         tiers = list(self.candidates)
         if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
             tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
-        samples, warmed, notes = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
+        samples, warmed, notes, backward = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
         self.notes += notes
         with self.lock:
             self.warm.update(warmed)
+            if backward and not all(samples.get(t) for t in self.candidates):
+                samples = {}
             self.samples.update(samples)
             self.measured_on_copies = bool(samples)
             if samples and self.candidates:
                 self._decide()
+            if backward and len(self.candidates) > 1:
+                for t in self.candidates:  # (close ones left: timed on the user's calls alone)
+                    self.samples.pop(t, None)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
