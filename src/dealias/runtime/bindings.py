@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..ir.opfacts import op_name
-from .keep_aten import cache_dir, write_whole
+from .keep_aten import cache_dir, read_json, source_key, write_whole
 
 _LIMIT = 8192  # entries in memory, and on disk
 _lock = threading.Lock()
@@ -62,8 +62,9 @@ def flush() -> None:
         return
     with _lock:
         _unsaved = False
-        merged = {**_load_file(), **_read()}
-        write_whole(_path(), json.dumps(merged, sort_keys=True))
+        path = _path()
+        if path is not None:
+            write_whole(path, json.dumps({**_load_file(), **_read()}, sort_keys=True))
 
 
 def clear() -> None:
@@ -100,21 +101,18 @@ def _read() -> dict[str, str | None]:
 
 
 def _load_file() -> dict[str, str | None]:
-    try:
-        data = json.loads(_path().read_text())
-    except (OSError, ValueError, RecursionError):  # (a damaged file of nested brackets: json recurses)
-        return {}
+    data = read_json(_path())
     return data if isinstance(data, dict) else {}
 
 
-def _path() -> Path:
-    return cache_dir() / f"bindings-{_build_key()}.json"
+def _path() -> Path | None:
+    """The disk file; None where the probe's sources cannot be read (answers kept in the process only)."""
+    key = _build_key()
+    return None if key is None else cache_dir() / f"bindings-{key}.json"
 
 
 @functools.cache
-def _build_key() -> str:
-    # (a dev build's version can stay while its git revision moves; the probe also binds through ir/opfacts.py)
+def _build_key() -> str | None:
+    # (the probe also binds through ir/opfacts.py)
     here = Path(__file__).parent
-    files = (here / "executor.py", here / "bindings.py", here.parent / "ir" / "opfacts.py")
-    parts = [torch.__version__, str(getattr(torch.version, "git_version", ""))] + [f.read_text() for f in files]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    return source_key((here / "executor.py", here / "bindings.py", here.parent / "ir" / "opfacts.py"))

@@ -206,6 +206,30 @@ def write_whole(path: Path, text: str) -> None:
         pass
 
 
+def read_json(path: Path | None) -> Any:
+    """The JSON value in `path`; None where there is no file, it cannot be read or is damaged (a file of nested
+    brackets: json recurses)."""
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def source_key(files: tuple[Path, ...], *build: str) -> str | None:
+    """A key of the torch build (its version and git revision, a dev build's version staying while its revision
+    moves; and `build`) and of the sources `files` of what a disk cache remembers; None where a source cannot be
+    read (an install of compiled files only, a zip): its answers are then kept in the process only, as another
+    version's file must not answer for this one."""
+    parts = [torch.__version__, str(getattr(torch.version, "git_version", "")), *build]
+    try:
+        parts += [f.read_text() for f in files]
+    except (OSError, UnicodeDecodeError):
+        return None
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
 def _path() -> Path:
     return cache_dir() / f"keep_aten-{_host_key()}.json"
 

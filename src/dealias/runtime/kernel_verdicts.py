@@ -29,7 +29,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ..compat.kernel_flags import kernel_flags
-from .keep_aten import cache_dir, write_whole
+from .keep_aten import cache_dir, read_json, source_key, write_whole
 
 _LIMIT = 8192  # keys in memory, and on disk
 _lock = threading.Lock()
@@ -135,13 +135,7 @@ def _read() -> None:
 
 
 def _load_file() -> list[str]:
-    path = _path()
-    if path is None:
-        return []
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return []
+    data = read_json(_path())
     return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
 
 
@@ -165,9 +159,4 @@ def _build_key() -> str | None:
         ir / "draws.py",
     )
     # (the build's configuration too: two builds of one commit may have other kernels, without LAPACK or oneDNN)
-    build = [torch.__version__, str(getattr(torch.version, "git_version", "")), torch.__config__.show()]
-    try:
-        parts = build + [f.read_text() for f in files]
-    except (OSError, UnicodeDecodeError):
-        return None
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    return source_key(files, torch.__config__.show())
