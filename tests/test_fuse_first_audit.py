@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from test_copytiers import fake_fused
 
 import dealias
 from dealias.frontend import tiers
@@ -54,24 +55,6 @@ def test_a_hook_on_an_input_whose_layout_the_graph_changes_sees_its_gradient(mon
     assert fallbacks == [] or "hook" in str(fallbacks[0].message)
 
 
-def _fake_fused(monkeypatch, **seconds):
-    """FUSE_FIRST on; the "fused" compile is the torch executor's program, labelled fused; each timed call of tier
-    t takes seconds[t] (as test_review11.py's)."""
-    from dealias.runtime.program import Tier
-
-    monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
-    monkeypatch.setattr(tiers, "clock", lambda: 0.0)
-    monkeypatch.setattr(tiers, "measure", lambda tier, run, leaves: (run(leaves), seconds[tier]))
-    real = tiers.compile_program
-
-    def compile_program(gm, leaves, names, executor, symbolic, front=None):
-        program = real(gm, leaves, names, "torch", symbolic, front=front)
-        program.tier = Tier.FUSED
-        return program
-
-    monkeypatch.setattr(tiers, "compile_program", compile_program)
-
-
 def _grad_mode_inside(x, w, i):
     x.add_(1)
     with torch.set_grad_enabled(not torch.is_grad_enabled()):  # (dynamo's graph switches grad mode, and back)
@@ -83,7 +66,7 @@ def _grad_mode_inside(x, w, i):
 def test_a_call_raising_inside_a_grad_mode_region_leaves_the_callers_grad_mode(monkeypatch, outer):
     # (dynamo's graph run as it is, the "graph" tier, switches grad mode with `_set_grad_enabled` nodes: an error
     # between them left the region's mode on for the caller's code after the call, `backend="eager"`'s bug too)
-    _fake_fused(monkeypatch, torch=3e-5, graph=1e-5, fused=2e-5)  # (dynamo's graph the fastest: it runs calls)
+    fake_fused(monkeypatch, torch=3e-5, graph=1e-5, fused=2e-5)  # (dynamo's graph the fastest: it runs calls)
     jf = dealias.jit(_grad_mode_inside)
     for call, idx in enumerate(([0, 1], [1, 2], [2, 3], [0, 9], [1, 3], [3, 9])):
         seen = []

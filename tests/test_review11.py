@@ -10,11 +10,11 @@ import warnings
 
 import pytest
 import torch
+from test_copytiers import fake_fused
 from torch._subclasses.fake_tensor import FakeTensor
 
 import dealias
 from dealias.frontend import tiers
-from dealias.runtime.program import Tier
 
 CALLS: list[str] = []  # what the side-effecting callables below saw, real tensors only ("real" runs)
 
@@ -49,22 +49,6 @@ def with_fn(buf, x):
 
 def make_args():
     return torch.randn(32, 8), torch.randn(8)
-
-
-def fake_fused(monkeypatch, **seconds):
-    """FUSE_FIRST on; the "fused" compile is the torch executor's program; each timed call of tier t takes
-    seconds[t] (the fused program clearly the fastest, so calls after the first settle on it)."""
-    monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
-    monkeypatch.setattr(tiers, "clock", lambda: 0.0)
-    monkeypatch.setattr(tiers, "measure", lambda tier, run, leaves: (run(leaves), seconds[tier]))
-    real = tiers.compile_program
-
-    def compile_program(gm, leaves, names, executor, symbolic, front=None):
-        program = real(gm, leaves, names, "torch", symbolic, front=front)
-        program.tier = Tier.FUSED
-        return program
-
-    monkeypatch.setattr(tiers, "compile_program", compile_program)
 
 
 def calls_of(fn, compiled, n: int = 3) -> list[tuple[list[str], list[str]]]:
