@@ -3,8 +3,9 @@
 For each workload of bench/real.py and each variant (dealias's default, torch.compile(backend="inductor")), rounds
 of: a cold process (fresh TORCHINDUCTOR_CACHE_DIR and DEALIAS_CACHE_DIR), then a warm one (a second process with the
 same directories). Each reports, from construction to the first call's return (as bench/real.py times it):
-- wall seconds and this process's CPU seconds (inductor's C++ compiles run in other processes: a cold wall of a
-  loaded machine is mostly theirs; CPU seconds are the steadier figure under load);
+- wall seconds, this process's CPU seconds and its waited-for children's (inductor's C++ compiles and torch 2.13's
+  vector-ISA probe children; a cold wall of a loaded machine is mostly theirs; CPU seconds are the steadier figure
+  under load);
 - inductor's FX graph cache and AOTAutograd's cache counters (a warm dealias process should show one hit per fused
   graph and no miss or bypass; torch.compile's an autograd_cache_hit);
 - dealias's own phases, CPU seconds summed over the call's compiles: capture, alias analysis, functionalize,
@@ -73,15 +74,20 @@ def child(name: str, variant: str) -> None:
     torch.set_num_threads(1)
     w = next(w for w in WORKLOADS if w.name == name)
     args = real.make_args(w)
-    start, cpu = time.perf_counter(), time.process_time()
+    import resource
+
+    children = lambda: resource.getrusage(resource.RUSAGE_CHILDREN)  # noqa: E731
+    start, cpu, before = time.perf_counter(), time.process_time(), children()
     f = real.compiled(variant, w.fn)
     real.call(f, args, w.backward)
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    wall, cpu, after = time.perf_counter() - start, time.process_time() - cpu, children()
+    # (child processes waited for: inductor's C++ compiles and vector-ISA probes; a pool's workers are not counted)
+    cpu_children = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     from torch._dynamo.utils import counters
 
     caches = {f"inductor.{k}": v for k, v in counters["inductor"].items() if k.startswith("fxgraph")}
     caches.update({f"aot.{k}": v for k, v in counters["aot_autograd"].items() if "cache" in k})
-    print(json.dumps({"wall": wall, "cpu": cpu, "caches": caches, "phases": dict(spent)}))
+    print(json.dumps({"wall": wall, "cpu": cpu, "cpu_children": cpu_children, "caches": caches, "phases": dict(spent)}))
 
 
 def one(name: str, variant: str, root: Path) -> dict[str, Any]:
@@ -133,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                 med = lambda key: statistics.median(x[key] for x in recs)  # noqa: E731
                 labels = sorted({k for x in recs for k in x["phases"]})
                 phases = " ".join(f"{k} {statistics.median(x['phases'].get(k, 0.0) for x in recs):.2f}" for k in labels)
-                print(f"{name:14} {v:14} {kind}: wall {med('wall'):.2f} cpu {med('cpu'):.2f} | {recs[-1]['caches']}")
+                children = statistics.median(x.get("cpu_children", 0.0) for x in recs)
+                print(f"{name:14} {v:14} {kind}: wall {med('wall'):.2f} cpu {med('cpu'):.2f} children {children:.2f} | ", end="")
+                print(recs[-1]["caches"])
                 if phases:
                     print(f"{'':30} cpu per phase: {phases}")
     if a.json:
