@@ -45,7 +45,7 @@ def test_default_path_with_fused_fastest_on_a_negative_bit_input(monkeypatch):
     # The default executor as users run it: the fused program compiled in the first call and timed on copies; the
     # timing faked so that fused wins wherever it is a candidate.
     monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
-    monkeypatch.setattr(tiers, "measure", lambda tier, run, leaves: (run(leaves), 1.0 if tier == "fused" else 2.0))
+    monkeypatch.setattr(tiers, "measure", lambda tier, run, leaves: (run(leaves), 1e-6 if tier == "fused" else 2e-6))
     jitted = dealias.jit(_written)
     for _ in range(3):
         z_eager, x_eager = _neg_bit_input()
@@ -54,3 +54,64 @@ def test_default_path_with_fused_fastest_on_a_negative_bit_input(monkeypatch):
         got = jitted(x)
         torch.testing.assert_close(got, expected)
         torch.testing.assert_close(z, z_eager)
+
+
+def _floor_divide_after_a_write(x, y, z):
+    z.add_(1)
+    x.floor_divide_(y)
+    return x * 2
+
+
+@pytest.mark.inductor
+def test_an_integer_division_by_zero_raises_before_writing_as_eager_does():
+    # (found by hand: inductor's kernel raised in its loop, the elements before the zero divisor already stored:
+    # x came back half divided; eager raises "ZeroDivisionError" before writing x)
+    def args():
+        return torch.arange(-3, 3), torch.tensor([1, 0, 2, -1, 0, 3]), torch.zeros(3)
+
+    eager_args, dealias_args = args(), args()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError") as eager_error:
+        _floor_divide_after_a_write(*eager_args)
+    with pytest.raises(RuntimeError) as got:
+        dealias.jit(_floor_divide_after_a_write, executor="inductor")(*dealias_args)
+    assert str(got.value) == str(eager_error.value)
+    for a, b in zip(dealias_args, eager_args):
+        assert torch.equal(a, b)
+
+
+_TRUNCATING_DIVISION = """
+import sys
+import torch
+import dealias
+from dealias.frontend import tiers
+
+def f(x, y):
+    return torch.div(x, y, rounding_mode="trunc") + 1
+
+if sys.argv[1] == "tiered":  # (the default path: fused compiled in the first call and chosen, timing faked)
+    tiers.FUSE_FIRST = True
+    tiers.measure = lambda tier, run, leaves: (run(leaves), 1e-6 if tier == "fused" else 2e-6)
+jitted = dealias.jit(f, executor=sys.argv[1])
+for y in ([1, 2, 3], [1, 2, 3], [1, 0, 3]):
+    try:
+        print(jitted(torch.tensor([4, -5, 6]), torch.tensor(y)).tolist())
+    except RuntimeError as e:
+        print(str(e))
+"""
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("executor", ["inductor", "tiered"])
+def test_a_truncating_integer_division_by_zero_raises_and_does_not_stop_the_process(executor, tmp_path):
+    # (found by hand: inductor's truncating division has no check, a zero divisor stopped the process with SIGFPE,
+    # torch.compile's too; eager raises "ZeroDivisionError")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DEALIAS_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", _TRUNCATING_DIVISION, executor], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.splitlines() == ["[5, -1, 3]", "[5, -1, 3]", "ZeroDivisionError"]
