@@ -115,3 +115,29 @@ def test_a_truncating_integer_division_by_zero_raises_and_does_not_stop_the_proc
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.splitlines() == ["[5, -1, 3]", "[5, -1, 3]", "ZeroDivisionError"]
+
+
+def _one_hot_then_write(x, out):
+    out.add_(1)
+    return torch.nn.functional.one_hot(x, 4).mul_(3)
+
+
+@pytest.mark.parametrize("executor", ["torch", "tiered"])
+@pytest.mark.parametrize("classes", [[0, 5, 1], [0, -1, 1], [3, 0, 2]], ids=["too-large", "negative", "valid"])
+def test_one_hot_checks_its_classes_as_eager_does(executor, classes, monkeypatch):
+    # (found by hand: a static trace took one_hot's C++ composite, which skips its checks on fake tensors: rows of
+    # zeros where eager raises "Class values must be smaller than num_classes", every executor; the symbolic trace,
+    # torch's Python decomposition, asserted them)
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
+    jitted = dealias.jit(_one_hot_then_write, executor=executor)
+    for call in range(2):
+        eager_args, args = (torch.tensor(classes), torch.zeros(2)), (torch.tensor(classes), torch.zeros(2))
+        try:
+            expected = _one_hot_then_write(*eager_args)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError) as got:
+                jitted(*args)
+            assert str(e) in str(got.value), (str(e), str(got.value))
+        else:
+            assert torch.equal(jitted(*args), expected)
+        assert torch.equal(args[1], eager_args[1])  # (written before the check, in eager as here)
