@@ -141,3 +141,21 @@ def test_one_hot_checks_its_classes_as_eager_does(executor, classes, monkeypatch
         else:
             assert torch.equal(jitted(*args), expected)
         assert torch.equal(args[1], eager_args[1])  # (written before the check, in eager as here)
+
+
+def _repeat(x, counts):
+    return x.repeat_interleave(counts, output_size=4).mul_(2)
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("executor", ["inductor", "tiered"])
+def test_repeat_interleave_with_output_size_runs_where_its_counts_add_up(executor, monkeypatch):
+    # (found by hand: kernel_checks' probe ran the op on zeros, ones, large and rising counts, none adding up to 4,
+    # took eager's "allocated size does not match required size" for an error of the metadata, and the fused
+    # program raised it at every call; the default path raised from the call that chose fused)
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
+    monkeypatch.setattr(tiers, "measure", lambda tier, run, leaves: (run(leaves), 1e-6 if tier == "fused" else 2e-6))
+    jitted = dealias.jit(_repeat, executor=executor)
+    for call in range(3):
+        x, counts = torch.randn(2, generator=torch.Generator().manual_seed(call)), torch.tensor([1, 3])
+        torch.testing.assert_close(jitted(x, counts), _repeat(x, counts))
