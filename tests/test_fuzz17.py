@@ -159,3 +159,27 @@ def test_repeat_interleave_with_output_size_runs_where_its_counts_add_up(executo
     for call in range(3):
         x, counts = torch.randn(2, generator=torch.Generator().manual_seed(call)), torch.tensor([1, 3])
         torch.testing.assert_close(jitted(x, counts), _repeat(x, counts))
+
+
+def _cholesky_between_writes(x, a, y):
+    x.add_(1)
+    r = torch.cholesky(a)
+    y.add_(1)
+    return r * 2
+
+
+@pytest.mark.inductor
+def test_a_cholesky_that_raises_leaves_the_later_write_undone_as_eager_does():
+    # (found by hand: fused, y was written though eager's cholesky raised before y.add_(1); the deprecated op raises
+    # on a matrix that is not positive-definite with nothing in its schema to say so)
+    def args():
+        return torch.zeros(2), -torch.eye(3), torch.zeros(2)
+
+    eager_args, dealias_args = args(), args()
+    with pytest.raises(RuntimeError, match="positive-definite") as eager_error:
+        _cholesky_between_writes(*eager_args)
+    with pytest.raises(RuntimeError) as got:
+        dealias.jit(_cholesky_between_writes, executor="inductor")(*dealias_args)
+    assert str(got.value) == str(eager_error.value)
+    for a, b in zip(dealias_args, eager_args):
+        assert torch.equal(a, b)

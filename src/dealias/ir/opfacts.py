@@ -324,8 +324,16 @@ def may_raise(target: object) -> bool:
     schema = target._schema
     if not schema.returns:
         return True
+    if schema.name in _RAISES_ON_VALUES:
+        return True
     names = ("index", "indices", "target", "repeats")
     return any(a.name in names and "Tensor" in str(a.type) for a in schema.arguments)
+
+
+# Ops whose kernels raise on their inputs' values with nothing in their schema to say so (linalg's `_ex` ops return
+# their errors, and `_linalg_check_errors` raises them). The deprecated `torch.cholesky` raises on a matrix that is
+# not positive-definite: fused, a write the program makes after it was stored before it raised.
+_RAISES_ON_VALUES = frozenset({"aten::cholesky"})
 
 
 def removable_if_unused(target: object) -> bool:
