@@ -172,6 +172,11 @@ def _cholesky_between_writes(x, a, y):
 def test_a_cholesky_that_raises_leaves_the_later_write_undone_as_eager_does():
     # (found by hand: fused, y was written though eager's cholesky raised before y.add_(1); the deprecated op raises
     # on a matrix that is not positive-definite with nothing in its schema to say so)
+    try:
+        torch.cholesky(torch.eye(1))
+    except RuntimeError:
+        pytest.skip("torch.cholesky is removed in this torch (2.14)")
+
     def args():
         return torch.zeros(2), -torch.eye(3), torch.zeros(2)
 
