@@ -130,7 +130,7 @@ def test_one_hot_checks_its_classes_as_eager_does(executor, classes, monkeypatch
     # torch's Python decomposition, asserted them)
     monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
     jitted = dealias.jit(_one_hot_then_write, executor=executor)
-    for call in range(2):
+    for _ in range(2):
         eager_args, args = (torch.tensor(classes), torch.zeros(2)), (torch.tensor(classes), torch.zeros(2))
         try:
             expected = _one_hot_then_write(*eager_args)

@@ -10,8 +10,9 @@ and indices the graph computes are computed, in a prologue before any write (pro
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
 (`unfusable` before lowering, `Unfusable` after): alias groups, random draws, complex tensors, results of symbolic
 sizes in a layout other than a dense one, index checks against sizes computed in the graph, ops that may raise
-on their values (an integer division by a tensor), functional scatters into memory of the caller's and dtype views and `as_strided` (three things
-inductor gets wrong or ties to one placement of the inputs), writes to memory that is not an input. (A functional
+on their values (an integer division by a tensor), functional scatters into memory of the caller's and dtype
+views and `as_strided` (three things inductor gets wrong or ties to one placement of the inputs), writes to memory
+that is not an input. (A functional
 scatter into memory the graph made, `out = torch.zeros(..); out[idx] = x`, is inductor's own buffer: fused.)
 
 A program over symbols (a position, a sequence length) is compiled for the capture's fake tensors and symbols:
