@@ -103,3 +103,67 @@ def test_layout_change_before_a_write_that_brings_grad_fused():
 
 def test_layout_change_before_a_write_that_brings_grad_default_executor():
     _check(_program(VIEWS["column"], LAYOUT_CHANGES["as_strided_"], "both"), "tiered")
+
+
+# -- eager's warnings of a write into a tensor that repeats its memory -----------------------------------------------
+# Such a write runs as an eager island (ir/island.py), eager's kernel on a copy of the memory: called as an aten
+# OpOverload, the kernel's C++ deprecation warning went to stderr, not to Python's warnings where eager's goes.
+
+
+def put_into_expanded(x, i, v):
+    y = x * 1
+    y.expand(4, 3).index_put_((i,), v)  # (eager: "Use of index_put_ on expanded tensors is deprecated")
+    return y
+
+
+def fill_into_expanded(x, i):
+    y = x * 1
+    y.expand(3, 4).index_fill_(0, i, 1.0)
+    return y
+
+
+WARNING_CASES = {
+    "index_put_": (put_into_expanded, lambda: (torch.zeros(1, 3), torch.tensor([1]), torch.ones(3))),
+    "index_fill_": (fill_into_expanded, lambda: (torch.zeros(3, 1), torch.tensor([1]))),
+}
+
+
+def _warnings_of(f, args, action):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter(action)
+        warnings.simplefilter("ignore", dealias.FallbackWarning)
+        out = f(*args)
+    return out, [(w.category, str(w.message), w.filename, w.lineno) for w in caught if "expanded tensors" in str(w.message)]
+
+
+@pytest.mark.parametrize("executor", ["torch", "tiered", pytest.param("inductor", marks=pytest.mark.inductor)])
+@pytest.mark.parametrize("case", WARNING_CASES)
+def test_a_write_into_an_expanded_tensor_warns_as_eager(case, executor):
+    fn, make = WARNING_CASES[case]
+    jf = dealias.jit(fn, executor=executor)
+    for call in range(2):
+        expected, eager_warnings = _warnings_of(fn, make(), "always")
+        got, jit_warnings = _warnings_of(jf, make(), "always")
+        torch.testing.assert_close(got, expected)
+        if executor == "tiered":  # (its graph tier, dynamo's graph, warns at the graph module's line)
+            eager_warnings, jit_warnings = ([w[:2] for w in ws] for ws in (eager_warnings, jit_warnings))
+        assert len(eager_warnings) == 1 and jit_warnings == eager_warnings, call
+
+
+def test_the_warning_filter_decides_as_for_eagers():
+    # The default action gives a warning once per line (its module's registry): once eager's call gave it, dealias's
+    # calls give it no more, as eager's next calls would not; dealias's first call gives it, as eager's; "error"
+    # raises it.
+    fn, make = WARNING_CASES["index_put_"]
+    jf = dealias.jit(fn, executor="torch")
+    jf(*make())  # (compiled)
+    for calls in ([fn, jf, jf], [jf, jf, fn]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            for f in calls:
+                f(*make())
+        assert len([w for w in caught if "expanded tensors" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with pytest.raises(UserWarning, match="index_put_ on expanded tensors"):
+            jf(*make())
