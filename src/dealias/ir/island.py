@@ -71,11 +71,15 @@ def _warning_as_eager(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[s
     the warning filters decide as for eager's (the default: once per line). Nothing caught and given again: a
     `catch_warnings` would reset every module's registry on each call."""
     name = op._schema.name.split("::")[-1]
-    binding = getattr(torch.Tensor, name, None) if name.endswith("_") else getattr(torch, name, None)
+    # (C bindings only: torch's Python wrappers, `torch.norm`, take their arguments in another order)
+    binding = getattr(torch.Tensor if name.endswith("_") else torch._C._VariableFunctions, name, None)
     if binding is None:
         op(*args, **kwargs)
         return
-    _caller_at(*where)(binding, args, kwargs)
+    try:
+        _caller_at(*where)(binding, args, kwargs)
+    except TypeError:  # (the binding's argument parser refused them, before the kernel ran: the op as it is)
+        op(*args, **kwargs)
 
 
 @functools.lru_cache(maxsize=64)
