@@ -95,6 +95,7 @@ def _configs() -> list[Config]:
         ("rmsprop_centered", lambda p, **k: O.RMSprop(p, lr=1e-3, centered=True, momentum=0.9, weight_decay=1e-4, **k)),
         ("adagrad", lambda p, **k: O.Adagrad(p, lr=1e-2, lr_decay=1e-3, weight_decay=1e-4, **k)),
         ("adadelta", lambda p, **k: O.Adadelta(p, lr=1.0, weight_decay=1e-4, **k)),
+        ("adadelta_nowd", lambda p, **k: O.Adadelta(p, lr=1.0, **k)),
         ("adamax", lambda p, **k: O.Adamax(p, lr=2e-3, weight_decay=1e-4, **k)),
         ("nadam", lambda p, **k: O.NAdam(p, lr=2e-3, weight_decay=1e-4, **k)),
         ("nadam_decoupled", lambda p, **k: O.NAdam(p, lr=2e-3, weight_decay=1e-2, decoupled_weight_decay=True, **k)),

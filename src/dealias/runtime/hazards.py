@@ -347,7 +347,7 @@ def _byte_range(t: torch.Tensor) -> tuple[Any, Any]:
 # Foreach ops whose i-th result is an elementwise op over the i-th tensors (the op of the same name is tagged
 # pointwise). Not `_foreach_max` / `_foreach_norm` (reductions), nor `_foreach_copy` (broadcasts its source).
 FOREACH_ELEMENTWISE = frozenset(
-    "abs acos add addcdiv addcmul asin atan ceil clamp_max clamp_min cos cosh div erf erfc exp expm1 floor frac lerp "
+    "abs acos add addcdiv addcmul asin atan ceil clamp_max clamp_min copy cos cosh div erf erfc exp expm1 floor frac lerp "
     "lgamma log log10 log1p log2 maximum minimum mul neg pow reciprocal round rsqrt sigmoid sign sin sinh sqrt sub "
     "tan tanh trunc".split()
 )
