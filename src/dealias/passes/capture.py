@@ -232,6 +232,7 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
     captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
     captured.groups = find_groups([leaves[p] for p in positions])
     captured.requires_grad = [leaves[p].requires_grad for p in positions]
+    captured.views = [leaves[p]._base is not None for p in positions]
     captured.restricted = {
         i: why for i, p in enumerate(positions) if (why := restriction(leaves[p])) in COMPILED_RESTRICTIONS
     }

@@ -34,6 +34,7 @@ class Functionalizer:
         self.src = captured.gm
         self.info = info
         self.requires_grad = captured.requires_grad
+        self.views = captured.views
         self.detached_inputs = captured.detached
         self.restricted_inputs = captured.restricted
         self.graph = fx.Graph()
@@ -190,13 +191,13 @@ class Functionalizer:
         lower_mutation(self, node, f)
 
     def _a_view(self, v: Value) -> bool:
-        """Whether tensor object `v.obj` is a view in eager (`_base` set): a caller's tensor as its fake input is
-        (the lookup key holds it for inputs sharing a storage, frontend/guards.py), one the graph made when a view
-        op made it."""
+        """Whether tensor object `v.obj` is a view in eager (`_base` set): a caller's tensor as the call's is (the
+        fakes do not keep it; the lookup key holds it for inputs sharing a storage, frontend/guards.py), one the
+        graph made when a view op made it."""
         first = self.objects.first.get(v.obj)
         if first is not None:
-            val = first.node.meta.get("val")
-            return isinstance(val, torch.Tensor) and val._is_view()
+            index = self.info.input_index.get(first.node)
+            return index is not None and index < len(self.views) and self.views[index]
         born = self.objects.born.get(v.obj)
         return born is not None and is_view_target(born.node.target)
 
