@@ -87,3 +87,45 @@ def test_layout_change_of_a_member_that_is_no_view_inputs(views):
             expected, got = _grads(_inputs_program, make, WEIGHT), _grads(jf, make, WEIGHT)
             for e, g in zip(expected, got):
                 torch.testing.assert_close(g, e, msg=f"view {view}")
+
+
+# -- F.one_hot through torch's Python decomposition ------------------------------------------------------------------
+# The decomposition asserts the classes but not the dtype: an int32 (uint8, float) index tensor gave one-hot rows
+# where eager raises "one_hot is only applicable to index tensor of type LongTensor"; nor an empty tensor with
+# num_classes=0, where eager raises "Can not infer total number of classes from empty tensor".
+
+
+def _one_hot(x, n):
+    return torch.nn.functional.one_hot(x, n) * 2
+
+
+def _eager_raises_too(fn, *args):
+    with pytest.raises(RuntimeError) as expected:
+        fn(*args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dealias.FallbackWarning)
+        with pytest.raises(RuntimeError) as got:
+            dealias.jit(fn, executor="torch")(*args)
+    assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.float32])
+def test_one_hot_of_an_index_tensor_that_is_not_int64_raises_as_eager(dtype):
+    _eager_raises_too(_one_hot, torch.tensor([0, 1, 3]).to(dtype), 4)
+
+
+def test_one_hot_of_an_index_tensor_that_is_not_int64_over_symbolic_sizes():
+    jf = dealias.jit(_one_hot, executor="torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dealias.FallbackWarning)
+        for n in (2, 3, 4, 5):  # (int64 calls first: the later int32 ones trace over a symbolic size)
+            jf(torch.arange(n), 5)
+        for n in (2, 3, 4):
+            with pytest.raises(RuntimeError, match="LongTensor"):
+                _one_hot(torch.arange(n, dtype=torch.int32), 5)
+            with pytest.raises(RuntimeError, match="LongTensor"):
+                jf(torch.arange(n, dtype=torch.int32), 5)
+
+
+def test_one_hot_of_an_empty_tensor_without_classes_raises_as_eager():
+    _eager_raises_too(_one_hot, torch.tensor([], dtype=torch.int64), 0)
