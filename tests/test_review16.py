@@ -129,3 +129,33 @@ def test_one_hot_of_an_index_tensor_that_is_not_int64_over_symbolic_sizes():
 
 def test_one_hot_of_an_empty_tensor_without_classes_raises_as_eager():
     _eager_raises_too(_one_hot, torch.tensor([], dtype=torch.int64), 0)
+
+
+# -- an island's warning turned into an error ------------------------------------------------------------------------
+
+
+def _put_into_an_expanded_input(x, i, v):
+    x.expand(4, 3).index_put_((i,), v)  # (eager: "Use of index_put_ on expanded tensors is deprecated")
+    return x * 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="eager's kernel writes x, then its binding turns the deprecation warning into the error the filter asks "
+    "for; dealias's island raises it from its copy of the memory, before the write-back into x (fixing it needs the "
+    "island to hand its write back before raising, or to learn from the filters beforehand whether it will raise)",
+)
+def test_a_warning_made_an_error_leaves_the_write_as_eager():
+    def run(f):
+        x = torch.zeros(1, 3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            with pytest.raises(UserWarning, match="expanded tensors"):
+                f(x, torch.tensor([1]), torch.ones(3))
+        return x
+
+    jf = dealias.jit(_put_into_an_expanded_input, executor="torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jf(torch.zeros(1, 3), torch.tensor([1]), torch.ones(3))  # (compiled)
+    torch.testing.assert_close(run(jf), run(_put_into_an_expanded_input))
