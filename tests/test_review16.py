@@ -71,7 +71,8 @@ def test_layout_change_of_a_member_that_is_no_view_split(executor):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dealias.FallbackWarning)
         for call in range(2):
-            expected, got = _grads(_split_program, lambda: (_square(),), WEIGHT), _grads(jf, lambda: (_square(),), WEIGHT)
+            make = lambda: (_square(),)  # noqa: E731
+            expected, got = _grads(_split_program, make, WEIGHT), _grads(jf, make, WEIGHT)
             for e, g in zip(expected, got):
                 torch.testing.assert_close(g, e, msg=f"call {call}")
 

@@ -140,7 +140,8 @@ class _Replay(fx.Interpreter):
             with eager_dispatch() if self.symbolic else contextlib.nullcontext():
                 return self._run_checking_out(n)  # (eager's dtype error, raised on the fake)
         if isinstance(classes, int) and classes <= 0 and isinstance(x.numel(), int) and x.numel() == 0:
-            raise EagerRaisesError(with_location("one_hot of an empty tensor without classes: eager raises", node_location(n)))
+            why = "one_hot of an empty tensor without a number of classes: eager raises"
+            raise EagerRaisesError(with_location(why, node_location(n)))
         if self.symbolic:  # (the Python dispatcher already on)
             return self._run_checking_out(n)
         with checked_dispatch():
