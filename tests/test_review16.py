@@ -160,3 +160,28 @@ def test_a_warning_made_an_error_leaves_the_write_as_eager():
         warnings.simplefilter("ignore")
         jf(torch.zeros(1, 3), torch.tensor([1]), torch.ones(3))  # (compiled)
     torch.testing.assert_close(run(jf), run(_put_into_an_expanded_input))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="code without a file (exec, a REPL): the captured stack trace gives no user location, so the island runs "
+    "the op as an OpOverload and its kernel's warning goes to stderr where eager's is a Python UserWarning at "
+    "<string>:line (the island would need the frame's file name and globals kept at capture)",
+)
+def test_a_write_into_an_expanded_tensor_warns_as_eager_in_code_without_a_file():
+    source = "def put(x, i, v):\n    y = x * 1\n    y.expand(4, 3).index_put_((i,), v)\n    return y\n"
+    namespace = {"torch": torch}
+    exec(compile(source, "<string>", "exec"), namespace)  # noqa: S102 - the test's own source
+    put = namespace["put"]
+    jf = dealias.jit(put, executor="torch")
+    make = lambda: (torch.zeros(1, 3), torch.tensor([1]), torch.ones(3))  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jf(*make())  # (compiled)
+    given = []
+    for f in (put, jf):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            f(*make())
+        given.append([(w.filename, w.lineno) for w in caught if "expanded tensors" in str(w.message)])
+    assert given[1] == given[0] == [("<string>", 3)]
