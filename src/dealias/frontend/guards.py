@@ -115,6 +115,11 @@ def lookup_key(
     key = (structure, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), layout, *values)
     if shared and not offsets:
         key += (overlap_structure(tensors),)
+    if shared:
+        # Which members of an alias group are views (`_base`), where dynamo guards it only for tensors requiring
+        # grad: a layout change of a member requiring no grad is replayed after the write-backs only of a view
+        # (passes/functionalize/walk.py `_a_view`).
+        key += (tuple(t._base is None for t in tensors),)
     return key, tensors
 
 

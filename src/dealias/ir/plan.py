@@ -58,6 +58,7 @@ class Captured:
     fake_mode: FakeTensorMode | None = None
     groups: list[AliasGroup] = field(default_factory=list)  # inputs that overlap in memory
     requires_grad: list[bool] = field(default_factory=list)  # per tensor input (fake metas do not keep it)
+    views: list[bool] = field(default_factory=list)  # per tensor input: whether it is a view (`_base`, fakes lose it)
     detached: set[int] = field(default_factory=set)  # tensor inputs the program ran detach_() on
     # Tensor inputs eager restricts, by why: a view made under no_grad or a split's element, that requires grad.
     restricted: dict[int, str] = field(default_factory=dict)

@@ -43,6 +43,7 @@ from ..compat.dynamo_out import static_layout
 from ..compat.internals import CREATION_META, DATA_ATTR, checked_dispatch, creation_meta, eager_dispatch
 from ..errors import (
     DataDependentError,
+    EagerRaisesError,
     UnsupportedError,
     eager_error,
     node_location,
@@ -122,12 +123,29 @@ class _Replay(fx.Interpreter):
             # refuses only symbolic traces of these, not every matmul)
             with eager_dispatch():
                 return self._run_checking_out(n)
-        if not self.symbolic and n.target in _CHECKED_DISPATCH:
-            # (traced as a symbolic trace does: eager's checks of the values asserted in the graph, where the C++
-            # composite skips them on fake tensors, compat/internals.py `checked_dispatch`)
-            with checked_dispatch():
-                return self._run_checking_out(n)
+        if n.target in _CHECKED_DISPATCH:
+            return self._one_hot(n)
         return self._run_checking_out(n)
+
+    def _one_hot(self, n: fx.Node) -> Any:
+        """`F.one_hot`: traced through torch's Python decomposition, which asserts eager's checks of the values
+        in the graph, where the C++ composite skips them on fake tensors (compat/internals.py `checked_dispatch`).
+        The decomposition checks neither the dtype (eager's takes int64 only: an int32 or float index tensor gave
+        classes where eager raises) nor an empty tensor without a number of classes: those are the C++ composite's,
+        which checks the dtype on fakes too, or eager's."""
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        x = args[0] if args else kwargs.get("tensor", kwargs.get("input"))
+        classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.int64:
+            with eager_dispatch() if self.symbolic else contextlib.nullcontext():
+                return self._run_checking_out(n)  # (eager's dtype error, raised on the fake)
+        if isinstance(classes, int) and classes <= 0 and isinstance(x.numel(), int) and x.numel() == 0:
+            why = "one_hot of an empty tensor without a number of classes: eager raises"
+            raise EagerRaisesError(with_location(why, node_location(n)))
+        if self.symbolic:  # (the Python dispatcher already on)
+            return self._run_checking_out(n)
+        with checked_dispatch():
+            return self._run_checking_out(n)
 
     def _run_checking_out(self, n: fx.Node) -> Any:
         out = n.kwargs.get("out")
@@ -232,6 +250,7 @@ def capture(gm: fx.GraphModule, leaves: list[Any], names: list[str], symbolic: S
     captured = Captured(fx.GraphModule({}, fx.Graph()), in_spec, positions)
     captured.groups = find_groups([leaves[p] for p in positions])
     captured.requires_grad = [leaves[p].requires_grad for p in positions]
+    captured.views = [leaves[p]._base is not None for p in positions]
     captured.restricted = {
         i: why for i, p in enumerate(positions) if (why := restriction(leaves[p])) in COMPILED_RESTRICTIONS
     }

@@ -34,6 +34,7 @@ class Functionalizer:
         self.src = captured.gm
         self.info = info
         self.requires_grad = captured.requires_grad
+        self.views = captured.views
         self.detached_inputs = captured.detached
         self.restricted_inputs = captured.restricted
         self.graph = fx.Graph()
@@ -189,6 +190,17 @@ class Functionalizer:
             return
         lower_mutation(self, node, f)
 
+    def _a_view(self, v: Value) -> bool:
+        """Whether tensor object `v.obj` is a view in eager (`_base` set): a caller's tensor as the call's is (the
+        fakes do not keep it; the lookup key holds it for inputs sharing a storage, frontend/guards.py), one the
+        graph made when a view op made it."""
+        first = self.objects.first.get(v.obj)
+        if first is not None:
+            index = self.info.input_index.get(first.node)
+            return index is not None and index < len(self.views) and self.views[index]
+        born = self.objects.born.get(v.obj)
+        return born is not None and is_view_target(born.node.target)
+
     def _layout_change(self, node: fx.Node, v: Value) -> None:
         """An in-place change of a tensor's layout (`t_()`, `as_strided_()`, `resize_()`, `detach_()`): nothing is
         emitted; the tensor object's latest value is its new layout, and its version counter moves."""
@@ -215,7 +227,10 @@ class Functionalizer:
             # the member's grad_fn is regenerated from its new layout when read, as eager's (fuzz seed 1808283).
             # A caller's tensor of its own is written back itself, in its old layout: its grad_fn would be made
             # for that layout, as the refusal says.
-            if requires_grad or v.storage.kind is not StorageKind.GROUP:
+            # Only a view's: a member that is no view (the group's other members views of it) is where the write
+            # through the group's base records autograd's CopySlices, made for the layout it has then; replayed
+            # after it, the change leaves that grad_fn stale (for a square tensor, gradients silently transposed).
+            if requires_grad or v.storage.kind is not StorageKind.GROUP or not self._a_view(v):
                 self.autograd.layout_changed(v.storage, node, recorded)
             kinds = self.objects.meta_recorded.setdefault(v.obj, set())
             if kinds and recorded not in kinds:
