@@ -297,7 +297,10 @@ def _alpha_as_product(gm: fx.GraphModule) -> None:
 
     by_tensor = {aten._foreach_mul.Scalar: aten._foreach_mul.Tensor, aten._foreach_add.Scalar: aten._foreach_add.Tensor}
     by_tensor[aten._foreach_div.Scalar] = aten._foreach_div.Tensor
-    add_like = {aten.add.Tensor: (aten.add.Tensor, aten.mul.Tensor), aten.sub.Tensor: (aten.sub.Tensor, aten.mul.Tensor)}
+    add_like = {
+        aten.add.Tensor: (aten.add.Tensor, aten.mul.Tensor),
+        aten.sub.Tensor: (aten.sub.Tensor, aten.mul.Tensor),
+    }
     add_like[aten._foreach_add.List] = (aten._foreach_add.List, aten._foreach_mul.Tensor)
     add_like[aten._foreach_sub.List] = (aten._foreach_sub.List, aten._foreach_mul.Tensor)
     addc = {aten.addcdiv.default: (aten.add.Tensor, aten.mul.Tensor, aten.div.Tensor)}
