@@ -285,6 +285,10 @@ def _alpha_as_product(gm: fx.GraphModule) -> None:
     def dtypes(*tensors: Any) -> set[Any]:
         return {t.dtype for t in torch.utils._pytree.tree_leaves(val(list(tensors)))}
 
+    def on_cpu(*tensors: Any) -> bool:
+        # (the float's tensor is a CPU one: a weight, base or fill made of it would be too, on another device)
+        return all(t.device.type == "cpu" for t in torch.utils._pytree.tree_leaves(val(list(tensors))))
+
     def same_full(*lists: Any) -> bool:
         # (foreach: element by element one dtype, float32 or float64; a single op's tensors likewise)
         rows = zip(*[val(x) for x in lists]) if isinstance(lists[0], (list, tuple)) else [val(list(lists))]
@@ -334,7 +338,7 @@ def _alpha_as_product(gm: fx.GraphModule) -> None:
             replace(n, emit(n, fake, add, x, scaled, last=True))
         elif n.target in (aten.lerp.Scalar, aten._foreach_lerp.Scalar) and floats == ["weight"]:
             x, y = named["self"], named.get("end", named.get("tensors1"))
-            if y is None or not same_full(x, y):
+            if y is None or not same_full(x, y) or not on_cpu(x, y):
                 continue
             fake = fake_mode_of(n)
             scalar = as_tensor(n, fake, a)
@@ -345,7 +349,7 @@ def _alpha_as_product(gm: fx.GraphModule) -> None:
                 replace(n, emit(n, fake, aten._foreach_lerp.List, x, y, [weight[v.dtype] for v in val(x)], last=True))
         elif n.target in (aten.pow.Scalar, aten._foreach_pow.ScalarAndTensor) and floats == ["self"]:
             e = named["exponent"]
-            if dtypes(e) - set(full):
+            if dtypes(e) - set(full) or not on_cpu(e):
                 continue
             fake = fake_mode_of(n)
             scalar = as_tensor(n, fake, a)
@@ -354,7 +358,7 @@ def _alpha_as_product(gm: fx.GraphModule) -> None:
                 replace(n, emit(n, fake, aten.pow.Tensor_Tensor, base[val(e).dtype], e))
             else:
                 replace(n, emit(n, fake, aten._foreach_pow.List, [base[v.dtype] for v in val(e)], e, last=True))
-        elif n.target is aten.full.default and floats == ["fill_value"] and val(n).dtype in full:
+        elif n.target is aten.full.default and floats == ["fill_value"] and val(n).dtype in full and on_cpu(n):
             # (a weight filled out per tensor, dynamo's `_foreach_lerp_` polyfill: the float cast to the dtype, as
             # `full` casts it, and laid out as `full` lays it out)
             fake = fake_mode_of_value(n)
