@@ -37,6 +37,7 @@ compile in another thread would make calls of any compiled function (torch.compi
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import unittest.mock
 from collections.abc import Iterator
@@ -220,35 +221,149 @@ def floats_as_tensors(gm: fx.GraphModule) -> tuple[int, ...]:
 
 
 def _alpha_as_product(gm: fx.GraphModule) -> None:
-    """`add(x, y, alpha=a)` (and `sub`) with a float input's `a` as `add(x, mul(y, a))`, and `_foreach_mul(xs, a)`
-    (add, div) as `_foreach_mul(xs, 1.0 * a)` with a 0-d tensor (its `Tensor` overload): forms the pass takes."""
+    """Ops that take a float input where `tensorify_python_scalars` takes none (an optimizer's lr or betas under a
+    scheduler), rewritten as tensor arithmetic over the float as a 0-d float64 tensor (`1.0 * a`, exact), each as
+    eager computes it in the tensors' dtype (eager casts the number to it):
+    - `_foreach_mul(xs, a)` (add, div) as its `Tensor` overload;
+    - `addcdiv(x, t1, t2, value=a)` (foreach too) as `add(x, div(mul(t1, a), t2))`: eager's `x + a * t1 / t2`,
+      left to right (bit for bit in eager, float32 and float64);
+    - `lerp(x, y, a)` (foreach: its `List` form) as `lerp` with `a` converted to x's dtype as a 0-d tensor (eager's
+      bits), `full(size, a)` as `a` converted, expanded and cloned (dense, as `full`: dynamo's `_foreach_lerp_`
+      polyfill fills the weight out so);
+    - `pow(a, e)` (`_foreach_pow.ScalarAndTensor`: Adam's `beta1 ** step`) as `pow` of `a` converted to e's dtype
+      (eager casts the wrapped number so; eager's bits);
+    - `add(x, y, alpha=a)` (sub, foreach `List`) as `add(x, mul(y, a))` and `addcmul(x, t1, t2, value=a)` as
+      `add(x, mul(mul(t1, a), t2))`: how inductor lowers these ops with a number (torch._refs), not eager's bits
+      (eager's CPU kernels fuse a multiply-add there, aten has no fma op to say so): within the fused tolerance,
+      as the same op with a constant is.
+    The forms other than `_foreach_mul` (add, div) only where every tensor of each element is float32 or float64, one
+    dtype (half and bfloat16 compute in float32 in eager, one rounding where this would round between ops); what is
+    left is refused by `_tensorifiable`."""
     import torch
 
-    aten = torch.ops.aten
+    aten, prims = torch.ops.aten, torch.ops.prims
+    graph = gm.graph
+    full = (torch.float32, torch.float64)
+
+    def is_float(a: Any) -> bool:
+        return isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.SymFloat)
+
+    def val(a: Any) -> Any:
+        return [val(x) for x in a] if isinstance(a, (list, tuple)) else a.meta["val"] if isinstance(a, fx.Node) else a
+
+    def fake_mode_of(n: fx.Node) -> Any:
+        flat = [v for v in torch.utils._pytree.tree_leaves(val(list(n.args))) if isinstance(v, torch.Tensor)]
+        return flat[0].fake_mode
+
+    def emit(before: fx.Node, fake: Any, target: Any, *args: Any, last: bool = False) -> Any:
+        """`target(*args)` before `before`; a foreach op's result as a list of its items (inductor's foreach
+        lowerings take lists of nodes), but for the `last` one, which replaces a node its users index."""
+        with graph.inserting_before(before):
+            node = graph.call_function(target, args)
+        with fake:
+            node.meta["val"] = target(*val(list(args)))
+        if last or not isinstance(node.meta["val"], (list, tuple)):
+            return node
+        items = []
+        for i, v in enumerate(node.meta["val"]):
+            with graph.inserting_before(before):
+                items.append(graph.call_function(operator.getitem, (node, i)))
+            items[-1].meta["val"] = v
+        return items
+
+    def as_tensor(before: fx.Node, fake: Any, a: fx.Node) -> fx.Node:
+        with graph.inserting_before(before):
+            one = graph.call_function(aten.scalar_tensor.default, (1.0,), {"dtype": torch.float64})
+            scalar = graph.call_function(aten.mul.Tensor, (one, a))  # (exact: the float in float64)
+        with fake:
+            one.meta["val"] = scalar.meta["val"] = torch.empty((), dtype=torch.float64)
+        return scalar
+
+    def fake_mode_of_value(n: fx.Node) -> Any:
+        return n.meta["val"].fake_mode
+
+    def dtypes(*tensors: Any) -> set[Any]:
+        return {t.dtype for t in torch.utils._pytree.tree_leaves(val(list(tensors)))}
+
+    def on_cpu(*tensors: Any) -> bool:
+        # (the float's tensor is a CPU one: a weight, base or fill made of it would be too, on another device)
+        return all(t.device.type == "cpu" for t in torch.utils._pytree.tree_leaves(val(list(tensors))))
+
+    def same_full(*lists: Any) -> bool:
+        # (foreach: element by element one dtype, float32 or float64; a single op's tensors likewise)
+        rows = zip(*[val(x) for x in lists]) if isinstance(lists[0], (list, tuple)) else [val(list(lists))]
+        return all(len({t.dtype for t in row}) == 1 and row[0].dtype in full for row in rows)
+
+    def replace(n: fx.Node, new: fx.Node) -> None:
+        assert not isinstance(new, list)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+
     by_tensor = {aten._foreach_mul.Scalar: aten._foreach_mul.Tensor, aten._foreach_add.Scalar: aten._foreach_add.Tensor}
     by_tensor[aten._foreach_div.Scalar] = aten._foreach_div.Tensor
-    for n in list(gm.graph.nodes):
-        if n.op == "call_function" and n.target in by_tensor and isinstance(n.args[1], fx.Node):
-            value = n.args[1].meta.get("val")
-            if not isinstance(value, torch.SymFloat):
+    add_like = {
+        aten.add.Tensor: (aten.add.Tensor, aten.mul.Tensor),
+        aten.sub.Tensor: (aten.sub.Tensor, aten.mul.Tensor),
+    }
+    add_like[aten._foreach_add.List] = (aten._foreach_add.List, aten._foreach_mul.Tensor)
+    add_like[aten._foreach_sub.List] = (aten._foreach_sub.List, aten._foreach_mul.Tensor)
+    addc = {aten.addcdiv.default: (aten.add.Tensor, aten.mul.Tensor, aten.div.Tensor)}
+    addc[aten.addcmul.default] = (aten.add.Tensor, aten.mul.Tensor, aten.mul.Tensor)
+    addc[aten._foreach_addcdiv.Scalar] = (aten._foreach_add.List, aten._foreach_mul.Tensor, aten._foreach_div.List)
+    addc[aten._foreach_addcmul.Scalar] = (aten._foreach_add.List, aten._foreach_mul.Tensor, aten._foreach_mul.List)
+    for n in list(graph.nodes):
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        # The float by its schema argument's name (positional or keyword).
+        named = dict(zip((a.name for a in n.target._schema.arguments), n.args)) | dict(n.kwargs)
+        floats = [k for k, v in named.items() if is_float(v)]
+        if len(floats) != 1:
+            continue
+        a = named[floats[0]]
+        if n.target in by_tensor and floats == ["scalar"] and not n.kwargs:
+            fake = fake_mode_of(n)
+            n.target, n.args = by_tensor[n.target], (n.args[0], as_tensor(n, fake, a))
+        elif n.target in add_like and floats == ["alpha"] and isinstance(named["other"], (fx.Node, list)):
+            fake = fake_mode_of(n)
+            add, mul = add_like[n.target]
+            scaled = emit(n, fake, mul, named["other"], as_tensor(n, fake, a))
+            replace(n, emit(n, fake, add, named["self"], scaled, last=True))
+        elif n.target in addc and floats == ["value"]:
+            x, t1, t2 = named["self"], named["tensor1"], named["tensor2"]
+            if not same_full(x, t1, t2):
                 continue
-            fake_mode = next(v for v in (x.meta.get("val") for x in n.args[0]) if isinstance(v, torch.Tensor)).fake_mode
-            with gm.graph.inserting_before(n):
-                one = gm.graph.call_function(aten.scalar_tensor.default, (1.0,), {"dtype": torch.float64})
-                scalar = gm.graph.call_function(aten.mul.Tensor, (one, n.args[1]))  # (exact: the float in float64)
-            with fake_mode:
-                one.meta["val"] = scalar.meta["val"] = torch.empty((), dtype=torch.float64)
-            n.target, n.args = by_tensor[n.target], (n.args[0], scalar)
-            continue
-        alpha = n.kwargs.get("alpha") if n.op == "call_function" else None
-        if n.target not in (aten.add.Tensor, aten.sub.Tensor) or not isinstance(alpha, fx.Node):
-            continue
-        if not isinstance(alpha.meta.get("val"), torch.SymFloat) or not isinstance(n.args[1], fx.Node):
-            continue
-        with gm.graph.inserting_before(n):
-            scaled = gm.graph.call_function(aten.mul.Tensor, (n.args[1], alpha))
-        scaled.meta["val"] = n.meta["val"]  # (the product's dtype: promoted as the sum's)
-        n.args, n.kwargs = (n.args[0], scaled), {}
+            fake = fake_mode_of(n)
+            add, mul, then = addc[n.target]
+            scaled = emit(n, fake, then, emit(n, fake, mul, t1, as_tensor(n, fake, a)), t2)
+            replace(n, emit(n, fake, add, x, scaled, last=True))
+        elif n.target in (aten.lerp.Scalar, aten._foreach_lerp.Scalar) and floats == ["weight"]:
+            x, y = named["self"], named.get("end", named.get("tensors1"))
+            if y is None or not same_full(x, y) or not on_cpu(x, y):
+                continue
+            fake = fake_mode_of(n)
+            scalar = as_tensor(n, fake, a)
+            weight = {d: emit(n, fake, prims.convert_element_type.default, scalar, d) for d in dtypes(x)}
+            if n.target is aten.lerp.Scalar:
+                replace(n, emit(n, fake, aten.lerp.Tensor, x, y, weight[val(x).dtype]))
+            else:
+                replace(n, emit(n, fake, aten._foreach_lerp.List, x, y, [weight[v.dtype] for v in val(x)], last=True))
+        elif n.target in (aten.pow.Scalar, aten._foreach_pow.ScalarAndTensor) and floats == ["self"]:
+            e = named["exponent"]
+            if dtypes(e) - set(full) or not on_cpu(e):
+                continue
+            fake = fake_mode_of(n)
+            scalar = as_tensor(n, fake, a)
+            base = {d: emit(n, fake, prims.convert_element_type.default, scalar, d) for d in dtypes(e)}
+            if n.target is aten.pow.Scalar:
+                replace(n, emit(n, fake, aten.pow.Tensor_Tensor, base[val(e).dtype], e))
+            else:
+                replace(n, emit(n, fake, aten._foreach_pow.List, [base[v.dtype] for v in val(e)], e, last=True))
+        elif n.target is aten.full.default and floats == ["fill_value"] and val(n).dtype in full and on_cpu(n):
+            # (a weight filled out per tensor, dynamo's `_foreach_lerp_` polyfill: the float cast to the dtype, as
+            # `full` casts it, and laid out as `full` lays it out)
+            fake = fake_mode_of_value(n)
+            value = emit(n, fake, prims.convert_element_type.default, as_tensor(n, fake, a), val(n).dtype)
+            replace(n, emit(n, fake, aten.clone.default, emit(n, fake, aten.expand.default, value, named["size"])))
 
 
 def _tensorifiable(n: fx.Node, supported: Any) -> None:
