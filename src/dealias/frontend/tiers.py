@@ -275,7 +275,11 @@ class Tiered:
         tiers differ (medians of 5 calls chose dynamo's graph for GPT-2's forward, 0.87x eager, over the fused
         program's 0.72x); but one lucky call is not what the tier costs (a foreach EMA's torch tier: fastest call
         576 us, median 657-678 us, chosen over the fused program's 568-593 us)."""
-        calls = sorted(self.samples[tier])
+        return self._fastest_of(self.samples[tier])
+
+    @staticmethod
+    def _fastest_of(samples: list[float]) -> float:
+        calls = sorted(samples)
         fastest = calls[: max(2, len(calls) // 4)]
         return sum(fastest) / len(fastest)
 
@@ -418,28 +422,61 @@ class Tiered:
         """In the first call (FUSE_FIRST), every candidate's warm-up and timed calls on copies of the call's tensors
         (frontend/copies.py), the fused program's among them: the choice made there where they are not close, and
         the user's calls then run the winner, all of them; tiers close to the best measured on the user's calls.
-        Where the runs on copies include their backward, a close tier's runs on copies are not kept: a user's call
-        recording autograd is timed up to the next call, with a backward only where the user runs one, so the two
-        are no measure together (a forward of MultiheadAttention with grad, never backpropagated: close tiers timed
-        on forwards beside others' forwards and backwards chose the torch executor, 1.11x eager, over the fused
-        program's 1.00x). The copies drop the clear losers there; the close tiers are timed on the user's calls
-        alone (every tier, where some candidate was not timed on copies)."""
+        Where the runs on copies include their backward (`forwards`: the same runs' forwards alone), the copies only
+        drop the tiers that lose on both measures (`_drop_on_both`): whether the user runs the backward is seen on
+        the user's calls alone, each timed up to the next call (a backward there or none), so the tiers left are
+        timed there, their samples from the copies not kept (mixed with the user's calls, the copies' runs chose:
+        a forward of MultiheadAttention with grad, never backpropagated, settled on the torch executor at 1.11x
+        eager beside the fused program's 1.00x; resnet18's training forward, never backpropagated, settled on the
+        torch executor, 1.04x eager, where the fused forward runs 0.92x: its backward is the slower one). Every tier
+        is timed on the user's calls where some candidate was not timed on copies."""
         tiers = list(self.candidates)
         if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
             tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
-        samples, warmed, notes, backward = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
+        samples, warmed, notes, forwards = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
         self.notes += notes
         with self.lock:
             self.warm.update(warmed)
-            if backward and not all(samples.get(t) for t in self.candidates):
+            if forwards is not None and not all(samples.get(t) for t in self.candidates):
                 samples = {}
-            self.samples.update(samples)
             self.measured_on_copies = bool(samples)
+            if forwards is not None and samples:
+                self._drop_on_both(samples, forwards)
+                if len(self.candidates) == 1:
+                    self.samples.update(samples)
+                    self._choose()
+                return
+            self.samples.update(samples)
             if samples and self.candidates:
                 self._decide()
-            if backward and len(self.candidates) > 1:
-                for t in self.candidates:  # (close ones left: timed on the user's calls alone)
-                    self.samples.pop(t, None)
+
+    def _drop_on_both(self, whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> None:
+        """The copies' verdict on a call recording autograd: a candidate stays where it is close to the best (within
+        CLOSE) on what its forward and backward took (`whole`), or on what its forward alone took (`forwards`), a
+        user's call where the user never runs the backward; the others are dropped, with their `whole` time. Where
+        some candidate has fewer than its samples (long runs: COPIES_SECONDS), only those that lose clearly on both
+        (CLEAR_LOSS) are dropped."""
+        tiers = self.candidates
+        if all(len(whole[t]) >= SAMPLES or sum(whole[t]) >= MEASURE_SECONDS for t in tiers):
+
+            def kept(samples: dict[str, list[float]]) -> set[str]:
+                fastest = {t: self._fastest_of(samples[t]) for t in tiers}
+                best = min(fastest.values())
+                return {t for t, s in fastest.items() if s <= (1 + CLOSE) * best}
+
+        else:
+
+            def kept(samples: dict[str, list[float]]) -> set[str]:
+                measured = [samples[t] for t in tiers if len(samples[t]) >= 2]
+                if len(measured) < 2:
+                    return set(tiers)
+                fastest_worst = min(max(s) for s in measured)
+                return {t for t in tiers if len(samples[t]) < 2 or min(samples[t]) <= CLEAR_LOSS * fastest_worst}
+
+        stay = kept(whole) | kept(forwards)
+        for t in [t for t in tiers if t not in stay]:
+            tiers.remove(t)
+            self.dropped[t] = self._fastest_of(whole[t])
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
