@@ -39,9 +39,10 @@ records autograd, each run is its forward and its backward on the copies, `backw
 is the user's Python or a hook). The choice is made there, and the user's calls from the second on run the winner
 (a foreach optimizer's step, 0.6x eager fused, runs 1.2x on the exact tiers, and its fused program's first 2-4 calls
 after the compile ran 1.1-1.3x: the runs on copies are their warm-up); tiers close to the best are measured on the
-user's calls too. (The samples on copies are of the same inputs' values and layouts; if anything a little fast,
-the copies just written and in the caches.) No later call waits for a
-compile or runs beside one.
+user's calls too; where the call records autograd, every tier close to the best on its forward and backward or on
+its forward alone (timed apart) is measured on the user's calls, which alone show whether the user runs the
+backward. (The samples on copies are of the same inputs' values and layouts; if anything a little fast, the copies
+just written and in the caches.) No later call waits for a compile or runs beside one.
 
 Without FUSE_FIRST, the promoting call builds the fused program (capture, passes, lowering and the trace for
 inductor read its inputs and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process
