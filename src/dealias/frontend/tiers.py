@@ -71,7 +71,7 @@ from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
-from . import copies
+from . import backward_seen, copies
 from .copies import graph_tier_refusal, has_history
 
 log = logging.getLogger("dealias")
@@ -99,6 +99,9 @@ CLOSE_ROUNDS = 3
 # op-by-op step of a foreach optimizer at 2-3x eager, where dynamo's graph runs at 1.2x).
 CLEAR_LOSS = 1.5
 MEASURE_SECONDS = 0.5  # ...or fewer, once a candidate's timed calls took this long in all (long calls)
+# A call recording autograd whose tiers the runs on copies left to what the user runs (`_Choosing`): the choice by the
+# forward alone once this many calls ran with no backward through the first call's outputs (outputs the user keeps).
+WATCH_CALLS = PROMOTE_AFTER
 
 
 def _now() -> float:
@@ -187,6 +190,7 @@ class Tiered:
         self.settled = False
         self.measured = ""  # "graph 40.1 us vs torch 55.0 us", once measured
         self.measured_on_copies = False  # the exact tiers timed on copies in the first call (FUSE_FIRST)
+        self.choosing: _Choosing | None = None  # the copies' two measures, until the user's backward or none decides
         if not self.candidates and not fuse:
             self._settle()
 
@@ -207,6 +211,9 @@ class Tiered:
     def tier_reason(self) -> str:
         if self.pending is not None:
             why = "the fused program compiling in the background"
+        elif self.choosing is not None:
+            tiers = ", ".join(self.choosing.tiers)
+            why = f"choosing between {tiers} by whether the first call's outputs are backpropagated"
         elif self.candidates or self.promoting:
             calls = f"{self.calls} call{'s' if self.calls != 1 else ''} so far"
             why = f"measuring ({', '.join(self.candidates) or self.current}; {calls})"
@@ -228,6 +235,8 @@ class Tiered:
                 (tier, seconds, returned), self.open = self.open, None
                 self._record(tier, seconds + max(0.0, now - returned), seconds)
             self.calls += 1
+            if self.choosing is not None and self.choosing.watch is not None:
+                self._choose_by_backward()
             due = self.fuse and not self.promoted and not self.promoting
             first = due and FUSE_FIRST and self.calls == 1
             due = due and (first or self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
@@ -257,6 +266,8 @@ class Tiered:
             return self.runs[self.exact](leaves)  # (not timed: another program ran)
         out, seconds = measure(tier, self.runs[tier], leaves)
         with self.lock:
+            if self.choosing is not None and self.choosing.watch is None:  # (the first call: its outputs watched)
+                self._watch(out)
             if tier in self.candidates and not self.settled and has_history(out):
                 self.open = (tier, seconds, clock())
             else:
@@ -446,10 +457,49 @@ class Tiered:
                 if len(self.candidates) == 1:
                     self.samples.update(samples)
                     self._choose()
+                else:  # (the user's backward, or none, chooses: `_watch`, with this call's outputs)
+                    self.choosing = _Choosing(list(self.candidates), samples, forwards)
+                    self.current = min(self.candidates, key=lambda t: self._fastest_of(samples[t]))
+                    self.candidates = []
                 return
             self.samples.update(samples)
             if samples and self.candidates:
                 self._decide()
+
+    def _watch(self, out: Any) -> None:
+        """The first call's outputs `out` (the tiers left to what the user runs, `_Choosing`): hooks on their autograd
+        nodes note whether the user runs their backward (frontend/backward_seen.py). Where none can be set, the
+        tiers are timed on the user's calls, each up to the next call (a backward there or none)."""
+        choosing = self.choosing
+        watch, why = backward_seen.watch(out)
+        if watch is None:
+            self.choosing = None
+            self.notes.append(f"tiers measured on the calls: no backward seen on the outputs ({why})")
+            self.candidates = choosing.tiers
+            return
+        choosing.watch = watch
+
+    def _choose_by_backward(self) -> None:
+        """A later call (`_Choosing`): by forward and backward where a backward through the first call's outputs
+        ran; by the forward alone where none can come (their graph freed) or none came in WATCH_CALLS calls; else
+        not yet (a user accumulating gradients over several forwards before one backward): this call runs the tier
+        fastest on both, whose forward, if not the fastest, costs a forward-only user a little, where another
+        backward costs an accumulating user much (resnet18's fused backward, 1.3x eager's)."""
+        choosing = self.choosing
+        watch = choosing.watch
+        if watch.seen:
+            samples, why = choosing.whole, "forward and backward: the first call's outputs were backpropagated"
+        elif watch.freed or self.calls > WATCH_CALLS:
+            samples, why = choosing.forwards, "the forward alone: the first call's outputs were not backpropagated"
+        else:
+            return
+        watch.remove()
+        self.choosing = None
+        self.notes.append(f"chosen by {why}")
+        self.candidates = list(choosing.tiers)
+        self.samples = {t: samples[t] for t in choosing.tiers}
+        self.dropped = {t: self._fastest_of(s) for t, s in samples.items() if t not in choosing.tiers}
+        self._choose()
 
     def _drop_on_both(self, whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> None:
         """The copies' verdict on a call recording autograd: a candidate stays where it is close to the best (within
@@ -484,6 +534,17 @@ class Tiered:
         next call adopts it."""
         pending = self.pending
         return pending is None or pending.run_graph.pending.done.wait(timeout)
+
+
+class _Choosing:
+    """A call recording autograd whose runs on copies left more than one tier (`Tiered._drop_on_both`): each one's
+    timed runs on copies, forward and backward (`whole`) and forward alone (`forwards`), and the hooks on the first
+    call's outputs (`watch`, backward_seen.Watch, set once that call returned) that tell the second call, or a later
+    one, which measure is the user's."""
+
+    def __init__(self, tiers: list[str], whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> None:
+        self.tiers, self.whole, self.forwards = tiers, whole, forwards
+        self.watch: backward_seen.Watch | None = None
 
 
 def _failure(error: BaseException) -> str:
