@@ -39,10 +39,12 @@ records autograd, each run is its forward and its backward on the copies, `backw
 is the user's Python or a hook). The choice is made there, and the user's calls from the second on run the winner
 (a foreach optimizer's step, 0.6x eager fused, runs 1.2x on the exact tiers, and its fused program's first 2-4 calls
 after the compile ran 1.1-1.3x: the runs on copies are their warm-up); tiers close to the best are measured on the
-user's calls too; where the call records autograd, every tier close to the best on its forward and backward or on
-its forward alone (timed apart) is measured on the user's calls, which alone show whether the user runs the
-backward. (The samples on copies are of the same inputs' values and layouts; if anything a little fast, the copies
-just written and in the caches.) No later call waits for a compile or runs beside one.
+user's calls too; where the call records autograd and its forward and backward and its forward alone (timed
+apart) choose different tiers, hooks on the first call's outputs' autograd nodes
+(frontend/backward_seen.py) tell a later call whether the user ran their backward, and that measure chooses
+(`_Choosing`: no user call timed; where no hook can be set, the user's calls time those tiers). (The samples on
+copies are of the same inputs' values and layouts; if anything a little fast, the copies just written and in the
+caches.) No later call waits for a compile or runs beside one.
 
 Without FUSE_FIRST, the promoting call builds the fused program (capture, passes, lowering and the trace for
 inductor read its inputs and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process
@@ -435,9 +437,10 @@ class Tiered:
         (frontend/copies.py), the fused program's among them: the choice made there where they are not close, and
         the user's calls then run the winner, all of them; tiers close to the best measured on the user's calls.
         Where the runs on copies include their backward (`forwards`: the same runs' forwards alone), the copies only
-        drop the tiers that lose on both measures (`_drop_on_both`): whether the user runs the backward is seen on
-        the user's calls alone, each timed up to the next call (a backward there or none), so the tiers left are
-        timed there, their samples from the copies not kept (mixed with the user's calls, the copies' runs chose:
+        drop the tiers that lose on both measures (`_drop_on_both`): whether the user runs the backward is seen by
+        hooks on this call's outputs (`_watch`, `_choose_by_backward`), or, where none can be set, on the user's
+        calls, each timed up to the next call (a backward there or none), their samples from the copies not kept
+        (mixed with the user's calls, the copies' runs chose:
         a forward of MultiheadAttention with grad, never backpropagated, settled on the torch executor at 1.11x
         eager beside the fused program's 1.00x; resnet18's training forward, never backpropagated, settled on the
         torch executor, 1.04x eager, where the fused forward runs 0.92x: its backward is the slower one). Every tier
@@ -457,10 +460,13 @@ class Tiered:
                 if len(self.candidates) == 1:
                     self.samples.update(samples)
                     self._choose()
-                else:  # (the user's backward, or none, chooses: `_watch`, with this call's outputs)
+                    return
+                best = min(self.candidates, key=lambda t: self._fastest_of(samples[t]))
+                if best != min(self.candidates, key=lambda t: self._fastest_of(forwards[t])):
+                    # (the two measures choose apart: the user's backward, or none, chooses, `_watch`, with this
+                    # call's outputs; where they agree, the close ones are timed on the user's calls, as others)
                     self.choosing = _Choosing(list(self.candidates), samples, forwards)
-                    self.current = min(self.candidates, key=lambda t: self._fastest_of(samples[t]))
-                    self.candidates = []
+                    self.current, self.candidates = best, []
                 return
             self.samples.update(samples)
             if samples and self.candidates:
