@@ -64,7 +64,7 @@ def watch(out: Any) -> tuple[Watch | None, str]:
                 node = t.grad_fn
                 if node is not None:
                     nodes.setdefault(id(node), node)
-    except RuntimeError:
+    except Exception:  # noqa: BLE001 - (RuntimeError from autograd; anything else: no hook, as where none fits)
         return None, "an output's grad_fn cannot be read"
     if not nodes:
         return None, "no output with a grad_fn"
@@ -72,7 +72,7 @@ def watch(out: Any) -> tuple[Watch | None, str]:
     try:
         for node in nodes.values():
             w.handles.append(node.register_prehook(w._hook))
-    except (RuntimeError, AttributeError, TypeError):
+    except Exception:  # noqa: BLE001 - the hooks set so far removed: the user's calls choose
         w.remove()
         return None, "a hook cannot be set on an output's node"
     return w, ""

@@ -480,7 +480,7 @@ class Tiered:
         watch, why = backward_seen.watch(out)
         if watch is None:
             self.choosing = None
-            self.notes.append(f"tiers measured on the calls: no backward seen on the outputs ({why})")
+            self.notes.append(f"tiers measured on the calls: no hook on the outputs' autograd nodes ({why})")
             self.candidates = choosing.tiers
             return
         choosing.watch = watch
