@@ -47,9 +47,10 @@ class Watch:
         return all(ref is not None and ref() is None for ref in refs)
 
 
-def watch(out: Any) -> tuple[Watch | None, str]:
+def watch(out: Any, inputs: Any = ()) -> tuple[Watch | None, str]:
     """Hooks on the autograd nodes of the outputs `out` that carry history (each node once: an output returned
-    several times, several outputs of one node); (None, why) where none can be set: compiled autograd in force
+    several times, several outputs of one node), but for outputs that are the call's `inputs` themselves (their node
+    the user's, not the call's); (None, why) where none can be set: compiled autograd in force
     (its compiler, the user's, would trace our hook into the user's backward), no output with a grad_fn, or an
     output whose grad_fn cannot be read (a view eager forbids to backpropagate through, which the user's own
     backward then reports)."""
@@ -58,9 +59,10 @@ def watch(out: Any) -> tuple[Watch | None, str]:
     if compiled_autograd_in_force():
         return None, "compiled autograd in force"
     nodes: dict[int, Any] = {}
+    given = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
     try:
         for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.requires_grad:
+            if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in given:
                 node = t.grad_fn
                 if node is not None:
                     nodes.setdefault(id(node), node)

@@ -269,7 +269,7 @@ class Tiered:
         out, seconds = measure(tier, self.runs[tier], leaves)
         with self.lock:
             if self.choosing is not None and self.choosing.watch is None:  # (the first call: its outputs watched)
-                self._watch(out)
+                self._watch(out, leaves)
             if tier in self.candidates and not self.settled and has_history(out):
                 self.open = (tier, seconds, clock())
             else:
@@ -472,12 +472,12 @@ class Tiered:
             if samples and self.candidates:
                 self._decide()
 
-    def _watch(self, out: Any) -> None:
+    def _watch(self, out: Any, leaves: list[Any]) -> None:
         """The first call's outputs `out` (the tiers left to what the user runs, `_Choosing`): hooks on their autograd
         nodes note whether the user runs their backward (frontend/backward_seen.py). Where none can be set, the
         tiers are timed on the user's calls, each up to the next call (a backward there or none)."""
         choosing = self.choosing
-        watch, why = backward_seen.watch(out)
+        watch, why = backward_seen.watch(out, leaves)
         if watch is None:
             self.choosing = None
             self.notes.append(f"tiers measured on the calls: no hook on the outputs' autograd nodes ({why})")
