@@ -39,8 +39,8 @@ records autograd, each run is its forward and its backward on the copies, `backw
 is the user's Python or a hook). The choice is made there, and the user's calls from the second on run the winner
 (a foreach optimizer's step, 0.6x eager fused, runs 1.2x on the exact tiers, and its fused program's first 2-4 calls
 after the compile ran 1.1-1.3x: the runs on copies are their warm-up); tiers close to the best are measured on the
-user's calls too; where the call records autograd and its forward and backward and its forward alone (timed
-apart) choose different tiers, hooks on the first call's outputs' autograd nodes
+user's calls too; where the call records autograd and more than one tier is close to the best on its forward and
+backward or on its forward alone (timed apart), hooks on the first call's outputs' autograd nodes
 (frontend/backward_seen.py) tell a later call whether the user ran their backward, and that measure chooses
 (`_Choosing`: no user call timed; where no hook can be set, the user's calls time those tiers). (The samples on
 copies are of the same inputs' values and layouts; if anything a little fast, the copies just written and in the
@@ -461,12 +461,12 @@ class Tiered:
                     self.samples.update(samples)
                     self._choose()
                     return
-                best = min(self.candidates, key=lambda t: self._fastest_of(samples[t]))
-                if best != min(self.candidates, key=lambda t: self._fastest_of(forwards[t])):
-                    # (the two measures choose apart: the user's backward, or none, chooses, `_watch`, with this
-                    # call's outputs; where they agree, the close ones are timed on the user's calls, as others)
-                    self.choosing = _Choosing(list(self.candidates), samples, forwards)
-                    self.current, self.candidates = best, []
+                # (the user's backward, or none, chooses the measure: `_watch`, with this call's outputs. Even where
+                # the two measures' fastest is one tier, timing the others close to it on the user's calls ran
+                # resnet18's training step on the fused tier, close on the forward, whose backward is the slower)
+                self.choosing = _Choosing(list(self.candidates), samples, forwards)
+                self.current = min(self.candidates, key=lambda t: self._fastest_of(samples[t]))
+                self.candidates = []
                 return
             self.samples.update(samples)
             if samples and self.candidates:
