@@ -490,8 +490,8 @@ class Tiered:
         """A later call (`_Choosing`): by forward and backward where a backward through the first call's outputs
         ran; by the forward alone where none can come (their graph freed) or none came in WATCH_CALLS calls; else
         not yet (a user accumulating gradients over several forwards before one backward): this call runs the tier
-        fastest on both, whose forward, if not the fastest, costs a forward-only user a little, where another
-        backward costs an accumulating user much (resnet18's fused backward, 1.3x eager's)."""
+        a training step would (`_trained`), whose forward, if not the fastest, costs a forward-only user a little,
+        where another backward costs an accumulating user much (resnet18's fused backward, 1.3x eager's)."""
         choosing = self.choosing
         watch = choosing.watch
         if watch.seen:
