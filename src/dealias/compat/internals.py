@@ -136,6 +136,21 @@ def eager_dispatch() -> Any:
     return _NO_PYTHON_DISPATCHER()
 
 
+# The other way round: torch's Python decompositions where eager's C++ composite checks values that fake tensors do
+# not have. `one_hot`'s C++ kernel, given a fake tensor, skips its checks of the classes (negative, or not below
+# num_classes: eager raises) and traces to `eq` with an arange: a static trace gave rows of zeros where eager
+# raises; torch's Python decomposition (`py_impl`, what a symbolic trace and AOTAutograd run) asserts them in the
+# graph (`_assert_async`, kept: opfacts.may_raise).
+_PYTHON_DISPATCHER, _PYTHON_DISPATCHER_MISSING = _lookup(torch._dispatch.python, "enable_python_dispatcher")
+
+
+def checked_dispatch() -> Any:
+    """A context manager under which ops dispatch to torch's Python decompositions (its Python dispatcher on)."""
+    if _PYTHON_DISPATCHER is None:
+        raise UnsupportedError(f"eager's value checks cannot be traced here: {_PYTHON_DISPATCHER_MISSING}")
+    return _PYTHON_DISPATCHER()
+
+
 # A custom autograd Function's C `apply`, bound to the Function's class: what `Function.apply` calls after its
 # Python checks (default arguments bound for a `setup_context`, functorch's transforms). For a Function without
 # `setup_context` called where no functorch transform is active, those checks do nothing; the caller asks

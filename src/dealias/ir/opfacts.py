@@ -314,14 +314,26 @@ def has_effect(target: object) -> bool:
 
 def may_raise(target: object) -> bool:
     """An op whose error depends on the values of its inputs, not only on their shapes: an index out of range
-    (a Tensor argument named index, indices or target), or an op that exists for its check (no results:
-    `_linalg_check_errors`, `_assert_async`). Its result unused, it is still not dead: eager raises there."""
+    (a Tensor argument named index, indices or target), counts that must be non-negative and add up to a given
+    size (`repeat_interleave`'s repeats with output_size: every fill of kernel_checks' probe, zeros, ones, large
+    and rising values, missed the size alike, and the fused program raised where the call's counts add up), or an
+    op that exists for its check (no results: `_linalg_check_errors`, `_assert_async`). Its result unused, it is
+    still not dead: eager raises there."""
     if not isinstance(target, OpOverload):
         return False
     schema = target._schema
     if not schema.returns:
         return True
-    return any(a.name in ("index", "indices", "target") and "Tensor" in str(a.type) for a in schema.arguments)
+    if schema.name in _RAISES_ON_VALUES:
+        return True
+    names = ("index", "indices", "target", "repeats")
+    return any(a.name in names and "Tensor" in str(a.type) for a in schema.arguments)
+
+
+# Ops whose kernels raise on their inputs' values with nothing in their schema to say so (linalg's `_ex` ops return
+# their errors, and `_linalg_check_errors` raises them). The deprecated `torch.cholesky` raises on a matrix that is
+# not positive-definite: fused, a write the program makes after it was stored before it raised.
+_RAISES_ON_VALUES = frozenset({"aten::cholesky"})
 
 
 def removable_if_unused(target: object) -> bool:

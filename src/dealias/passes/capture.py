@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..compat import saved_hooks
 from ..compat.dynamo_out import static_layout
-from ..compat.internals import CREATION_META, DATA_ATTR, creation_meta, eager_dispatch
+from ..compat.internals import CREATION_META, DATA_ATTR, checked_dispatch, creation_meta, eager_dispatch
 from ..errors import (
     DataDependentError,
     UnsupportedError,
@@ -85,6 +85,11 @@ _EAGER_DISPATCH = frozenset(
 _EAGER_DISPATCH_METHODS = frozenset({"matmul", "__matmul__", "__rmatmul__"})
 
 
+# Functions whose C++ composite checks values eager has and fake tensors have not (`F.one_hot(x, 4)` with a class 5:
+# eager raises, the trace computed rows of zeros), traced through torch's Python decomposition, which asserts them.
+_CHECKED_DISPATCH = frozenset({torch.nn.functional.one_hot, torch._C._nn.one_hot})
+
+
 class _Replay(fx.Interpreter):
     """Runs a dynamo graph node by node under make_fx. Each aten op it dispatches is recorded with the meta of
     the node that made it (`preserve_node_meta`): the user's source line stays on the captured op."""
@@ -116,6 +121,11 @@ class _Replay(fx.Interpreter):
             # otherwise, compat/internals.py `eager_dispatch`; only there, so that a torch without the switch
             # refuses only symbolic traces of these, not every matmul)
             with eager_dispatch():
+                return self._run_checking_out(n)
+        if not self.symbolic and n.target in _CHECKED_DISPATCH:
+            # (traced as a symbolic trace does: eager's checks of the values asserted in the graph, where the C++
+            # composite skips them on fake tensors, compat/internals.py `checked_dispatch`)
+            with checked_dispatch():
                 return self._run_checking_out(n)
         return self._run_checking_out(n)
 

@@ -162,6 +162,12 @@ def _compile_program(
             # raise it, inductor's kernels would write (a write through a view of one: found in review).
             executor, name = Executor.TORCH, "execution trace (torch executor: not fused, an inference tensor input)"
             unfused = "an inference tensor input"
+        elif any(isinstance(x, torch.Tensor) and (x.is_neg() or x.is_conj()) for x in leaves):
+            # Inductor's kernels read an input's memory as it is, without its negative bit: `z.conj().imag` (a real
+            # tensor whose values are its memory's negated) read as `-x` (as torch.compile's own: upstream's bug).
+            why = "an input with a negative or conjugate bit (inductor reads its memory without it)"
+            executor, name = Executor.TORCH, f"execution trace (torch executor: not fused, {why})"
+            unfused = why
     why = unfusable(fp.gm) if executor == Executor.INDUCTOR else None
     if why == AUTOGRAD and _hidden_writes_only(fp, captured):
         why = None

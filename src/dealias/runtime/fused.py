@@ -10,8 +10,9 @@ and indices the graph computes are computed, in a prologue before any write (pro
 What this path cannot run exactly stays on the torch executor, with the reason in the execution trace
 (`unfusable` before lowering, `Unfusable` after): alias groups, random draws, complex tensors, results of symbolic
 sizes in a layout other than a dense one, index checks against sizes computed in the graph, ops that may raise
-on their values, functional scatters into memory of the caller's and dtype views and `as_strided` (three things
-inductor gets wrong or ties to one placement of the inputs), writes to memory that is not an input. (A functional
+on their values (an integer division by a tensor), functional scatters into memory of the caller's and dtype
+views and `as_strided` (three things inductor gets wrong or ties to one placement of the inputs), writes to memory
+that is not an input. (A functional
 scatter into memory the graph made, `out = torch.zeros(..); out[idx] = x`, is inductor's own buffer: fused.)
 
 A program over symbols (a position, a sequence length) is compiled for the capture's fake tensors and symbols:
@@ -95,10 +96,33 @@ def unfusable(gm: fx.GraphModule) -> str | None:
             continue  # (runtime/island_op.py: an extern kernel of inductor's)
         if not isinstance(op, torch._ops.OpOverload) and has_effect(op) and not in_prologue(n):
             return f"{op_name(op)} runs in Python"
+        if _integer_division(n):
+            return f"{op_name(op)} divides integers by a divisor that may be zero (inductor's kernel writes or crashes)"
     return AUTOGRAD if records else None
 
 
 AUTOGRAD = "autograd records the graph"
+
+
+# Integer divisions eager checks for a zero divisor before writing anything (RuntimeError "ZeroDivisionError").
+# Inductor's kernels check in the loop, after the elements before it were stored (`x.floor_divide_(y)` left x half
+# written), or not at all: a truncating division by zero stops the process with SIGFPE (torch.compile's too).
+_DIVISIONS = ("div", "div_", "floor_divide", "floor_divide_", "remainder", "remainder_", "fmod", "fmod_")
+
+
+def _integer_division(n: fx.Node) -> bool:
+    """An integer division, remainder or fmod whose divisor is a tensor or a zero: its values may make eager raise."""
+    op = n.target
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op_name(op) not in _DIVISIONS:
+        return False
+    val = n.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.is_floating_point() or val.is_complex():
+        return False
+    bound = bind_args(op._schema, n.args, n.kwargs, defaults=True)
+    if op_name(op).startswith("div") and bound.get("rounding_mode") is None:
+        return False  # (a true division: a float result)
+    divisor = bound.get("other")
+    return not isinstance(divisor, (int, float)) or divisor == 0
 
 
 def _no_dropout(n: fx.Node) -> bool:

@@ -347,7 +347,7 @@ def _byte_range(t: torch.Tensor) -> tuple[Any, Any]:
 # Foreach ops whose i-th result is an elementwise op over the i-th tensors (the op of the same name is tagged
 # pointwise). Not `_foreach_max` / `_foreach_norm` (reductions), nor `_foreach_copy` (broadcasts its source).
 FOREACH_ELEMENTWISE = frozenset(
-    "abs acos add addcdiv addcmul asin atan ceil clamp_max clamp_min cos cosh div erf erfc exp expm1 floor frac lerp "
+    "abs acos add addcdiv addcmul asin atan ceil clamp_max clamp_min copy cos cosh div erf erfc exp expm1 floor frac lerp "
     "lgamma log log10 log1p log2 maximum minimum mul neg pow reciprocal round rsqrt sigmoid sign sin sinh sqrt sub "
     "tan tanh trunc".split()
 )
@@ -417,12 +417,46 @@ def insert_snapshots(gm: fx.GraphModule) -> int:
             for u in later:
                 u.replace_input_with(value, write.args[0])
             continue
+        if not at_write and _sink_write(gm, value, write):
+            continue
         with gm.graph.inserting_after(value):
             snap = gm.graph.call_function(SNAPSHOT, (value,))
         snap.meta["val"] = value.meta.get("val")
         value.replace_all_uses_with(snap, delete_user_cb=lambda u, s=snap: u is not s)
         count += 1
     return count
+
+
+def _sink_write(gm: fx.GraphModule, value: fx.Node, write: fx.Node) -> bool:
+    """Move `write` to just after the last use of `value` (through views made of it), when no op in between takes
+    the written memory (a view of it, the placeholder, a write to it, the write's own result): the write then
+    lands where the program no longer needs what it overwrote, and no copy is made. Every op passed reads other
+    memory (the fused executor's inputs never share memory: an alias group is unfusable), so it computes the same
+    values whichever side of the write it runs. Adadelta's step: its `deltas`, computed from `acc_delta` before
+    the write to `acc_delta` and added to the parameters after it, was one snapshot per parameter (a clone each,
+    and the kernels split around it: 2.3x torch.compile's step)."""
+    writes, root = memory_of(gm)
+    m = next((mem for w, mem in writes if w is write), None)
+    if m is None:
+        return False
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    end = _last_uses_through_views(nodes, order)[value]
+    if end <= order[write]:
+        return False
+    # What the write stores is read where the write lands: a write passed to memory its source was computed from
+    # would make that source a hazard of its own (Adadelta with weight decay: the new acc_delta reads the
+    # parameter, the new parameter reads acc_delta; whichever write goes first, the other needs a copy).
+    reads = reads_of(gm)
+    sources = frozenset().union(*(reads.get(a, frozenset()) for a in write.all_input_nodes))
+    written_by = dict(writes)
+    for n in nodes[order[write] + 1 : end + 1]:
+        if n.op != "call_function" or root.get(n) is m or any(root.get(a) is m for a in n.all_input_nodes):
+            return False
+        if written_by.get(n) in sources:
+            return False
+    nodes[end].append(write)
+    return True
 
 
 def _stored_whole(gm: fx.GraphModule, value: fx.Node, write: fx.Node) -> bool:

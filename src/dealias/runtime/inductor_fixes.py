@@ -98,10 +98,12 @@ def _float64_passes_here() -> bool:
 def measure() -> tuple[float, float]:
     """Seconds per call of a BatchNorm2d's statistics (`_MEASURED_SHAPE`, float32): in the float64 passes, and by
     inductor's own lowering (Welford's). Each compiled alone by inductor; best of interleaved rounds."""
+    from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from ..compat.vec_isa import vec_isa_config
     from .keep_aten import best_of
 
     def statistics(x: torch.Tensor) -> Any:
@@ -113,7 +115,8 @@ def measure() -> tuple[float, float]:
         compiled = []
         for float64_passes in (True, False):
             gm = make_fx(statistics, decomposition_table=_table(float64_passes))(x)
-            compiled.append(compile_fx_inner(gm, [x]))
+            with inductor_config.patch(vec_isa_config()):  # (its ISA probes recorded: keep_aten.py's)
+                compiled.append(compile_fx_inner(gm, [x]))
         passes, welford = compiled
         return best_of(lambda: passes([x]), lambda: welford([x]))
 

@@ -152,17 +152,23 @@ def aten_against_inductor(
 ) -> tuple[float, float]:
     """Seconds per call of `aten_fn` (ATen's kernels) and of inductor's code for `traced_fn`, on the tensors
     `inputs()` draws. Best of interleaved rounds."""
+    from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from ..compat.vec_isa import vec_isa_config
     # Real tensors in a clean context: this may run inside dynamo's backend call, whose fake mode and tracing
     # context would claim them. (The inputs are drawn on a generator of their own: measuring must not move the
     # caller's random numbers.)
     with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad(), torch.random.fork_rng(devices=[]):
         xs = inputs()
         gm = make_fx(lambda *a: (traced_fn(*a),), decomposition_table=select_decomp_table())(*xs)
-        compiled = compile_fx_inner(gm, list(xs))
+        # (inductor's vector-ISA probes, run by the process's first C++ compile, under dealias's record of them
+        # (compat/vec_isa.py): a measurement is often that first compile, and probes it ran unrecorded were run
+        # again by every later process's fused compile, ~0.3 s of a warm first call)
+        with inductor_config.patch(vec_isa_config()):
+            compiled = compile_fx_inner(gm, list(xs))
         return best_of(lambda: aten_fn(*xs), lambda: compiled(list(xs)))
 
 

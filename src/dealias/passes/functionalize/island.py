@@ -22,8 +22,9 @@ import torch
 import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
+from ...errors import user_location
 from ...ir.checks import NoProbe, probe
-from ...ir.island import island
+from ...ir.island import WARN_AT, island
 from ...ir.opfacts import OpKind, bind_args
 from ...ir.plan import StorageKind
 from ...ir.sharing import has_symbols
@@ -69,10 +70,26 @@ def lower_island(
             args[key] = w.read(a)
         else:
             kwargs[key] = w.read(a)
+    where = _expanded_write_location(node, views)
+    if where is not None:
+        kwargs[WARN_AT] = where
     new = w.emit.call(island, node.target, base, list(root.shape), list(root.stride()), views, *args, **kwargs)
     # The whole base written: a write with no chain, counted on the tensor eager wrote through.
     write(w, replace(target, chain=(), meta=root), new, node, counted[0])
     return True
+
+
+def _expanded_write_location(node: fx.Node, views: list[Any]) -> list[Any] | None:
+    """The user's ["file", line] of an island writing a tensor that repeats its memory (a stride 0 of a dimension
+    above 1, `x.expand(..).index_put_(..)`), where eager's kernel may warn (a deprecation); None for the others,
+    which run the op as they did (its Python binding and the warnings caught cost a few microseconds)."""
+    if not any(st == 0 and n > 1 for _, size, stride, _, _ in views for n, st in zip(size, stride)):
+        return None
+    location = user_location(node.meta.get("stack_trace"))
+    if location is None:
+        return None
+    path, _, rest = location.partition("  ")[0].rpartition(":")
+    return [path, int(rest)] if rest.isdigit() else None
 
 
 def why_not(w: Functionalizer, node: fx.Node, f: Any, bound: dict[str, Any], targets: list[Value]) -> str | None:

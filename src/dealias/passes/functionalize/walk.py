@@ -202,14 +202,21 @@ class Functionalizer:
             return
         # Eager's version counter moves: a split's element goes stale, what autograd saved of the memory too.
         self.autograd.version_counter_moves(v.storage)
-        recorded = bool(self.emit.grad) and self.autograd.requires_grad(node.args[0])
-        if v.storage.kind is StorageKind.INTERMEDIATE and not recorded and self.autograd.requires_grad(node.args[0]):
+        requires_grad = self.autograd.requires_grad(node.args[0])
+        recorded = bool(self.emit.grad) and requires_grad
+        if v.storage.kind is StorageKind.INTERMEDIATE and not recorded and requires_grad:
             # Of memory the program made, too: eager's grad_fn keeps the old layout (fuzz seed 965515:
             # `where(..)` transposed under no_grad, then squeezed; eager's backward raises on the shapes).
             self.autograd.layout_changed(v.storage, node, recorded)
         if v.storage.kind is not StorageKind.INTERMEDIATE:  # (of a caller's tensor: moved on it too)
             move_counter(self, v)
-            self.autograd.layout_changed(v.storage, node, recorded)
+            # A member of an alias group whose memory requires no grad yet has no grad_fn the change could leave
+            # stale: the write that brings grad goes back through the group's base, another tensor object, and
+            # the member's grad_fn is regenerated from its new layout when read, as eager's (fuzz seed 1808283).
+            # A caller's tensor of its own is written back itself, in its old layout: its grad_fn would be made
+            # for that layout, as the refusal says.
+            if requires_grad or v.storage.kind is not StorageKind.GROUP:
+                self.autograd.layout_changed(v.storage, node, recorded)
             kinds = self.objects.meta_recorded.setdefault(v.obj, set())
             if kinds and recorded not in kinds:
                 raise UnsupportedError(

@@ -1,0 +1,153 @@
+"""Where a first call's time goes, per phase, cold and warm (issue 38: the warm first call against torch.compile's).
+
+For each workload of bench/real.py and each variant (dealias's default, torch.compile(backend="inductor")), rounds
+of: a cold process (fresh TORCHINDUCTOR_CACHE_DIR and DEALIAS_CACHE_DIR), then a warm one (a second process with the
+same directories). Each reports, from construction to the first call's return (as bench/real.py times it):
+- wall seconds, this process's CPU seconds and its waited-for children's (inductor's C++ compiles and torch 2.13's
+  vector-ISA probe children; a cold wall of a loaded machine is mostly theirs; CPU seconds are the steadier figure
+  under load);
+- inductor's FX graph cache and AOTAutograd's cache counters (a warm dealias process should show one hit per fused
+  graph and no miss or bypass; torch.compile's an autograd_cache_hit);
+- dealias's own phases, CPU seconds summed over the call's compiles: capture, alias analysis, functionalize,
+  optimize, write-back lowering, the torch executor, the fused executor (its retrace by make_fx shown apart; the rest
+  is inductor's compile or cache lookup and load, and whatever inductor imports there), the runs on copies.
+
+    python bench/first_call_phases.py --only adamw_foreach gpt2 --rounds 3
+    python bench/first_call_phases.py --only gpt2 --variants default --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PHASES = ("capture", "analyze", "functionalize", "optimize", "lower", "torch_executor", "fused_executor")
+
+
+def _instrument() -> dict[str, float]:
+    """CPU seconds per dealias phase, by wrapping the pipeline's functions (nothing else changes)."""
+    from dealias.frontend import copies
+    from dealias.passes import pipeline
+    from dealias.runtime import fused
+
+    spent: dict[str, float] = collections.defaultdict(float)
+
+    def timed(f: Any, label: str) -> Any:
+        @functools.wraps(f)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[label] += time.process_time() - start
+
+        return run
+
+    for name in PHASES:
+        setattr(pipeline, name, timed(getattr(pipeline, name), name))
+    copies.run_on_copies = timed(copies.run_on_copies, "copies")
+    make_fx = fused.make_fx
+    fused.make_fx = lambda *a, **k: timed(make_fx(*a, **k), "retrace")
+    return spent
+
+
+def child(name: str, variant: str) -> None:
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    import real
+    from real_workloads import WORKLOADS
+
+    spent = _instrument() if variant != "torch.compile" else {}
+    torch.set_num_threads(1)
+    w = next(w for w in WORKLOADS if w.name == name)
+    args = real.make_args(w)
+    import resource
+
+    children = lambda: resource.getrusage(resource.RUSAGE_CHILDREN)  # noqa: E731
+    start, cpu, before = time.perf_counter(), time.process_time(), children()
+    f = real.compiled(variant, w.fn)
+    real.call(f, args, w.backward)
+    wall, cpu, after = time.perf_counter() - start, time.process_time() - cpu, children()
+    # (child processes waited for: inductor's C++ compiles and vector-ISA probes; a pool's workers are not counted)
+    cpu_children = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    from torch._dynamo.utils import counters
+
+    caches = {f"inductor.{k}": v for k, v in counters["inductor"].items() if k.startswith("fxgraph")}
+    caches.update({f"aot.{k}": v for k, v in counters["aot_autograd"].items() if "cache" in k})
+    print(json.dumps({"wall": wall, "cpu": cpu, "cpu_children": cpu_children, "caches": caches, "phases": dict(spent)}))
+
+
+def one(name: str, variant: str, root: Path) -> dict[str, Any]:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"), DEALIAS_CACHE_DIR=str(root / "dealias"))
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, variant]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode or not lines:
+        return {"failed": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="+", default=["adamw_foreach", "gpt2"])
+    ap.add_argument("--variants", nargs="+", default=["default", "torch.compile"])
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json", help="write every process's record here")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        child(*a.child)
+        return 0
+    import torch
+
+    records: list[dict[str, Any]] = []
+    for r in range(a.rounds):
+        for name in a.only:
+            for v in a.variants:  # (interleaved: cold and warm of each variant, variant after variant)
+                root = Path(tempfile.mkdtemp(prefix="dealias-phases-"))
+                try:
+                    (root / "dealias").mkdir()
+                    for kind in ("cold", "warm"):
+                        rec = {"round": r, "workload": name, "variant": v, "kind": kind, **one(name, v, root)}
+                        records.append(rec)
+                        print(json.dumps(rec), flush=True)
+                finally:
+                    shutil.rmtree(root, ignore_errors=True)
+    print(f"\ntorch {torch.__version__}, load average {os.getloadavg()[0]:.1f}; medians over {a.rounds} round(s)")
+    for name in a.only:
+        for v in a.variants:
+            for kind in ("cold", "warm"):
+                recs = [x for x in records if (x["workload"], x["variant"], x["kind"]) == (name, v, kind)]
+                recs = [x for x in recs if "failed" not in x]
+                if not recs:
+                    print(f"{name:14} {v:14} {kind}: failed")
+                    continue
+                med = lambda key: statistics.median(x[key] for x in recs)  # noqa: E731
+                labels = sorted({k for x in recs for k in x["phases"]})
+                phases = " ".join(f"{k} {statistics.median(x['phases'].get(k, 0.0) for x in recs):.2f}" for k in labels)
+                children = statistics.median(x.get("cpu_children", 0.0) for x in recs)
+                print(f"{name:14} {v:14} {kind}: wall {med('wall'):.2f} cpu {med('cpu'):.2f} children {children:.2f} | ", end="")
+                print(recs[-1]["caches"])
+                if phases:
+                    print(f"{'':30} cpu per phase: {phases}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(records, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
