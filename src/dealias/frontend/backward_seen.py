@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..compat.internals import compiled_autograd_in_force
+from ..compat.internals import compiled_autograd_in_force, storage_id
 
 
 class Watch:
@@ -61,11 +61,20 @@ def watch(out: Any, inputs: Any = ()) -> tuple[Watch | None, str]:
     nodes: dict[int, Any] = {}
     given = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
     try:
+        storages = {storage_id(x) for x in inputs if isinstance(x, torch.Tensor)}
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in given:
                 node = t.grad_fn
                 if node is not None:
                     nodes.setdefault(id(node), node)
+                # An output that is a view of the call's own intermediate: a write into it (the user's, after the
+                # call) rebuilds its grad_fn, the node above no longer in the graph its backward runs; the base's
+                # node stays there (under CopySlices). (Not where the base may be the user's: its node theirs.)
+                base = t._base if t._is_view() else None
+                if base is not None and base.requires_grad and storage_id(base) not in storages:
+                    node = base.grad_fn
+                    if node is not None:
+                        nodes.setdefault(id(node), node)
     except Exception:  # noqa: BLE001 - (RuntimeError from autograd; anything else: no hook, as where none fits)
         return None, "an output's grad_fn cannot be read"
     if not nodes:
