@@ -36,3 +36,22 @@ def test_a_training_step_writing_into_a_view_output_is_seen_as_training(monkeypa
         assert torch.equal(w.grad, we.grad), call
     assert "chosen by forward and backward" in reasons(jf), reasons(jf)
     assert "fused" not in ran[ON_COPIES:], ran[ON_COPIES:]
+
+
+def test_an_output_viewing_an_input_hooks_no_node_of_the_users():
+    from dealias.frontend import backward_seen
+
+    u = torch.randn(3, 4, requires_grad=True)
+    x = u * 2  # (the user's, its node theirs)
+    v = x[0]
+    w, why = backward_seen.watch([v.view(-1)], [x])
+    assert w is not None and len(w.handles) == 1  # (the output's own node: not x's)
+    w.remove()
+    y = x + 1
+    w, why = backward_seen.watch([y.t()], [x])
+    assert w is not None and len(w.handles) == 2  # (the view's node and its base's, the call's intermediate)
+    x.sum().backward(retain_graph=True)  # (a backward of the user's own, not through the outputs)
+    assert not w.seen
+    y.t().mul_(2).sum().backward()
+    assert w.seen
+    w.remove()

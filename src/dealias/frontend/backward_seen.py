@@ -61,20 +61,14 @@ def watch(out: Any, inputs: Any = ()) -> tuple[Watch | None, str]:
     nodes: dict[int, Any] = {}
     given = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
     try:
-        storages = {storage_id(x) for x in inputs if isinstance(x, torch.Tensor)}
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in given:
                 node = t.grad_fn
                 if node is not None:
                     nodes.setdefault(id(node), node)
-                # An output that is a view of the call's own intermediate: a write into it (the user's, after the
-                # call) rebuilds its grad_fn, the node above no longer in the graph its backward runs; the base's
-                # node stays there (under CopySlices). (Not where the base may be the user's: its node theirs.)
-                base = t._base if t._is_view() else None
-                if base is not None and base.requires_grad and storage_id(base) not in storages:
-                    node = base.grad_fn
-                    if node is not None:
-                        nodes.setdefault(id(node), node)
+                    base = _intermediate_base(t, inputs)
+                    if base is not None:
+                        nodes.setdefault(id(base), base)
     except Exception:  # noqa: BLE001 - (RuntimeError from autograd; anything else: no hook, as where none fits)
         return None, "an output's grad_fn cannot be read"
     if not nodes:
@@ -87,3 +81,20 @@ def watch(out: Any, inputs: Any = ()) -> tuple[Watch | None, str]:
         w.remove()
         return None, "a hook cannot be set on an output's node"
     return w, ""
+
+
+def _intermediate_base(t: torch.Tensor, inputs: Any) -> Any:
+    """The autograd node of the base of an output `t` that is a view of the call's own intermediate, else None. A
+    write into such an output (the user's, after the call) rebuilds its grad_fn: its node at the call is then no
+    longer in the graph the backward runs, the base's node is (under CopySlices). Not where the base may be the
+    user's (sharing an input's storage: its node theirs), nor where that cannot be told."""
+    try:
+        base = t._base if t._is_view() else None
+        if base is None or not base.requires_grad or base.grad_fn is None:
+            return None
+        storage = storage_id(base)
+        if any(isinstance(x, torch.Tensor) and storage_id(x) == storage for x in inputs):
+            return None
+        return base.grad_fn
+    except Exception:  # noqa: BLE001 - (a tensor without storage, a subclass: the output's own node only)
+        return None
