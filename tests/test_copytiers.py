@@ -23,13 +23,16 @@ FAST_FUSED = {"torch": 3e-5, "graph": 4e-5, "fused": 1e-5}
 
 def fake_fused(monkeypatch, **seconds) -> list[str]:
     """FUSE_FIRST on; the "fused" compile is the torch executor's program; each run of tier t takes seconds[t] (a
-    float, or a list: one per run, in turn, the last repeated). Returns the tiers run, in order."""
+    float, or a list: one per run, in turn, the last repeated), a backward on copies none. Returns the tiers run, in
+    order."""
     ran: list[str] = []
     monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
     monkeypatch.setattr(tiers, "clock", lambda: 0.0)
     turns = {t: 0 for t in seconds}
 
     def measure(tier, run, leaves):
+        if getattr(run, "backward", False):  # (a run on copies' backward, timed apart: its forward's time is all)
+            return run(leaves), 0.0
         ran.append(tier)
         out = run(leaves)
         s = seconds[tier]

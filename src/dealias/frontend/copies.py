@@ -56,13 +56,14 @@ def graph_tier_refusal(program: Any) -> str:
 
 def run_on_copies(
     entry: Any, leaves: list[Any], tiers: list[str], measure: Callable, samples_per_tier: int, measure_seconds: float
-) -> tuple[dict[str, list[float]], set[str], list[str], bool]:
+) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
     """In the first call (FUSE_FIRST), the warm-up and timed runs of the tiers `tiers` of the cache entry `entry`
     (tiers.Tiered; the fused program among them once compiled) on copies of the call's tensors (`copies_refusal`
     says where not): each run on fresh copies of those the plan writes, as the user's call would run, the random
     state set back after. Where a run's results carry autograd history, each run is the forward and its backward on
-    the copies (`_backward`; `backward_refusal` says where not). Returns each tier's timed runs (seconds), the tiers
-    warmed up, notes on what was not measured and why, and whether the timed runs include their backward.
+    the copies (`_backward`; `backward_refusal` says where not), timed apart. Returns each tier's timed runs
+    (seconds), the tiers warmed up, notes on what was not measured and why, and, where the timed runs include their
+    backward, the same runs' forwards alone (else None): a user who never runs the backward waits for those.
 
     The fused program's runs here are its warm-up too: its first calls after the compile ran 1.1-1.3x eager for 2-4
     calls (a foreach optimizer's step, a decode step), eager's own calls after the compile as slow (the process's
@@ -71,11 +72,12 @@ def run_on_copies(
     why = copies_refusal(entry.first, leaves, entry.backend.gm) if tiers else ""
     if not tiers or why:
         notes += [f"tiers measured on the calls: {why}"] if why else []
-        return {}, set(), notes, False
+        return {}, set(), notes, None
     tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     written = sorted({entry.first.captured.tensor_positions[r.ref.key] for r in entry.first.reports})
     grad = torch.is_grad_enabled()
     samples: dict[str, list[float]] = {}
+    forwards: dict[str, list[float]] = {}  # (the forward of each timed run, where runs include their backward)
     warmed: set[str] = set()
     total = 0.0  # (every run on copies, warm-ups included: COPIES_SECONDS)
     records: bool | None = None  # (outputs with autograd history: each run its forward and backward; None: unknown)
@@ -92,7 +94,7 @@ def run_on_copies(
             warnings.simplefilter("ignore")
             if saved_hooks.in_force():  # (hooks that could not be set aside)
                 notes.append("tiers measured on the calls: saved-tensor hooks in force")
-                return {}, set(), notes, False
+                return {}, set(), notes, None
             base = list(leaves)  # (every tensor copied once: a write the plan would not name stays in the copy)
             for i, c in zip(tensors, clone_args([leaves[i] for i in tensors])):
                 base[i] = c
@@ -101,7 +103,7 @@ def run_on_copies(
                 # have gaps, an autograd.Function's `empty_strided` result; the tiers' programs, the fused one's
                 # kernels, index with the call's strides: past the copy's memory)
                 notes.append("tiers measured on the calls: a copy's layout is not the call's")
-                return {}, set(), notes, False
+                return {}, set(), notes, None
             spent = dict.fromkeys(tiers, 0.0)
             # Each tier's warm-up first (untimed), then SAMPLES rounds, a run of each tier measured on per round
             # (so that a noisy stretch of the machine falls on them all).
@@ -112,11 +114,13 @@ def run_on_copies(
                     copies = list(base)
                     for i, c in zip(written, clone_args([leaves[i] for i in written])):
                         copies[i] = c
-                    run = entry.runs[t]
-                    if records and not warm_only:
-                        run = _with_backward(run)
-                    out, seconds = measure(t, run, copies)
+                    out, seconds = measure(t, entry.runs[t], copies)
                     torch._C._set_grad_enabled(grad)
+                    forward = seconds
+                    if records and not warm_only:  # (its backward timed apart: the forward alone is a measure too)
+                        _, backward = measure(t, _backward_run(out), copies)
+                        torch._C._set_grad_enabled(grad)
+                        seconds += backward
                     if records is None:  # (the first run: its backward, untimed, warms that up too)
                         records = has_history(out)
                         refusal = backward_refusal(entry.backend.gm) if records else ""
@@ -140,6 +144,7 @@ def run_on_copies(
                     total += seconds
                     if k:
                         samples[t].append(seconds)
+                        forwards.setdefault(t, []).append(forward)
                         spent[t] += seconds
                     else:
                         samples.setdefault(t, [])
@@ -148,19 +153,26 @@ def run_on_copies(
     except Exception as e:  # noqa: BLE001 - the user's calls measure the tiers, as without copies
         torch._C._set_grad_enabled(grad)
         notes.append(f"tiers measured on the calls: a run on copies raised {type(e).__name__}")
-        return {}, set(), notes, False
+        return {}, set(), notes, None
     samples = {t: s for t, s in samples.items() if s}
     if not warm_only and total >= COPIES_SECONDS and any(t not in samples for t in tiers):
         notes.append(f"tiers measured on the calls too: runs on copies stopped after {total:.1f} s")
-    return samples, warmed, notes, bool(records) and not warm_only
+    backward = bool(records) and not warm_only
+    return samples, warmed, notes, {t: forwards[t] for t in samples} if backward else None
 
 
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:
     return t.shape, t.stride(), t.storage_offset(), t.untyped_storage().nbytes()
 
 
-def _with_backward(run: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
-    return lambda copies: _backward(run(copies), copies)
+def _backward_run(out: Any) -> Callable[[list[Any]], Any]:
+    """The backward of a run's results `out`, as a run of the copies (timed by `measure`, as the forward is)."""
+
+    def run(copies: list[Any]) -> Any:
+        return _backward(out, copies)
+
+    run.backward = True  # (tests faking `measure` tell a backward from a forward by it)
+    return run
 
 
 def _backward(out: Any, copies: list[Any]) -> Any:

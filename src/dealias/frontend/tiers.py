@@ -39,9 +39,12 @@ records autograd, each run is its forward and its backward on the copies, `backw
 is the user's Python or a hook). The choice is made there, and the user's calls from the second on run the winner
 (a foreach optimizer's step, 0.6x eager fused, runs 1.2x on the exact tiers, and its fused program's first 2-4 calls
 after the compile ran 1.1-1.3x: the runs on copies are their warm-up); tiers close to the best are measured on the
-user's calls too. (The samples on copies are of the same inputs' values and layouts; if anything a little fast,
-the copies just written and in the caches.) No later call waits for a
-compile or runs beside one.
+user's calls too; where the call records autograd and more than one tier is close to the best on its forward and
+backward or on its forward alone (timed apart), hooks on the first call's outputs' autograd nodes
+(frontend/backward_seen.py) tell a later call whether the user ran their backward, and that measure chooses
+(`_Choosing`: no user call timed; where no hook can be set, the user's calls time those tiers). (The samples on
+copies are of the same inputs' values and layouts; if anything a little fast, the copies just written and in the
+caches.) No later call waits for a compile or runs beside one.
 
 Without FUSE_FIRST, the promoting call builds the fused program (capture, passes, lowering and the trace for
 inductor read its inputs and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process
@@ -70,7 +73,7 @@ from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
-from . import copies
+from . import backward_seen, copies
 from .copies import graph_tier_refusal, has_history
 
 log = logging.getLogger("dealias")
@@ -98,6 +101,9 @@ CLOSE_ROUNDS = 3
 # op-by-op step of a foreach optimizer at 2-3x eager, where dynamo's graph runs at 1.2x).
 CLEAR_LOSS = 1.5
 MEASURE_SECONDS = 0.5  # ...or fewer, once a candidate's timed calls took this long in all (long calls)
+# A call recording autograd whose tiers the runs on copies left to what the user runs (`_Choosing`): the choice by the
+# forward alone once this many calls ran with no backward through the first call's outputs (outputs the user keeps).
+WATCH_CALLS = PROMOTE_AFTER
 
 
 def _now() -> float:
@@ -186,6 +192,7 @@ class Tiered:
         self.settled = False
         self.measured = ""  # "graph 40.1 us vs torch 55.0 us", once measured
         self.measured_on_copies = False  # the exact tiers timed on copies in the first call (FUSE_FIRST)
+        self.choosing: _Choosing | None = None  # the copies' two measures, until the user's backward or none decides
         if not self.candidates and not fuse:
             self._settle()
 
@@ -206,6 +213,9 @@ class Tiered:
     def tier_reason(self) -> str:
         if self.pending is not None:
             why = "the fused program compiling in the background"
+        elif self.choosing is not None:
+            tiers = ", ".join(self.choosing.tiers)
+            why = f"choosing between {tiers} by whether the first call's outputs are backpropagated"
         elif self.candidates or self.promoting:
             calls = f"{self.calls} call{'s' if self.calls != 1 else ''} so far"
             why = f"measuring ({', '.join(self.candidates) or self.current}; {calls})"
@@ -227,6 +237,8 @@ class Tiered:
                 (tier, seconds, returned), self.open = self.open, None
                 self._record(tier, seconds + max(0.0, now - returned), seconds)
             self.calls += 1
+            if self.choosing is not None and self.choosing.watch is not None:
+                self._choose_by_backward()
             due = self.fuse and not self.promoted and not self.promoting
             first = due and FUSE_FIRST and self.calls == 1
             due = due and (first or self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
@@ -256,6 +268,8 @@ class Tiered:
             return self.runs[self.exact](leaves)  # (not timed: another program ran)
         out, seconds = measure(tier, self.runs[tier], leaves)
         with self.lock:
+            if self.choosing is not None and self.choosing.watch is None:  # (the first call: its outputs watched)
+                self._watch(out, leaves)
             if tier in self.candidates and not self.settled and has_history(out):
                 self.open = (tier, seconds, clock())
             else:
@@ -275,7 +289,11 @@ class Tiered:
         tiers differ (medians of 5 calls chose dynamo's graph for GPT-2's forward, 0.87x eager, over the fused
         program's 0.72x); but one lucky call is not what the tier costs (a foreach EMA's torch tier: fastest call
         576 us, median 657-678 us, chosen over the fused program's 568-593 us)."""
-        calls = sorted(self.samples[tier])
+        return self._fastest_of(self.samples[tier])
+
+    @staticmethod
+    def _fastest_of(samples: list[float]) -> float:
+        calls = sorted(samples)
         fastest = calls[: max(2, len(calls) // 4)]
         return sum(fastest) / len(fastest)
 
@@ -418,34 +436,132 @@ class Tiered:
         """In the first call (FUSE_FIRST), every candidate's warm-up and timed calls on copies of the call's tensors
         (frontend/copies.py), the fused program's among them: the choice made there where they are not close, and
         the user's calls then run the winner, all of them; tiers close to the best measured on the user's calls.
-        Where the runs on copies include their backward, a close tier's runs on copies are not kept: a user's call
-        recording autograd is timed up to the next call, with a backward only where the user runs one, so the two
-        are no measure together (a forward of MultiheadAttention with grad, never backpropagated: close tiers timed
-        on forwards beside others' forwards and backwards chose the torch executor, 1.11x eager, over the fused
-        program's 1.00x). The copies drop the clear losers there; the close tiers are timed on the user's calls
-        alone (every tier, where some candidate was not timed on copies)."""
+        Where the runs on copies include their backward (`forwards`: the same runs' forwards alone), the copies only
+        drop the tiers that lose on both measures (`_drop_on_both`): whether the user runs the backward is seen by
+        hooks on this call's outputs (`_watch`, `_choose_by_backward`), or, where none can be set, on the user's
+        calls, each timed up to the next call (a backward there or none), their samples from the copies not kept
+        (mixed with the user's calls, the copies' runs chose:
+        a forward of MultiheadAttention with grad, never backpropagated, settled on the torch executor at 1.11x
+        eager beside the fused program's 1.00x; resnet18's training forward, never backpropagated, settled on the
+        torch executor, 1.04x eager, where the fused forward runs 0.92x: its backward is the slower one). Every tier
+        is timed on the user's calls where some candidate was not timed on copies."""
         tiers = list(self.candidates)
         if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
             tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
-        samples, warmed, notes, backward = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
+        samples, warmed, notes, forwards = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
         self.notes += notes
         with self.lock:
             self.warm.update(warmed)
-            if backward and not all(samples.get(t) for t in self.candidates):
+            if forwards is not None and not all(samples.get(t) for t in self.candidates):
                 samples = {}
-            self.samples.update(samples)
             self.measured_on_copies = bool(samples)
+            if forwards is not None and samples:
+                self._drop_on_both(samples, forwards)
+                if len(self.candidates) == 1:
+                    self.samples.update(samples)
+                    self._choose()
+                    return
+                # (the user's backward, or none, chooses the measure: `_watch`, with this call's outputs. Even where
+                # the two measures' fastest is one tier, timing the others close to it on the user's calls ran
+                # resnet18's training step on the fused tier, close on the forward, whose backward is the slower)
+                self.choosing = _Choosing(list(self.candidates), samples, forwards)
+                trained = self._trained(self.candidates, samples)
+                self.current = min(trained, key=lambda t: self._fastest_of(samples[t]))
+                self.candidates = []
+                return
+            self.samples.update(samples)
             if samples and self.candidates:
                 self._decide()
-            if backward and len(self.candidates) > 1:
-                for t in self.candidates:  # (close ones left: timed on the user's calls alone)
-                    self.samples.pop(t, None)
+
+    def _watch(self, out: Any, leaves: list[Any]) -> None:
+        """The first call's outputs `out` (the tiers left to what the user runs, `_Choosing`): hooks on their autograd
+        nodes note whether the user runs their backward (frontend/backward_seen.py). Where none can be set, the
+        tiers are timed on the user's calls, each up to the next call (a backward there or none)."""
+        choosing = self.choosing
+        watch, why = backward_seen.watch(out, leaves)
+        if watch is None:
+            self.choosing = None
+            self.notes.append(f"tiers measured on the calls: no hook on the outputs' autograd nodes ({why})")
+            self.candidates = choosing.tiers
+            return
+        choosing.watch = watch
+
+    def _choose_by_backward(self) -> None:
+        """A later call (`_Choosing`): by forward and backward where a backward through the first call's outputs
+        ran; by the forward alone where none can come (their graph freed) or none came in WATCH_CALLS calls; else
+        not yet (a user accumulating gradients over several forwards before one backward): this call runs the tier
+        a training step would (`_trained`), whose forward, if not the fastest, costs a forward-only user a little,
+        where another backward costs an accumulating user much (resnet18's fused backward, 1.3x eager's)."""
+        choosing = self.choosing
+        watch = choosing.watch
+        if watch.seen:
+            samples, why = choosing.whole, "forward and backward: the first call's outputs were backpropagated"
+        elif watch.freed or self.calls > WATCH_CALLS:
+            samples, why = choosing.forwards, "the forward alone: the first call's outputs were not backpropagated"
+        else:
+            return
+        watch.remove()
+        self.choosing = None
+        self.notes.append(f"chosen by {why}")
+        self.candidates = self._trained(choosing.tiers, samples) if watch.seen else list(choosing.tiers)
+        self.samples = {t: samples[t] for t in self.candidates}
+        self.dropped = {t: self._fastest_of(s) for t, s in samples.items() if t not in self.candidates}
+        self._choose()
+
+    def _trained(self, tiers: list[str], whole: dict[str, list[float]]) -> list[str]:
+        """The tiers among `tiers` a training step (forward and backward, `whole` on copies) chooses from: the fused
+        tier only where it wins clearly (by CLOSE) over the exact tiers, its backward on copies (into no `.grad`,
+        nothing between) not quite the user's (resnet18's training step: on copies 2-4 % faster fused than on the
+        torch executor, three times; on the user's calls 1.10-1.3x eager fused, 1.0x on the torch executor)."""
+        exact = [self._fastest_of(whole[t]) for t in tiers if t != "fused"]
+        if "fused" in tiers and exact and min(exact) <= (1 + CLOSE) * self._fastest_of(whole["fused"]):
+            return [t for t in tiers if t != "fused"]
+        return list(tiers)
+
+    def _drop_on_both(self, whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> None:
+        """The copies' verdict on a call recording autograd: a candidate stays where it is close to the best (within
+        CLOSE) on what its forward and backward took (`whole`), or on what its forward alone took (`forwards`), a
+        user's call where the user never runs the backward; the others are dropped, with their `whole` time. Where
+        some candidate has fewer than its samples (long runs: COPIES_SECONDS), only those that lose clearly on both
+        (CLEAR_LOSS) are dropped."""
+        tiers = self.candidates
+        if all(len(whole[t]) >= SAMPLES or sum(whole[t]) >= MEASURE_SECONDS for t in tiers):
+
+            def kept(samples: dict[str, list[float]]) -> set[str]:
+                fastest = {t: self._fastest_of(samples[t]) for t in tiers}
+                best = min(fastest.values())
+                return {t for t, s in fastest.items() if s <= (1 + CLOSE) * best}
+
+        else:
+
+            def kept(samples: dict[str, list[float]]) -> set[str]:
+                measured = [samples[t] for t in tiers if len(samples[t]) >= 2]
+                if len(measured) < 2:
+                    return set(tiers)
+                fastest_worst = min(max(s) for s in measured)
+                return {t for t in tiers if len(samples[t]) < 2 or min(samples[t]) <= CLEAR_LOSS * fastest_worst}
+
+        stay = kept(whole) | kept(forwards)
+        for t in [t for t in tiers if t not in stay]:
+            tiers.remove(t)
+            self.dropped[t] = self._fastest_of(whole[t])
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
         next call adopts it."""
         pending = self.pending
         return pending is None or pending.run_graph.pending.done.wait(timeout)
+
+
+class _Choosing:
+    """A call recording autograd whose runs on copies left more than one tier (`Tiered._drop_on_both`): each one's
+    timed runs on copies, forward and backward (`whole`) and forward alone (`forwards`), and the hooks on the first
+    call's outputs (`watch`, backward_seen.Watch, set once that call returned) that tell the second call, or a later
+    one, which measure is the user's."""
+
+    def __init__(self, tiers: list[str], whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> None:
+        self.tiers, self.whole, self.forwards = tiers, whole, forwards
+        self.watch: backward_seen.Watch | None = None
 
 
 def _failure(error: BaseException) -> str:
