@@ -136,11 +136,14 @@ def main(argv: list[str] | None = None) -> int:
                 if not recs:
                     print(f"{name:14} {v:14} {kind}: failed")
                     continue
-                med = lambda key: statistics.median(x[key] for x in recs)  # noqa: E731
+                med = lambda key, recs=recs: statistics.median(x[key] for x in recs)  # noqa: E731
                 labels = sorted({k for x in recs for k in x["phases"]})
                 phases = " ".join(f"{k} {statistics.median(x['phases'].get(k, 0.0) for x in recs):.2f}" for k in labels)
                 children = statistics.median(x.get("cpu_children", 0.0) for x in recs)
-                print(f"{name:14} {v:14} {kind}: wall {med('wall'):.2f} cpu {med('cpu'):.2f} children {children:.2f} | ", end="")
+                print(
+                    f"{name:14} {v:14} {kind}: wall {med('wall'):.2f} cpu {med('cpu'):.2f} children {children:.2f} | ",
+                    end="",
+                )
                 print(recs[-1]["caches"])
                 if phases:
                     print(f"{'':30} cpu per phase: {phases}")

@@ -34,7 +34,6 @@ Per call: rounds in a shuffled order, each variant's steps (and scheduler steps)
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import random
 import statistics
@@ -81,28 +80,37 @@ class Config:
 
 
 def _configs() -> list[Config]:
-    O = torch.optim
+    optim = torch.optim
     base: list[tuple[str, Callable[..., torch.optim.Optimizer]]] = [
-        ("adam", lambda p, **k: O.Adam(p, lr=1e-3, weight_decay=1e-2, **k)),
-        ("adam_amsgrad", lambda p, **k: O.Adam(p, lr=1e-3, amsgrad=True, **k)),
-        ("adam_maximize", lambda p, **k: O.Adam(p, lr=1e-3, maximize=True, **k)),
-        ("adamw", lambda p, **k: O.AdamW(p, lr=1e-3, **k)),
-        ("adamw_amsgrad", lambda p, **k: O.AdamW(p, lr=1e-3, amsgrad=True, **k)),
-        ("sgd", lambda p, **k: O.SGD(p, lr=1e-2, **k)),
-        ("sgd_momentum", lambda p, **k: O.SGD(p, lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=1e-4, **k)),
-        ("sgd_nesterov", lambda p, **k: O.SGD(p, lr=1e-2, momentum=0.9, nesterov=True, **k)),
-        ("rmsprop", lambda p, **k: O.RMSprop(p, lr=1e-3, **k)),
-        ("rmsprop_centered", lambda p, **k: O.RMSprop(p, lr=1e-3, centered=True, momentum=0.9, weight_decay=1e-4, **k)),
-        ("adagrad", lambda p, **k: O.Adagrad(p, lr=1e-2, lr_decay=1e-3, weight_decay=1e-4, **k)),
-        ("adadelta", lambda p, **k: O.Adadelta(p, lr=1.0, weight_decay=1e-4, **k)),
-        ("adadelta_nowd", lambda p, **k: O.Adadelta(p, lr=1.0, **k)),
-        ("adamax", lambda p, **k: O.Adamax(p, lr=2e-3, weight_decay=1e-4, **k)),
-        ("nadam", lambda p, **k: O.NAdam(p, lr=2e-3, weight_decay=1e-4, **k)),
-        ("nadam_decoupled", lambda p, **k: O.NAdam(p, lr=2e-3, weight_decay=1e-2, decoupled_weight_decay=True, **k)),
-        ("radam", lambda p, **k: O.RAdam(p, lr=1e-3, weight_decay=1e-4, **k)),
-        ("radam_decoupled", lambda p, **k: O.RAdam(p, lr=1e-3, weight_decay=1e-2, decoupled_weight_decay=True, **k)),
-        ("asgd", lambda p, **k: O.ASGD(p, lr=1e-2, t0=3, weight_decay=1e-4, **k)),
-        ("rprop", lambda p, **k: O.Rprop(p, lr=1e-2, **k)),
+        ("adam", lambda p, **k: optim.Adam(p, lr=1e-3, weight_decay=1e-2, **k)),
+        ("adam_amsgrad", lambda p, **k: optim.Adam(p, lr=1e-3, amsgrad=True, **k)),
+        ("adam_maximize", lambda p, **k: optim.Adam(p, lr=1e-3, maximize=True, **k)),
+        ("adamw", lambda p, **k: optim.AdamW(p, lr=1e-3, **k)),
+        ("adamw_amsgrad", lambda p, **k: optim.AdamW(p, lr=1e-3, amsgrad=True, **k)),
+        ("sgd", lambda p, **k: optim.SGD(p, lr=1e-2, **k)),
+        ("sgd_momentum", lambda p, **k: optim.SGD(p, lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=1e-4, **k)),
+        ("sgd_nesterov", lambda p, **k: optim.SGD(p, lr=1e-2, momentum=0.9, nesterov=True, **k)),
+        ("rmsprop", lambda p, **k: optim.RMSprop(p, lr=1e-3, **k)),
+        (
+            "rmsprop_centered",
+            lambda p, **k: optim.RMSprop(p, lr=1e-3, centered=True, momentum=0.9, weight_decay=1e-4, **k),
+        ),
+        ("adagrad", lambda p, **k: optim.Adagrad(p, lr=1e-2, lr_decay=1e-3, weight_decay=1e-4, **k)),
+        ("adadelta", lambda p, **k: optim.Adadelta(p, lr=1.0, weight_decay=1e-4, **k)),
+        ("adadelta_nowd", lambda p, **k: optim.Adadelta(p, lr=1.0, **k)),
+        ("adamax", lambda p, **k: optim.Adamax(p, lr=2e-3, weight_decay=1e-4, **k)),
+        ("nadam", lambda p, **k: optim.NAdam(p, lr=2e-3, weight_decay=1e-4, **k)),
+        (
+            "nadam_decoupled",
+            lambda p, **k: optim.NAdam(p, lr=2e-3, weight_decay=1e-2, decoupled_weight_decay=True, **k),
+        ),
+        ("radam", lambda p, **k: optim.RAdam(p, lr=1e-3, weight_decay=1e-4, **k)),
+        (
+            "radam_decoupled",
+            lambda p, **k: optim.RAdam(p, lr=1e-3, weight_decay=1e-2, decoupled_weight_decay=True, **k),
+        ),
+        ("asgd", lambda p, **k: optim.ASGD(p, lr=1e-2, t0=3, weight_decay=1e-4, **k)),
+        ("rprop", lambda p, **k: optim.Rprop(p, lr=1e-2, **k)),
     ]
     out: list[Config] = []
     for name, mk in base:
@@ -116,11 +124,11 @@ def _configs() -> list[Config]:
         mk = dict(base)[name]
         for fe in (True, False):
             out.append(Config(f"{name}_{'fe' if fe else 'loop'}_sched", lambda p, mk=mk, fe=fe: mk(p, foreach=fe), exp))
-    out.append(Config("adam_fused_sched", lambda p: O.Adam(p, lr=1e-3, fused=True), exp))
+    out.append(Config("adam_fused_sched", lambda p: optim.Adam(p, lr=1e-3, fused=True), exp))
     # lr a tensor (torch.compile's advice for schedulers), and OneCycleLR (betas changing each step too)
-    out.append(Config("adam_fe_tensorlr_sched", lambda p: O.Adam(p, lr=torch.tensor(1e-3), foreach=True), exp))
+    out.append(Config("adam_fe_tensorlr_sched", lambda p: optim.Adam(p, lr=torch.tensor(1e-3), foreach=True), exp))
     cyc = lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-2, total_steps=10_000)  # noqa: E731
-    out.append(Config("adam_fe_onecycle", lambda p: O.Adam(p, lr=1e-3, foreach=True), cyc))
+    out.append(Config("adam_fe_onecycle", lambda p: optim.Adam(p, lr=1e-3, foreach=True), cyc))
     return out
 
 
@@ -195,8 +203,11 @@ def compare(a: list[Any], b: list[Any]) -> tuple[str, float]:
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
             if x.dtype != y.dtype or x.shape != y.shape:
                 return f"WRONG: value {i}: {x.dtype}{list(x.shape)} against {y.dtype}{list(y.shape)}", float("inf")
-            if torch.equal(x, y) or (x.is_floating_point() and torch.equal(x.isnan(), y.isnan()) and
-                                     torch.equal(torch.nan_to_num(x), torch.nan_to_num(y))):
+            if torch.equal(x, y) or (
+                x.is_floating_point()
+                and torch.equal(x.isnan(), y.isnan())
+                and torch.equal(torch.nan_to_num(x), torch.nan_to_num(y))
+            ):
                 continue
             exact = False
             scale = max(1.0, y.abs().max().item()) if y.numel() and y.is_floating_point() else 1.0
@@ -321,7 +332,9 @@ def per_call(impls: dict[str, tuple[Any, Any, Any]], rounds: int) -> dict[str, f
     for _ in range(rounds):
         for v in order.sample(names, len(names)):
             times[v].append(run(v, iters) / iters)
-    out = {v: statistics.median(t / e for t, e in zip(times[v], times["eager"]) if e > 0) for v in names if v != "eager"}
+    out = {
+        v: statistics.median(t / e for t, e in zip(times[v], times["eager"]) if e > 0) for v in names if v != "eager"
+    }
     out["eager_us"] = statistics.median(times["eager"]) * 1e6
     return out
 

@@ -2,7 +2,6 @@
 not print fx's traceback to stderr (a lazy graph module's forward is its __call__, which prints it), as eager
 prints nothing. Found by fuzz seed 1800147 (call 3, arguments at an odd storage offset)."""
 
-import pytest
 import torch
 
 import dealias

@@ -40,7 +40,7 @@ def _run(fn, *shapes):
     ref = [a.clone() for a in args]
     fn(*ref)
     jf = dealias.jit(fn, executor="inductor")
-    for k in range(2):
+    for _ in range(2):
         got = [a.clone() for a in args]
         jf(*got)
         for g, r in zip(got, ref):

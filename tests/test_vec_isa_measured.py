@@ -18,7 +18,8 @@ import pytest
 pytestmark = [
     pytest.mark.inductor,
     pytest.mark.skipif(
-        sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"), reason="inductor probes x86 Linux only"
+        sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"),
+        reason="inductor probes x86 Linux only",
     ),
 ]
 

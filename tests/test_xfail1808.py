@@ -133,7 +133,9 @@ def _warnings_of(f, args, action):
         warnings.simplefilter(action)
         warnings.simplefilter("ignore", dealias.FallbackWarning)
         out = f(*args)
-    return out, [(w.category, str(w.message), w.filename, w.lineno) for w in caught if "expanded tensors" in str(w.message)]
+    return out, [
+        (w.category, str(w.message), w.filename, w.lineno) for w in caught if "expanded tensors" in str(w.message)
+    ]
 
 
 @pytest.mark.parametrize("executor", ["torch", "tiered", pytest.param("inductor", marks=pytest.mark.inductor)])

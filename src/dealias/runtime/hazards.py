@@ -348,9 +348,9 @@ def _byte_range(t: torch.Tensor) -> tuple[Any, Any]:
 # pointwise; `_foreach_copy`: its source's values in the destination's layout, where `_aligned` checks the shapes
 # are equal: no broadcast). Not `_foreach_max` / `_foreach_norm` (reductions).
 FOREACH_ELEMENTWISE = frozenset(
-    "abs acos add addcdiv addcmul asin atan ceil clamp_max clamp_min copy cos cosh div erf erfc exp expm1 floor frac lerp "
-    "lgamma log log10 log1p log2 maximum minimum mul neg pow reciprocal round rsqrt sigmoid sign sin sinh sqrt sub "
-    "tan tanh trunc".split()
+    "abs acos add addcdiv addcmul asin atan ceil clamp_max clamp_min copy cos cosh div erf erfc exp expm1 floor frac "
+    "lerp lgamma log log10 log1p log2 maximum minimum mul neg pow reciprocal round rsqrt sigmoid sign sin sinh sqrt "
+    "sub tan tanh trunc".split()
 )
 
 

@@ -158,6 +158,7 @@ def aten_against_inductor(
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from ..compat.vec_isa import vec_isa_config
+
     # Real tensors in a clean context: this may run inside dynamo's backend call, whose fake mode and tracing
     # context would claim them. (The inputs are drawn on a generator of their own: measuring must not move the
     # caller's random numbers.)

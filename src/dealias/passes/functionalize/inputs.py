@@ -80,8 +80,11 @@ def group_placeholders(w: Functionalizer) -> None:
             # Requires grad as the base the call makes does (AliasGroup.base_of): when a member does. Not when
             # only another input does: a layout change of a member before a write brings it grad is then not
             # recorded by autograd, as eager's was not (fuzz seed 1808283).
-            members = [i for n, i in w.info.input_index.items() if w.info.values.get(n) is not None
-                       and w.info.value(n).storage is s]
+            members = [
+                i
+                for n, i in w.info.input_index.items()
+                if w.info.values.get(n) is not None and w.info.value(n).storage is s
+            ]
             ph.meta["rg"] = any(w.requires_grad[i] for i in members)
             w.callers.placeholder_ref[ph] = Ref(RefKind.GROUP, s.index)
             w.timeline.start(s, ph)
