@@ -15,6 +15,19 @@ import dealias
 from dealias.runtime.verify import alias_pattern, clone_args, compare_call, first_difference  # noqa: F401
 
 
+class Ident(torch.autograd.Function):
+    """An autograd.Function that returns a copy of its input: dynamo splits the graph at its call (tests of the
+    pieces of a split graph, whose inputs are the first piece's results)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
 def check(fn: Callable[..., Any], *args: Any, calls: int = 2, allow_fallback: bool = False, **jit_kw: Any) -> Any:
     """Compare `fn` eager vs jitted on `calls` successive calls with fresh copies of `args`. Returns the
     jitted function (for structural checks). Fails on any difference, and on a silent eager fallback

@@ -3,6 +3,7 @@ not print fx's traceback to stderr (a lazy graph module's forward is its __call_
 prints nothing. Found by fuzz seed 1800147 (call 3, arguments at an odd storage offset)."""
 
 import torch
+from harness import Ident
 
 import dealias
 
@@ -43,21 +44,11 @@ def test_eager_error_check_prints_no_traceback(capfd):
     assert "Call using an FX-traced Module" not in capfd.readouterr().err
 
 
-class _Ident(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
 def _split_program(x0):
     v3 = x0 * 2
     v5 = v3.new_zeros((1, 3))
     v7 = v5.movedim(0, -1)
-    _Ident.apply(x0)  # (the graph is split here: v5 and v7 are the second piece's inputs)
+    Ident.apply(x0)  # (the graph is split here: v5 and v7 are the second piece's inputs)
     v7.transpose_(0, 1)  # a layout change while v5 does not require grad...
     v5.mul_(v3)  # ...then a write that makes it require grad
     return v5, v7

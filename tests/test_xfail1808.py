@@ -13,21 +13,11 @@ import warnings
 
 import pytest
 import torch
+from harness import Ident
 
 import dealias
 from dealias.runtime.verify import compare_call
 from dealias.tools.fuzz import _compare_grads
-
-
-class _Ident(torch.autograd.Function):  # (dynamo splits the graph here)
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
 
 LAYOUT_CHANGES = {
     "transpose_": lambda v: v.transpose_(0, 1),
@@ -52,7 +42,7 @@ def _program(view, change, returns):
         v3 = x0 * 2
         b = v3.new_ones((2, 3)) + torch.arange(6.0).view(2, 3)
         v = view(b)
-        _Ident.apply(x0)  # b and v are the second piece's inputs, neither requiring grad
+        Ident.apply(x0)  # b and v are the second piece's inputs, neither requiring grad
         change(v)  # a layout change autograd records nothing of
         b.mul_(v3)  # then a write that makes the memory require grad
         if returns == "both":
