@@ -50,6 +50,18 @@ def same_grads(model, ref) -> bool:
     return all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), ref.parameters()))
 
 
+def training_steps(jf, model, ref, calls: int) -> None:
+    """`calls` training steps of the jitted `model` and of eager's `ref` on the same inputs: outputs and gradients
+    equal bit for bit at each."""
+    for call in range(calls):
+        x = torch.randn(4, 8)
+        out, expected = jf(x), ref(x)
+        assert torch.equal(out, expected), call
+        out.sum().backward()
+        expected.sum().backward()
+        assert same_grads(model, ref), call
+
+
 def reasons(jf) -> str:
     return " | ".join(dealias.cache_info(jf).tier_reasons)
 
@@ -240,13 +252,7 @@ def test_a_tier_close_on_the_forward_alone_is_not_run_by_a_training_step(monkeyp
     made = watched(monkeypatch)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    for call in range(12):
-        x = torch.randn(4, 8)
-        out, expected = jf(x), ref(x)
-        assert torch.equal(out, expected), call
-        out.sum().backward()
-        expected.sum().backward()
-        assert same_grads(model, ref), call
+    training_steps(jf, model, ref, 12)
     assert ran[ON_COPIES:] == ["torch", "torch"], ran[ON_COPIES:]
     assert dealias.cache_info(jf).tiers == ("torch",)
     assert "chosen by forward and backward" in reasons(jf)
@@ -261,12 +267,6 @@ def test_a_training_step_takes_the_fused_tier_only_where_it_wins_clearly(monkeyp
     ran, _ = fake_forward_and_backward(monkeypatch, forward, backward)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    for call in range(6):
-        x = torch.randn(4, 8)
-        out, expected = jf(x), ref(x)
-        assert torch.equal(out, expected), call
-        out.sum().backward()
-        expected.sum().backward()
-        assert same_grads(model, ref), call
+    training_steps(jf, model, ref, 6)
     assert ran[ON_COPIES:] == ["torch", "torch"], ran[ON_COPIES:]
     assert dealias.cache_info(jf).tiers == ("torch",)
