@@ -241,6 +241,8 @@ def _alpha_as_product(gm: fx.GraphModule) -> None:
     left is refused by `_tensorifiable`."""
     import torch
 
+    from ..ir.opfacts import bind_args  # (not at import: ir imports compat)
+
     aten, prims = torch.ops.aten, torch.ops.prims
     graph = gm.graph
     full = (torch.float32, torch.float64)
@@ -279,9 +281,6 @@ def _alpha_as_product(gm: fx.GraphModule) -> None:
             one.meta["val"] = scalar.meta["val"] = torch.empty((), dtype=torch.float64)
         return scalar
 
-    def fake_mode_of_value(n: fx.Node) -> Any:
-        return n.meta["val"].fake_mode
-
     def dtypes(*tensors: Any) -> set[Any]:
         return {t.dtype for t in torch.utils._pytree.tree_leaves(val(list(tensors)))}
 
@@ -314,8 +313,7 @@ def _alpha_as_product(gm: fx.GraphModule) -> None:
     for n in list(graph.nodes):
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
-        # The float by its schema argument's name (positional or keyword).
-        named = dict(zip((a.name for a in n.target._schema.arguments), n.args)) | dict(n.kwargs)
+        named = bind_args(n.target._schema, n.args, n.kwargs)  # (the float by its schema argument's name)
         floats = [k for k, v in named.items() if is_float(v)]
         if len(floats) != 1:
             continue
@@ -361,7 +359,7 @@ def _alpha_as_product(gm: fx.GraphModule) -> None:
         elif n.target is aten.full.default and floats == ["fill_value"] and val(n).dtype in full and on_cpu(n):
             # (a weight filled out per tensor, dynamo's `_foreach_lerp_` polyfill: the float cast to the dtype, as
             # `full` casts it, and laid out as `full` lays it out)
-            fake = fake_mode_of_value(n)
+            fake = n.meta["val"].fake_mode
             value = emit(n, fake, prims.convert_element_type.default, as_tensor(n, fake, a), val(n).dtype)
             replace(n, emit(n, fake, aten.clone.default, emit(n, fake, aten.expand.default, value, named["size"])))
 
