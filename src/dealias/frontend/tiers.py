@@ -145,6 +145,16 @@ def _graph_run(forward: Callable[..., Any]) -> Callable[[list[Any]], Any]:
     return run
 
 
+def _clear_losers(samples: dict[str, list[float]]) -> list[str]:
+    """The tiers of `samples` (each tier's timed calls; those with 2 at least count) each of whose calls took
+    CLEAR_LOSS times the slowest call of another: clear losers, whatever more calls would say."""
+    measured = {t: s for t, s in samples.items() if len(s) >= 2}
+    if len(measured) < 2:
+        return []
+    fastest_worst = min(max(s) for s in measured.values())
+    return [t for t, s in measured.items() if min(s) > CLEAR_LOSS * fastest_worst]
+
+
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
@@ -352,14 +362,10 @@ class Tiered:
     def _drop_clear_losers(self) -> None:
         """Stop measuring a candidate each of whose timed calls took CLEAR_LOSS times the slowest timed call of
         another (2 calls each at least): a clear loser, whatever the remaining calls would say."""
-        measured = {t: s for t, s in self.samples.items() if t in self.candidates and len(s) >= 2}
-        if len(measured) < 2:
-            return
-        fastest_worst = min(max(s) for s in measured.values())
-        for t, s in measured.items():
-            if min(s) > CLEAR_LOSS * fastest_worst and len(self.candidates) > 1:
+        for t in _clear_losers({t: s for t, s in self.samples.items() if t in self.candidates}):
+            if len(self.candidates) > 1:
                 self.candidates.remove(t)
-                self.dropped[t] = min(s)
+                self.dropped[t] = min(self.samples[t])
 
     def _settle(self) -> None:
         """No more measurement: calls run the chosen tier, and the graph's lean call runs it directly."""
@@ -535,11 +541,7 @@ class Tiered:
         else:
 
             def kept(samples: dict[str, list[float]]) -> set[str]:
-                measured = [samples[t] for t in tiers if len(samples[t]) >= 2]
-                if len(measured) < 2:
-                    return set(tiers)
-                fastest_worst = min(max(s) for s in measured)
-                return {t for t in tiers if len(samples[t]) < 2 or min(samples[t]) <= CLEAR_LOSS * fastest_worst}
+                return set(tiers) - set(_clear_losers({t: samples[t] for t in tiers}))
 
         stay = kept(whole) | kept(forwards)
         for t in [t for t in tiers if t not in stay]:
