@@ -105,3 +105,44 @@ def test_a_sampled_index_read_once_still_gives_eagers_error(bad):
         jf(ours, obs, reward, idx, 16)
     assert str(got.value).startswith(str(expected.value).splitlines()[0])
     assert dealias.cache_info(jf).misses == 1
+
+
+# --- a loss recorded beside a target computed under no_grad (a DQN's TD loss): fused with autograd ----------------
+def td_loss(q_net, target_net, obs, next_obs, action, reward, done):
+    with torch.no_grad():
+        target = reward + 0.99 * target_net(next_obs).max(1).values * (~done)
+    q = q_net(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+    return torch.nn.functional.smooth_l1_loss(q, target), target
+
+
+def _dqn_args():
+    torch.manual_seed(0)
+    net = lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))  # noqa: E731
+    b = 6
+    return (net(), net(), torch.randn(b, 4), torch.randn(b, 4), torch.randint(0, 3, (b,)), torch.randn(b),
+            torch.rand(b) < 0.3)
+
+
+def test_a_target_under_no_grad_beside_a_recorded_loss_is_fused():
+    # The graph switches grad mode where eager's `with torch.no_grad()` does (AOTAutograd traces the switches): the
+    # target requires no grad and the target network gets no gradient, as in eager; the loss's gradients eager's.
+    jf = dealias.jit(td_loss, executor="inductor")
+    for _ in range(3):
+        ours, eagers = _dqn_args(), _dqn_args()
+        loss, target = jf(*ours)
+        eager_loss, eager_target = td_loss(*eagers)
+        assert not target.requires_grad and loss.requires_grad
+        torch.testing.assert_close(loss, eager_loss)
+        torch.testing.assert_close(target, eager_target)
+        loss.backward()
+        eager_loss.backward()
+        for p, e in zip(ours[0].parameters(), eagers[0].parameters()):
+            torch.testing.assert_close(p.grad, e.grad)
+        assert all(p.grad is None for p in ours[1].parameters())
+        assert torch.is_grad_enabled()
+        assert jf.last.tier == "fused", dealias.last_traces(jf)[3].text.splitlines()[0]
+    with torch.no_grad():  # (a call in the other mode: a program of its own, every op unrecorded)
+        loss, target = jf(*_dqn_args())
+        torch.testing.assert_close(loss, td_loss(*_dqn_args())[0])
+        assert not loss.requires_grad
+    assert torch.is_grad_enabled()

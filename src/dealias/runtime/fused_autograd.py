@@ -298,6 +298,30 @@ def fused_autograd_executor(
     return with_inputs
 
 
+def _switch_grad_modes(gm: fx.GraphModule, mode: bool) -> None:
+    """Grad-mode switches (`torch._C._set_grad_enabled`) put into `gm` where its ops' modes change (a DQN target
+    computed under no_grad beside a loss recorded), and back to `mode` before its output, as dynamo's own graphs
+    carry them: AOTAutograd runs them while it traces, so that an op eager ran under no_grad is not recorded (fuzz
+    seed 962133: without them every op was recorded in the call's mode, and a result computed under no_grad
+    required grad)."""
+    current = mode
+    for n in list(gm.graph.nodes):
+        if n.op == "output":
+            if current != mode:
+                with gm.graph.inserting_before(n):
+                    gm.graph.call_function(torch._C._set_grad_enabled, (mode,))
+            break
+        if n.op != "call_function" or n.target is getitem:
+            continue
+        want = n.meta.get("grad", current)
+        if want is None or bool(want) == current:
+            continue
+        with gm.graph.inserting_before(n):
+            gm.graph.call_function(torch._C._set_grad_enabled, (bool(want),))
+        current = bool(want)
+    gm.recompile()
+
+
 def _compile(
     gm: fx.GraphModule, example: list[Any], written: frozenset[int], call: list[Any] | None, viewed: frozenset[int]
 ) -> Any:
@@ -305,11 +329,10 @@ def _compile(
     from torch._inductor.compile_fx import compile_fx
 
     mode = torch.is_grad_enabled()  # the mode the program's calls enter with (keyed)
+    _switch_grad_modes(gm, mode)
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.meta.get("grad", mode) != mode:
-            # AOTAutograd records every op of the graph in the call's mode: an op eager ran under no_grad (or
-            # enable_grad) would be recorded as the others (fuzz seed 962133: a result required grad).
-            raise Unfusable(f"{op_name(n.target)} runs in another grad mode than the call")
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
+            continue
         if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
             if not sizes_arithmetic(n):  # (`s0 - 1`, which AOTAutograd traces through)
                 raise Unfusable(f"{op_name(n.target)} runs in Python")
