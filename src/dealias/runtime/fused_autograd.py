@@ -384,6 +384,8 @@ def _compile(
         if isinstance(cause, Unfusable):
             raise cause from None
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+    finally:
+        torch._C._set_grad_enabled(mode)  # (a trace stopped between the graph's grad-mode switches: _switch_grad_modes)
 
     # Which inputs require grad is fixed per program (guarded), and so is the grad mode of its calls.
     builds_graph = any(isinstance(a, torch.Tensor) and a.requires_grad for a in example)
