@@ -27,6 +27,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # (before torch is imported)
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
@@ -137,7 +138,9 @@ def misses(r: dict[str, Any]) -> list[str]:
             # A call 2..N above 1.10 x eager's median, above eager's own worst call x 1.10 and above torch.compile's
             # worst: on a loaded machine eager's own worst call is 2-6x its median (caches cold after another
             # process ran), as is a call right after a compile, torch.compile's as the default's.
-            bound = max(1.10, 1.10 * worst.get("eager", {}).get("ratio", 1.0), worst.get("torch.compile", {}).get("ratio", 0))
+            bound = max(
+                1.10, 1.10 * worst.get("eager", {}).get("ratio", 1.0), worst.get("torch.compile", {}).get("ratio", 0)
+            )
             if worst["default"]["ratio"] > bound:
                 out.append(f"call {worst['default']['call']} at {worst['default']['ratio']:.2f}x eager")
     if "inductor" in ratio and tc is not None and ratio["inductor"] > tc * 1.10:
@@ -145,25 +148,48 @@ def misses(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def _cell(r: dict[str, Any], v: str) -> str:
+    if v in r["ratio"]:
+        return f"{r['ratio'][v]:.2f}" + (" (not bit-exact)" if r["check"][v].startswith("NOT") else "")
+    return "wrong" if r["check"].get(v, "").startswith("WRONG") else ""
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = ["program", "eager ms", "default", "default's tiers", "fused", "torch.compile",
-            f"worst call 2..{CALLS}: default / tc / eager", "misses"]
+    head = [
+        "program",
+        "eager ms",
+        "default",
+        "default's tiers",
+        "fused",
+        "torch.compile",
+        f"worst call 2..{CALLS}: default / tc / eager",
+        "misses",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        def cell(v: str) -> str:
-            if v in r["ratio"]:
-                return f"{r['ratio'][v]:.2f}" + (" (not bit-exact)" if r["check"][v].startswith("NOT") else "")
-            return "wrong" if r["check"].get(v, "").startswith("WRONG") else ""
+        cell = functools.partial(_cell, r)
 
         worst = r.get("worst", {})
         fused_tiers = sorted(set(r["tiers"].get("inductor", [])) - {"fused"})
-        lines.append("| " + " | ".join([
-            r["title"], f"{r['eager_ms']:.3f}", cell("default"), ", ".join(r["tiers"].get("default", [])),
-            cell("inductor") + (f" ({', '.join(fused_tiers)})" if fused_tiers else ""), cell("torch.compile"),
-            " / ".join(f"{worst[v]['ratio']:.1f} (#{worst[v]['call']})" if v in worst else "-"
-                       for v in ("default", "torch.compile", "eager")),
-            "; ".join(misses(r)),
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["title"],
+                    f"{r['eager_ms']:.3f}",
+                    cell("default"),
+                    ", ".join(r["tiers"].get("default", [])),
+                    cell("inductor") + (f" ({', '.join(fused_tiers)})" if fused_tiers else ""),
+                    cell("torch.compile"),
+                    " / ".join(
+                        f"{worst[v]['ratio']:.1f} (#{worst[v]['call']})" if v in worst else "-"
+                        for v in ("default", "torch.compile", "eager")
+                    ),
+                    "; ".join(misses(r)),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -195,9 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         row = per_call(w, [v for v in VARIANTS if v in a.variants], a.rounds)
         rows.append(row)
         ratios = ", ".join(f"{v} {x:.2f}" for v, x in row["ratio"].items())
-        print(f"{w.name}: eager {row['eager_ms']:.3f} ms | {ratios} | tiers {row['tiers']} | worst "
-              f"{row.get('worst')} | {'; '.join(misses(row))} ({time.perf_counter() - start:.0f} s)",
-              flush=True)
+        print(
+            f"{w.name}: eager {row['eager_ms']:.3f} ms | {ratios} | tiers {row['tiers']} | worst "
+            f"{row.get('worst')} | {'; '.join(misses(row))} ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
         if a.json:
             Path(a.json).parent.mkdir(parents=True, exist_ok=True)
             Path(a.json).write_text(json.dumps(rows, indent=1))

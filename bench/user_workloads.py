@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from real_workloads import Workload  # noqa: E402 - bench/ is on sys.path (bench/user_programs.py puts it there)
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import test_real_programs as real_programs  # noqa: E402 - the tests' programs, reused as they are tested
@@ -76,8 +75,15 @@ def td_target(q_net, target_net, obs, next_obs, action, reward, done, gamma: flo
 def _dqn() -> tuple[Any, ...]:
     q = _mlp(64, 256, 256, 6)
     b = 128
-    return (q, _mlp(64, 256, 256, 6), torch.randn(b, 64), torch.randn(b, 64), torch.randint(0, 6, (b,)),
-            torch.randn(b), torch.rand(b) < 0.1)
+    return (
+        q,
+        _mlp(64, 256, 256, 6),
+        torch.randn(b, 64),
+        torch.randn(b, 64),
+        torch.randint(0, 6, (b,)),
+        torch.randn(b),
+        torch.rand(b) < 0.1,
+    )
 
 
 def soft_update(target, online, tau: float = 0.005):
@@ -128,8 +134,12 @@ def gnn_layer(lin, x, src, dst):
 
 def _gnn() -> tuple[Any, ...]:
     nodes, edges = 2048, 8192
-    return (nn.Linear(64, 64), torch.randn(nodes, 64), torch.randint(0, nodes, (edges,)),
-            torch.randint(0, nodes, (edges,)))
+    return (
+        nn.Linear(64, 64),
+        torch.randn(nodes, 64),
+        torch.randint(0, nodes, (edges,)),
+        torch.randint(0, nodes, (edges,)),
+    )
 
 
 # --- generative models -------------------------------------------------------------------------------------
@@ -148,8 +158,13 @@ def _ddpm() -> tuple[Any, ...]:
     steps = 4
     alphas = [1 - 0.02 * (i + 1) / steps for i in range(steps)]
     alpha_bars = [math.prod(alphas[: i + 1]) for i in range(steps)]
-    return (_mlp(33, 256, 256, 32), torch.randn(64, 32), [torch.randn(64, 32) for _ in range(steps)], alphas,
-            alpha_bars)
+    return (
+        _mlp(33, 256, 256, 32),
+        torch.randn(64, 32),
+        [torch.randn(64, 32) for _ in range(steps)],
+        alphas,
+        alpha_bars,
+    )
 
 
 def gan_d_loss(gen, disc, z, real):
@@ -213,8 +228,13 @@ def manual_adam(params, grads, exp_avgs, exp_avg_sqs, step, lr: float = 1e-3):
 
 def _manual_adam() -> tuple[Any, ...]:
     params = [p.detach().clone() for p in _mlp(64, 256, 256, 16).parameters()]
-    return (params, [torch.randn_like(p) for p in params], [torch.zeros_like(p) for p in params],
-            [torch.zeros_like(p) for p in params], torch.zeros(()))
+    return (
+        params,
+        [torch.randn_like(p) for p in params],
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros_like(p) for p in params],
+        torch.zeros(()),
+    )
 
 
 def clip_grads(model, max_norm: float = 1.0):
@@ -280,8 +300,13 @@ def inplace_mlp_block(w1, b1, w2, b2, x):
 
 
 def _inplace_mlp() -> tuple[Any, ...]:
-    return (torch.randn(256, 1024) / 16, torch.randn(1024), torch.randn(1024, 256) / 32, torch.randn(256),
-            torch.randn(64, 256))
+    return (
+        torch.randn(256, 1024) / 16,
+        torch.randn(1024),
+        torch.randn(1024, 256) / 32,
+        torch.randn(256),
+        torch.randn(64, 256),
+    )
 
 
 def causal_attention(q, k, v):
@@ -303,8 +328,12 @@ def normalize_batch(x, mean, std, flip):
 
 
 def _normalize() -> tuple[Any, ...]:
-    return (torch.rand(16, 3, 64, 64), torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225]),
-            torch.arange(16) % 2 == 0)
+    return (
+        torch.rand(16, 3, 64, 64),
+        torch.tensor([0.485, 0.456, 0.406]),
+        torch.tensor([0.229, 0.224, 0.225]),
+        torch.arange(16) % 2 == 0,
+    )
 
 
 # --- simulation --------------------------------------------------------------------------------------------
@@ -344,8 +373,13 @@ def word2vec_step(emb_in, emb_out, center, context, negative, lr: float = 0.025)
 
 def _word2vec() -> tuple[Any, ...]:
     vocab, dim, b = 5000, 64, 256
-    return (torch.randn(vocab, dim) * 0.1, torch.zeros(vocab, dim), torch.randint(0, vocab, (b,)),
-            torch.randint(0, vocab, (b,)), torch.randint(0, vocab, (b, 5)))
+    return (
+        torch.randn(vocab, dim) * 0.1,
+        torch.zeros(vocab, dim),
+        torch.randint(0, vocab, (b,)),
+        torch.randint(0, vocab, (b,)),
+        torch.randint(0, vocab, (b, 5)),
+    )
 
 
 # --- from tests/test_real_programs.py ----------------------------------------------------------------------
@@ -377,8 +411,9 @@ WORKLOADS = [
     Workload("ddpm", "diffusion sampler, 4 steps, `no_grad`", ddpm_sample, _ddpm),
     Workload("gan_d", "GAN discriminator loss + backward", gan_d_loss, _gan(True), backward=True),
     Workload("gan_g", "GAN generator loss + backward", gan_g_loss, _gan(False), backward=True),
-    Workload("micro_batch", "grad accumulation: micro-batch loss + backward", micro_batch_loss, _micro_batch,
-             backward=True),
+    Workload(
+        "micro_batch", "grad accumulation: micro-batch loss + backward", micro_batch_loss, _micro_batch, backward=True
+    ),
     Workload("manual_sgd", "manual momentum SGD step, grads zeroed", manual_sgd_momentum, _manual_sgd),
     Workload("manual_adam", "hand-written Adam, tensor step", manual_adam, _manual_adam),
     Workload("clip_grad", "`clip_grad_norm_`", clip_grads, _clip),
@@ -391,6 +426,5 @@ WORKLOADS = [
     Workload("heat", "heat-equation step through a slice", heat_step, _heat),
     Workload("word2vec", "word2vec SGD on rows (index_add_)", word2vec_step, _word2vec),
     Workload("decode", "KV-cache decode step (tests' Decoder, IndexCopyCache)", decode_step, _decode),
-    Workload("conv_bn", "conv + BN + ReLU(inplace) loss + backward (tests')", conv_bn_loss, _conv_bn,
-             backward=True),
+    Workload("conv_bn", "conv + BN + ReLU(inplace) loss + backward (tests')", conv_bn_loss, _conv_bn, backward=True),
 ]

@@ -38,7 +38,10 @@ def _same(a, b, atol=1e-6):
         torch.testing.assert_close(x, y, rtol=0, atol=atol)
 
 
-def _batch(n=5, samples=70, g=torch.Generator().manual_seed(0)):
+_GEN = torch.Generator().manual_seed(0)
+
+
+def _batch(n=5, samples=70, g=_GEN):
     # (70 sampled rows: more than the prologue reads entry by entry in Python)
     return torch.randn(n, 3, generator=g), torch.randn(n, generator=g), torch.randint(0, 16, (samples,), generator=g)
 
@@ -119,8 +122,15 @@ def _dqn_args():
     torch.manual_seed(0)
     net = lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))  # noqa: E731
     b = 6
-    return (net(), net(), torch.randn(b, 4), torch.randn(b, 4), torch.randint(0, 3, (b,)), torch.randn(b),
-            torch.rand(b) < 0.3)
+    return (
+        net(),
+        net(),
+        torch.randn(b, 4),
+        torch.randn(b, 4),
+        torch.randint(0, 3, (b,)),
+        torch.randn(b),
+        torch.rand(b) < 0.3,
+    )
 
 
 def test_a_target_under_no_grad_beside_a_recorded_loss_is_fused():
