@@ -37,6 +37,7 @@ from ..ir.opfacts import is_view_node, may_raise, op_name
 from .conv_layout import channels_last
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
 from .fused import picker, runner
+from .grad_modes import switch_grad_modes
 from .graph_order import views_after_their_source
 from .hazards import SNAPSHOT, Unfusable
 from .inductor_fixes import decompositions
@@ -298,30 +299,6 @@ def fused_autograd_executor(
     return with_inputs
 
 
-def _switch_grad_modes(gm: fx.GraphModule, mode: bool) -> None:
-    """Grad-mode switches (`torch._C._set_grad_enabled`) put into `gm` where its ops' modes change (a DQN target
-    computed under no_grad beside a loss recorded), and back to `mode` before its output, as dynamo's own graphs
-    carry them: AOTAutograd runs them while it traces, so that an op eager ran under no_grad is not recorded (fuzz
-    seed 962133: without them every op was recorded in the call's mode, and a result computed under no_grad
-    required grad)."""
-    current = mode
-    for n in list(gm.graph.nodes):
-        if n.op == "output":
-            if current != mode:
-                with gm.graph.inserting_before(n):
-                    gm.graph.call_function(torch._C._set_grad_enabled, (mode,))
-            break
-        if n.op != "call_function" or n.target is getitem:
-            continue
-        want = n.meta.get("grad", current)
-        if want is None or bool(want) == current:
-            continue
-        with gm.graph.inserting_before(n):
-            gm.graph.call_function(torch._C._set_grad_enabled, (bool(want),))
-        current = bool(want)
-    gm.recompile()
-
-
 def _compile(
     gm: fx.GraphModule, example: list[Any], written: frozenset[int], call: list[Any] | None, viewed: frozenset[int]
 ) -> Any:
@@ -329,11 +306,10 @@ def _compile(
     from torch._inductor.compile_fx import compile_fx
 
     mode = torch.is_grad_enabled()  # the mode the program's calls enter with (keyed)
-    _switch_grad_modes(gm, mode)
+    switch_grad_modes(gm, mode)
+    python = (getitem, torch._C._set_grad_enabled)  # (steps AOTAutograd runs as it traces)
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
-            continue
-        if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
+        if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target not in python:
             if not sizes_arithmetic(n):  # (`s0 - 1`, which AOTAutograd traces through)
                 raise Unfusable(f"{op_name(n.target)} runs in Python")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
@@ -365,6 +341,7 @@ def _compile(
         with (
             torch._inductor.config.patch(options),
             no_donated_buffers(),
+            torch.set_grad_enabled(mode),  # (back after a trace stopped between the graph's switches: grad_modes.py)
             dealias_compile(),
             graph_cache(list(example)) as handed_example,  # (AOTAutograd's and inductor's caches: graph_cache.py)
         ):
@@ -384,8 +361,6 @@ def _compile(
         if isinstance(cause, Unfusable):
             raise cause from None
         raise Unfusable(f"inductor could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    finally:
-        torch._C._set_grad_enabled(mode)  # (a trace stopped between the graph's grad-mode switches: _switch_grad_modes)
 
     # Which inputs require grad is fixed per program (guarded), and so is the grad mode of its calls.
     builds_graph = any(isinstance(a, torch.Tensor) and a.requires_grad for a in example)
