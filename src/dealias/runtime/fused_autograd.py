@@ -37,6 +37,7 @@ from ..ir.opfacts import is_view_node, may_raise, op_name
 from .conv_layout import channels_last
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
 from .fused import picker, runner
+from .grad_modes import switch_grad_modes
 from .graph_order import views_after_their_source
 from .hazards import SNAPSHOT, Unfusable
 from .inductor_fixes import decompositions
@@ -305,12 +306,10 @@ def _compile(
     from torch._inductor.compile_fx import compile_fx
 
     mode = torch.is_grad_enabled()  # the mode the program's calls enter with (keyed)
+    switch_grad_modes(gm, mode)
+    python = (getitem, torch._C._set_grad_enabled)  # (steps AOTAutograd runs as it traces)
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.meta.get("grad", mode) != mode:
-            # AOTAutograd records every op of the graph in the call's mode: an op eager ran under no_grad (or
-            # enable_grad) would be recorded as the others (fuzz seed 962133: a result required grad).
-            raise Unfusable(f"{op_name(n.target)} runs in another grad mode than the call")
-        if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not getitem:
+        if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target not in python:
             if not sizes_arithmetic(n):  # (`s0 - 1`, which AOTAutograd traces through)
                 raise Unfusable(f"{op_name(n.target)} runs in Python")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
@@ -342,6 +341,7 @@ def _compile(
         with (
             torch._inductor.config.patch(options),
             no_donated_buffers(),
+            torch.set_grad_enabled(mode),  # (back after a trace stopped between the graph's switches: grad_modes.py)
             dealias_compile(),
             graph_cache(list(example)) as handed_example,  # (AOTAutograd's and inductor's caches: graph_cache.py)
         ):

@@ -12,7 +12,9 @@ The range is exact arithmetic over Python ints; the graph's is an integer dtype'
 index's computation has the index's dtype (int32 or int64: no promotion, no conversion), and its ops are ring
 operations (add, sub, mul, neg) or views taking some of their input's elements: each entry is then congruent,
 modulo 2**bits, to the exact value the range bounds. A range inside the bounds (at most 2**31 for int32) lies
-inside the dtype, where congruent values are equal: no entry wrapped to a value out of range.
+inside the dtype, where congruent values are equal: no entry wrapped to a value out of range. A remainder by a
+positive int `c` (a ring buffer's write position, `(ptr + torch.arange(n)) % capacity`) is in 0 .. c - 1 whatever its
+dividend: its range is that, its dividend not followed, and the ops above it are followed from there as from an input.
 """
 
 from __future__ import annotations
@@ -148,6 +150,10 @@ def index_range(index: fx.Node, placeholders: list[fx.Node]) -> Ranged | None:
             return _fold(n, named, _add, a, b)
         if op in (aten.mul.Tensor, aten.mul.Scalar):
             return _fold(n, named, _mul, operand(args[0]), operand(args[1]))
+        if op is aten.remainder.Scalar and type(args[1]) is int and args[1] > 0:
+            # (a ring buffer's position, `(ptr + torch.arange(n)) % capacity`: whatever the dividend, wrapped or
+            # not, each entry of the result is in 0 .. c - 1, the divisor's sign: no need to follow the dividend)
+            return 0, args[1] - 1
         if op is aten.neg.default:
             lo, hi = value(args[0])
             return _fold(n, named, lambda x, _: (f"-({x[1]})", f"-({x[0]})"), (lo, hi), (0, 0))

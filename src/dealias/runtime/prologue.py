@@ -115,8 +115,12 @@ def _generated(
     each read inline where the index is one element or a few (the check function, eager's error, runs only where a
     value may be out of range), version bumps; returns the hoisted indices handed to the graph (`handed`: their
     positions, None for all of them)."""
-    env: dict[str, Any] = {"bump_version": bump_version, "compute": compute, "passed": []}
+    env: dict[str, Any] = {"bump_version": bump_version, "compute": compute, "passed": [], "extremes": _extremes}
     body: list[str] = []
+    # An index read once per block of lines however many checks compare it (a replay buffer's sampled rows index
+    # four buffers of one length: four reductions of the same index, ~5 us each, where one does): (lines, input)
+    # -> the names of its least and greatest entries.
+    read: dict[tuple[int, Any], tuple[str, str]] = {}
     if compute is not None:
         body += ["extra = compute(*args)", "args = (*args, *extra)"]
 
@@ -145,14 +149,17 @@ def _generated(
             lines += [*where.lines, f"if not ({low} <= {where.lo} and {where.hi} < {bound}):", f"    {slow}"]
             return
         lines += [f"s{k} = {size}"] if s != repr(size) else []
-        lines.append(f"t{k} = args[{where}]")
-        slow = f"check{k}(t{k}, {s}, {dim})"
-        bounds = _read_bounds(examples[where], f"t{k}", f"r{k}")
-        if bounds is None:
-            lines.append(slow)
-            return
-        read, lo, hi = bounds
-        lines += [read, f"if not ({low} <= {lo} and {hi} < {s}):", f"    {slow}"]
+        slow = f"check{k}(args[{where}], {s}, {dim})"
+        if (id(lines), where) not in read:
+            bounds = _read_bounds(examples[where], f"args[{where}]", f"r{k}")
+            if bounds is None:
+                lines.append(slow)
+                return
+            line, lo, hi = bounds
+            lines.append(line)
+            read[id(lines), where] = lo, hi
+        lo, hi = read[id(lines), where]
+        lines += [f"if not ({low} <= {lo} and {hi} < {s}):", f"    {slow}"]
 
     for fn, where, rest in checks:
         emit(body, fn, where, *(rest or (None, 0)))
@@ -174,13 +181,23 @@ def _generated(
     return prologue
 
 
+def _extremes(index: torch.Tensor) -> tuple[int, int]:
+    """The least and the greatest entry of an integer index; (0, -1) for an empty one, which every check passes."""
+    if index.numel() == 0:
+        return 0, -1
+    small, large = torch.aminmax(index)
+    return int(small), int(large)
+
+
 def _read_bounds(example: Any, t: str, r: str) -> tuple[str, str, str] | None:
-    """(a line reading the index `t` into `r`, its least value, its greatest) for an integer index of static
-    sizes with one entry (`.item()`) or a few in at most two dims (`tolist()`, read as it is: a reshape first costs
-    more than the read); None for others (the check function reads them)."""
+    """(a line reading the index `t` into `r`, its least value, its greatest) for an integer index: one entry
+    (`.item()`), a few of static sizes in at most two dims (`tolist()`, read as it is: a reshape first costs more than
+    the read), else by one reduction (`_extremes`); None for other dtypes (the check function reads them)."""
     if not isinstance(example, torch.Tensor) or example.dtype not in (torch.int32, torch.int64):
         return None
-    if symbolic_layout(example) or example.numel() == 0 or example.numel() > 64 or example.dim() > 2:
+    if symbolic_layout(example) or example.numel() > 64 or example.dim() > 2:
+        return f"{r} = extremes({t})", f"{r}[0]", f"{r}[1]"
+    if example.numel() == 0:
         return None
     if example.numel() == 1:
         return f"{r} = {t}.item()", r, r
