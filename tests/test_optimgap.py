@@ -84,9 +84,30 @@ def swap_transposed(a, b):
     b.copy_(d)
 
 
+def swap_through_transposes(a, b):
+    d = a.t() * 2 + b.t()  # read and written through transposed views of a and b: aligned all the same
+    e = b.t() * 3 + a.t()
+    a.t().copy_(e)
+    b.t().copy_(d)
+
+
+def swap_rows_through_views(a, b):
+    d = a[1:] * 2 + b[:-1]  # a's last rows, written at the same rows; b's first rows, apart from b[-1:]'s write
+    e = b[:-1] * 3 + a[1:]
+    a[1:] = e
+    b[-1:] = 0.0
+    b[:-1] = d
+
+
 @pytest.mark.parametrize(
     "fn, shape, kind",
-    [(swap_aligned, (64,), ALIGNED_SNAPSHOT), (swap_flipped, (64,), SNAPSHOT), (swap_transposed, (8, 8), SNAPSHOT)],
+    [
+        (swap_aligned, (64,), ALIGNED_SNAPSHOT),
+        (swap_through_transposes, (8, 6), ALIGNED_SNAPSHOT),
+        (swap_rows_through_views, (5, 16), ALIGNED_SNAPSHOT),
+        (swap_flipped, (64,), SNAPSHOT),
+        (swap_transposed, (8, 8), SNAPSHOT),
+    ],
 )
 def test_cycle_copy_fused_only_when_aligned(fn, shape, kind):
     """The copy a read cycle needs is fusable only when each later write of what it reads stores each element
