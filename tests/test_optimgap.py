@@ -124,3 +124,20 @@ def test_cycle_copy_fused_only_when_aligned(fn, shape, kind):
     t = targets(fused_graph(jf))
     assert dealias.cache_info(jf).tiers == ("fused",)
     assert [x for x in t if x in (SNAPSHOT, ALIGNED_SNAPSHOT)] == [kind]
+
+
+def test_verifier_rejects_an_aligned_snapshot_of_elements_written_elsewhere():
+    """check_hazards checks the aligned snapshot's condition on the graph handed to inductor: swap_flipped's copy
+    (it reads a flipped, a's write stores in order) made fusable is refused."""
+    from dealias.errors import InternalError
+    from dealias.runtime.hazards import check_hazards
+
+    torch.manual_seed(0)
+    jf = dealias.jit(swap_flipped, executor="inductor")
+    jf(torch.randn(64), torch.randn(64))
+    gm = fused_graph(jf)
+    check_hazards(gm)
+    (snap,) = [n for n in gm.graph.nodes if n.target is SNAPSHOT]
+    snap.target = ALIGNED_SNAPSHOT
+    with pytest.raises(InternalError, match="may be fused"):
+        check_hazards(gm)
