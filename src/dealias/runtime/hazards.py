@@ -5,7 +5,9 @@ Inductor alone is not safe on a graph that writes: it may compute a value where 
 the program computed it. A value read from memory before a write to that memory and used after the write would
 then read the new contents (`t = buf[0].clone(); buf[0] = buf[1]; buf[1] = t` gives two equal rows). The hazard
 rule: such a value is materialized by `dealias::snapshot`, which inductor lowers to ATen's clone into a buffer of
-its own where the program has it (compat/inductor.py; never fused), never recomputed after the write.
+its own where the program has it (compat/inductor.py; never fused), never recomputed after the write; or, where
+every later write of what it reads stores each element where the value read it (`_fusable`), by
+`dealias::aligned_snapshot`, a copy inductor generates and may fuse with those writes (in registers).
 `check_hazards` verifies the rule on every graph handed to inductor. Here too: which memory each node is
 (`memory_of`), what it is computed from (`reads_of`), and one store for a tensor written whole twice
 (`merge_full_writes`).
