@@ -266,7 +266,7 @@ _SNAPSHOT_OFF = textwrap.dedent(
     """
     import json, torch, dealias
     from dealias.compat import active
-    from dealias.runtime.hazards import SNAPSHOT
+    from dealias.runtime.hazards import SNAPSHOTS
     from dealias.runtime.verify import compare_call
 
     def swap_rows(buf):
@@ -276,7 +276,7 @@ _SNAPSHOT_OFF = textwrap.dedent(
 
     jf = dealias.jit(swap_rows, executor="inductor")
     diffs = [compare_call(swap_rows, jf, (torch.randn(4, 3),)) for _ in range(3)]
-    snapshots = [n for n in jf.last.run_graph.graph.graph.nodes if n.target is SNAPSHOT]  # (handed to inductor)
+    snapshots = [n for n in jf.last.run_graph.graph.graph.nodes if n.target in SNAPSHOTS]  # (handed to inductor)
     print(json.dumps([diffs, jf.last.tier, len(snapshots), active("inductor_snapshot_lowering")]))
     """
 )

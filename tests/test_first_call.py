@@ -140,7 +140,7 @@ def _scanned_hazards(gm):
         for n in gm.graph.nodes:
             if order[n] >= order[w]:
                 break
-            if n.op != "call_function" or hz._alias(n) or n.target is hz.SNAPSHOT or m not in reads[n]:
+            if n.op != "call_function" or hz._alias(n) or n.target in hz.SNAPSHOTS or m not in reads[n]:
                 continue
             if any(order[u] > order[w] for u in n.users):
                 found.append((n, w, False))

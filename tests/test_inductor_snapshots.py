@@ -11,12 +11,12 @@ from harness import check
 
 import dealias
 from dealias.errors import InternalError
-from dealias.runtime.hazards import SNAPSHOT, check_hazards
+from dealias.runtime.hazards import SNAPSHOTS, check_hazards
 
 
 def remove_snapshots(gm) -> None:
     for n in list(gm.graph.nodes):
-        if n.target is SNAPSHOT:
+        if n.target in SNAPSHOTS:  # (either kind: hazards.aligned_snapshot too)
             n.replace_all_uses_with(n.args[0])
             gm.graph.erase_node(n)
 
@@ -74,7 +74,7 @@ def test_read_before_a_write_is_snapshotted(fn):
     # rejects the graph without it.
     jf = check(fn, torch.randn(4, 3), executor="inductor")
     gm = fused_graph(jf)
-    assert SNAPSHOT in targets(gm)
+    assert SNAPSHOTS & set(targets(gm))
     check_hazards(gm)
     remove_snapshots(gm)
     with pytest.raises(InternalError, match="after .* overwrote"):
@@ -103,7 +103,7 @@ def test_a_foreach_result_read_before_its_memory_is_written_is_snapshotted(fn):
     # it does read: these still need their snapshots, and fail the verifier without them.
     jf = check(fn, torch.randn(4, 3), executor="inductor")
     gm = fused_graph(jf)
-    assert SNAPSHOT in targets(gm)
+    assert SNAPSHOTS & set(targets(gm))
     remove_snapshots(gm)
     with pytest.raises(InternalError, match="after .* overwrote"):
         check_hazards(gm)
@@ -113,7 +113,7 @@ def test_a_snapshot_is_a_copy_in_inductors_code_not_a_python_call():
     # inductor_fixes lowers dealias::snapshot to a realized copy: no call of the custom op (the dispatcher, then
     # clone, ~25 us each), and the rows still swap as eager's do.
     jf = check(swap_rows, torch.randn(4, 3), executor="inductor")
-    assert SNAPSHOT in targets(fused_graph(jf))
+    assert SNAPSHOTS & set(targets(fused_graph(jf)))
     with torch.profiler.profile() as prof:
         jf(torch.randn(4, 3))
     assert not [e.name for e in prof.events() if "snapshot" in e.name]
@@ -163,7 +163,7 @@ def test_stored_value_is_read_back_not_snapshotted():
     # m's new value is read again by p's update: it is read from where it was stored, no extra copy.
     jf = check(momentum, torch.randn(64), torch.randn(64), torch.randn(64), executor="inductor")
     gm = fused_graph(jf)
-    assert SNAPSHOT not in targets(gm)
+    assert not SNAPSHOTS & set(targets(gm))
     check_hazards(gm)
 
 
@@ -185,4 +185,4 @@ def test_a_tensor_written_whole_twice_is_stored_once():
     jf = check(second_moment, torch.rand(64), torch.randn(64), executor="inductor")
     gm = fused_graph(jf)
     assert targets(gm).count(torch.ops.aten.copy_.default) == 1
-    assert SNAPSHOT not in targets(gm)
+    assert not SNAPSHOTS & set(targets(gm))

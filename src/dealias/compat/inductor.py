@@ -139,6 +139,21 @@ def install_snapshot_lowering() -> None:
 
     register(SNAPSHOT, type_promotion_kind=None)(snapshot)
 
+    # `dealias::aligned_snapshot` (hazards.py `_fusable`: every later write of what it reads stores each element
+    # where the copy's element at the same position read it): a copy inductor generates, realized where the
+    # program has it (its scheduler orders a buffer's computation before any later write of memory it reads, or
+    # fuses the two into one loop, where the element is loaded before it is stored), kept in registers when
+    # inductor fuses it with its users. Adadelta with weight decay: one kernel per parameter, as torch.compile's.
+    generated_clone = require(lowering, "clone")
+    from ..runtime.hazards import ALIGNED_SNAPSHOT
+
+    def aligned_snapshot(x: Any) -> Any:
+        copy = generated_clone(x)
+        copy.realize()
+        return copy
+
+    register(ALIGNED_SNAPSHOT, type_promotion_kind=None)(aligned_snapshot)
+
 
 @correction(
     "aot_no_donated_buffers",

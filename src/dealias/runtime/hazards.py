@@ -5,7 +5,9 @@ Inductor alone is not safe on a graph that writes: it may compute a value where 
 the program computed it. A value read from memory before a write to that memory and used after the write would
 then read the new contents (`t = buf[0].clone(); buf[0] = buf[1]; buf[1] = t` gives two equal rows). The hazard
 rule: such a value is materialized by `dealias::snapshot`, which inductor lowers to ATen's clone into a buffer of
-its own where the program has it (compat/inductor.py; never fused), never recomputed after the write.
+its own where the program has it (compat/inductor.py; never fused), never recomputed after the write; or, where
+every later write of what it reads stores each element where the value read it (`_fusable`), by
+`dealias::aligned_snapshot`, a copy inductor generates and may fuse with those writes (in registers).
 `check_hazards` verifies the rule on every graph handed to inductor. Here too: which memory each node is
 (`memory_of`), what it is computed from (`reads_of`), and one store for a tensor written whole twice
 (`merge_full_writes`).
@@ -48,6 +50,25 @@ def _(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
 SNAPSHOT = torch.ops.dealias.snapshot.default
 
 
+@torch.library.custom_op("dealias::aligned_snapshot", mutates_args=())
+def aligned_snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A snapshot (the same copy) that inductor may fuse with the writes after it: inserted only where every later
+    write of memory `t` reads stores each element where `t`'s element at the same position read it, or apart
+    from what `t` reads (`_fusable`), so one loop computing the copy and those writes element by element reads
+    each element before it stores it. compat/inductor.py lowers it to a copy inductor generates (in registers
+    when fused), where `snapshot` is ATen's clone, a kernel of its own."""
+    return t.clone()
+
+
+@aligned_snapshot.register_fake
+def _(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+ALIGNED_SNAPSHOT = torch.ops.dealias.aligned_snapshot.default
+SNAPSHOTS = frozenset([SNAPSHOT, ALIGNED_SNAPSHOT])  # (values read from their own buffer, never recomputed)
+
+
 class Unfusable(Exception):
     """The lowered graph holds what the fused executor cannot run exactly; the torch executor runs it."""
 
@@ -74,7 +95,7 @@ def reads_of(gm: fx.GraphModule) -> dict[fx.Node, frozenset[fx.Node]]:
             reads[n] = frozenset()  # (a size: no write changes it; `n - 1` of it is no value of the memory)
         elif foreach_element(n) is not None:
             reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in foreach_element(n)[0]))
-        elif n.op == "call_function" and n.target is not SNAPSHOT:
+        elif n.op == "call_function" and n.target not in SNAPSHOTS:
             reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
         else:
             reads[n] = frozenset()
@@ -174,7 +195,7 @@ def hazards(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, bool]]:
     reach: dict[fx.Node, list[int]] = {}
     through = _last_uses_through_views(nodes, order)
     for n in nodes:
-        if n.op != "call_function" or n.target is SNAPSHOT or not reads[n] or _alias(n):
+        if n.op != "call_function" or n.target in SNAPSHOTS or not reads[n] or _alias(n):
             continue
         last = through[n]
         for m in reads[n]:
@@ -420,12 +441,46 @@ def insert_snapshots(gm: fx.GraphModule) -> int:
             continue
         if not at_write and _sink_write(gm, value, write):
             continue
+        op = ALIGNED_SNAPSHOT if not at_write and _fusable(gm, value) else SNAPSHOT
         with gm.graph.inserting_after(value):
-            snap = gm.graph.call_function(SNAPSHOT, (value,))
+            snap = gm.graph.call_function(op, (value,))
         snap.meta["val"] = value.meta.get("val")
         value.replace_all_uses_with(snap, delete_user_cb=lambda u, s=snap: u is not s)
         count += 1
+    # A write moved by `_sink_write` after an aligned snapshot was decided may now follow it: decided again.
+    context = (reads_of(gm), memory_of(gm), list(gm.graph.nodes))
+    for n in gm.graph.nodes:
+        if n.target is ALIGNED_SNAPSHOT and not _fusable(gm, n.args[0], context):
+            n.target = SNAPSHOT
     return count
+
+
+def _fusable(gm: fx.GraphModule, value: fx.Node, context: tuple | None = None) -> bool:
+    """Whether a copy of `value` made where the program computed it may be fused by inductor with the writes after
+    it: each later write of memory `value` reads is a `copy_` of a region that each element of `value` reads only
+    at the element of its own position (`_aligned`: the region laid out as `value`) or not at all (`_apart`), and
+    no functional scatter of such memory follows (inductor may run one in place). A loop computing the copy and
+    such a write then reads each element before it stores it, in whatever kernels inductor splits them into.
+    Adadelta's step with weight decay: `delta` reads acc_delta and the parameter, and each write needs the other's
+    old value (a cycle no moved write removes); its snapshot as ATen's clone split each parameter's update into
+    two kernels around a copy (2x torch.compile's step)."""
+    if not isinstance(value.meta.get("val"), torch.Tensor):
+        return False
+    reads, (writes, root), nodes = context or (reads_of(gm), memory_of(gm), list(gm.graph.nodes))
+    mine = reads[value]
+    at = nodes.index(value)
+    order = {n: i for i, n in enumerate(nodes)}
+    for w, m in writes:
+        if order[w] <= at or m not in mine:
+            continue
+        if w.target is not aten.copy_.default:
+            return False
+        if not _in_place(value, w.args[0].meta["val"], m, reads, root):
+            return False
+    return not any(
+        n.op == "call_function" and is_scatter(n.target) and n.args and root.get(n.args[0]) in mine
+        for n in nodes[at + 1 :]
+    )
 
 
 def _sink_write(gm: fx.GraphModule, value: fx.Node, write: fx.Node) -> bool:
@@ -493,3 +548,7 @@ def check_hazards(gm: fx.GraphModule) -> None:
     if found is not None:
         value, write, _ = found
         raise InternalError(f"fused graph reads {value.name} after {write.name} overwrote the memory it came from")
+    context = (reads_of(gm), memory_of(gm), list(gm.graph.nodes))
+    for n in gm.graph.nodes:
+        if n.target is ALIGNED_SNAPSHOT and not _fusable(gm, n.args[0], context):
+            raise InternalError(f"fused graph's {n.name} may be fused with a write of memory it reads elsewhere")
