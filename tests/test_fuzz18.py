@@ -120,3 +120,21 @@ def test_fused_remainder_gradients_are_eagers():
     out.sum().backward()
     for e, g in zip(eager_args, dealias_args):
         assert torch.equal(e.grad, g.grad), (e.grad, g.grad)
+
+
+def test_integer_floor_division_keeps_inductors_own_decomposition():
+    # (the float decomposition leaves integers to inductor's entry, floor_divide as div(.., "floor"), which inductor
+    # lowers: without it the op was left to an ATen fallback kernel inside the fused graph)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dealias.runtime.inductor_fixes import decompositions
+
+    def fn(x, y):
+        return torch.floor_divide(x, y), x // 3
+
+    x, y = torch.tensor([-7, 7, 5]), torch.tensor([2, -2, 3])
+    gm = make_fx(fn, decomposition_table=decompositions())(x, y)
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert targets == {torch.ops.aten.div.Tensor_mode}
+    for e, g in zip(fn(x, y), gm(x, y)):
+        assert torch.equal(e, g)

@@ -68,7 +68,7 @@ def _table(float64_passes: bool) -> dict[Any, Any]:
     from torch._inductor.decomposition import select_decomp_table
 
     table = dict(select_decomp_table())
-    table.update(_EAGER_FLOAT_DIVISIONS)
+    table.update({op: _before(fn, table.get(op)) for op, fn in _EAGER_FLOAT_DIVISIONS.items()})
     if float64_passes:
         table.update({aten.var_mean.correction: _var_mean_two_pass, aten.var.correction: _var_two_pass})
     return _Table(table, float64_passes)
@@ -226,6 +226,19 @@ def _remainder_float(a: Any, b: Any) -> Any:
     a, b, dtype = operands
     mod = torch.fmod(a, b)
     return torch.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod).to(dtype)
+
+
+def _before(decomposition: Any, inductors: Any) -> Any:
+    """`decomposition`, and where it leaves the op (NotImplemented: integers) inductor's own entry for it, if any
+    (`floor_divide` of integers as `div(.., rounding_mode="floor")`, which inductor lowers)."""
+    if inductors is None:
+        return decomposition
+
+    def decompose(*args: Any, **kwargs: Any) -> Any:
+        out = decomposition(*args, **kwargs)
+        return inductors(*args, **kwargs) if out is NotImplemented else out
+
+    return decompose
 
 
 _EAGER_FLOAT_DIVISIONS = {
