@@ -35,7 +35,12 @@ float64 passes: `DEALIAS_VARIANCE` overrides the measurement, `float64` (the pas
 (inductor's own lowering); another value raises.
 
 The variance's is a decomposition table dealias's compiles pass to inductor: other compiles in the process see
-inductor unchanged.
+inductor unchanged. The same table carries one correction of inductor's values: a floor division of floats
+(`div(.., rounding_mode="floor")`, `floor_divide`, `//`) and a float `remainder` are lowered by inductor as
+`floor(a / b)` and `a - b * floor(a / b)`, where eager's kernels (ATen's `div_floor_floating` and remainder) start
+from `fmod(a, b)`: `1.0 // 0.1` is 9 in eager and 10 in inductor (torch.compile's too), `inf // 3` NaN and inf.
+dealias's compiles decompose them into eager's own steps (`_floor_divide_float`, `_remainder_float`), which inductor
+computes exactly (fmod, one division, comparisons), in float32 for half-precision inputs as eager's kernels do.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ def _table(float64_passes: bool) -> dict[Any, Any]:
     from torch._inductor.decomposition import select_decomp_table
 
     table = dict(select_decomp_table())
+    table.update({op: _before(fn, table.get(op)) for op, fn in _EAGER_FLOAT_DIVISIONS.items()})
     if float64_passes:
         table.update({aten.var_mean.correction: _var_mean_two_pass, aten.var.correction: _var_two_pass})
     return _Table(table, float64_passes)
@@ -167,3 +173,80 @@ def _upcast(x: torch.Tensor) -> bool:
         return False
     source = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
     return isinstance(source, torch.Tensor) and source.dtype in (torch.float16, torch.bfloat16)
+
+
+def _float_operands(a: Any, b: Any, scalar_in_result_dtype: bool) -> tuple[Any, Any, torch.dtype] | None:
+    """`a` and `b` as eager's float kernels read them: tensors in the result's dtype, computed in float32 where that
+    is a half-precision one (ATen's opmath); a Python number rounded to the result's dtype where
+    `scalar_in_result_dtype` (remainder's kernel), else to the computation's (the floor division's keeps it in
+    float32 for a half-precision tensor: `half(1.0) // 0.1` is 9, `// half(0.1)` 10). The number is rounded here,
+    in Python: inductor drops a conversion to half precision inside a kernel. None where the result is not a float
+    (inductor's integer divisions are eager's)."""
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        return None
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    like = a if isinstance(a, torch.Tensor) else b
+
+    def operand(v: Any) -> torch.Tensor:
+        if isinstance(v, torch.Tensor):
+            return v.to(dtype).to(compute)
+        if scalar_in_result_dtype:
+            v = torch.tensor(v, dtype=dtype).item()
+        return torch.scalar_tensor(v, dtype=compute, device=like.device)
+
+    return operand(a), operand(b), dtype
+
+
+def _floor_divide_float(a: Any, b: Any) -> Any:
+    """Eager's floor division of floats (ATen's `div_floor_floating`); NotImplemented for integers."""
+    operands = _float_operands(a, b, scalar_in_result_dtype=False)
+    if operands is None:
+        return NotImplemented
+    a, b, dtype = operands
+    mod = torch.fmod(a, b)
+    div = (a - mod) / b
+    div = torch.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = torch.floor(div)
+    floor = torch.where(div - floor > 0.5, floor + 1, floor)
+    quotient = a / b
+    floor = torch.where(div != 0, floor, torch.copysign(torch.zeros_like(quotient), quotient))
+    return torch.where(b != 0, floor, quotient).to(dtype)
+
+
+def _div_mode(a: Any, b: Any, *, rounding_mode: str | None = None) -> Any:
+    return _floor_divide_float(a, b) if rounding_mode == "floor" else NotImplemented
+
+
+def _remainder_float(a: Any, b: Any) -> Any:
+    """Eager's remainder of floats (ATen's: fmod, then `+ b` where the signs differ); NotImplemented for integers."""
+    operands = _float_operands(a, b, scalar_in_result_dtype=True)
+    if operands is None:
+        return NotImplemented
+    a, b, dtype = operands
+    mod = torch.fmod(a, b)
+    return torch.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod).to(dtype)
+
+
+def _before(decomposition: Any, inductors: Any) -> Any:
+    """`decomposition`, and where it leaves the op (NotImplemented: integers) inductor's own entry for it, if any
+    (`floor_divide` of integers as `div(.., rounding_mode="floor")`, which inductor lowers)."""
+    if inductors is None:
+        return decomposition
+
+    def decompose(*args: Any, **kwargs: Any) -> Any:
+        out = decomposition(*args, **kwargs)
+        return inductors(*args, **kwargs) if out is NotImplemented else out
+
+    return decompose
+
+
+_EAGER_FLOAT_DIVISIONS = {
+    aten.div.Tensor_mode: _div_mode,
+    aten.div.Scalar_mode: _div_mode,
+    aten.floor_divide.default: _floor_divide_float,
+    aten.floor_divide.Scalar: _floor_divide_float,
+    aten.remainder.Tensor: _remainder_float,
+    aten.remainder.Scalar: _remainder_float,
+    aten.remainder.Scalar_Tensor: _remainder_float,
+}
