@@ -130,6 +130,60 @@ def _resnet(train: bool) -> Callable[[], tuple[Any, ...]]:
     return make
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: a 1x1 expansion, a 3x3 depthwise convolution, a 1x1 projection, each with BatchNorm
+    (ReLU6 after the first two), and the input added back where the sizes allow."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        mid = cin * expand
+        self.block = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU6(inplace=True),
+            nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU6(inplace=True),
+            nn.Conv2d(mid, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.block(x) if self.residual else self.block(x)
+
+
+class MobileNetLike(nn.Module):
+    """A small MobileNetV2-style net (depthwise convolutions; torchvision-free): a strided 3x3 stem, seven inverted
+    residual blocks, a 1x1 head, global pooling, a linear classifier."""
+
+    def __init__(self, num_classes: int = 100) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6(inplace=True)]
+        cin = 16
+        for cout, stride in ((24, 2), (24, 1), (32, 2), (32, 1), (64, 2), (64, 1), (96, 1)):
+            layers.append(InvertedResidual(cin, cout, stride, expand=6))
+            cin = cout
+        layers += [nn.Conv2d(cin, 320, 1, bias=False), nn.BatchNorm2d(320), nn.ReLU6(inplace=True)]
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(320, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+MOBILENET_INPUT = (4, 3, 64, 64)
+
+
+def _mobilenet(train: bool) -> Callable[[], tuple[Any, ...]]:
+    def make() -> tuple[Any, ...]:
+        model = MobileNetLike().train(train)
+        x = torch.randn(*MOBILENET_INPUT)
+        return (model, x, torch.randint(0, 100, (MOBILENET_INPUT[0],))) if train else (model, x)
+
+    return make
+
+
 def _conv_bn_relu() -> tuple[Any, ...]:
     model = nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(inplace=True)).train()
     return (model, torch.randn(4, 32, 32, 32))
@@ -214,6 +268,15 @@ WORKLOADS = [
     Workload("resnet18_eval", "resnet18 eval, `no_grad`", infer, _resnet(False)),
     Workload("resnet18_train", "resnet18 forward + loss, training", train_loss, _resnet(True)),
     Workload("resnet18_train_bwd", "resnet18 forward + loss + backward", train_loss, _resnet(True), backward=True),
+    Workload("mobilenet_eval", "mobilenet-style (depthwise) eval, `no_grad`", infer, _mobilenet(False)),
+    Workload("mobilenet_train", "mobilenet-style (depthwise) forward + loss, training", train_loss, _mobilenet(True)),
+    Workload(
+        "mobilenet_train_bwd",
+        "mobilenet-style (depthwise) forward + loss + backward",
+        train_loss,
+        _mobilenet(True),
+        backward=True,
+    ),
     Workload("conv_bn_relu", "conv + BatchNorm2d + ReLU(inplace), training forward", forward, _conv_bn_relu),
     Workload("gpt2", "transformers GPT-2 forward (tied embeddings), `no_grad`", lm_logits, _gpt2),
     Workload("mha", "`nn.MultiheadAttention` `mha(x, x, x)`", self_attention, _mha),
