@@ -82,6 +82,14 @@ def attach_history(t: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
     if not history.requires_grad:
         return t
     version = t._version
+    # `t`, split after the write-back, has a grad_fn of its own (UnsafeSplitBackward to the input as it is now,
+    # through the write-back's history). _AttachHistory gives it no gradient, but autograd would still walk that
+    # edge, calling its nodes with zeros: a write whose eager op saved a tensor the program then wrote
+    # (`x0.mul_(x0)`, stale_saved) raised in backward where eager's never reaches it (fuzz seed 1262072). Eager's
+    # element has no edge to what was written after the split: cut it, in place, as `t` stays the object the
+    # caller gets (an `unsafe_split` element is no autograd view, which detach_ refuses).
+    if not t._is_view():
+        t.detach_()
     with torch.enable_grad():
         out = _AttachHistory.apply(t, history)
     set_version_counters((out,), (version,))
