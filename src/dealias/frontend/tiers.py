@@ -73,7 +73,7 @@ from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
-from . import backward_seen, copies
+from . import backward_seen, copies, copies_record
 from .copies import graph_tier_refusal, has_history
 
 log = logging.getLogger("dealias")
@@ -125,6 +125,7 @@ def measure(tier: str, run: Callable[[list[Any]], Any], leaves: list[Any]) -> tu
 
 
 clock = _now  # times from a call with autograd history to the next (tests replace it, as `measure`)
+_MEASURE, _CLOCK = measure, clock  # (the real ones: only their times are kept on disk, copies_record)
 
 
 def _graph_run(forward: Callable[..., Any]) -> Callable[[list[Any]], Any]:
@@ -454,7 +455,7 @@ class Tiered:
         tiers = list(self.candidates)
         if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
             tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
-        samples, warmed, notes, forwards = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
+        samples, warmed, notes, forwards = self._copies(leaves, tiers)
         self.notes += notes
         with self.lock:
             self.warm.update(warmed)
@@ -478,6 +479,35 @@ class Tiered:
             self.samples.update(samples)
             if samples and self.candidates:
                 self._decide()
+
+    def _copies(
+        self, leaves: list[Any], tiers: list[str]
+    ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
+        """The runs on copies of `_measure_on_copies`: their times read from an earlier process's record of the same
+        program on this host where there is one (frontend/copies_record.py; only the fastest tiers' untimed first
+        runs made, the fused program's warm-up), else timed and recorded for the next process."""
+        real = measure is _MEASURE and clock is _CLOCK  # (tests faking the times: nothing read or kept)
+        k = copies_record.key(self, leaves, tiers) if real and copies_record.ENABLED and tiers else None
+        found = copies_record.load(k, tiers)
+        if found is not None:
+            recorded, recorded_forwards = found
+            fastest = {min(recorded, key=lambda t: self._fastest_of(recorded[t]))}
+            if recorded_forwards is not None:
+                fastest.add(min(recorded_forwards, key=lambda t: self._fastest_of(recorded_forwards[t])))
+            warm = [t for t in tiers if t in fastest]
+            _, warmed, notes, forwards = copies.run_on_copies(self, leaves, warm, measure, 0, MEASURE_SECONDS)
+            refused = any(n.startswith("tiers measured on the calls:") for n in notes)
+            # (the warm-up ran as the record's runs did: not refused, and recording autograd where they did)
+            if not refused and warmed == set(warm) and (forwards is None) == (recorded_forwards is None):
+                copies_record.counts["read"] += 1
+                note = "times on copies read from an earlier process's record (copies_record)"
+                return recorded, warmed, [note], recorded_forwards
+        samples, warmed, notes, forwards = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
+        # (a record only of a complete measure: every tier timed, nothing refused)
+        if k is not None and samples and set(samples) == set(tiers) and not notes:
+            if forwards is None or set(forwards) == set(tiers):
+                copies_record.save(k, samples, forwards)
+        return samples, warmed, notes, forwards
 
     def _watch(self, out: Any, leaves: list[Any]) -> None:
         """The first call's outputs `out` (the tiers left to what the user runs, `_Choosing`): hooks on their autograd
