@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 
 from ..compat.graph_cache import source_hash
 from ..runtime.keep_aten import _host_key, cache_dir, read_json, source_key, write_whole
+from . import copies
 
 ENABLED = os.environ.get("DEALIAS_COPIES_RECORD", "1") != "0"
 VERSION = 1
@@ -134,3 +136,40 @@ def save(k: str | None, samples: dict[str, list[float]], forwards: dict[str, lis
     record = {"version": VERSION, "key": k, "samples": samples, "forwards": forwards}
     write_whole(_path(k), json.dumps(record))
     counts["written"] += 1
+
+
+def runs(
+    entry: Any,
+    leaves: list[Any],
+    tiers: list[str],
+    measure: Callable,
+    samples_per_tier: int,
+    measure_seconds: float,
+    fastest_of: Callable[[list[float]], float],
+    real: bool,
+) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
+    """copies.run_on_copies for cache entry `entry` (tiers.Tiered), its times read from a record where there is
+    one (only the recorded fastest tiers' untimed first runs made: the fused program's warm-up), else timed and
+    recorded for the next process. `real`: the times are real ones (tests faking them: nothing read or kept)."""
+    k = key(entry, leaves, tiers) if real and ENABLED and tiers else None
+    found = load(k, tiers)
+    if found is not None:
+        recorded, recorded_forwards = found
+        fastest = {min(recorded, key=lambda t: fastest_of(recorded[t]))}
+        if recorded_forwards is not None:
+            fastest.add(min(recorded_forwards, key=lambda t: fastest_of(recorded_forwards[t])))
+        warm = [t for t in tiers if t in fastest]
+        _, warmed, notes, forwards = copies.run_on_copies(entry, leaves, warm, measure, 0, measure_seconds)
+        refused = any(n.startswith("tiers measured on the calls:") for n in notes)
+        # (the warm-up ran as the record's runs did: not refused, and recording autograd where they did)
+        if not refused and warmed == set(warm) and (forwards is None) == (recorded_forwards is None):
+            counts["read"] += 1
+            return recorded, warmed, ["times on copies read from an earlier process's record (copies_record)"], found[1]
+    samples, warmed, notes, forwards = copies.run_on_copies(
+        entry, leaves, tiers, measure, samples_per_tier, measure_seconds
+    )
+    # (a record only of a complete measure: every tier timed, nothing refused)
+    if k is not None and samples and set(samples) == set(tiers) and not notes:
+        if forwards is None or set(forwards) == set(tiers):
+            save(k, samples, forwards)
+    return samples, warmed, notes, forwards

@@ -73,7 +73,7 @@ from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
-from . import backward_seen, copies, copies_record
+from . import backward_seen, copies_record
 from .copies import graph_tier_refusal, has_history
 
 log = logging.getLogger("dealias")
@@ -483,31 +483,10 @@ class Tiered:
     def _copies(
         self, leaves: list[Any], tiers: list[str]
     ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
-        """The runs on copies of `_measure_on_copies`: their times read from an earlier process's record of the same
-        program on this host where there is one (frontend/copies_record.py; only the fastest tiers' untimed first
-        runs made, the fused program's warm-up), else timed and recorded for the next process."""
-        real = measure is _MEASURE and clock is _CLOCK  # (tests faking the times: nothing read or kept)
-        k = copies_record.key(self, leaves, tiers) if real and copies_record.ENABLED and tiers else None
-        found = copies_record.load(k, tiers)
-        if found is not None:
-            recorded, recorded_forwards = found
-            fastest = {min(recorded, key=lambda t: self._fastest_of(recorded[t]))}
-            if recorded_forwards is not None:
-                fastest.add(min(recorded_forwards, key=lambda t: self._fastest_of(recorded_forwards[t])))
-            warm = [t for t in tiers if t in fastest]
-            _, warmed, notes, forwards = copies.run_on_copies(self, leaves, warm, measure, 0, MEASURE_SECONDS)
-            refused = any(n.startswith("tiers measured on the calls:") for n in notes)
-            # (the warm-up ran as the record's runs did: not refused, and recording autograd where they did)
-            if not refused and warmed == set(warm) and (forwards is None) == (recorded_forwards is None):
-                copies_record.counts["read"] += 1
-                note = "times on copies read from an earlier process's record (copies_record)"
-                return recorded, warmed, [note], recorded_forwards
-        samples, warmed, notes, forwards = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
-        # (a record only of a complete measure: every tier timed, nothing refused)
-        if k is not None and samples and set(samples) == set(tiers) and not notes:
-            if forwards is None or set(forwards) == set(tiers):
-                copies_record.save(k, samples, forwards)
-        return samples, warmed, notes, forwards
+        """The runs on copies of `_measure_on_copies`, or their times read from an earlier process's record of the
+        same program on this host (frontend/copies_record.py). Times faked by tests are neither read nor kept."""
+        real = measure is _MEASURE and clock is _CLOCK
+        return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, self._fastest_of, real)
 
     def _watch(self, out: Any, leaves: list[Any]) -> None:
         """The first call's outputs `out` (the tiers left to what the user runs, `_Choosing`): hooks on their autograd
