@@ -14,6 +14,7 @@ same directories). Each reports, from construction to the first call's return (a
 
     python bench/first_call_phases.py --only adamw_foreach gpt2 --rounds 3
     python bench/first_call_phases.py --only gpt2 --variants default --json out.json
+    python bench/first_call_phases.py --variants default default-norecord torch.compile  # (the record's worth)
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def child(name: str, variant: str) -> None:
     from real_workloads import WORKLOADS
 
     spent = _instrument() if variant != "torch.compile" else {}
+    if variant == "default-norecord":  # (the default without the copies' record: every first call times its tiers)
+        from dealias.frontend import copies_record
+
+        copies_record.ENABLED, variant = False, "default"
     torch.set_num_threads(1)
     w = next(w for w in WORKLOADS if w.name == name)
     args = real.make_args(w)

@@ -18,6 +18,9 @@ os.environ.setdefault("DEALIAS_VARIANCE", "float64")
 # call the default many times, compared bit for bit with eager, and would each compile with inductor. The tier tests
 # set tiers.FUSE_FIRST themselves (test_promote_early.py).
 os.environ.setdefault("DEALIAS_FUSE_FIRST", "0")
+# ...and the first call times its tiers on copies afresh, never reading an earlier process's record of them
+# (frontend/copies_record.py: a record of another run's times would choose for a tier test); test_warmcall.py reads.
+os.environ.setdefault("DEALIAS_COPIES_RECORD", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -73,7 +73,7 @@ from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
-from . import backward_seen, copies
+from . import backward_seen, copies_record
 from .copies import graph_tier_refusal, has_history
 
 log = logging.getLogger("dealias")
@@ -125,6 +125,7 @@ def measure(tier: str, run: Callable[[list[Any]], Any], leaves: list[Any]) -> tu
 
 
 clock = _now  # times from a call with autograd history to the next (tests replace it, as `measure`)
+_MEASURE, _CLOCK = measure, clock  # (the real ones: only their times are kept on disk, copies_record)
 
 
 def _graph_run(forward: Callable[..., Any]) -> Callable[[list[Any]], Any]:
@@ -454,7 +455,7 @@ class Tiered:
         tiers = list(self.candidates)
         if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
             tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
-        samples, warmed, notes, forwards = copies.run_on_copies(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS)
+        samples, warmed, notes, forwards = self._copies(leaves, tiers)
         self.notes += notes
         with self.lock:
             self.warm.update(warmed)
@@ -478,6 +479,14 @@ class Tiered:
             self.samples.update(samples)
             if samples and self.candidates:
                 self._decide()
+
+    def _copies(
+        self, leaves: list[Any], tiers: list[str]
+    ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
+        """The runs on copies of `_measure_on_copies`, or their times read from an earlier process's record of the
+        same program on this host (frontend/copies_record.py). Times faked by tests are neither read nor kept."""
+        real = measure is _MEASURE and clock is _CLOCK
+        return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, self._fastest_of, real)
 
     def _watch(self, out: Any, leaves: list[Any]) -> None:
         """The first call's outputs `out` (the tiers left to what the user runs, `_Choosing`): hooks on their autograd

@@ -1,0 +1,175 @@
+"""What a first call's runs on copies measured, kept on disk, so that a later process's first call of the same
+program on the same host reads the tiers' times instead of timing them again (issue 38: the warm first call).
+
+A record holds each tier's timed runs on copies (seconds; forward and backward, and the forwards alone where the
+call records autograd), nothing else: which tier runs a call is a matter of speed only (every tier is exact, or
+within the fused tolerance), so a stale or wrong record costs speed, never a result. It is keyed on everything that
+makes the program and its measure the same: dealias's source, the torch build, the host (CPU, ISA, torch's thread
+count), dynamo's graph (its code), every leaf's metadata (type, dtype, sizes, strides, offset, device, requires_grad,
+leaf or not, which leaves share a storage, scalar values), the options, grad mode and the tiers measured. A file
+that cannot be read, is damaged or does not match what is asked is ignored: the tiers are timed as before.
+
+A first call that reads a record still runs on copies the tier(s) the record makes fastest, once and untimed: the
+fused program's first run is its warm-up (its first calls after the compile ran 1.1-1.3x eager, its backward
+compiled in its first backward), which the user's calls would take otherwise. The other tiers' first runs are
+not made: a tier left to measure on the user's calls has its first call there untimed, as without copies.
+
+`DEALIAS_COPIES_RECORD=0` (read at import; the test suite's setting, whose tier tests time afresh) turns it off.
+Only real measurements are kept: where tests replace `tiers.measure`, nothing is read or written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..compat.graph_cache import source_hash
+from ..runtime.keep_aten import _host_key, cache_dir, read_json, source_key, write_whole
+from . import copies
+
+ENABLED = os.environ.get("DEALIAS_COPIES_RECORD", "1") != "0"
+VERSION = 1
+# Records read and written in this process (tests: a second process read the first's, not timing anything).
+counts = {"read": 0, "written": 0}
+
+
+def key(entry: Any, leaves: list[Any], tiers: list[str]) -> str | None:
+    """The record's key for the tiers `tiers` of cache entry `entry` (tiers.Tiered) called with `leaves`; None where
+    the program cannot be named surely (dynamo's graph has no code; a torch source that cannot be read)."""
+    build = source_key((), source_hash(), _host_key())
+    if build is None:
+        return None
+    try:
+        code = entry.backend.gm.code
+    except Exception:  # noqa: BLE001 - no code: not recorded
+        return None
+    storages: dict[int, int] = {}  # (which leaves share a storage, by first appearance: not the addresses)
+    metas = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            try:
+                storage = storages.setdefault(x.untyped_storage()._cdata, len(storages))
+                nbytes = x.untyped_storage().nbytes()
+            except Exception:  # noqa: BLE001 - a tensor without storage (a subclass): not recorded
+                return None
+            metas.append(
+                (
+                    type(x).__qualname__,
+                    str(x.dtype),
+                    tuple(x.shape),
+                    tuple(x.stride()),
+                    x.storage_offset(),
+                    str(x.device),
+                    str(x.layout),
+                    x.requires_grad,
+                    x.is_leaf,
+                    storage,
+                    nbytes,
+                    x.is_inference(),
+                )
+            )
+        elif x is None or isinstance(x, (bool, int, float, str)):
+            metas.append((type(x).__qualname__, repr(x)))
+        else:
+            metas.append((type(x).__qualname__,))
+    options = entry.backend.options
+    parts = [
+        f"v{VERSION}",
+        build,
+        str(torch.get_num_threads()),
+        str(torch.is_grad_enabled()),
+        repr(options),
+        repr(sorted(tiers)),
+        str(entry.narrower is not None),
+        code,
+        repr(metas),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _path(k: str) -> Path:
+    return cache_dir() / "copies" / f"{k}.json"
+
+
+def _times(value: Any, tiers: list[str]) -> dict[str, list[float]] | None:
+    """Each tier's timed runs from a record's `value`, where it holds exactly `tiers`, each a non-empty list of
+    finite positive seconds; else None."""
+    if not isinstance(value, dict) or set(value) != set(tiers):
+        return None
+    out: dict[str, list[float]] = {}
+    for t, s in value.items():
+        if not isinstance(s, list) or not s or len(s) > 1000:
+            return None
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in s):
+            return None
+        out[t] = [float(x) for x in s]
+    return out
+
+
+def load(k: str | None, tiers: list[str]) -> tuple[dict[str, list[float]], dict[str, list[float]] | None] | None:
+    """The record under `k` for `tiers`: (each tier's timed runs, their forwards alone or None); None where there
+    is none usable."""
+    if k is None or not ENABLED:
+        return None
+    data = read_json(_path(k))
+    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("key") != k:
+        return None
+    samples = _times(data.get("samples"), tiers)
+    forwards = data.get("forwards")
+    forwards = None if forwards is None else _times(forwards, tiers)
+    if samples is None or (data.get("forwards") is not None and forwards is None):
+        return None
+    return samples, forwards
+
+
+def save(k: str | None, samples: dict[str, list[float]], forwards: dict[str, list[float]] | None) -> None:
+    """Keep what the runs on copies measured under `k` (a directory that cannot be written: not kept)."""
+    if k is None or not ENABLED:
+        return
+    record = {"version": VERSION, "key": k, "samples": samples, "forwards": forwards}
+    write_whole(_path(k), json.dumps(record))
+    counts["written"] += 1
+
+
+def runs(
+    entry: Any,
+    leaves: list[Any],
+    tiers: list[str],
+    measure: Callable,
+    samples_per_tier: int,
+    measure_seconds: float,
+    fastest_of: Callable[[list[float]], float],
+    real: bool,
+) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
+    """copies.run_on_copies for cache entry `entry` (tiers.Tiered), its times read from a record where there is
+    one (only the recorded fastest tiers' untimed first runs made: the fused program's warm-up), else timed and
+    recorded for the next process. `real`: the times are real ones (tests faking them: nothing read or kept)."""
+    k = key(entry, leaves, tiers) if real and ENABLED and tiers else None
+    found = load(k, tiers)
+    if found is not None:
+        recorded, recorded_forwards = found
+        fastest = {min(recorded, key=lambda t: fastest_of(recorded[t]))}
+        if recorded_forwards is not None:
+            fastest.add(min(recorded_forwards, key=lambda t: fastest_of(recorded_forwards[t])))
+        warm = [t for t in tiers if t in fastest]
+        _, warmed, notes, forwards = copies.run_on_copies(entry, leaves, warm, measure, 0, measure_seconds)
+        refused = any(n.startswith("tiers measured on the calls:") for n in notes)
+        # (the warm-up ran as the record's runs did: not refused, and recording autograd where they did)
+        if not refused and warmed == set(warm) and (forwards is None) == (recorded_forwards is None):
+            counts["read"] += 1
+            return recorded, warmed, ["times on copies read from an earlier process's record (copies_record)"], found[1]
+    samples, warmed, notes, forwards = copies.run_on_copies(
+        entry, leaves, tiers, measure, samples_per_tier, measure_seconds
+    )
+    # (a record only of a complete measure: every tier timed, nothing refused)
+    if k is not None and samples and set(samples) == set(tiers) and not notes:
+        if forwards is None or set(forwards) == set(tiers):
+            save(k, samples, forwards)
+    return samples, warmed, notes, forwards

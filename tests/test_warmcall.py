@@ -1,0 +1,185 @@
+"""A warm first call (issue 38): what the first call's runs on copies measured is kept on disk
+(frontend/copies_record.py), and a later process's first call of the same program on this host reads it instead of
+timing its tiers again. A record of another program, other shapes, dtype or options is never read; a damaged file
+is ignored; results are eager's either way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import dealias
+from dealias.frontend import copies, copies_record, tiers
+
+pytestmark = pytest.mark.inductor
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+@pytest.fixture
+def records(monkeypatch, tmp_path_factory):
+    """The first call fuses and times on copies (as users run it), records on in a fresh cache dir; returns the
+    list of (tiers, timed runs per tier) each run on copies was asked for."""
+    root = tmp_path_factory.mktemp("warmcall")
+    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(root / "dealias"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "warmcall-inductor"))
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True)
+    monkeypatch.setattr(copies_record, "ENABLED", True)
+    monkeypatch.setattr(copies_record, "counts", {"read": 0, "written": 0})
+    asked: list[tuple[list[str], int]] = []
+    real = copies.run_on_copies
+
+    def counted(entry, leaves, ts, measure, samples, seconds):
+        asked.append((list(ts), samples))
+        return real(entry, leaves, ts, measure, samples, seconds)
+
+    monkeypatch.setattr(copies, "run_on_copies", counted)
+    return asked
+
+
+def step(x, y):
+    x.mul_(2).add_(y)
+    return (x * y).sum()
+
+
+def other_step(x, y):
+    x.mul_(3).sub_(y)
+    return (x * y).sum()
+
+
+def first_call(fn, x, y, **options):
+    """A fresh compile's first call of `fn`, checked against eager's."""
+    torch._dynamo.reset()
+    got_x, want_x = x.clone(), x.clone()
+    out = dealias.jit(fn, **options)(got_x, y)
+    want = fn(want_x, y)
+    torch.testing.assert_close(out, want)
+    assert torch.equal(got_x, want_x)  # (the write of x: elementwise, the same bits on every tier)
+
+
+def test_the_same_program_reads_the_record_and_times_nothing(records):
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    first_call(step, x, y)
+    assert copies_record.counts == {"read": 0, "written": 1}
+    first_call(step, x, y)
+    assert copies_record.counts == {"read": 1, "written": 1}
+    assert records[-1][1] == 0  # (the second: untimed first runs only, of the recorded winner)
+    assert len(records[-1][0]) < len(records[0][0])
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["program", "shape", "dtype", "stride", "options", "grad"],
+)
+def test_a_record_of_anything_else_is_never_read(records, change):
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    first_call(step, x, y)
+    assert copies_record.counts == {"read": 0, "written": 1}
+    fn, options = step, {}
+    if change == "program":
+        fn = other_step
+    elif change == "shape":
+        x, y = torch.randn(64, 65), torch.randn(64, 65)
+    elif change == "dtype":
+        x, y = x.double(), y.double()
+    elif change == "stride":
+        x, y = x.t(), y
+    elif change == "options":
+        options = {"cache_limit": 4}
+    if change == "grad":
+        with torch.no_grad():
+            first_call(fn, x, y)
+    else:
+        first_call(fn, x, y, **options)
+    assert copies_record.counts == {"read": 0, "written": 2}
+
+
+@pytest.mark.parametrize("damage", ["garbage", "nested", "negative", "tiers", "empty"])
+def test_a_damaged_record_is_ignored(records, damage):
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    first_call(step, x, y)
+    (path,) = (Path(os.environ["DEALIAS_CACHE_DIR"]) / "copies").glob("*.json")
+    record = json.loads(path.read_text())
+    if damage == "garbage":
+        path.write_bytes(b"\x00\xff{not json")
+    elif damage == "nested":
+        path.write_text("[" * 100000)
+    elif damage == "negative":
+        record["samples"] = {t: [-1.0] for t in record["samples"]}
+        path.write_text(json.dumps(record))
+    elif damage == "tiers":
+        record["samples"] = {"torch": [1e-3]}
+        path.write_text(json.dumps(record))
+    else:
+        path.write_text("")
+    first_call(step, x, y)
+    assert copies_record.counts == {"read": 0, "written": 2}
+    assert len(records) == 2 and records[-1][1] == tiers.SAMPLES  # (timed afresh)
+
+
+def test_a_training_step_recorded_with_its_backward(records):
+    """A call recording autograd: its forwards and backwards recorded apart, and read back as such."""
+    w, x = torch.randn(32, 32, requires_grad=True), torch.randn(8, 32)
+
+    def loss(w, x):
+        return (x @ w).relu().sum()
+
+    for _ in range(2):
+        torch._dynamo.reset()
+        f = dealias.jit(loss)
+        got = f(w, x)
+        got.backward()
+        want_w = w.detach().clone().requires_grad_()
+        want = loss(want_w, x)
+        want.backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(w.grad, want_w.grad)
+        w.grad = None
+    assert copies_record.counts == {"read": 1, "written": 1}
+    (path,) = (Path(os.environ["DEALIAS_CACHE_DIR"]) / "copies").glob("*.json")
+    assert json.loads(path.read_text())["forwards"] is not None
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, torch
+    import dealias
+    from dealias.frontend import copies, copies_record
+    asked = []
+    real = copies.run_on_copies
+    def counted(entry, leaves, ts, measure, samples, seconds):
+        asked.append(samples)
+        return real(entry, leaves, ts, measure, samples, seconds)
+    copies.run_on_copies = counted
+    def step(x, y):
+        x.mul_(2).add_(y)
+        return (x * y).sum()
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    got_x, want_x = x.clone(), x.clone()
+    out = dealias.jit(step)(got_x, y)
+    want = step(want_x, y)
+    torch.testing.assert_close(out, want)
+    assert torch.equal(got_x, want_x)
+    print(json.dumps({"counts": copies_record.counts, "asked": asked}))
+    """
+)
+
+
+def test_a_second_process_reads_the_first_ones_record(tmp_path):
+    env = dict(os.environ, DEALIAS_CACHE_DIR=str(tmp_path / "dealias"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "i"))
+    env.update(DEALIAS_FUSE_FIRST="1", DEALIAS_COPIES_RECORD="1", PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
+    seen = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        seen.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    assert seen[0] == {"counts": {"read": 0, "written": 1}, "asked": [tiers.SAMPLES]}
+    assert seen[1] == {"counts": {"read": 1, "written": 0}, "asked": [0]}
