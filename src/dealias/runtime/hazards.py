@@ -280,7 +280,10 @@ def _aligned(
 
 def _aligned_uncached(n: fx.Node, layout: torch.Tensor, m: fx.Node, reads: dict, root: dict, memo: dict) -> bool:
     if root.get(n) is m:  # (or elements the write does not touch: `_apart`)
-        return same_layout(n.meta["val"], layout) or _disjoint(n.meta.get("val"), layout)
+        # (sizes, strides and offset count elements of each tensor's own dtype: laid out alike, a float16 view of a
+        # float32 buffer reads other bytes at each position than the write stores there)
+        v = n.meta["val"]
+        return (same_layout(v, layout) and v.element_size() == layout.element_size()) or _disjoint(v, layout)
     if m not in reads[n]:
         return True
     op = n.target
