@@ -12,7 +12,9 @@ torch.compile's graph, with the three `proj[i]` views first, stores the buffer a
 
 Moving a view of a value the graph computes next to its source changes no value: nothing writes an intermediate
 in place in the graphs handed to inductor this way, and a view reads nothing until its reader runs. Views of inputs
-stay where they are (the caller's memory, which the graph may write: their place is the plan's).
+stay where they are (the caller's memory, which the graph may write: their place is the plan's). Nor does a view
+move up past a grad-mode switch (runtime/grad_modes.py): a view made under no_grad of a value recorded before it
+would be recorded, and require grad, where eager's does not.
 """
 
 from __future__ import annotations
@@ -31,11 +33,21 @@ def views_after_their_source(gm: fx.GraphModule) -> None:
     A view only moves up, past nodes that do not take it. In place; recompiles `gm` if anything moved."""
     last: dict[fx.Node, fx.Node] = {}  # source -> the view last moved behind it
     moved = False
+    # Each node's grad-mode segment: the last switch before it (None before the first). No view moves across one,
+    # so the segments stay as they are.
+    segment: dict[fx.Node, fx.Node | None] = {}
+    current = None
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
+            current = n
+        segment[n] = current
     for n in list(gm.graph.nodes):
         if not is_view_node(n) or _of_an_input(n) or not n.all_input_nodes:
             continue  # (not a reshape, which may copy: where it copies is its readers' business)
         source = _latest(n)
         where = last.get(source, source)
+        if segment[where] is not segment[n]:
+            where = segment[n]  # (a view made under another grad mode than its source's stays in its own)
         if where.next is not n:
             where.append(n)  # (fx: moves n to right after `where`)
             moved = True
