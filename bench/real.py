@@ -220,11 +220,42 @@ def warm_up(variant: str, f: Callable[..., Any], w: Workload, args: tuple[Any, .
     return {"calls": n, "seconds": seconds, "settled": seconds <= MAX_WARM_SECONDS}
 
 
-def _time(f: Callable[..., Any], args: tuple[Any, ...], backward: bool, iters: int) -> float:
-    start = time.perf_counter()
+def _time(
+    f: Callable[..., Any],
+    args: tuple[Any, ...],
+    backward: bool,
+    iters: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    start = clock()
     for _ in range(iters):
         call(f, args, backward)
-    return (time.perf_counter() - start) / iters
+    return (clock() - start) / iters
+
+
+def timed_rounds(
+    row: dict[str, Any],
+    impls: dict[str, Any],
+    args: dict[str, Any],
+    backward: bool,
+    timed: list[str],
+    rounds: int,
+    order: random.Random,
+    clock: Callable[[], float] = time.perf_counter,
+) -> None:
+    """Time the variants `timed` (eager first) in `rounds` rounds of ~ROUND_SECONDS each on `clock`, each round in
+    an order drawn from `order`; into `row`: eager's median ms and each other variant's median ratio to eager's time
+    in the same round."""
+    iters = {v: max(1, int(ROUND_SECONDS / max(_time(impls[v], args[v], backward, 1, clock), 1e-6))) for v in timed}
+    times: dict[str, list[float]] = {v: [] for v in timed}
+    for _ in range(rounds):
+        # each round in another order, so that what one variant leaves behind (the allocator's heap, the caches)
+        # does not always fall on the same other one
+        for v in order.sample(timed, len(timed)):
+            times[v].append(_time(impls[v], args[v], backward, iters[v], clock))
+    row["eager_ms"] = statistics.median(times["eager"]) * 1e3
+    for v in timed[1:]:
+        row["ratio"][v] = statistics.median(t / e for t, e in zip(times[v], times["eager"]))
 
 
 def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
@@ -266,16 +297,7 @@ def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
     timed = ["eager", *[v for v in variants if v in timed]]  # (back in column order)
     for _ in range(2):
         call(w.fn, args["eager"], w.backward)
-    iters = {v: max(1, int(ROUND_SECONDS / max(_time(impls[v], args[v], w.backward, 1), 1e-6))) for v in timed}
-    times: dict[str, list[float]] = {v: [] for v in timed}
-    for _ in range(rounds):
-        # each round in another order, so that what one variant leaves behind (the allocator's heap, the caches)
-        # does not always fall on the same other one
-        for v in order.sample(timed, len(timed)):
-            times[v].append(_time(impls[v], args[v], w.backward, iters[v]))
-    row["eager_ms"] = statistics.median(times["eager"]) * 1e3
-    for v in timed[1:]:
-        row["ratio"][v] = statistics.median(t / e for t, e in zip(times[v], times["eager"]))
+    timed_rounds(row, impls, args, w.backward, timed, rounds, order)
     for v in [v for v in variants if v != "torch.compile" and v in timed]:
         row["tiers"][v] = list(tiers(impls[v]))  # (after timing: what the timed calls ran on)
     return row

@@ -52,13 +52,6 @@ CALLS = 48  # the default's calls timed one by one from its first (its fused com
 CLOCK = time.thread_time
 
 
-def _time(f, args, backward: bool, iters: int) -> float:
-    start = CLOCK()
-    for _ in range(iters):
-        real.call(f, args, backward)
-    return (CLOCK() - start) / iters
-
-
 def _thread_seconds(f, args, backward: bool) -> float:
     start = time.thread_time()
     real.call(f, args, backward)
@@ -111,14 +104,7 @@ def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
         if verdict.startswith(("WRONG", "NOT")):
             print(f"  {w.name} {v}: {verdict}", flush=True)
     timed = ["eager", *[v for v in variants if v in timed]]
-    iters = {v: max(1, int(real.ROUND_SECONDS / max(_time(impls[v], args[v], w.backward, 1), 1e-6))) for v in timed}
-    times: dict[str, list[float]] = {v: [] for v in timed}
-    for _ in range(rounds):
-        for v in order.sample(timed, len(timed)):
-            times[v].append(_time(impls[v], args[v], w.backward, iters[v]))
-    row["eager_ms"] = statistics.median(times["eager"]) * 1e3
-    for v in timed[1:]:
-        row["ratio"][v] = statistics.median(t / e for t, e in zip(times[v], times["eager"]))
+    real.timed_rounds(row, impls, args, w.backward, timed, rounds, order, CLOCK)
     for v in [v for v in variants if v != "torch.compile" and v in timed]:
         row["tiers"][v] = list(real.tiers(impls[v]))
     return row
