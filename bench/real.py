@@ -258,6 +258,37 @@ def timed_rounds(
         row["ratio"][v] = statistics.median(t / e for t, e in zip(times[v], times["eager"]))
 
 
+def wrong(e: BaseException) -> str:
+    """The verdict of a variant whose warm-up or check raised `e`."""
+    return f"WRONG: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def warmed_and_checked(row: dict[str, Any], v: str, f: Callable[..., Any], w: Workload, args: tuple[Any, ...]) -> bool:
+    """Warm variant `v` (`f`) up and compare its next call with eager's (`check`); into `row` its warm-up, the tiers
+    it settled on and the verdict. Whether it is to be timed (not wrong)."""
+    try:
+        row["warm"][v] = warm_up(v, f, w, args)
+        dealias_tiers = tiers(f) if v != "torch.compile" else ()
+        # exact where every program runs on an exact tier and none is still measuring the fused one (a warm-up
+        # cut short by MAX_WARM_SECONDS, or a one-off program): its next call may run either
+        reasons = dealias.cache_info(f).tier_reasons if v in ("default", "tiered", "exact") else ()
+        exact = v == "torch" or (
+            v in ("default", "tiered", "exact")
+            and {t.split()[0] for t in dealias_tiers} <= EXACT_TIERS
+            and not any(r.startswith("measuring") and "fused" in r.split(";")[0] for r in reasons)
+        )
+        verdict = check(f, w, args, exact)
+    except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the others still run
+        verdict = wrong(e)
+        dealias_tiers = ()
+    if v != "torch.compile":
+        row["tiers"][v] = list(dealias_tiers)
+    row["check"][v] = verdict
+    if verdict.startswith(("WRONG", "NOT")):
+        print(f"  {w.name} {v}: {verdict}", flush=True)
+    return not verdict.startswith("WRONG")
+
+
 def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
     # Dynamo's automatic dynamic remembers values per code location across compiles: Adam's and AdamW's steps share
     # Adam.step, so AdamW's weight decay, seen changed from Adam's, would be made symbolic, as in no user's process.
@@ -271,29 +302,8 @@ def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
     # same compiled program built after it (resnet18 eval, HF Llama; not dynamo's cache lookup, not page faults),
     # which in column order always fell on the default.
     for v in order.sample(variants, len(variants)):
-        f = impls[v]
-        try:
-            row["warm"][v] = warm_up(v, f, w, args[v])
-            dealias_tiers = tiers(f) if v != "torch.compile" else ()
-            # exact where every program runs on an exact tier and none is still measuring the fused one (a warm-up
-            # cut short by MAX_WARM_SECONDS, or a one-off program): its next call may run either
-            reasons = dealias.cache_info(f).tier_reasons if v in ("default", "tiered", "exact") else ()
-            exact = v == "torch" or (
-                v in ("default", "tiered", "exact")
-                and {t.split()[0] for t in dealias_tiers} <= EXACT_TIERS
-                and not any(r.startswith("measuring") and "fused" in r.split(";")[0] for r in reasons)
-            )
-            verdict = check(f, w, args[v], exact)
-        except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the others still run
-            verdict = f"WRONG: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            dealias_tiers = ()
-        if v != "torch.compile":
-            row["tiers"][v] = list(dealias_tiers)
-        row["check"][v] = verdict
-        if not verdict.startswith("WRONG"):  # (a benchmark of wrong results is worthless)
+        if warmed_and_checked(row, v, impls[v], w, args[v]):  # (a benchmark of wrong results is worthless)
             timed.append(v)
-        if verdict.startswith(("WRONG", "NOT")):
-            print(f"  {w.name} {v}: {verdict}", flush=True)
     timed = ["eager", *[v for v in variants if v in timed]]  # (back in column order)
     for _ in range(2):
         call(w.fn, args["eager"], w.backward)

@@ -78,31 +78,21 @@ def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
     timed = ["eager"]
     for v in order.sample(variants, len(variants)):
         f = impls[v]
-        try:
-            if v in ("default", "torch.compile"):
+        if v in ("default", "torch.compile"):
+            try:
                 calls = [_thread_seconds(f, args[v], w.backward) for _ in range(CALLS)]
-                row["worst"][v] = _worst(calls, eager_call)
-                row.setdefault("first_call_s", {})[v] = calls[0]
-            row["warm"][v] = real.warm_up(v, f, w, args[v])
-            ts = real.tiers(f) if v != "torch.compile" else ()
-            reasons = dealias.cache_info(f).tier_reasons if v == "default" else ()
-            exact = v == "default" and (
-                {t.split()[0] for t in ts} <= real.EXACT_TIERS
-                and not any(r.startswith("measuring") and "fused" in r.split(";")[0] for r in reasons)
-            )
-            verdict = real.check(f, w, args[v], exact)
-            if v == "default":
-                row["reasons"] = list(reasons)
-        except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the others still run
-            verdict = f"WRONG: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            ts = ()
-        if v != "torch.compile":
-            row["tiers"][v] = list(ts)
-        row["check"][v] = verdict
-        if not verdict.startswith("WRONG"):
+            except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the others still run
+                row["check"][v] = real.wrong(e)
+                if v != "torch.compile":
+                    row["tiers"][v] = []
+                print(f"  {w.name} {v}: {row['check'][v]}", flush=True)
+                continue
+            row["worst"][v] = _worst(calls, eager_call)
+            row.setdefault("first_call_s", {})[v] = calls[0]
+        if real.warmed_and_checked(row, v, f, w, args[v]):
             timed.append(v)
-        if verdict.startswith(("WRONG", "NOT")):
-            print(f"  {w.name} {v}: {verdict}", flush=True)
+            if v == "default":
+                row["reasons"] = list(dealias.cache_info(f).tier_reasons)
     timed = ["eager", *[v for v in variants if v in timed]]
     real.timed_rounds(row, impls, args, w.backward, timed, rounds, order, CLOCK)
     for v in [v for v in variants if v != "torch.compile" and v in timed]:
