@@ -204,9 +204,9 @@ def _floor_divide_float(a: Any, b: Any) -> Any:
     if operands is None:
         return NotImplemented
     a, b, dtype = operands
-    mod = torch.fmod(a, b)
+    mod, signs_differ = _fmod(a, b)
     div = (a - mod) / b
-    div = torch.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    div = torch.where(signs_differ, div - 1, div)
     floor = torch.floor(div)
     floor = torch.where(div - floor > 0.5, floor + 1, floor)
     quotient = a / b
@@ -224,8 +224,15 @@ def _remainder_float(a: Any, b: Any) -> Any:
     if operands is None:
         return NotImplemented
     a, b, dtype = operands
+    mod, signs_differ = _fmod(a, b)
+    return torch.where(signs_differ, mod + b, mod).to(dtype)
+
+
+def _fmod(a: Any, b: Any) -> tuple[Any, Any]:
+    """The step both of eager's float kernels start from: `fmod(a, b)`, and where it is nonzero with another sign
+    than `b` (where floor division takes one off the quotient and remainder adds `b`)."""
     mod = torch.fmod(a, b)
-    return torch.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod).to(dtype)
+    return mod, (mod != 0) & ((b < 0) != (mod < 0))
 
 
 def _before(decomposition: Any, inductors: Any) -> Any:
