@@ -101,6 +101,12 @@ def plan_outputs(w: Functionalizer, node: fx.Node) -> None:
             view = _caller_view(w, born if remade else v, arg)
             program.outputs.append(replace(view, restride=restride))
         else:
+            if w.autograd.unrecorded_layout and w.autograd.requires_grad(arg):
+                # Memory the program made, changed in layout under no_grad (`y = x.sin(); y.t_()` there): eager
+                # returns it with the grad_fn made for the old layout, which takes the new layout's gradients
+                # as they come; re-strided or replayed here, autograd would map them back (fuzz seed 1975263).
+                made_with = w.autograd.made_with_grad.get(v.obj, True)
+                w.autograd.refuse_use_after_unrecorded_layout(s, "a tensor returned", made_with)
             if s not in results:
                 results[s] = len(outs)
                 outs.append(_owning(w, timeline.base[s]))
