@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from ..compat.fx_lazy import graph_module, lazy_graph_modules
 from ..errors import InvariantError, UnsupportedError
 from ..ir.gradops import caller_tensor, write_back_now
-from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
+from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node, writes_caller
 from ..ir.traces import Trace, format_graph
 from ..ir.viewops import symbolic_layout
 from ..runtime.executor import torch_executor
@@ -154,6 +154,7 @@ def _compile_program(
             functional_gm,
         )
     kept = Front(captured, _fp_copy(fp, functional_gm), functional, captured_passes)
+    writes = writes_caller(fp, captured)  # (before lowering moves write-backs into the graph)
     run, tier, name = None, Tier.TORCH, "execution trace (torch executor)"
     unfused = ""  # why a graph the fused executor was asked for runs on the torch executor
     if executor == Executor.INDUCTOR and not torch.is_inference_mode_enabled():
@@ -238,6 +239,7 @@ def _compile_program(
         guard, layouts = _shape_guard(captured), tensor_layouts(captured)
         program = CompiledProgram(captured, fp, run, traces, functional_gm, reports, guard, layouts, tier, grad)
         program.unfused = unfused
+        program.writes = writes
     program.front = kept if tier is Tier.TORCH else None
     traces.append(_execution_trace(shown, reports, name, clock.take(), program.source))
     return program
