@@ -110,3 +110,37 @@ def test_the_plan_says_which_programs_write():
     jr(torch.randn(6), torch.randn(6))
     jw(torch.randn(6), torch.randn(6))
     assert jr.last.writes is False and jw.last.writes is True
+
+
+class Observed(torch.nn.Module):
+    """A buffer written under no_grad inside a forward autograd records (a QAT observer): functionalize writes it back
+    inside the graph (gradops.write_back_now), not in the plan's write-backs; the program writes all the same."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("seen", torch.ones(()))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.seen.mul_(0.9).add_(x.detach().abs().max(), alpha=0.1)
+        return self.lin(x / self.seen).sum()
+
+
+def test_a_write_back_inside_the_graph_is_a_write():
+    m = Observed()
+    jf = dealias.jit(m.forward, executor="torch")
+    jf(torch.randn(2, 4))
+    assert jf.last.writes is True and _checks_storages(jf)
+
+
+def relu_inplace(x, w):
+    h = x @ w
+    h.relu_()  # (memory the program made: not the caller's)
+    return h.sum()
+
+
+def test_an_in_place_op_on_memory_the_program_made_is_no_write():
+    jf = dealias.jit(relu_inplace, executor="torch")
+    jf(torch.randn(3, 4), torch.randn(4, 4))
+    assert jf.last.writes is False
