@@ -234,7 +234,8 @@ class GraphProgram:
             self.cache.setdefault(key, []).append((tensor_check(tensors, layouts), shape_guard, entry, described))
             if self.lean is None and self.lean_possible and not self.offsets and entry is not _EAGER:
                 if not self.options.verify:
-                    check = lean_check(leaves, self.unkeyed, shape_guard, len(self.attributes), layouts)
+                    writes = getattr(entry, "writes", True)  # (a Tiered entry: its torch program's)
+                    check = lean_check(leaves, self.unkeyed, shape_guard, len(self.attributes), layouts, writes)
                     run = entry.lean_call if isinstance(entry, CompiledProgram) else entry
                     if isinstance(entry, Tiered) and entry.settled:
                         run = entry.run  # (one tier only: nothing to measure)

@@ -223,6 +223,16 @@ class FunctionalProgram:
         return len(self.writebacks)
 
 
+def writes_caller(fp: FunctionalProgram, captured: Captured) -> bool:
+    """Whether a call of the program, planned as `fp` (before write-back lowering moves writes into the graph),
+    changes any caller tensor: its data (a write-back), its sizes and strides, its version counter, or its autograd
+    history (`detach_()`). A program that changes none reads its inputs only, and reads give eager's values whether
+    or not two inputs share memory (frontend/guards.lean_check leaves their storages out for it)."""
+    return bool(
+        fp.writebacks or fp.metadata_writebacks or fp.unmoved_counters or fp.moved_counters or captured.detached
+    )
+
+
 def group_placeholder(graph: fx.Graph, g: int) -> fx.Node:
     """The placeholder of alias group `g`'s synthetic base."""
     node = graph.placeholder(f"alias_group{g}")

@@ -284,3 +284,28 @@ def _verify_storages(gm: fx.GraphModule, info: AliasInfo) -> None:
                     node_location(node),
                 )
             )
+
+
+def writes_caller_memory(gm: fx.GraphModule, info: AliasInfo) -> bool:
+    """Whether any op of the captured graph `gm` may write memory of the caller's (an input, an alias group, a
+    constant), its data or its metadata (`t_`, `detach_`): an argument its schema marks written (`Tensor(a!)`) whose
+    value is not memory the program made. Any call that is not an aten op (except `getitem`) counts as a write: the
+    answer errs on the side of "writes" (frontend/guards.lean_check keeps the storage check then)."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is operator.getitem:
+            continue
+        op = n.target
+        if not isinstance(op, torch._ops.OpOverload):
+            return True
+        if not op._schema.is_mutable:
+            continue
+        given = bind_args(op._schema, n.args, n.kwargs)
+        for a in op._schema.arguments:
+            if a.alias_info is None or not a.alias_info.is_write or given.get(a.name) is None:
+                continue
+            written = given[a.name]
+            for x in written if isinstance(written, (list, tuple)) else [written]:
+                value = info.values.get(x) if isinstance(x, fx.Node) else None
+                if not isinstance(value, Value) or value.storage.kind is not StorageKind.INTERMEDIATE:
+                    return True
+    return False

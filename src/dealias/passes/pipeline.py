@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from ..compat.fx_lazy import graph_module, lazy_graph_modules
 from ..errors import InvariantError, UnsupportedError
 from ..ir.gradops import caller_tensor, write_back_now
-from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node
+from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node, writes_caller
 from ..ir.traces import Trace, format_graph
 from ..ir.viewops import symbolic_layout
 from ..runtime.executor import torch_executor
@@ -30,7 +30,7 @@ from ..runtime.fused_autograd import fused_autograd_executor
 from ..runtime.fused_outputs import outputs_in_graph
 from ..runtime.generated_call import returned_as_views_only
 from ..runtime.program import CompiledProgram, Executor, Tier
-from .alias import analyze
+from .alias import analyze, writes_caller_memory
 from .capture import capture
 from .functionalize import functionalize
 from .invariants import checker
@@ -119,6 +119,7 @@ def _compile_program(
     same graph and the same call's leaves, whose passes up to optimize are taken instead of run again."""
     grad = torch.is_grad_enabled()  # the mode calls enter with (keyed): the executor's baseline
     clock = _Clock()
+    info = None  # (the alias analysis, made here unless a front brings the rest)
     if front is not None:
         captured, fp, functional, captured_passes = front.take()
         functional_gm = functional.graph
@@ -154,6 +155,9 @@ def _compile_program(
             functional_gm,
         )
     kept = Front(captured, _fp_copy(fp, functional_gm), functional, captured_passes)
+    # Whether a call changes a caller tensor: from the captured graph's ops, and the plan (before lowering moves
+    # write-backs into the graph); either one saying so is enough.
+    writes = writes_caller(fp, captured) or writes_caller_memory(captured.gm, info or analyze(captured.gm, captured.groups))
     run, tier, name = None, Tier.TORCH, "execution trace (torch executor)"
     unfused = ""  # why a graph the fused executor was asked for runs on the torch executor
     if executor == Executor.INDUCTOR and not torch.is_inference_mode_enabled():
@@ -238,6 +242,7 @@ def _compile_program(
         guard, layouts = _shape_guard(captured), tensor_layouts(captured)
         program = CompiledProgram(captured, fp, run, traces, functional_gm, reports, guard, layouts, tier, grad)
         program.unfused = unfused
+        program.writes = writes
     program.front = kept if tier is Tier.TORCH else None
     traces.append(_execution_trace(shown, reports, name, clock.take(), program.source))
     return program

@@ -58,6 +58,9 @@ class CompiledProgram:
     tier: Tier = Tier.TORCH  # the executor running it
     grad: bool | None = None  # the grad mode calls come in (keyed): None, the mode at construction
     unfused: str = ""  # executor="inductor": why this program runs on the torch executor instead ("" if fused)
+    # Whether a call changes any caller tensor (plan.writes_caller); True unless the plan says none (the safe side:
+    # the lean lookup then checks that the inputs' storages are distinct)
+    writes: bool = True
 
     def __post_init__(self) -> None:
         # Everything a call does beyond running the graph is generated here once, as Python (generated_call.py): a
