@@ -15,6 +15,7 @@ same directories). Each reports, from construction to the first call's return (a
     python bench/first_call_phases.py --only adamw_foreach gpt2 --rounds 3
     python bench/first_call_phases.py --only gpt2 --variants default --json out.json
     python bench/first_call_phases.py --variants default default-norecord torch.compile  # (the record's worth)
+    python bench/first_call_phases.py --variants default default-allvariance torch.compile  # (the variance verdict's)
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ def child(name: str, variant: str) -> None:
     from real_workloads import WORKLOADS
 
     spent = _instrument() if variant != "torch.compile" else {}
+    if variant == "default-allvariance":  # (as before issue 38's fix: the host's variance verdict asked at every
+        from dealias.runtime import inductor_fixes  # fused compile, measured by a cold one whatever its graph)
+
+        inductor_fixes.variance_decided, variant = (lambda gm: True), "default"
     if variant == "default-norecord":  # (the default without the copies' record: every first call times its tiers)
         from dealias.frontend import copies_record
 

@@ -26,7 +26,10 @@ Which of the two is faster depends on the host, by large factors both ways: the 
 on an Intel Xeon (AVX-512) the float64 passes took 2-3x Welford's time (bn_train: the fused step at 1.8x eager,
 torch.compile's at 0.55x). So it is measured once per host, like the keep-ATen list (keep_aten.py, whose file
 keeps the verdict): the statistics of a BatchNorm2d over 16x64x32x32 in float64 passes against inductor's
-Welford, each compiled alone, and the float64 passes are taken only where they are not slower. Where they are,
+Welford, each compiled alone, and the float64 passes are taken only where they are not slower. Only a graph with a
+variance the passes would take asks (`variance_decided`): the measurement is two C++ compiles, which ran in every
+cold process's first fused compile before, an AdamW step's and GPT-2's too (no variance; LayerNorm rows of 768,
+under the threshold), whose code the verdict never changed. Where they are slower,
 inductor's Welford runs, as torch.compile's does. Its sums are float32 ones, and its relative error grows with the
 square of the data's mean over its deviation: BatchNorm-like statistics of randn + c, Welford / eager (which
 accumulates in double): 2.4e-7 / 5.7e-8 at c = 1 and 10, 5.5e-6 at 1e3, 1e-4 at 1e4 (the fused tolerance's
