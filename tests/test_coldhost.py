@@ -191,3 +191,50 @@ def test_a_cold_first_call_gives_eagers_results_and_measures_no_variance(tmp_pat
     for f in (tmp_path / "dealias").glob("keep_aten-*.json"):
         verdicts.update(json.loads(f.read_text()))
     assert not [k for k in verdicts if k.startswith("variance")], verdicts
+
+
+# Inductor's probe counted, with the thread each ran in, in a process of its own (tests/test_vec_isa_measured.py's).
+_COUNT = """
+import threading, torch, torch._inductor.cpu_vec_isa as isa
+original, probes = isa.VecISA.check_build, []
+def counted(self, code):
+    probes.append((str(self), threading.current_thread().name))
+    return original(self, code)
+isa.VecISA.check_build = counted
+"""
+
+_FIRST_CALL = """
+import dealias
+assert threading.active_count() == 1  # (importing dealias starts nothing)
+f = dealias.jit(lambda x: (x.sin() * 2).relu(), executor="inductor")
+x = torch.randn(1000)
+assert torch.allclose(f(x), (x.sin() * 2).relu())
+print(json.dumps(probes))
+"""
+
+_INDUCTOR_ALONE = """
+isa.valid_vec_isa_list()
+print(json.dumps(probes))
+"""
+
+
+def _probes(code, tmp_path):
+    env = dict(os.environ, DEALIAS_CACHE_DIR=str(tmp_path / "dealias"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind"))
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
+    env.pop("TORCHINDUCTOR_VEC_ISA_OK", None)
+    code = "import json\n" + textwrap.dedent(_COUNT) + textwrap.dedent(code)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.inductor
+def test_a_cold_first_calls_isa_probe_runs_beside_the_trace_once(tmp_path):
+    probes = _probes(_FIRST_CALL, tmp_path / "dealias_run")
+    alone = _probes(_INDUCTOR_ALONE, tmp_path / "inductor_run")
+    if not alone:
+        pytest.skip("inductor probes no vector ISA on this host")
+    # The same probes as inductor's own, each once, in the probe's thread (started at the first call, before dynamo
+    # traced), not the compile's.
+    assert sorted(isa for isa, _ in probes) == sorted(isa for isa, _ in alone)
+    assert {thread for _, thread in probes} == {"dealias-vec-isa-probe"}
