@@ -54,29 +54,80 @@ def vec_isa_config() -> dict[str, Any]:
         return {}
 
 
+def start_probe() -> None:
+    """Start the host's first probe in a daemon thread of its own, where nothing is known on disk yet: its children
+    (0.5-1.5 s of CPU each, six here) then run while dynamo and dealias trace the program, on the other core, and
+    the compile that asks `vec_isa_config` waits for it (on the lock) instead of probing from the start. Called at
+    a compiled function's first call, never at import; once per process; a warm process starts nothing (its list
+    is made from the record in the compile's own thread: the config patch that takes is process-wide, and only the
+    compiling thread may set it)."""
+    global _started
+    with _start_lock:
+        if _started:
+            return
+        _started = True
+    try:
+        # The modules the probe imports, imported here: an import in another thread while dynamo imports in this
+        # one could meet a module lock held the other way round (Python then raises in one of the threads).
+        for name in ("torch._inductor.config", "torch._inductor.cpu_vec_isa", "torch._inductor.cpp_builder"):
+            require_module(name)
+        require_module("torch._inductor.codecache")
+    except Exception:  # noqa: BLE001 - nothing started: the compile probes as it would have
+        return
+    threading.Thread(target=_probe_if_unknown, name="dealias-vec-isa-probe", daemon=True).start()
+
+
+_started = False
+_start_lock = threading.Lock()
+
+
+def _probe_if_unknown() -> None:
+    try:
+        host = _host()
+        if host is not None:
+            _probe(*host, background=True)
+    except Exception:  # noqa: BLE001 - the compile probes (or asks again) as it would have
+        pass
+
+
 @functools.cache
 def _all_pass() -> bool:
+    host = _host()
+    return _probe(*host, background=False) if host is not None else False
+
+
+def _host() -> tuple[Any, list[str], Path] | None:
+    """(inductor's cpu_vec_isa, the ISAs the CPU's flags name, the verdict's file); None where there is nothing to
+    probe or remember (not x86 Linux, no ISA named, the user's own setting)."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return False  # (elsewhere inductor's list comes from the platform, not from probes)
+        return None  # (elsewhere inductor's list comes from the platform, not from probes)
     isa = require_module("torch._inductor.cpu_vec_isa")
     flags = set(require(isa, "x86_isa_checker")())
     named = [str(v) for v in require(isa, "supported_vec_isa_list") if all(f in flags for f in str(v).split())]
     if not named:
-        return False
+        return None
     config = require_module("torch._inductor.config")
     if not hasattr(config.cpp, "vec_isa_ok"):
         raise Missing("torch._inductor.config.cpp.vec_isa_ok is not there")
     if config.cpp.vec_isa_ok is not None:  # (the user's setting, TORCHINDUCTOR_VEC_ISA_OK: it stands)
-        return False
+        return None
+    return isa, named, _verdict_path(named)
+
+
+def _probe(isa: Any, named: list[str], path: Path, background: bool) -> bool:
+    """Whether every ISA in `named` passed inductor's probe: from the verdict at `path`, else probed now and
+    written. In the `background` thread, a verdict on disk is left for the compiling thread to read."""
+    config = require_module("torch._inductor.config")
     from ..runtime.keep_aten import write_whole  # (runtime imports compat: a lazy import, as inductor.py's)
 
-    path = _verdict_path(named)
     valid_vec_isa_list = require(isa, "valid_vec_isa_list")
     with _lock:
         try:
             known: str | None = path.read_text()
         except OSError:
             known = None
+        if known is not None and background:
+            return known == "1"
         if known is not None:
             if known == "1":
                 # The process's list made now, as the compile would make it (the same setting), its extension probes

@@ -523,6 +523,7 @@ class Backend:
         self.stats = stats if stats is not None else Stats()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        probe_early(self.options)
         compat.fold_input_aliases(gm)  # (first: whatever runs gm, compiled or eagerly, must change the input itself)
         refuse_uncorrected(gm, self.options, self.stats.name)
         return compat.keep_out_overlaps(
@@ -534,6 +535,7 @@ def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict
     """`torch.compile(fn, backend="dealias", options={...})`: registered through the `torch_dynamo_backends`
     entry point. `options` are those of `Options` (executor, verify, strict, cache_limit)."""
     opts = Options(**(options or {}))
+    probe_early(opts)
     compat.fold_input_aliases(gm)
     refuse_uncorrected(gm, opts, "a compiled function")
     program = graph_program(gm, opts, Stats(name="a compiled function"))
@@ -562,3 +564,13 @@ def _graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callab
             raise UnsupportedError(f"the graph cannot be split around its higher-order operators: {e}") from e
         warnings.warn(f"dealias: a graph of {stats.name} runs eagerly: {e}", fallback_warning(e), stacklevel=3)
         return gm.forward
+
+
+def probe_early(options: Options) -> None:
+    """Where the program may be fused, inductor's first probe of the host's vector ISAs started now in a thread of
+    its own (compat/vec_isa.py: only where nothing is known on disk), so that its children run while dynamo and
+    dealias trace: it was most of a cold first call's children's CPU, run on the critical path at the compile."""
+    if options.executor in ("tiered", "inductor"):
+        from ..compat.vec_isa import start_probe
+
+        start_probe()

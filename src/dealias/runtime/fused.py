@@ -164,7 +164,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     # helpers traced to aten ops; each node keeps the user's source line.
     with fx.traceback.preserve_node_meta(), torch.no_grad():  # nothing records autograd (`unfusable`)
         interpret = lambda *args: fx.Interpreter(gm).run(*args)  # noqa: E731
-        traced = make_fx(interpret, decomposition_table=decompositions(), tracing_mode="fake")(*example)
+        traced = make_fx(interpret, decomposition_table=decompositions(gm), tracing_mode="fake")(*example)
     names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     for ph, name in zip(traced.graph.find_nodes(op="placeholder"), names):
         ph.name = ph.target = name

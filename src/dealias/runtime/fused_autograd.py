@@ -348,7 +348,7 @@ def _compile(
             compiled = compile_fx(
                 _clones_of_inputs_kept(gm),
                 handed_example,
-                decompositions=decompositions(),
+                decompositions=decompositions(gm),  # (the host's verdict asked where it decides)
                 config_patches={**key_config(), **vec_isa_config()},  # (the backward, compiled later, too)
             )
         # compile_fx hands back AOTAutograd's function inside a `torch._dynamo.disable` of its own (~3 us a call):

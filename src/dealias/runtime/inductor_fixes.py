@@ -26,7 +26,10 @@ Which of the two is faster depends on the host, by large factors both ways: the 
 on an Intel Xeon (AVX-512) the float64 passes took 2-3x Welford's time (bn_train: the fused step at 1.8x eager,
 torch.compile's at 0.55x). So it is measured once per host, like the keep-ATen list (keep_aten.py, whose file
 keeps the verdict): the statistics of a BatchNorm2d over 16x64x32x32 in float64 passes against inductor's
-Welford, each compiled alone, and the float64 passes are taken only where they are not slower. Where they are,
+Welford, each compiled alone, and the float64 passes are taken only where they are not slower. Only a graph with a
+variance the passes would take asks (`variance_decided`): the measurement is two C++ compiles, which ran in every
+cold process's first fused compile before, an AdamW step's and GPT-2's too (no variance; LayerNorm rows of 768,
+under the threshold), whose code the verdict never changed. Where they are slower,
 inductor's Welford runs, as torch.compile's does. Its sums are float32 ones, and its relative error grows with the
 square of the data's mean over its deviation: BatchNorm-like statistics of randn + c, Welford / eager (which
 accumulates in double): 2.4e-7 / 5.7e-8 at c = 1 and 10, 5.5e-6 at 1e3, 1e-4 at 1e4 (the fused tolerance's
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 import torch
@@ -58,10 +62,89 @@ _SETTINGS = ("measure", "float64", "inductor")
 aten = torch.ops.aten
 
 
-def decompositions() -> dict[Any, Any]:
+def decompositions(gm: torch.fx.GraphModule | None = None) -> dict[Any, Any]:
     """Inductor's decomposition table, with the variance in two float64 passes where they are faster on this host
-    (see the module's text)."""
+    (see the module's text). For a graph `gm` none of whose variances the passes would take (`variance_decided`),
+    the host's verdict is not asked (its measurement is two C++ compiles, most of a cold first call's extra time):
+    the table is the one of a host where the passes are slower, which traces such a graph to the same code."""
+    if gm is not None and not variance_decided(gm):
+        return _table(False)
     return _table(_float64_passes_here())
+
+
+def variance_decided(gm: torch.fx.GraphModule) -> bool:
+    """Whether tracing `gm` (and the graphs it calls) with the table may reach a variance that `_var_mean_two_pass`
+    takes, where the host's verdict decides: a float32 variance on CPU over more than inductor's two-step
+    threshold of elements per result, of at most TWO_STEP_MAX_BYTES. Over-inclusive where unsure: an op this does
+    not read (an unknown op named like a norm or a variance, another library's op, which may decompose into one)
+    counts as deciding; those it reads are the variances and the norms (batch, layer, group) whose decompositions
+    compute one."""
+    from torch._inductor import config
+
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for n in module.graph.nodes:
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+                count = _variance_count(n)
+                if count is _UNSURE or (count is not None and count > config.cpp.use_two_step_variance_threshold):
+                    return True
+    return False
+
+
+_UNSURE = object()
+# Norms whose decompositions compute no variance: vector and matrix norms (a gradient clipping's), weight and RMS norms.
+_NO_VARIANCE = frozenset(
+    "norm linalg_vector_norm linalg_matrix_norm linalg_norm _foreach_norm renorm frobenius_norm nuclear_norm "
+    "_weight_norm _weight_norm_interface _weight_norm_interface_backward rms_norm _fused_rms_norm".split()
+)
+
+
+def _variance_count(n: torch.fx.Node) -> Any:
+    """The elements per result of the float32 CPU variance within TWO_STEP_MAX_BYTES that the op `n` computes
+    (after decomposition), None where it computes none that the passes would take, _UNSURE where not known."""
+    from ..ir.opfacts import bind_args
+
+    op = n.target
+    namespace, name = op._schema.name.split("::", 1)
+    if namespace in ("prims", "dealias"):
+        return None
+    family = re.search(r"var|std|norm", name)
+    if namespace != "aten":
+        return _UNSURE
+    if family is None or name in _NO_VARIANCE:
+        return None
+    x = n.args[0].meta.get("val") if n.args and isinstance(n.args[0], torch.fx.Node) else None
+    if not isinstance(x, torch.Tensor):
+        return _UNSURE
+    try:
+        args = bind_args(op._schema, n.args, n.kwargs, defaults=True)
+        shape = [int(d) for d in x.shape]
+    except Exception:  # noqa: BLE001 - symbolic sizes, arguments the schema does not bind: unsure
+        return _UNSURE
+    if x.device.type != "cpu" or x.dtype is not torch.float32 or x.numel() * 4 > TWO_STEP_MAX_BYTES:
+        return None  # (a half-precision input's float32 copy is `_upcast`: inductor's own code there)
+    numel = math.prod(shape)
+    try:
+        if name in ("var", "var_mean", "std", "std_mean"):
+            dims = args.get("dim")
+            dims = [dims] if isinstance(dims, int) else list(dims or [])
+            if not dims or len({d % len(shape) for d in dims}) == len(shape):
+                return None  # (reduced to one value: inductor's own code)
+            return math.prod(shape[d] for d in dims)
+        if name in ("native_layer_norm", "layer_norm"):
+            return math.prod(int(d) for d in args["normalized_shape"])
+        if name == "native_group_norm":
+            return int(args["C"]) // int(args["group"]) * int(args["HxW"])
+        if "batch_norm" in name and "backward" not in name:
+            if args.get("training", True) is False or name.endswith("no_training"):
+                return None  # (the running statistics: no variance computed)
+            return numel // shape[1]
+    except Exception:  # noqa: BLE001 - an argument of another form: unsure
+        return _UNSURE
+    if "backward" in name:
+        return None  # (a norm's backward reads the saved statistics)
+    return _UNSURE
 
 
 def _table(float64_passes: bool) -> dict[Any, Any]:

@@ -18,11 +18,13 @@ reproducible graphs (the test suite pins it). `DEALIAS_CACHE_DIR` moves the verd
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import platform
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -206,9 +208,17 @@ def write_whole(path: Path, text: str) -> None:
     left as it is (the next process measures again)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        # (a file of its own per writer: threads of one process share its pid, and one thread's replace must not
+        # move another's half-written file into place)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     except OSError:
         pass
 
@@ -268,4 +278,9 @@ def _load() -> dict[str, list[float]]:
 
 
 def _save(verdicts: dict[str, list[float]]) -> None:
+    # (another process may have saved verdicts since this one read the file: kept, not overwritten by a stale copy)
+    on_disk = read_json(_path())
+    if isinstance(on_disk, dict):
+        for key, value in on_disk.items():
+            verdicts.setdefault(key, value)
     write_whole(_path(), json.dumps(verdicts, indent=1, sort_keys=True))
