@@ -30,7 +30,7 @@ from .errors import (
     is_library_file,
     with_location,
 )
-from .frontend.backend import _EAGER, Backend, Options, Stats
+from .frontend.backend import _EAGER, Backend, Options, Stats, prefetch_keys
 from .ir.plan import WriteBackReport
 from .ir.traces import Trace
 from .report import records as _report
@@ -126,6 +126,7 @@ class JitFunction:
             return self.fn(*args, **kwargs)
         if self._warm:
             return self._call(args, kwargs)
+        prefetch_keys(self.options)  # (from the first call's start: it overlaps dynamo's tracing too)
         # Until a call has finished, calls take turns. Dynamo looks up its cache before it waits for its compile
         # lock and not again after, so each of the threads that reach a new function together compiled it once
         # more: 8 threads filled the cache limit with copies (with strict=True the next new layout raised). The

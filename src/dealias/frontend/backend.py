@@ -33,6 +33,7 @@ from torch._dynamo.convert_frame import compile_lock
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
 from .. import compat
+from ..compat import key_prefetch
 from ..compat.fx_lazy import generated_forward
 from ..errors import (
     DealiasError,
@@ -522,6 +523,7 @@ class Backend:
         self.stats = stats if stats is not None else Stats()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        prefetch_keys(self.options)
         compat.fold_input_aliases(gm)  # (first: whatever runs gm, compiled or eagerly, must change the input itself)
         refuse_uncorrected(gm, self.options, self.stats.name)
         return compat.keep_out_overlaps(
@@ -529,10 +531,18 @@ class Backend:
         )
 
 
+def prefetch_keys(options: Options) -> None:
+    """Where the program may be fused: inductor's per-process cache keys computed meanwhile on another core
+    (compat/key_prefetch.py; its first compile waits for them either way)."""
+    if options.executor in ("tiered", "inductor"):
+        key_prefetch.start()
+
+
 def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
     """`torch.compile(fn, backend="dealias", options={...})`: registered through the `torch_dynamo_backends`
     entry point. `options` are those of `Options` (executor, verify, strict, cache_limit)."""
     opts = Options(**(options or {}))
+    prefetch_keys(opts)
     compat.fold_input_aliases(gm)
     refuse_uncorrected(gm, opts, "a compiled function")
     program = graph_program(gm, opts, Stats(name="a compiled function"))
