@@ -104,11 +104,22 @@ def test_a_fused_first_call_computes_the_keys_ahead_and_the_same(tmp_path):
     assert off == {"started": False, "fused": True, "same_key": True, "exact": True}
 
 
-def test_an_executor_that_never_fuses_starts_nothing(monkeypatch):
+@pytest.mark.parametrize(
+    "executor, fuse_first, starts",
+    [("torch", True, False), ("exact", True, False), ("tiered", False, False), ("tiered", True, True), ("inductor", False, True)],
+)
+def test_only_a_first_call_that_fuses_starts_it(monkeypatch, executor, fuse_first, starts):
+    from dealias.frontend import tiers
+    from dealias.frontend.backend import Options, prefetch_keys
+
     monkeypatch.setattr(key_prefetch, "_started", False)
     monkeypatch.setattr(key_prefetch, "thread", None)
-    g = dealias.jit(lambda x: x.add_(1), executor="torch")
-    x = torch.zeros(3)
-    g(x)
-    assert key_prefetch.thread is None and not key_prefetch._started
-    assert torch.equal(x, torch.ones(3))
+    monkeypatch.setattr(key_prefetch, "_key_functions", lambda: [])  # (nothing computed: only whether it starts)
+    monkeypatch.setattr(tiers, "FUSE_FIRST", fuse_first)
+    prefetch_keys(Options(executor=executor))
+    assert key_prefetch._started is starts
+    if executor == "torch":  # (and through dealias.jit's first call)
+        g = dealias.jit(lambda x: x.add_(1), executor=executor)
+        x = torch.zeros(3)
+        g(x)
+        assert key_prefetch._started is False and torch.equal(x, torch.ones(3))

@@ -532,9 +532,13 @@ class Backend:
 
 
 def prefetch_keys(options: Options) -> None:
-    """Where the program may be fused: inductor's per-process cache keys computed meanwhile on another core
-    (compat/key_prefetch.py; its first compile waits for them either way)."""
-    if options.executor in ("tiered", "inductor"):
+    """Where the first call fuses (executor "inductor", or "tiered" with FUSE_FIRST): inductor's per-process cache
+    keys computed meanwhile on another core (compat/key_prefetch.py; the compile waits for them either way). Not
+    where a fused compile may never come (FUSE_FIRST off: at a program's 16th call), which would import inductor's
+    cache and hash for nothing."""
+    from . import tiers
+
+    if options.executor == "inductor" or (options.executor == "tiered" and tiers.FUSE_FIRST):
         key_prefetch.start()
 
 
