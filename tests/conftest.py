@@ -24,11 +24,18 @@ os.environ.setdefault("DEALIAS_COPIES_RECORD", "0")
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo():
+def fresh_dynamo(monkeypatch):
     """Each test starts with dynamo's caches empty: its automatic dynamic remembers a function's (or a module's)
-    earlier sizes, so another test's compile of the same code would make this one's sizes symbolic."""
+    earlier sizes, so another test's compile of the same code would make this one's sizes symbolic.
+
+    And no program promoted to the fused executor by the seconds its calls took (tiers.PROMOTE_AFTER_SECONDS): on
+    a loaded machine a few calls of a small module passed them, and a test comparing bit for bit with eager got the
+    fused program's last bits (test_api's training script, once). Tests about promotion set it themselves."""
     import torch
 
+    from dealias.frontend import tiers
+
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER_SECONDS", float("inf"))
     torch._dynamo.reset()
     yield
 

@@ -30,7 +30,7 @@ from .errors import (
     is_library_file,
     with_location,
 )
-from .frontend.backend import _EAGER, Backend, Options, Stats, probe_early
+from .frontend.backend import _EAGER, Backend, Options, Stats, start_early
 from .ir.plan import WriteBackReport
 from .ir.traces import Trace
 from .report import records as _report
@@ -126,11 +126,11 @@ class JitFunction:
             return self.fn(*args, **kwargs)
         if self._warm:
             return self._call(args, kwargs)
+        start_early(self.options)  # (from the first call's start: the threads overlap dynamo's tracing too)
         # Until a call has finished, calls take turns. Dynamo looks up its cache before it waits for its compile
         # lock and not again after, so each of the threads that reach a new function together compiled it once
         # more: 8 threads filled the cache limit with copies (with strict=True the next new layout raised). The
         # wait is bounded: a first call that waits for another thread (a barrier) must not hang the program.
-        probe_early(self.options)  # (before dynamo traces: compat/vec_isa.py)
         waited = self._first_lock.acquire(timeout=_FIRST_CALL_WAIT_SECONDS)
         try:
             return self._call(args, kwargs)

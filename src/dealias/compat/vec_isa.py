@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from . import background
 from .registry import Missing, require, require_module
 
 _lock = threading.Lock()
@@ -74,7 +75,7 @@ def start_probe() -> None:
         require_module("torch._inductor.codecache")
     except Exception:  # noqa: BLE001 - nothing started: the compile probes as it would have
         return
-    threading.Thread(target=_probe_if_unknown, name="dealias-vec-isa-probe", daemon=True).start()
+    background.start(_probe_if_unknown, "dealias-vec-isa-probe")  # (joined before a fork: background.py)
 
 
 _started = False

@@ -33,6 +33,7 @@ from torch._dynamo.convert_frame import compile_lock
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
 from .. import compat
+from ..compat import key_prefetch
 from ..compat.fx_lazy import generated_forward
 from ..errors import (
     DealiasError,
@@ -523,7 +524,7 @@ class Backend:
         self.stats = stats if stats is not None else Stats()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        probe_early(self.options)
+        start_early(self.options)
         compat.fold_input_aliases(gm)  # (first: whatever runs gm, compiled or eagerly, must change the input itself)
         refuse_uncorrected(gm, self.options, self.stats.name)
         return compat.keep_out_overlaps(
@@ -531,11 +532,30 @@ class Backend:
         )
 
 
+def start_early(options: Options) -> None:
+    """At a compiled function's first call, where it may fuse: the work its first fused compile waits for that needs
+    no program, started now in threads of their own (compat/background.py), so that it runs on the other core while
+    dynamo and dealias trace instead of on the compile's path. Nothing at import.
+    - inductor's first probe of the host's vector ISAs (compat/vec_isa.py; only where nothing is known on disk: six
+      child processes here, most of a cold first call's children's CPU), for "tiered" and "inductor";
+    - inductor's per-process cache keys (compat/key_prefetch.py: ~0.5 s CPU of a warm 2.14 first call), only where
+      the first call fuses ("inductor", or "tiered" with FUSE_FIRST): where a fused compile may never come (FUSE_FIRST
+      off: at a program's 16th call) they would import inductor's cache and hash for nothing."""
+    from . import tiers
+
+    if options.executor in ("tiered", "inductor"):
+        from ..compat.vec_isa import start_probe
+
+        start_probe()
+    if options.executor == "inductor" or (options.executor == "tiered" and tiers.FUSE_FIRST):
+        key_prefetch.start()
+
+
 def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
     """`torch.compile(fn, backend="dealias", options={...})`: registered through the `torch_dynamo_backends`
     entry point. `options` are those of `Options` (executor, verify, strict, cache_limit)."""
     opts = Options(**(options or {}))
-    probe_early(opts)
+    start_early(opts)
     compat.fold_input_aliases(gm)
     refuse_uncorrected(gm, opts, "a compiled function")
     program = graph_program(gm, opts, Stats(name="a compiled function"))
@@ -564,13 +584,3 @@ def _graph_program(gm: fx.GraphModule, options: Options, stats: Stats) -> Callab
             raise UnsupportedError(f"the graph cannot be split around its higher-order operators: {e}") from e
         warnings.warn(f"dealias: a graph of {stats.name} runs eagerly: {e}", fallback_warning(e), stacklevel=3)
         return gm.forward
-
-
-def probe_early(options: Options) -> None:
-    """Where the program may be fused, inductor's first probe of the host's vector ISAs started now in a thread of
-    its own (compat/vec_isa.py: only where nothing is known on disk), so that its children run while dynamo and
-    dealias trace: it was most of a cold first call's children's CPU, run on the critical path at the compile."""
-    if options.executor in ("tiered", "inductor"):
-        from ..compat.vec_isa import start_probe
-
-        start_probe()

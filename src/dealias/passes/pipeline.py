@@ -157,7 +157,9 @@ def _compile_program(
     kept = Front(captured, _fp_copy(fp, functional_gm), functional, captured_passes)
     # Whether a call changes a caller tensor: from the captured graph's ops, and the plan (before lowering moves
     # write-backs into the graph); either one saying so is enough.
-    writes = writes_caller(fp, captured) or writes_caller_memory(captured.gm, info or analyze(captured.gm, captured.groups))
+    writes = writes_caller(fp, captured) or writes_caller_memory(
+        captured.gm, info or analyze(captured.gm, captured.groups)
+    )
     run, tier, name = None, Tier.TORCH, "execution trace (torch executor)"
     unfused = ""  # why a graph the fused executor was asked for runs on the torch executor
     if executor == Executor.INDUCTOR and not torch.is_inference_mode_enabled():
