@@ -93,6 +93,15 @@ def variance_decided(gm: torch.fx.GraphModule) -> bool:
 
 
 _UNSURE = object()
+
+
+def _plain(v: Any) -> int:
+    """`v`, a plain int; a TypeError for anything else. Never `int()` of a symbolic size: it would specialize the
+    size (a guard on its value added to the program's ShapeEnv: a batch norm over a changing batch size compiled
+    again for each size)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"not a plain int: {v!r}")
+    return v
 # Norms whose decompositions compute no variance: vector and matrix norms (a gradient clipping's), weight and RMS norms.
 _NO_VARIANCE = frozenset(
     "norm linalg_vector_norm linalg_matrix_norm linalg_norm _foreach_norm renorm frobenius_norm nuclear_norm "
@@ -119,7 +128,7 @@ def _variance_count(n: torch.fx.Node) -> Any:
         return _UNSURE
     try:
         args = bind_args(op._schema, n.args, n.kwargs, defaults=True)
-        shape = [int(d) for d in x.shape]
+        shape = [_plain(d) for d in x.shape]
     except Exception:  # noqa: BLE001 - symbolic sizes, arguments the schema does not bind: unsure
         return _UNSURE
     if x.device.type != "cpu" or x.dtype is not torch.float32 or x.numel() * 4 > TWO_STEP_MAX_BYTES:
@@ -133,9 +142,9 @@ def _variance_count(n: torch.fx.Node) -> Any:
                 return None  # (reduced to one value: inductor's own code)
             return math.prod(shape[d] for d in dims)
         if name in ("native_layer_norm", "layer_norm"):
-            return math.prod(int(d) for d in args["normalized_shape"])
+            return math.prod(_plain(d) for d in args["normalized_shape"])
         if name == "native_group_norm":
-            return int(args["C"]) // int(args["group"]) * int(args["HxW"])
+            return _plain(args["C"]) // _plain(args["group"]) * _plain(args["HxW"])
         if "batch_norm" in name and "backward" not in name:
             if args.get("training", True) is False or name.endswith("no_training"):
                 return None  # (the running statistics: no variance computed)
