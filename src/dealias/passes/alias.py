@@ -292,6 +292,8 @@ def writes_caller_memory(gm: fx.GraphModule, info: AliasInfo) -> bool:
     value is not memory the program made. Any call that is not an aten op (except `getitem`) counts as a write: the
     answer errs on the side of "writes" (frontend/guards.lean_check keeps the storage check then)."""
     for n in gm.graph.nodes:
+        if n.op in ("call_method", "call_module"):
+            return True  # (not in make_fx's graphs; were one there, what it writes is not read here)
         if n.op != "call_function" or n.target is operator.getitem:
             continue
         op = n.target
