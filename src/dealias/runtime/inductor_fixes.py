@@ -102,6 +102,8 @@ def _plain(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"not a plain int: {v!r}")
     return v
+
+
 # Norms whose decompositions compute no variance: vector and matrix norms (a gradient clipping's), weight and RMS norms.
 _NO_VARIANCE = frozenset(
     "norm linalg_vector_norm linalg_matrix_norm linalg_norm _foreach_norm renorm frobenius_norm nuclear_norm "
