@@ -119,8 +119,8 @@ def _compile_program(
     same graph and the same call's leaves, whose passes up to optimize are taken instead of run again."""
     grad = torch.is_grad_enabled()  # the mode calls enter with (keyed): the executor's baseline
     clock = _Clock()
-    info = None  # (the alias analysis, made here unless a front brings the rest)
     if front is not None:
+        writes = front.writes
         captured, fp, functional, captured_passes = front.take()
         functional_gm = functional.graph
         check = checker(captured)
@@ -154,12 +154,10 @@ def _compile_program(
             clock.take(),
             functional_gm,
         )
-    kept = Front(captured, _fp_copy(fp, functional_gm), functional, captured_passes)
-    # Whether a call changes a caller tensor: from the captured graph's ops, and the plan (before lowering moves
-    # write-backs into the graph); either one saying so is enough.
-    writes = writes_caller(fp, captured) or writes_caller_memory(
-        captured.gm, info or analyze(captured.gm, captured.groups)
-    )
+        # Whether a call changes a caller tensor: from the captured graph's ops, and the plan (before lowering moves
+        # write-backs into the graph); either one saying so is enough. (A front's compile takes its first's.)
+        writes = writes_caller(fp, captured) or writes_caller_memory(captured.gm, info)
+    kept = Front(captured, _fp_copy(fp, functional_gm), functional, captured_passes, writes)
     run, tier, name = None, Tier.TORCH, "execution trace (torch executor)"
     unfused = ""  # why a graph the fused executor was asked for runs on the torch executor
     if executor == Executor.INDUCTOR and not torch.is_inference_mode_enabled():
@@ -270,8 +268,11 @@ class Front:
     passes, a second or more on a large graph, are not run twice). `take()` once: the functional program on a copy
     of the functional graph, which the first compile's trace keeps unchanged."""
 
-    def __init__(self, captured: Captured, fp: FunctionalProgram, functional: Trace, passes: list[Any]) -> None:
+    def __init__(
+        self, captured: Captured, fp: FunctionalProgram, functional: Trace, passes: list[Any], writes: bool
+    ) -> None:
         self.parts: tuple[Any, ...] | None = (captured, fp, functional, passes)
+        self.writes = writes  # (CompiledProgram.writes: the same graph and plan, the same answer)
 
     def take(self) -> tuple[Captured, FunctionalProgram, Trace, list[Any]]:
         if self.parts is None:
