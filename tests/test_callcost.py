@@ -28,6 +28,15 @@ def _lean(jf):
     return jf.stats.graphs[0].lean
 
 
+def _warmed(fn, executor):
+    """`fn` compiled and called 3 times on two distinct inputs (as eager), its lean lookup built."""
+    jf = dealias.jit(fn, executor=executor)
+    x, y = torch.randn(6), torch.randn(6)
+    for _ in range(3):
+        _like_eager(fn, jf, x, y)
+    return jf
+
+
 def _lean_hit(jf) -> bool:
     lean = _lean(jf)
     return lean is not None and lean[1] is jf.last
@@ -48,10 +57,7 @@ def writes(a, b):
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_a_program_reading_only_runs_shared_inputs_without_compiling_again(executor):
-    jf = dealias.jit(reads, executor=executor)
-    x, y = torch.randn(6), torch.randn(6)
-    for _ in range(3):
-        _like_eager(reads, jf, x, y)
+    jf = _warmed(reads, executor)
     assert _lean_hit(jf) and not _checks_storages(jf)
     compiles = jf.stats.compiles
     base = torch.randn(12)
@@ -64,10 +70,7 @@ def test_a_program_reading_only_runs_shared_inputs_without_compiling_again(execu
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_a_program_writing_an_input_keeps_the_storage_check(executor):
-    jf = dealias.jit(writes, executor=executor)
-    x, y = torch.randn(6), torch.randn(6)
-    for _ in range(3):
-        _like_eager(writes, jf, x, y)
+    jf = _warmed(writes, executor)
     assert _lean_hit(jf) and _checks_storages(jf)
     base = torch.randn(12)
     for a, b in [(base[:6], base[3:9]), (base[:6], base[:6])]:
