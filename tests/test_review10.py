@@ -42,16 +42,18 @@ def _tensors(out):
 
 def _against_eager(fn, jf, args):
     """One call of `jf` on `args` and of `fn` on copies: the same outcome; where both return, the same outputs and
-    writes; where eager raises, the same error (type, first line) and every caller tensor untouched."""
-    eager_args, before = _clone(args), _clone(args)
+    writes; where eager raises, the same error (type, first line) and every caller tensor as eager left it (its
+    writes before the failing op made: a fused call its prologue refuses runs the graph eagerly)."""
+    eager_args = _clone(args)  # (version counters from 0: compared as what the call moved)
+    moved_from = [a._version if isinstance(a, torch.Tensor) else None for a in args]
     want, got = _run(fn, eager_args), _run(jf, args)
     assert want[0] == got[0], (want, got)
     if want[0] == "err":
         assert type(got[1]) is type(want[1])
         assert str(got[1]).startswith(str(want[1]).splitlines()[0]), (got[1], want[1])
-        for a, b in zip(args, before):
+        for a, b, v in zip(args, eager_args, moved_from):
             if isinstance(a, torch.Tensor):
-                assert torch.equal(a, b)
+                assert torch.equal(a, b) and a._version - v == b._version
         return "err"
     for g, w in zip(_tensors(got[1]), _tensors(want[1])):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
@@ -167,8 +169,9 @@ def test_a_decode_loop_reaching_the_caches_end(count):
     jf = _jit(cache_step, executor="inductor")
     ours = [torch.zeros(12, 2), torch.zeros(12, 2), count.clone()]
     outcomes = [_against_eager(cache_step, jf, [*ours, torch.randn(1, 2), torch.randn(1, 2)]) for _ in range(14)]
-    # eager's error from step 12 on (the caches full), the caches and count as they were
-    assert outcomes == ["ok"] * 12 + ["err"] * 2 and int(ours[2].sum()) == 12
+    # eager's error from step 12 on (the caches full), the caches as they were, the count moved by each step (eager's
+    # code moves it before its write raises; the refused call runs the graph eagerly)
+    assert outcomes == ["ok"] * 12 + ["err"] * 2 and int(ours[2].sum()) == 14
     assert dealias.cache_info(jf).misses == 1 and jf.last.tier == "fused"
 
 
@@ -323,7 +326,18 @@ def read_between_writes(x, cache, c, v):
     return g * 1
 
 
-@pytest.mark.parametrize("executor", ["torch", pytest.param("inductor", marks=pytest.mark.inductor)])
+TORCH_CHECKS_FIRST = pytest.mark.xfail(
+    strict=True,
+    reason="the torch executor checks an indexed write's positions before the first write of the caller's memory "
+    "(passes/writeback.py): its error leaves the count unwritten where eager's `c.add_(2)` ran before the read that "
+    "raises. (The fused executor's refused call runs the graph eagerly: eager's.) Running the graph eagerly after "
+    "such a check needs the check to know that nothing before it had an effect (writes, draws, islands)",
+)
+
+
+@pytest.mark.parametrize(
+    "executor", [pytest.param("torch", marks=TORCH_CHECKS_FIRST), pytest.param("inductor", marks=pytest.mark.inductor)]
+)
 def test_a_read_between_the_first_write_and_a_checked_write_raises_first(executor):
     jf = _jit(read_between_writes, executor=executor)
     outcomes = []

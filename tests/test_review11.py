@@ -148,12 +148,6 @@ def test_torch_compile_backend_runs_a_custom_op_once_a_call(monkeypatch):
 
 
 @pytest.mark.inductor
-@pytest.mark.xfail(
-    strict=True,
-    reason="the fused program checks indices before any write (runtime/prologue.py: eager's error, the caller's "
-    "tensors untouched) where eager wrote before the failing index; with FUSE_FIRST the second call runs it (before, "
-    "the 17th): not local to tiers.py (re-running the exact tier after a fused error could write twice)",
-)
 def test_an_index_error_on_the_fused_program_leaves_eagers_earlier_writes(monkeypatch):
     monkeypatch.setattr(tiers, "FUSE_FIRST", True, raising=False)
 

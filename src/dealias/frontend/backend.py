@@ -53,6 +53,7 @@ from ..passes.capture import COMPILED_RESTRICTIONS, restriction
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime.program import CompiledProgram
+from ..runtime.prologue import refused, unmark_refused
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
 from .floats import floats_as_scalars, with_floats
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, tensor_check
@@ -172,11 +173,16 @@ class GraphProgram:
 
     def __call__(self, *args: Any) -> Any:
         lean = self.lean
-        if lean is not None and lean[0](args):
-            self.stats.last = lean[1]
-            out = lean[2](list(args))
-        else:
-            out = self._call(args)
+        try:
+            if lean is not None and lean[0](args):
+                self.stats.last = lean[1]
+                out = lean[2](list(args))
+            else:
+                out = self._call(args)
+        except BaseException as e:
+            if not refused(e):
+                raise
+            out = self._eagerly(args, e)
         if self.grad_at_exit is not None:
             # The graph left grad mode switched (`torch.set_grad_enabled(False)` called as a function): eager's
             # caller goes on in that mode, and a compiled program restores the mode it was called in.
@@ -195,6 +201,23 @@ class GraphProgram:
         if self.options.verify:
             return self._verified(entry, leaves)
         return entry(leaves)
+
+    def _eagerly(self, args: tuple[Any, ...], refusal: BaseException) -> Any:
+        """This call's graph run eagerly, after a fused program's prologue refused the call before doing anything
+        (`refusal`, an index out of range: prologue.refused). Eager's ops make the writes before the failing one and
+        raise eager's error there, where the fused program checks every index before any write. Where eager raises
+        the refusal's error (whose message adds the op and the user's line to eager's), the refusal is raised. The
+        graph's grad-mode switches are calls, not a `with`: the caller's mode is set back if it raises (as
+        tiers._graph_run)."""
+        unmark_refused(refusal)  # (handled here: a caller of this graph must not run its own again)
+        grad = torch.is_grad_enabled()
+        try:
+            return generated_forward(self.gm)(*args, *self.attributes)  # (not FX's wrapper: it prints the error)
+        except BaseException as eager_error:
+            torch._C._set_grad_enabled(grad)
+            if type(eager_error) is type(refusal) and str(refusal).startswith(str(eager_error)):
+                raise refusal from None
+            raise
 
     def _find(self, key: tuple[Any, ...], leaves: list[Any], tensors: list[torch.Tensor]) -> Any:
         """The program of this layout whose tensor check and shape guard accept the call, or None."""

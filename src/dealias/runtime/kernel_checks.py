@@ -37,7 +37,7 @@ from ..ir.gradops import bump_version
 from ..ir.opfacts import facts, is_view_node, may_raise
 from . import kernel_verdicts
 from .hazards import Unfusable
-from .prologue import make_prologue
+from .prologue import make_prologue, mark_refused
 
 
 def first_metadata_error(gm: fx.GraphModule, at_hints: bool = False) -> tuple[fx.Node, BaseException] | None:
@@ -125,7 +125,11 @@ def raising_program(gm: fx.GraphModule, failing: fx.Node, error: BaseException) 
     def run(*args: Any) -> Any:
         if prologue is not None:
             prologue(args)
-        raise copy.copy(error).with_traceback(None) from None
+        # Marked as raised before the call did anything: the graph's caller runs it eagerly instead, which makes
+        # eager's writes before `failing` and raises there (frontend/backend.py `_eagerly`).
+        raised = copy.copy(error).with_traceback(None)
+        mark_refused(raised)
+        raise raised from None
 
     run.graph = gm  # type: ignore[attr-defined]  # (for traces: the program that raises is this one's)
     what = f"raises eager's {type(error).__name__} of {failing.target} at every call, before any write"

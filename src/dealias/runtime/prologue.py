@@ -1,6 +1,7 @@
 """The fused executors' prologue: what a compiled call does in Python before its kernels run.
 
-Index bounds are checked before any write: eager's error, the caller's tensors untouched (inductor checks indices
+Index bounds are checked before any write, with eager's error (a call refused so runs the graph eagerly instead,
+for eager's writes before the failing op: `mark_refused`; inductor checks indices
 inside its kernels, after earlier kernels wrote, with an error of its own naming its C++ source). An index the
 graph computes (HF's static cache: `torch.arange(n) + self.cumulative_length`) from memory no earlier write of the
 graph touched is checked here by its range where its ops allow (index_ranges.py: read from one-element inputs
@@ -121,6 +122,7 @@ def _generated(
     # four buffers of one length: four reductions of the same index, ~5 us each, where one does): (lines, input)
     # -> the names of its least and greatest entries.
     read: dict[tuple[int, Any], tuple[str, str]] = {}
+    bumps: list[str] = []
     if compute is not None:
         body += ["extra = compute(*args)", "args = (*args, *extra)"]
 
@@ -128,7 +130,7 @@ def _generated(
         """`size`: an int, or the source reading it from the call's inputs."""
         k = len(env)
         if fn is bump_version:
-            lines.append(f"bump_version(args[{where}])")
+            bumps.append(f"bump_version(args[{where}])")  # (after every check: see below)
             return
         env[f"check{k}"] = fn
         s = repr(size) if isinstance(size, int) else f"s{k}"  # (a static size inline, a symbolic one read once)
@@ -170,15 +172,43 @@ def _generated(
         for fn, where, (size, dim) in once:
             emit(lines, fn, where, size, dim)
         body += ["if not passed:", *(f"    {line}" for line in lines), "    passed.append(True)"]
+    # The checks raise before anything of the call happened: the error is marked so (`mark_refused`), and the
+    # graph's caller runs dynamo's graph eagerly instead, which makes eager's writes before its failing op and
+    # raises eager's error there (frontend/backend.py). So the version bumps come after every check.
+    body = ["try:", *(f"    {line}" for line in body or ["pass"])]
+    body += ["except BaseException as e:", "    mark(e)", "    raise"]
+    body += bumps
     if compute is None:
         body.append("return ()")
     else:
         body.append("return extra" if handed is None else f"return ({''.join(f'extra[{k}], ' for k in handed)})")
+    env["mark"] = mark_refused
     src = "def prologue(args):\n" + "".join(f"    {line}\n" for line in body)
     exec(compile(src, "<dealias prologue>", "exec"), env)  # noqa: S102 - generated from the checks above only
     prologue = env["prologue"]
     prologue.source = src
     return prologue
+
+
+def mark_refused(e: BaseException) -> None:
+    """Mark `e`, raised by a fused program's prologue, as raised before the call did anything: the fused program
+    checks every index before any write, where eager's ops raise at the failing one, after the writes before it
+    (`buf.add_(1); return buf[i]`: eager's buf is incremented). Its caller then runs the graph eagerly (`refused`)."""
+    try:
+        e._dealias_refused = True  # type: ignore[attr-defined]
+    except AttributeError:  # (an exception type without instance attributes: raised as it is)
+        pass
+
+
+def unmark_refused(e: BaseException) -> None:
+    """`e` handled: raised on, it is an error like any other."""
+    if refused(e):
+        e._dealias_refused = False  # type: ignore[attr-defined]
+
+
+def refused(e: BaseException) -> bool:
+    """Whether `e` was raised by a fused program's prologue, before its call did anything (`mark_refused`)."""
+    return getattr(e, "_dealias_refused", False)
 
 
 def _extremes(index: torch.Tensor) -> tuple[int, int]:
