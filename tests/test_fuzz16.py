@@ -1,6 +1,6 @@
-"""A graph whose tracing fails where eager raises too runs eagerly on copies to tell (backend._raises): that run must
-not print fx's traceback to stderr (a lazy graph module's forward is its __call__, which prints it), as eager
-prints nothing. Found by fuzz seed 1800147 (call 3, arguments at an odd storage offset)."""
+"""A graph whose tracing fails where eager raises too runs eagerly on copies to tell (eager_runs.raises_in_eager):
+that run must not print fx's traceback to stderr (a lazy graph module's forward is its __call__, which prints it),
+as eager prints nothing. Found by fuzz seed 1800147 (call 3, arguments at an odd storage offset)."""
 
 import torch
 from harness import Ident

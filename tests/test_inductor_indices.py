@@ -61,7 +61,7 @@ def test_indices_read_from_inputs_are_checked_before_any_write(dynamic):
         with pytest.raises(type(expected.value), match=r"\(aten\.\w+\.\w+\)\n.*test_inductor_indices.py:\d+"):
             jf(*a)
         # The cache as eager leaves it: untouched where a read before the write raises (`w[tok]`), written where
-        # the failing read comes after it (`x.gather`): the refused call ran the graph eagerly (prologue.refused).
+        # the failing read comes after it (`x.gather`): the refused call ran the graph eagerly (errors.refused).
         assert torch.equal(a[2], eager_args[2]) and a[2]._version == eager_args[2]._version
         written.append(bool(a[2].any()))
     assert written == [False, True, True]  # (`w[-1]` is an index eager takes; `embedding` raises at -1, later)
@@ -96,7 +96,7 @@ def decode_step(layer, k, v):
 def test_an_index_computed_in_the_graph_is_computed_and_checked_before_any_write(dynamic):
     # The position is computed in the prologue (from memory no earlier write of the graph touched) and handed to
     # the fused graph as an input: the cache writes stay in place, and a position out of range raises eager's
-    # error after eager's writes (the count moved: the refused call runs the graph eagerly, prologue.refused).
+    # error after eager's writes (the count moved: the refused call runs the graph eagerly, errors.refused).
     fn = types.FunctionType(decode_step.__code__.replace(co_name=f"decode_step_{dynamic}"), globals())
     ours, eagers = StaticLayer(), StaticLayer()
     jf = dealias.jit(fn, executor="inductor", dynamic=dynamic)

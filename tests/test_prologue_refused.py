@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dealias
-from dealias.runtime import prologue as prologue_module
+from dealias import errors
 
 pytestmark = pytest.mark.inductor
 
@@ -28,8 +28,8 @@ def outcome(fn, make):
     args = make()
     try:
         out = fn(*args)
-    except IndexError as e:
-        out = ("raised", str(e).splitlines()[0].split("(")[0].strip())
+    except (IndexError, RuntimeError) as e:
+        out = ("raised", type(e), str(e).splitlines()[0].split("(")[0].strip())
     return out, args
 
 
@@ -81,8 +81,8 @@ def test_the_prologue_marks_its_errors_and_bumps_versions_after_every_check():
     program = dealias.cache_info(jf)
     assert program.tiers == ("fused",)
     e = IndexError("x")
-    prologue_module.mark_refused(e)
-    assert prologue_module.refused(e) and not prologue_module.refused(IndexError("y"))
+    errors.mark_refused(e)
+    assert errors.refused(e) and not errors.refused(IndexError("y"))
 
 
 def put_after_a_write(buf, x, i, v):
@@ -114,3 +114,62 @@ def outcome_any(fn, make):
         return fn(*args), args
     except RuntimeError as e:
         return ("raised", str(e).splitlines()[0]), args
+
+
+# ---- the torch executor: a bounds check moved before the first write --------------------------------------------
+
+
+def read_then_write(x, cache, c, v):
+    pos = torch.arange(2) + c
+    c.add_(2)  # (eager writes the count before the read below raises)
+    g = x.gather(1, pos.unsqueeze(0).expand(2, 2))
+    cache.index_copy_(0, pos, v)
+    return g * 1
+
+
+@pytest.mark.parametrize("executor", ["torch", "inductor"])
+def test_a_check_moved_before_the_first_write_leaves_eagers_writes(executor):
+    """The torch executor checks these positions before `c.add_(2)` (ir/checks.guard_index_writes): its error, with
+    nothing observable before it in the graph, is marked, and the graph runs eagerly (the count moved, as eager)."""
+    jf = dealias.jit(read_then_write, executor=executor)
+    for c in (0, 4, 3):
+        make = lambda c=c: (torch.arange(10.0).view(2, 5), torch.zeros(5), torch.tensor(c), torch.tensor([1.0, 2.0]))  # noqa: E731
+        same_as_eager(read_then_write, jf, make)
+    assert dealias.cache_info(jf).misses == 1
+
+
+CALLS: list[int] = []
+
+
+@torch.library.custom_op("prologue_refused::counted", mutates_args=())
+def counted(x: torch.Tensor) -> torch.Tensor:
+    CALLS.append(1)
+    return x + 1
+
+
+@counted.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def count_then_write(x, cache, c, v):
+    y = counted(x)  # (an effect before the check: the graph is not run again after it)
+    pos = torch.arange(2) + c
+    c.add_(2)
+    cache.index_copy_(0, pos, v)
+    return y
+
+
+def test_a_check_after_an_effect_does_not_run_the_graph_again():
+    jf = dealias.jit(count_then_write, executor="torch")
+    for c, raises in ((0, False), (4, True)):
+        calls = []
+        for fn in (count_then_write, jf):
+            CALLS.clear()
+            args = (torch.ones(2), torch.zeros(5), torch.tensor(c), torch.tensor([1.0, 2.0]))
+            try:
+                fn(*args)
+            except IndexError:
+                assert raises
+            calls.append(len(CALLS))
+        assert calls == [1, 1], calls

@@ -326,18 +326,7 @@ def read_between_writes(x, cache, c, v):
     return g * 1
 
 
-TORCH_CHECKS_FIRST = pytest.mark.xfail(
-    strict=True,
-    reason="the torch executor checks an indexed write's positions before the first write of the caller's memory "
-    "(passes/writeback.py): its error leaves the count unwritten where eager's `c.add_(2)` ran before the read that "
-    "raises. (The fused executor's refused call runs the graph eagerly: eager's.) Running the graph eagerly after "
-    "such a check needs the check to know that nothing before it had an effect (writes, draws, islands)",
-)
-
-
-@pytest.mark.parametrize(
-    "executor", [pytest.param("torch", marks=TORCH_CHECKS_FIRST), pytest.param("inductor", marks=pytest.mark.inductor)]
-)
+@pytest.mark.parametrize("executor", ["torch", pytest.param("inductor", marks=pytest.mark.inductor)])
 def test_a_read_between_the_first_write_and_a_checked_write_raises_first(executor):
     jf = _jit(read_between_writes, executor=executor)
     outcomes = []

@@ -79,6 +79,29 @@ class NotFusedWarning(UserWarning):
     reason the warning gives. Once per graph and reason."""
 
 
+def mark_refused(e: BaseException) -> None:
+    """Mark `e` as raised before a compiled call did anything observable: by a fused program's prologue (which
+    checks every index before any write, runtime/prologue.py), or by a torch executor's bounds check that only ops
+    without effects precede (ir/checks.py `guard_index_writes`). Eager's ops raise at the failing one, after the
+    writes before it (`buf.add_(1); return buf[i]`: eager's buf is incremented); the graph's caller
+    (frontend/backend.py) runs the graph eagerly instead, which makes those writes and raises there (`refused`)."""
+    try:
+        e._dealias_refused = True  # type: ignore[attr-defined]
+    except AttributeError:  # (an exception type without instance attributes: raised as it is)
+        pass
+
+
+def unmark_refused(e: BaseException) -> None:
+    """`e` handled: raised on, it is an error like any other."""
+    if refused(e):
+        e._dealias_refused = False  # type: ignore[attr-defined]
+
+
+def refused(e: BaseException) -> bool:
+    """Whether `e` was raised before its compiled call did anything observable (`mark_refused`)."""
+    return getattr(e, "_dealias_refused", False)
+
+
 def fallback_warning(e: Exception) -> type[FallbackWarning]:
     """The warning category for a graph that runs eagerly because compiling it raised `e`."""
     if isinstance(e, OverlapError):

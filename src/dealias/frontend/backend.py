@@ -34,7 +34,6 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 
 from .. import compat
 from ..compat import key_prefetch
-from ..compat.fx_lazy import generated_forward
 from ..errors import (
     DealiasError,
     EagerSemanticsError,
@@ -44,6 +43,7 @@ from ..errors import (
     UnsupportedError,
     fallback_warning,
     node_location,
+    refused,
     with_location,
 )
 from ..ir.draws import kept_rng
@@ -53,8 +53,8 @@ from ..passes.capture import COMPILED_RESTRICTIONS, restriction
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime.program import CompiledProgram
-from ..runtime.prologue import refused, unmark_refused
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
+from .eager_runs import after_refusal, raises_in_eager
 from .floats import floats_as_scalars, with_floats
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, tensor_check
 from .refusals import refuse_uncorrected
@@ -182,7 +182,7 @@ class GraphProgram:
         except BaseException as e:
             if not refused(e):
                 raise
-            out = self._eagerly(args, e)
+            out = after_refusal(self.gm, [*args, *self.attributes], e)
         if self.grad_at_exit is not None:
             # The graph left grad mode switched (`torch.set_grad_enabled(False)` called as a function): eager's
             # caller goes on in that mode, and a compiled program restores the mode it was called in.
@@ -201,23 +201,6 @@ class GraphProgram:
         if self.options.verify:
             return self._verified(entry, leaves)
         return entry(leaves)
-
-    def _eagerly(self, args: tuple[Any, ...], refusal: BaseException) -> Any:
-        """This call's graph run eagerly, after a fused program's prologue refused the call before doing anything
-        (`refusal`, an index out of range: prologue.refused). Eager's ops make the writes before the failing one and
-        raise eager's error there, where the fused program checks every index before any write. Where eager raises
-        the refusal's error (whose message adds the op and the user's line to eager's), the refusal is raised. The
-        graph's grad-mode switches are calls, not a `with`: the caller's mode is set back if it raises (as
-        tiers._graph_run)."""
-        unmark_refused(refusal)  # (handled here: a caller of this graph must not run its own again)
-        grad = torch.is_grad_enabled()
-        try:
-            return generated_forward(self.gm)(*args, *self.attributes)  # (not FX's wrapper: it prints the error)
-        except BaseException as eager_error:
-            torch._C._set_grad_enabled(grad)
-            if type(eager_error) is type(refusal) and str(refusal).startswith(str(eager_error)):
-                raise refusal from None
-            raise
 
     def _find(self, key: tuple[Any, ...], leaves: list[Any], tensors: list[torch.Tensor]) -> Any:
         """The program of this layout whose tensor check and shape guard accept the call, or None."""
@@ -334,7 +317,7 @@ class GraphProgram:
             # call compiles (eager on copies of a stale split element raises where eager on it may not: then this
             # call simply runs eagerly). An error only tracing hits (a corner of make_fx or fake tensors) means the
             # graph runs eagerly.
-            if _raises(self.gm, leaves):
+            if raises_in_eager(self.gm, leaves):
                 log.info("dealias: a graph of %s raises in eager; this call runs it eagerly: %s", self.stats.name, e)
                 return _EAGER_ONCE
             return self._fall_back(InternalError(f"tracing failed where eager does not: {type(e).__name__}: {e}"))
@@ -523,18 +506,6 @@ def _statically_guarded(node: fx.Node) -> bool:
 
 def _n(names: list[str], i: int) -> str:
     return names[i] if i < len(names) else f"input {i}"
-
-
-def _raises(gm: fx.GraphModule, leaves: list[Any]) -> bool:
-    """Whether eager raises running the graph, on copies of its inputs and with the random state restored."""
-    with kept_rng(gm, leaves):  # (the default generator's state and that of the generators its draws take)
-        try:
-            # Its generated code, not fx's __call__, which prints the error's traceback (a lazy graph module's
-            # forward is that call until its code is generated)
-            generated_forward(gm)(*clone_args(leaves))
-        except Exception:  # noqa: BLE001 - any error: the program's own
-            return True
-    return False
 
 
 class Backend:

@@ -13,6 +13,7 @@ eager when compiling (`probe`): the op runs on zero-filled memory laid out like 
 
 from __future__ import annotations
 
+import operator
 import re
 import warnings
 from dataclasses import dataclass
@@ -24,9 +25,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..errors import UnsupportedError, node_location, with_location
+from ..errors import UnsupportedError, mark_refused, node_location, with_location
 from .draws import kept_rng
-from .opfacts import OpKind, bind_args, facts, is_view_node
+from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node
 
 aten = torch.ops.aten
 
@@ -321,12 +322,18 @@ def _check(index: torch.Tensor, size: int, dim: int, policy: IndexPolicy, where:
             raise policy.error(policy.message.format(bad=bad, dim=dim, size=size) + where)
 
 
-def bounds_check(policy: IndexPolicy, where: str) -> Any:
+def bounds_check(policy: IndexPolicy, where: str, refuses: bool = False) -> Any:
     """`check(index, size, dim)` for one write: a function of its own (the graph calls it by name), carrying
-    that write's policy and location."""
+    that write's policy and location. `refuses`: nothing observable precedes it in its graph, so its error is
+    marked (`mark_refused`)."""
 
     def check_index_bounds(index: torch.Tensor, size: int, dim: int) -> None:
-        _check(index, size, dim, policy, where)
+        try:
+            _check(index, size, dim, policy, where)
+        except BaseException as e:
+            if refuses:
+                mark_refused(e)
+            raise
 
     check_index_bounds.policy = policy  # type: ignore[attr-defined]  # (the prologue's inline reads: prologue.py)
     check_index_bounds._dealias_effect = True  # type: ignore[attr-defined]
@@ -423,6 +430,9 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
                 copied = graph.node_copy(n, lambda a, src=n.args[0], new=copied: new if a is src else a)
         return copied
 
+    # Checks before `first` whose graph has done nothing observable before it (no write, draw, island, custom op):
+    # their error is marked, and the graph runs eagerly instead, for eager's writes before the failing op.
+    quiet = all(_quiet(n) for n in nodes[: order[first]])
     moved = [w for w in writes if any(order[index] < order[first] for index, _, _ in index_args(w))]
     last = order[moved[-1]] if moved else -1
     done: set[tuple[Any, ...]] = set()
@@ -437,7 +447,7 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
                 continue  # (known only after the first write: checked where it is)
             at = early(index, n)
             if at is not None:
-                stands_for[_insert_check(graph, first, n, index, at, size, dim, neg)] = order[n]
+                stands_for[_insert_check(graph, first, n, index, at, size, dim, neg, quiet)] = order[n]
     for w in writes:
         for index, dim, neg in index_args(w):
             size = w.args[0].meta["val"].shape[dim] if w.args[0].meta["val"].dim() > 0 else 1  # (0-d: one element)
@@ -448,10 +458,44 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
             anchor = first if at is not None else w
             if isinstance(size, torch.SymInt) and order[w.args[0]] > order[anchor]:
                 raise UnsupportedError("an index bound of symbolic size known only after the first write")
-            check = _insert_check(graph, anchor, w, index, at if at is not None else index, size, dim, neg)
+            refuses = quiet and anchor is first
+            check = _insert_check(graph, anchor, w, index, at if at is not None else index, size, dim, neg, refuses)
             stands_for[check] = order[w]
     if last >= 0:  # (moved read checks and write checks interleave in graph order: sort those before `first`)
         _order_moved_checks(first, stands_for)
+
+
+def _quiet(n: fx.Node) -> bool:
+    """Whether `n` has done nothing a caller can see once the call raised: not a call, an aten op without effect
+    (no write, no draw), an aten op writing in place only memory the graph made (the torch executor's `arange.add_(c)`),
+    a bounds check, or a getitem / size arithmetic. Anything else (an island, a custom op, a helper) is not."""
+    if n.op != "call_function":
+        return True
+    target = n.target
+    if isinstance(target, torch._ops.OpOverload):
+        if target.namespace != "aten" or facts(target).nondeterministic:
+            return False
+        if facts(target).kind is OpKind.INPLACE and isinstance(n.args[0], fx.Node):
+            return _made_here(_view_base(n.args[0]))
+        return not has_effect(target)
+    return is_bounds_check(target) or target is operator.getitem or target in _SIZE_ARITHMETIC
+
+
+def _made_here(base: fx.Node) -> bool:
+    """Whether `base` is memory a functional aten op of the graph allocated (not a caller's tensor, which a helper
+    such as `caller_tensor` may stand for)."""
+    target = base.target
+    return (
+        base.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and target.namespace == "aten"
+        and facts(target).kind is OpKind.FUNCTIONAL
+    )
+
+
+_SIZE_ARITHMETIC = frozenset(
+    (operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg, torch.sym_int)
+)
 
 
 def _view_base(n: Any) -> Any:
@@ -462,10 +506,18 @@ def _view_base(n: Any) -> Any:
 
 
 def _insert_check(
-    graph: fx.Graph, anchor: fx.Node, op: fx.Node, index: fx.Node, at: fx.Node, size: Any, dim: int, neg: bool
+    graph: fx.Graph,
+    anchor: fx.Node,
+    op: fx.Node,
+    index: fx.Node,
+    at: fx.Node,
+    size: Any,
+    dim: int,
+    neg: bool,
+    refuses: bool = False,
 ) -> fx.Node:
     """A bounds check of `op`'s argument `index` (eager's error for it), of its value `at`, inserted before
-    `anchor`; a symbolic size read from the tensor `op` indexes."""
+    `anchor`; a symbolic size read from the tensor `op` indexes. `refuses`: see bounds_check."""
     with graph.inserting_before(anchor):
         if isinstance(size, torch.SymInt):  # read from the indexed tensor when it is symbolic
             val = size
@@ -473,7 +525,7 @@ def _insert_check(
             size.meta["val"] = val
         policy = index_policy(op, index, neg)
         where = with_location(f" ({op.target})", node_location(op))
-        check = graph.call_function(bounds_check(policy, where), (at, size, dim))
+        check = graph.call_function(bounds_check(policy, where, refuses), (at, size, dim))
         # The op's own line (the check stands for it in traces), and its value: it returns nothing.
         check.meta.update(val=None, stack_trace=op.meta.get("stack_trace"))
     return check

@@ -32,12 +32,13 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..errors import mark_refused
 from ..ir.checks import NoProbe, index_args, is_bounds_check, metadata_error
 from ..ir.gradops import bump_version
 from ..ir.opfacts import facts, is_view_node, may_raise
 from . import kernel_verdicts
 from .hazards import Unfusable
-from .prologue import make_prologue, mark_refused
+from .prologue import make_prologue
 
 
 def first_metadata_error(gm: fx.GraphModule, at_hints: bool = False) -> tuple[fx.Node, BaseException] | None:

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..errors import node_location, with_location
+from ..errors import mark_refused, node_location, with_location
 from ..ir.checks import bounds_check, index_args, index_policy, indexed_write, is_bounds_check
 from ..ir.gradops import bump_version
 from ..ir.opfacts import facts, has_effect, is_view_node, may_raise, op_name
@@ -188,27 +188,6 @@ def _generated(
     prologue = env["prologue"]
     prologue.source = src
     return prologue
-
-
-def mark_refused(e: BaseException) -> None:
-    """Mark `e`, raised by a fused program's prologue, as raised before the call did anything: the fused program
-    checks every index before any write, where eager's ops raise at the failing one, after the writes before it
-    (`buf.add_(1); return buf[i]`: eager's buf is incremented). Its caller then runs the graph eagerly (`refused`)."""
-    try:
-        e._dealias_refused = True  # type: ignore[attr-defined]
-    except AttributeError:  # (an exception type without instance attributes: raised as it is)
-        pass
-
-
-def unmark_refused(e: BaseException) -> None:
-    """`e` handled: raised on, it is an error like any other."""
-    if refused(e):
-        e._dealias_refused = False  # type: ignore[attr-defined]
-
-
-def refused(e: BaseException) -> bool:
-    """Whether `e` was raised by a fused program's prologue, before its call did anything (`mark_refused`)."""
-    return getattr(e, "_dealias_refused", False)
 
 
 def _extremes(index: torch.Tensor) -> tuple[int, int]:
