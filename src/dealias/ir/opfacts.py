@@ -57,6 +57,12 @@ _VIEW_WITHOUT_ANNOTATION = {"aten::_unsafe_view"}
 # input's (`x.data` traces to aten.detach; capture tags it).
 OWN_COUNTER_KEY = "dealias_own_counter"
 
+# Node meta key: an aten.view node traced from a user's `reshape` (or `flatten`, `reshape_as`, which call it). Of a
+# tensor that is not contiguous, eager's reshape makes `_reshape_alias` where fake tensors' makes `view`: a
+# returned view made so is replayed by reshape itself, so that its grad_fn and the errors naming it are eager's
+# (fuzz seed 2030276: "Output 0 of ReshapeAlias is a view and its base ... modified inplace"; capture tags it).
+RESHAPE_KEY = "dealias_reshape"
+
 # `unsafe_split` returns tensors sharing its input's memory without an alias annotation: autograd does not
 # track them as views (eager lets them be written in place freely), but a write through one is a write of the
 # input's memory.

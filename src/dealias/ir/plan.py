@@ -198,6 +198,9 @@ class OutputSlot:
     # one behind the memory's, then set back: the view's recorded version is behind its base's for good (a later
     # write by the caller leaves it stale), as eager's.
     stale: bool = False
+    # The last step of the chain, a view, replayed by `reshape` as the user's code made it (opfacts.RESHAPE_KEY):
+    # eager's is `_reshape_alias` of a tensor that is not contiguous, which its grad_fn and errors name.
+    reshaped: bool = False
 
 
 @dataclass

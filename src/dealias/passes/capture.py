@@ -52,7 +52,7 @@ from ..errors import (
 )
 from ..ir.checks import empty_inplace_error, inplace_layout
 from ..ir.draws import kept_rng
-from ..ir.opfacts import OWN_COUNTER_KEY
+from ..ir.opfacts import OWN_COUNTER_KEY, RESHAPE_KEY
 from ..ir.plan import TENSOR_SLOT, Captured, Symbolic
 from ..ir.sharing import find_groups
 
@@ -85,6 +85,13 @@ _EAGER_DISPATCH = frozenset(
 )
 _EAGER_DISPATCH_METHODS = frozenset({"matmul", "__matmul__", "__rmatmul__"})
 
+# The calls whose views eager makes by `reshape` (opfacts.RESHAPE_KEY). (`ravel` is `contiguous().view(-1)`, and
+# `view_as`, `unflatten` call view: traced as eager makes them.)
+_RESHAPES = frozenset(
+    {torch.reshape, torch.flatten, torch.Tensor.reshape, torch.Tensor.flatten, torch.Tensor.reshape_as}
+)
+_RESHAPE_METHODS = frozenset({"reshape", "flatten", "reshape_as"})
+
 
 # Functions whose C++ composite checks values eager has and fake tensors have not (`F.one_hot(x, 4)` with a class 5:
 # eager raises, the trace computed rows of zeros), traced through torch's Python decomposition, which asserts them.
@@ -115,6 +122,8 @@ class _Replay(fx.Interpreter):
             # `x.data` shares x's memory but not its version counter (writes through it are hidden from
             # autograd); it traces to aten.detach, which shares both. Its node is tagged (see _GradModes).
             n.meta["custom"] = {**(n.meta.get("custom") or {}), OWN_COUNTER_KEY: True}
+        if n.target in _RESHAPES or (n.op == "call_method" and n.target in _RESHAPE_METHODS):
+            n.meta["custom"] = {**(n.meta.get("custom") or {}), RESHAPE_KEY: True}  # (opfacts.RESHAPE_KEY)
         if self.symbolic and (
             n.target in _EAGER_DISPATCH or (n.op == "call_method" and n.target in _EAGER_DISPATCH_METHODS)
         ):
@@ -444,6 +453,8 @@ class _GradModes(TorchDispatchMode):
             custom = node.meta.get("custom")
             if isinstance(custom, dict) and custom.pop(OWN_COUNTER_KEY, False):
                 node.meta[OWN_COUNTER_KEY] = True
+            if isinstance(custom, dict) and custom.pop(RESHAPE_KEY, False):
+                node.meta[RESHAPE_KEY] = True
             if isinstance(custom, dict) and _GRAD_KEY in custom:
                 grad = custom.pop(_GRAD_KEY)
             if isinstance(custom, dict) and not custom:

@@ -48,6 +48,15 @@ def as_strided_keeping_version(t: torch.Tensor, size: Any, stride: Any, rel: int
     set_version_counters((t,), (version,))
 
 
+def reshaped_view(t: torch.Tensor, size: Any) -> torch.Tensor:
+    """`t.view(size)` made as the user's `reshape` made it (OutputSlot.reshaped): by reshape itself, whose view of a
+    tensor that is not contiguous is eager's `_reshape_alias` (its grad_fn, and the errors naming it). The trace
+    made a view of this layout; were reshape's result a copy, it is the view as before (view raises where it
+    cannot make one), not a tensor apart from the caller's memory."""
+    out = t.reshape(size)
+    return out if out.data_ptr() == t.data_ptr() else t.view(size)
+
+
 # (OutputSlot.stale: a view's recorded version that no later write of a counter at 0 reaches; counters are uint32)
 STALE_FAR_AHEAD = 1 << 31
 
@@ -231,8 +240,15 @@ class _Call:
                 args = ", ".join([t, *(self.s.literal(a, self.result) for a in multi.args)])
                 t = f"{self.s.bind(multi.op, _op_name(multi.op))}({args})[{multi.index}]"
             else:
-                t = self.step(slot.chain[k], t, fakes[k])
+                t = self.view_step(slot, k, t, fakes[k])
         return t
+
+    def view_step(self, slot: OutputSlot, k: int, t: str, fake: torch.Tensor | None) -> str:
+        """Step k of `slot`'s chain replayed on `t`; the last, where the user's reshape made it, by reshape."""
+        if slot.reshaped and k == len(slot.chain) - 1:
+            (size,) = slot.chain[k].args
+            return f"{self.s.bind(reshaped_view, 'reshaped_view')}({t}, {self.s.literal(size, self.result)})"
+        return self.step(slot.chain[k], t, fake)
 
     def output(self, i: int, slot: OutputSlot) -> str:
         """Output `i` made as eager made it: its source, or the view of it (the steps before `grad_from` in the
@@ -360,7 +376,7 @@ class _Call:
             made_with = self.grad if slot.grad is None else slot.grad
             view, fakes = source, self.step_fakes(slot)
             for k in range(n, len(slot.chain)):
-                view = self.step(slot.chain[k], view, fakes[k])
+                view = self.view_step(slot, k, view, fakes[k])
             self.in_mode(made_with, [f"{name} = {view}"])
             self.outs[i] = name
         for i, slot in enumerate(fp.outputs):

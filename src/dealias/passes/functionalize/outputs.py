@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from ...errors import UnsupportedError
-from ...ir.opfacts import is_view_node
+from ...ir.opfacts import RESHAPE_KEY, is_view_node
 from ...ir.plan import (
     FromOutput,
     MetadataWriteBack,
@@ -115,6 +115,8 @@ def plan_outputs(w: Functionalizer, node: fx.Node) -> None:
     for position, arg in enumerate(node.args[0]):
         slot = program.outputs[position]
         slot = w.autograd.output_slot(arg, slot, made_from.get(position, ()))
+        if _reshaped(arg, slot):
+            slot = replace(slot, reshaped=True)
         history = w.autograd.returned_history(arg)
         if history is not None and slot.same_as is None:
             slot = replace(slot, history=len(outs))
@@ -134,7 +136,8 @@ def _views_of_outputs(w: Functionalizer, args: Any) -> None:
     slots = w.program.outputs
 
     def plain(slot: OutputSlot) -> bool:  # (a chain replayed whole, in one grad mode)
-        return slot == OutputSlot(slot.source, slot.chain, grad=slot.grad) and slot.source.kind is RefKind.RESULT
+        same = OutputSlot(slot.source, slot.chain, grad=slot.grad, reshaped=slot.reshaped)
+        return slot == same and slot.source.kind is RefKind.RESULT
 
     own: dict[int, int] = {}  # object of a returned tensor of its own (made by the graph) -> its position
     for k, arg in enumerate(args):
@@ -154,6 +157,16 @@ def _views_of_outputs(w: Functionalizer, args: Any) -> None:
                 if k != p and slots[p].chain[: len(slots[k].chain)] == slots[k].chain:
                     slots[p] = replace(slots[p], from_output=FromOutput(k, len(slots[k].chain)))
                 break
+
+
+def _reshaped(arg: Any, slot: OutputSlot) -> bool:
+    """Whether output `slot`'s last step is the view the user's reshape made as `arg` (OutputSlot.reshaped)."""
+    if not isinstance(arg, fx.Node) or not arg.meta.get(RESHAPE_KEY) or arg.target is not aten.view.default:
+        return False
+    if slot.same_as is not None or slot.restride is not None or not slot.chain:
+        return False
+    last = slot.chain[-1]
+    return last.op is arg.target and len(last.args) == 1 and not last.kwargs
 
 
 def _made_as_view(w: Functionalizer, born: Value) -> bool:
