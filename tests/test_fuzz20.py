@@ -113,7 +113,6 @@ def _grad(fn, hook_after):
     return b0.grad
 
 
-@pytest.mark.xfail(strict=True, reason="open: the hook lands on the metadata write-back's node (dealias's own)")
 def test_hook_after_the_call_on_a_tensor_transposed_in_place_sees_the_gradient():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -121,7 +120,6 @@ def test_hook_after_the_call_on_a_tensor_transposed_in_place_sees_the_gradient()
     assert torch.equal(got, _grad(transposed_then_summed, hook_after=True))
 
 
-@pytest.mark.xfail(strict=True, reason="open: split at the hook, registered after the first graph's write-back")
 def test_hook_between_split_graphs_on_a_tensor_transposed_in_place_sees_the_gradient():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -125,9 +125,12 @@ NON_LEAF_PROGRAMS = [
 
 @pytest.mark.parametrize("fn,make", NON_LEAF_PROGRAMS, ids=[p[0].__name__ for p in NON_LEAF_PROGRAMS])
 def test_metadata_change_of_an_input_autograd_made(fn, make):
-    # (The input's alias in dynamo's trace is a tensor autograd made too: compat/dynamo_inputs.py)
+    # (The input's alias in dynamo's trace is a tensor autograd made too: compat/dynamo_inputs.py.) Results requiring
+    # grad computed from the changed tensor run eagerly: eager's go through its new grad_fn, where a hook registered
+    # after the call lands (tests/test_fuzz20.py, fuzz seed 2090444); the graph's would not.
     jf = dealias.jit(fn)
-    assert grads_like_eager(fn, jf, make, calls=2) == []
+    warned = grads_like_eager(fn, jf, make, calls=2)
+    assert warned and all("changes layout in place with grad on" in str(w.message) for w in warned)
     assert dealias.graph_breaks(jf) == [] and dealias.cache_info(jf).entries == 1
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
-from ...errors import UnsupportedError
+from ...errors import UnsupportedError, node_location
 from ...ir.opfacts import RESHAPE_KEY, is_view_node
 from ...ir.plan import (
     FromOutput,
@@ -49,6 +49,21 @@ class TensorObjects:
     meta_recorded: dict[int, set[bool]] = field(default_factory=dict)
 
 
+def _results_from(changed: fx.Node, output: fx.Node, w: Functionalizer) -> bool:
+    """Whether a result requiring grad is computed from `changed` (the captured node of a caller's tensor after its
+    layout change), through the ops that use it."""
+    seen, todo = set(), [changed]
+    while todo:
+        n = todo.pop()
+        for user in n.users:
+            if user not in seen and user is not output:
+                seen.add(user)
+                todo.append(user)
+    return any(
+        isinstance(a, fx.Node) and (a in seen or a is changed) and w.autograd.requires_grad(a) for a in output.args[0]
+    )
+
+
 def plan_outputs(w: Functionalizer, node: fx.Node) -> None:
     """The captured graph's output `node`: the functional graph's output and the program's plan."""
     program, objects, timeline = w.program, w.objects, w.timeline
@@ -70,6 +85,14 @@ def plan_outputs(w: Functionalizer, node: fx.Node) -> None:
             grad = objects.meta_recorded.get(obj) != {False}
             write = MetadataWriteBack(ref, *_layout_change(first.meta, last.meta), obj in objects.detached, grad)
             program.metadata_writebacks.append(write)
+            if grad and w.autograd.requires_grad(last.node) and _results_from(last.node, node, w):
+                # Replayed after the graph, the change gives the caller's tensor a grad_fn of its own, which the
+                # results the graph computed from it do not go through, where eager's do: a hook registered on the
+                # tensor after the call would not see their gradients (fuzz seed 2090444: a silent wrong gradient).
+                raise UnsupportedError(
+                    f"{ref} changes layout in place with grad on ({last.node.target} at {node_location(last.node)}) "
+                    "and results requiring grad are computed in the same graph: eager's go through its new grad_fn"
+                )
     results: dict[Storage, int] = {}
     seen: dict[int, int] = {}  # tensor object -> its first output position
     made_from: dict[int, tuple[Any, ...]] = {}  # output position -> the full chain its slot's chain ends
