@@ -5,11 +5,11 @@ Loading a CPU kernel library from inductor's cache (a warm process's first fused
 `codecache._precompile_header(header, hashable_cmd_line, **compile_command)`: it runs the C++ preprocessor over the
 header inductor's kernels include (`cpp_prefix.h`, ATen's vectorized headers behind it) and hashes the output with
 `openssl` in a second child, so that the precompiled header is named by everything it includes. Once per process
-(the function is `functools.cache`d), while the calling thread waits: measured 0.7-0.9 s wall of a warm 2.14 first
-call (AdamW foreach, GPT-2) on a loaded 2-core machine, 0.15 s CPU in the children. torch.compile's warm first call
-pays the same.
+(the function is `functools.cache`d), while the calling thread waits: measured 0.25-0.47 s of its wall in warm 2.14
+first calls (AdamW foreach, GPT-2) and 1.1-1.2 s on 2.13 (AdamW), on a 2-core machine at a load of 9-12; 0.15 s CPU
+in the children. torch.compile's warm first call pays the same.
 
-dealias notes the arguments of the calls its own compiles make (`recording`, around dealias's inductor compile, in
+dealias notes the arguments of the calls its own compiles make (`recording`, in inductor.py's `dealias_compile`, in
 the compiling thread only: a wrapper of torch's function that passes every call through unchanged) and keeps them
 on disk (`DEALIAS_CACHE_DIR/headers/`, keyed on the torch build and the host). A later process's first call that
 fuses (`start`) calls torch's function with those arguments in a thread of its own: its children run while dynamo

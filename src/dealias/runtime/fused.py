@@ -43,7 +43,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from ..compat.graph_cache import graph_cache
-from ..compat.header_prefetch import recording
 from ..compat.inductor import dealias_compile, floats_as_tensors, layout_options, size_asserts
 from ..compat.internals import increment_versions, version_counters_missing
 from ..compat.registry import Missing
@@ -206,7 +205,6 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
                 torch._inductor.config.patch({**options, **vec_isa_config()}),  # (a first probe: in the compile)
                 dealias_compile(),
                 graph_cache(list(example)) as handed_example,
-                recording(),  # (inductor's header call noted for the next process: compat/header_prefetch.py)
             ):
                 return compile_fx_inner(traced, handed_example)
         except Exception as e:  # noqa: BLE001 - an op inductor cannot compile: the torch executor runs the graph

@@ -28,7 +28,6 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..compat.graph_cache import graph_cache, key_config
-from ..compat.header_prefetch import recording
 from ..compat.inductor import dealias_compile, layout_options, no_donated_buffers, size_asserts
 from ..compat.internals import function_apply
 from ..compat.vec_isa import vec_isa_config
@@ -345,7 +344,6 @@ def _compile(
             torch.set_grad_enabled(mode),  # (back after a trace stopped between the graph's switches: grad_modes.py)
             dealias_compile(),
             graph_cache(list(example)) as handed_example,  # (AOTAutograd's and inductor's caches: graph_cache.py)
-            recording(),  # (inductor's header call noted for the next process: compat/header_prefetch.py)
         ):
             compiled = compile_fx(
                 _clones_of_inputs_kept(gm),
