@@ -16,6 +16,7 @@ same directories). Each reports, from construction to the first call's return (a
     python bench/first_call_phases.py --only gpt2 --variants default --json out.json
     python bench/first_call_phases.py --variants default default-norecord torch.compile  # (the record's worth)
     python bench/first_call_phases.py --variants default default-allvariance torch.compile  # (the variance verdict's)
+    python bench/first_call_phases.py --variants default default-noheader torch.compile  # (header_prefetch's worth)
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ def child(name: str, variant: str) -> None:
         from dealias.runtime import inductor_fixes  # fused compile, measured by a cold one whatever its graph)
 
         inductor_fixes.variance_decided, variant = (lambda gm: True), "default"
+    if variant == "default-noheader":  # (the default without naming inductor's precompiled header ahead)
+        from dealias.compat import header_prefetch
+
+        header_prefetch.ENABLED, variant = False, "default"
     if variant == "default-norecord":  # (the default without the copies' record: every first call times its tiers)
         from dealias.frontend import copies_record
 

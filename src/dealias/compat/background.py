@@ -1,5 +1,6 @@
 """The threads dealias starts at a compiled function's first call (compat/vec_isa.py's probe of the host's vector
-ISAs, compat/key_prefetch.py's inductor cache keys), and what keeps them safe inside the user's process.
+ISAs, compat/key_prefetch.py's inductor cache keys, compat/header_prefetch.py's precompiled header), and what keeps
+them safe inside the user's process.
 
 A thread that holds a lock when the process forks leaves that lock held in the child for good (only the forking
 thread is copied): a child that then compiled would wait forever on dealias's probe lock or on torch's key cache

@@ -61,13 +61,17 @@ def compile_beside_calls() -> bool:
 
 @contextlib.contextmanager
 def dealias_compile() -> Iterator[None]:
-    """While inductor compiles a graph of dealias's (on this thread): the corrections below apply."""
+    """While inductor compiles a graph of dealias's (on this thread): the corrections below apply, and inductor's
+    precompiled-header calls are noted for the next process (header_prefetch.py)."""
+    from .header_prefetch import recording
+
     ensure("inductor_view_strides")
     ensure("inductor_snapshot_lowering")
     before = getattr(_local, "active", False)
     _local.active = True
     try:
-        yield
+        with recording():
+            yield
     finally:
         _local.active = before
 

@@ -33,7 +33,7 @@ from torch._dynamo.convert_frame import compile_lock
 from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, UnsupportedOperatorException
 
 from .. import compat
-from ..compat import key_prefetch
+from ..compat import header_prefetch, key_prefetch
 from ..errors import (
     DealiasError,
     EagerSemanticsError,
@@ -534,7 +534,9 @@ def start_early(options: Options) -> None:
       child processes here, most of a cold first call's children's CPU), for "tiered" and "inductor";
     - inductor's per-process cache keys (compat/key_prefetch.py: ~0.5 s CPU of a warm 2.14 first call), only where
       the first call fuses ("inductor", or "tiered" with FUSE_FIRST): where a fused compile may never come (FUSE_FIRST
-      off: at a program's 16th call) they would import inductor's cache and hash for nothing."""
+      off: at a program's 16th call) they would import inductor's cache and hash for nothing;
+    - inductor's precompiled header named (compat/header_prefetch.py: two child processes, 0.7-0.9 s wall of a
+      loaded warm 2.14 first call), under the same condition, where an earlier process recorded its arguments."""
     from . import tiers
 
     if options.executor in ("tiered", "inductor"):
@@ -543,6 +545,7 @@ def start_early(options: Options) -> None:
         start_probe()
     if options.executor == "inductor" or (options.executor == "tiered" and tiers.FUSE_FIRST):
         key_prefetch.start()
+        header_prefetch.start()
 
 
 def dealias_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
