@@ -142,6 +142,14 @@ class JitFunction:
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         compiles, frames, breaks = self.stats.compiles, _frames_compiled(), len(graph_break_reasons)
         try:
+            # (the common call's first try inline: `_call_compiled` is the retry after a refused entry, a frame less)
+            try:
+                return self.compiled(*args, **kwargs)
+            except RuntimeError as e:
+                if _FX_TRACING_ELSEWHERE not in str(e) or _user_code_ran(e.__traceback__):
+                    raise
+            with compile_lock:  # (as _call_compiled: wait for the compile that refused it)
+                pass
             return self._call_compiled(args, kwargs)
         except BackendCompilerFailed as e:
             # The backend refused the graph (strict=True, or a FallbackWarning the caller turned into an error):
