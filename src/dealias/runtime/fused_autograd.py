@@ -393,60 +393,29 @@ def _compile(
     own_nodes = frozenset(i for i in rg_results if i not in viewed) if len(rg_results) > 1 else frozenset()
     own_node = function_apply(_OwnNode)
 
-    # The call, generated with only the steps this program has (each flag above is fixed per program: no branch per
-    # call on it, no loop over the results given nodes of their own, no tuple rebuilt per such result).
-    env: dict[str, Any] = {
-        "compiled": compiled,
-        "cut": cut,
-        "kept": kept,
-        "handed": handed,
-        "written": written,
-        "watched": watched,
-        "positions": positions,
-        "pick": pick,
-        "version": version,
-        "none_where_none": none_where_none,
-        "own_node": own_node,
-        "Tensor": torch.Tensor,
-        "is_grad_enabled": torch.is_grad_enabled,
-        "TwiceDifferentiable": TwiceDifferentiable,
-        "check_saved": _check_saved_results_at_backward,
-        "on_backward_node": _on_backward_node,
-    }
-    body = []
-    if cut:
-        body.append("args = [a.detach() if i in cut else a for i, a in enumerate(args)]")
-    body += ["if not is_grad_enabled():", "    return compiled(*args)"]
-    body.append("copies = {i: args[i].clone() for i in kept}" if kept else "copies = {}")
-    if not own:
-        body.append("outs = TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)")  # (eager's ops)
-    else:
-        body.append("outs = compiled(*args)")
-    if watched:
-        body.append("check_saved(outs, watched)")
-    if own:  # (AOTAutograd's node, that of every result requiring grad: read once)
-        body += [
-            f"node = outs[{first}].grad_fn",
-            # (create_graph=True recomputes from these)
-            "node.dealias_recompute = (handed, args, copies, written, (positions, tuple(map(version, pick(args)))))",
-        ]
-        if none_where_none is not None:
-            body.append("node.register_hook(none_where_none)")
-    elif none_where_none is not None:
-        body.append("on_backward_node(outs, none_where_none)")
-    if own_nodes:
-        body.append("outs = list(outs)")
-        for i in sorted(own_nodes):
-            body += [
-                f"o = outs[{i}]",
-                "if isinstance(o, Tensor) and o.requires_grad:",
-                f"    outs[{i}] = own_node(o)",
-            ]
-    body.append("return outs")
-    src = "def call(args):\n" + "".join(f"    {line}\n" for line in body)
-    exec(compile(src, "<dealias fused autograd call>", "exec"), env)  # noqa: S102 - generated from the flags above
-    call = env["call"]
-    call.source = src
+    def call(args: Any) -> Any:
+        if cut:
+            args = [a.detach() if i in cut else a for i, a in enumerate(args)]
+        if not torch.is_grad_enabled():
+            return compiled(*args)
+        copies = {i: args[i].clone() for i in kept} if kept else {}
+        if not own:
+            outs = TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
+        else:
+            outs = compiled(*args)
+        if watched:
+            _check_saved_results_at_backward(outs, watched)
+        if own:  # (AOTAutograd's node, that of every result requiring grad: read once)
+            node, versions = outs[first].grad_fn, (positions, tuple(map(version, pick(args))))
+            node.dealias_recompute = (handed, args, copies, written, versions)  # (create_graph=True recomputes)
+            if none_where_none is not None:
+                node.register_hook(none_where_none)
+        elif none_where_none is not None:
+            _on_backward_node(outs, none_where_none)
+        for i in own_nodes:
+            if isinstance(outs[i], torch.Tensor) and outs[i].requires_grad:
+                outs = (*outs[:i], own_node(outs[i]), *outs[i + 1 :])
+        return outs
 
     run = runner(gm, call, None, autograd=True)
     run.graph = handed  # type: ignore[attr-defined]
