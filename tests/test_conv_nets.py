@@ -1,6 +1,6 @@
 """Convolution nets on the fused executor (runtime/conv_layout.py, fused_autograd.py): the convolutions' layout is
-the one measured faster here, a training graph saves no boolean masks for backward, and outputs, BatchNorm's
-running statistics and gradients match eager's. Small nets: each compile costs seconds."""
+the one measured faster here (training graphs too), a training graph saves no boolean masks for backward, and
+outputs, BatchNorm's running statistics and gradients match eager's. Small nets: each compile costs seconds."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_eval_takes_the_layout_measured_faster(layouts_measured, slower):
 
 @pytest.mark.parametrize("name", ["block", "conv_bn_relu"])
 def test_training_matches_eager_and_saves_no_masks(layouts_measured, name):
-    layouts_measured[0](0.5)  # (channels-last measured faster: a training graph keeps eager's layout anyway)
+    layouts_measured[0](0.5)  # (channels-last measured faster: a training graph takes it too)
     torch.manual_seed(0)
     if name == "block":
         net, x = Block().train(), torch.randn(4, 3, 8, 8)
@@ -105,7 +105,7 @@ def test_training_matches_eager_and_saves_no_masks(layouts_measured, name):
         for a, b in zip(twin.buffers(), net.buffers()):  # running statistics, batches tracked
             torch.testing.assert_close(a, b, **CLOSE)
     assert dealias.cache_info(jf).tiers == ("fused",)
-    assert jf.last.run_graph.graph.meta["channels_last"] is False  # (training: eager's layout, unmeasured)
+    assert jf.last.run_graph.graph.meta["channels_last"] is True  # (measured, as for eval)
     # ReLU's backward mask is computed in the backward from the saved result, not stored as bools by the forward
     # (inductor's CPU bool stores are slow).
     assert saved and torch.bool not in saved, saved

@@ -385,7 +385,7 @@ def _compile(
             if not sizes_arithmetic(n):  # (`s0 - 1`, which AOTAutograd traces through)
                 raise Unfusable(f"{op_name(n.target)} runs in Python")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
-    layout = channels_last(gm, training=True)  # (eager's layout for convolutions: conv_layout.py)
+    layout = channels_last(gm)  # (convolutions channels-last, or in eager's layout: measured, conv_layout.py)
     handed.meta["channels_last"] = layout  # (for traces and tests)
     results = gm.graph.output_node().args[0]
     # (A result the passes did not mark is taken to require grad: an input it reads is then never handed over
