@@ -10,8 +10,8 @@ convolutions, faster channels-last) at 0.68x channels-last and 0.79x in eager's 
 timed here, on the first graph that has it: ATen's kernel on eager's layout against the same kernel on a
 channels-last input with its weight converted (inductor's conversion per call), for the node's own sizes, dtype,
 strides, padding and groups, at the current thread count; the graph goes channels-last only if that sums to less
-over its convolutions. Verdicts are kept on disk with keep_aten.py's (per host). A graph autograd records keeps
-eager's layout (see `channels_last`).
+over its convolutions, for a graph autograd records too (see `channels_last`). Verdicts are kept on disk with
+keep_aten.py's (per host).
 
 `DEALIAS_CONV_LAYOUT` overrides the measurement: `contiguous` (eager's layout) or `channels_last`, for
 reproducible graphs.
@@ -32,21 +32,20 @@ from .keep_aten import best_of, measured
 aten = torch.ops.aten
 
 
-def channels_last(gm: fx.GraphModule, training: bool = False) -> bool | None:
+def channels_last(gm: fx.GraphModule) -> bool | None:
     """Whether inductor should lay `gm`'s convolutions out channels-last: None (inductor's own choice) for a graph
     without convolutions or with one that is not measured here (symbolic sizes, not on CPU, not floating). A graph
-    autograd records (`training`) keeps eager's layout: its backward's convolutions are ATen's, whose gradients
-    came back in eager's layout and were transposed inside inductor's BatchNorm backward kernels (a mobilenet-like
-    training step: 1.10x eager channels-last, 0.91x in eager's layout, where its eval forward measured faster
-    channels-last)."""
+    autograd records is measured the same way, by its forward's convolutions: with min-cut's partition
+    (fused_autograd.py) a mobilenet-like training forward ran 0.58x eager channels-last where eager's layout ran
+    0.70x, its training step 0.89x either way (it ran 1.10x channels-last when the forward stored what the default
+    partition saves), a conv + BatchNorm2d + ReLU training forward 0.84x against 0.98x, and a resnet-like one
+    keeps eager's layout, measured faster for its 3x3 convolutions (torch 2.13, one thread)."""
     convs = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.convolution.default]
     if not convs:
         return None
     setting = os.environ.get("DEALIAS_CONV_LAYOUT", "measure").strip()
     if setting in ("contiguous", "channels_last"):
         return setting == "channels_last"
-    if training:
-        return False
     eager_s = channels_last_s = 0.0
     for n in convs:
         x, w, bias = (a.meta.get("val") if isinstance(a, fx.Node) else a for a in n.args[:3])
