@@ -14,7 +14,7 @@ from harness import AddsItsInput, HalvesGradient, check, grads_like_eager
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import dealias
-from dealias.runtime import double_backward, fused_autograd
+from dealias.runtime import double_backward, partition
 from dealias.runtime.double_backward import written_inputs_read
 from dealias.runtime.fused import Unfusable
 from dealias.runtime.fused_autograd import fused_autograd_executor
@@ -388,7 +388,7 @@ def test_snapshots_the_forward_does_not_save_go_back_to_plain_clones():
         return saved.sin() + unsaved * 0.9, saved  # result, then what backward saves
 
     fw = make_fx(forward)(torch.randn(4), torch.randn(4))
-    fused_autograd._unsaved_snapshots_plain(fw)
+    partition._unsaved_snapshots_plain(fw)
     calls = [n for n in fw.graph.nodes if n.op == "call_function"]
     kinds = {
         n.args[0].name: n.target for n in calls if n.target in (torch.ops.dealias.snapshot.default, aten.clone.default)
