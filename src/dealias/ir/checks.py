@@ -466,12 +466,14 @@ def guard_index_writes(graph: fx.Graph, roots: list[fx.Node | None]) -> None:
 
 
 def _quiet(n: fx.Node) -> bool:
-    """Whether `n` has done nothing a caller can see once the call raised: not a call, an aten op without effect
+    """Whether `n` has done nothing a caller can see once the call raised: no call, an aten op without effect
     (no write, no draw), an aten op writing in place only memory the graph made (the torch executor's `arange.add_(c)`),
     a bounds check, or a getitem / size arithmetic. Anything else (an island, a custom op, a helper) is not."""
-    if n.op != "call_function":
+    if n.op in ("placeholder", "get_attr", "output"):
         return True
     target = n.target
+    if n.op != "call_function":  # (a method or module call: not known to be without effect)
+        return False
     if isinstance(target, torch._ops.OpOverload):
         if target.namespace != "aten" or facts(target).nondeterministic:
             return False
