@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dealias.compat import header_prefetch
+from dealias.compat import background, header_prefetch
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -37,7 +37,7 @@ def fake_header(monkeypatch, tmp_path):
     monkeypatch.setattr(codecache, "_precompile_header", _precompile_header)
     monkeypatch.setattr(header_prefetch, "_original", None)
     monkeypatch.setattr(header_prefetch, "_saved", set())
-    monkeypatch.setattr(header_prefetch, "_started", False)
+    monkeypatch.setattr(header_prefetch, "_once", background.Once())
     monkeypatch.setattr(header_prefetch, "thread", None)
     monkeypatch.setattr(header_prefetch, "ENABLED", True)
     return codecache, computed

@@ -16,7 +16,7 @@ import torch
 from torch.utils._functools import prefetchable_cache
 
 import dealias
-from dealias.compat import key_prefetch
+from dealias.compat import background, key_prefetch
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
@@ -118,17 +118,17 @@ def test_only_a_first_call_that_fuses_starts_it(monkeypatch, executor, fuse_firs
     from dealias.frontend import tiers
     from dealias.frontend.backend import Options, start_early
 
-    monkeypatch.setattr(key_prefetch, "_started", False)
+    monkeypatch.setattr(key_prefetch, "_once", background.Once())
     monkeypatch.setattr(key_prefetch, "thread", None)
     monkeypatch.setattr(key_prefetch, "_key_functions", lambda: [])  # (nothing computed: only whether it starts)
     monkeypatch.setattr(tiers, "FUSE_FIRST", fuse_first)
     start_early(Options(executor=executor))
-    assert key_prefetch._started is starts
+    assert key_prefetch._once.claimed is starts
     if executor == "torch":  # (and through dealias.jit's first call)
         g = dealias.jit(lambda x: x.add_(1), executor=executor)
         x = torch.zeros(3)
         g(x)
-        assert key_prefetch._started is False and torch.equal(x, torch.ones(3))
+        assert key_prefetch._once.claimed is False and torch.equal(x, torch.ones(3))
 
 
 def test_a_fork_waits_for_the_threads_started_at_a_first_call():

@@ -23,6 +23,20 @@ _lock = threading.Lock()
 _registered = False
 
 
+class Once:
+    """Claimed by its first caller only, whichever thread: each of the threads above starts once per process."""
+
+    def __init__(self) -> None:
+        self.claimed = False
+        self._lock = threading.Lock()
+
+    def claim(self) -> bool:
+        """True for the first call, False for every later one."""
+        with self._lock:
+            first, self.claimed = not self.claimed, True
+        return first
+
+
 def start(target: Callable[..., Any], name: str, *args: Any) -> threading.Thread:
     """Run `target(*args)` in a daemon thread named `name` (the process may exit without waiting for it: whatever
     it computes, the compile computes itself when it is not there)."""

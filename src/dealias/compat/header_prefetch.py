@@ -47,7 +47,7 @@ _lock = threading.Lock()
 _local = threading.local()
 _original: Any = None  # torch's cached `_precompile_header`, once the wrapper is in place
 _saved: set[str] = set()  # calls this process has on disk already
-_started = False
+_once = background.Once()
 thread: threading.Thread | None = None  # (tests: join it)
 
 
@@ -198,13 +198,9 @@ def _save(calls: list[tuple[str, str, tuple[tuple[str, Any], ...]]]) -> None:
 def start() -> None:
     """Where an earlier process recorded header calls: make them again in a daemon thread, once per process (a
     no-op after, or where nothing usable is recorded, or the vector ISA list would need a probe)."""
-    global _started, thread
-    if not ENABLED or _started:
+    global thread
+    if not ENABLED or not _once.claim():
         return
-    with _lock:
-        if _started:
-            return
-        _started = True
     try:
         calls = _calls_ahead()
     except Exception:  # noqa: BLE001 - nothing started: the compile computes them as before

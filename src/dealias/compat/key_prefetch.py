@@ -29,24 +29,18 @@ from typing import Any
 from . import background
 
 ENABLED = os.environ.get("DEALIAS_KEY_PREFETCH", "1") != "0"
-_started = False
-_lock = threading.Lock()
+_once = background.Once()
 thread: threading.Thread | None = None  # (tests: join it)
 
 
 def start() -> None:
     """Start computing inductor's per-process cache keys in a daemon thread, once per process (a no-op after, or
     where torch has not these functions, or inductor's FX graph cache is off)."""
-    global _started, thread
-    if not ENABLED or _started:
+    global thread
+    if not ENABLED or not _once.claim():
         return
-    with _lock:
-        if _started:
-            return
-        _started = True
-        keys = _key_functions()
-        if not keys:
-            return
+    keys = _key_functions()
+    if keys:
         thread = background.start(_compute, "dealias inductor keys", keys)  # (joined before a fork: background.py)
 
 

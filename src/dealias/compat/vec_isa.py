@@ -62,11 +62,8 @@ def start_probe() -> None:
     a compiled function's first call, never at import; once per process; a warm process starts nothing (its list
     is made from the record in the compile's own thread: the config patch that takes is process-wide, and only the
     compiling thread may set it)."""
-    global _started
-    with _start_lock:
-        if _started:
-            return
-        _started = True
+    if not _once.claim():
+        return
     try:
         # The modules the probe imports, imported here: an import in another thread while dynamo imports in this
         # one could meet a module lock held the other way round (Python then raises in one of the threads).
@@ -78,8 +75,7 @@ def start_probe() -> None:
     background.start(_probe_if_unknown, "dealias-vec-isa-probe")  # (joined before a fork: background.py)
 
 
-_started = False
-_start_lock = threading.Lock()
+_once = background.Once()
 
 
 def _probe_if_unknown() -> None:
