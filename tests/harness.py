@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 import dealias
-from dealias.runtime.verify import alias_pattern, clone_args, compare_call, first_difference  # noqa: F401
+from dealias.runtime.verify import ULP_TOLERANT, alias_pattern, clone_args, compare_call, first_difference  # noqa: F401
 
 
 class Ident(torch.autograd.Function):
@@ -58,6 +58,17 @@ def grads_like_eager(fn: Callable[..., Any], jf: Any, make_args: Callable[[], An
             diff = _compare_grads(fn, jf, make_args)
             assert diff is None, f"call {call + 1}: {diff}"
     return [w for w in caught if issubclass(w.category, dealias.FallbackWarning)]
+
+
+def like_eager_within_ulps(fn: Callable[..., Any], jf: Any, *args: Any) -> None:
+    """One call of `jf` on `args` against eager's `fn` on copies (outputs, inputs after, aliasing), values within a
+    few ulps: fused kernels are not bit-equal."""
+    token = ULP_TOLERANT.set(True)
+    try:
+        diff = compare_call(fn, jf, args)
+    finally:
+        ULP_TOLERANT.reset(token)
+    assert diff is None, diff
 
 
 def functional_ops(jf: Any) -> list[str]:

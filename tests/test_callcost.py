@@ -8,20 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness import like_eager_within_ulps
 
 import dealias
-from dealias.runtime.verify import ULP_TOLERANT, compare_call
 
 EXECUTORS = ["torch", "exact", pytest.param("inductor", marks=pytest.mark.inductor)]
-
-
-def _like_eager(fn, jf, *args):
-    token = ULP_TOLERANT.set(True)  # (fused kernels: within a few ulps)
-    try:
-        diff = compare_call(fn, jf, args)
-    finally:
-        ULP_TOLERANT.reset(token)
-    assert diff is None, diff
 
 
 def _lean(jf):
@@ -33,7 +24,7 @@ def _warmed(fn, executor):
     jf = dealias.jit(fn, executor=executor)
     x, y = torch.randn(6), torch.randn(6)
     for _ in range(3):
-        _like_eager(fn, jf, x, y)
+        like_eager_within_ulps(fn, jf, x, y)
     return jf
 
 
@@ -63,7 +54,7 @@ def test_a_program_reading_only_runs_shared_inputs_without_compiling_again(execu
     base = torch.randn(12)
     # (disjoint, overlapping, the same memory as two tensors; another stride would be another dynamo graph)
     for a, b in [(base[:6], base[6:]), (base[:6], base[3:9]), (base[:6], base[:6])]:
-        _like_eager(reads, jf, a, b)
+        like_eager_within_ulps(reads, jf, a, b)
         assert _lean_hit(jf)
     assert jf.stats.compiles == compiles
 
@@ -74,7 +65,7 @@ def test_a_program_writing_an_input_keeps_the_storage_check(executor):
     assert _lean_hit(jf) and _checks_storages(jf)
     base = torch.randn(12)
     for a, b in [(base[:6], base[3:9]), (base[:6], base[:6])]:
-        _like_eager(writes, jf, a, b)  # b reads what a's write changed: eager's values only with the check
+        like_eager_within_ulps(writes, jf, a, b)  # b reads what a's write changed: eager's values only with the check
         assert not _lean_hit(jf)
 
 

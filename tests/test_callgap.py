@@ -6,20 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness import like_eager_within_ulps
 
 import dealias
-from dealias.runtime.verify import ULP_TOLERANT, compare_call
 
 pytestmark = pytest.mark.inductor
-
-
-def _like_eager(fn, jf, *args):
-    token = ULP_TOLERANT.set(True)  # (fused kernels: within a few ulps)
-    try:
-        diff = compare_call(fn, jf, args)
-    finally:
-        ULP_TOLERANT.reset(token)
-    assert diff is None, diff
 
 
 def _fused_runs(jf):
@@ -41,7 +32,7 @@ def test_no_input_requiring_grad_runs_without_switching_grad_off():
     x, w = torch.randn(4, 4), torch.randn(4, 4)
     for grad in (True, True, False, True):
         with torch.set_grad_enabled(grad):
-            _like_eager(f, jf, x, w)
+            like_eager_within_ulps(f, jf, x, w)
     assert all("set_grad_enabled" not in run.source for run in _fused_runs(jf))
 
 
@@ -59,7 +50,7 @@ def test_input_requiring_grad_keeps_grad_off_around_the_kernels():
     jf = dealias.jit(f, executor="inductor")
     x, w = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)
     for _ in range(3):
-        _like_eager(f, jf, x, w)
+        like_eager_within_ulps(f, jf, x, w)
         out = jf(x, w)
         assert not out.requires_grad and out.grad_fn is None
     assert all("set_grad_enabled(False)" in run.source for run in _fused_runs(jf))
@@ -78,7 +69,7 @@ def test_fused_autograd_call_results_of_their_own_nodes():
     jf = dealias.jit(f, executor="inductor")
     x = torch.randn(2, 3, 8)
     for _ in range(3):
-        _like_eager(f, jf, mha, x)
+        like_eager_within_ulps(f, jf, mha, x)
     params = list(mha.parameters())
     for which in (0, 1):
         out = jf(mha, x)[which]
