@@ -75,6 +75,7 @@ from ..report import records as _report
 from ..runtime import fused
 from . import backward_seen, copies_record
 from .copies import graph_tier_refusal, has_history
+from .eager_runs import graph_run
 
 log = logging.getLogger("dealias")
 
@@ -128,24 +129,6 @@ clock = _now  # times from a call with autograd history to the next (tests repla
 _MEASURE, _CLOCK = measure, clock  # (the real ones: only their times are kept on disk, copies_record)
 
 
-def _graph_run(forward: Callable[..., Any]) -> Callable[[list[Any]], Any]:
-    """The "graph" tier's run of dynamo's graph `forward`. Its `with torch.no_grad()` (`enable_grad`,
-    `set_grad_enabled`) is a pair of `_set_grad_enabled` calls in the graph, not Python's `with`: an error between
-    them (an index out of range) left the region's grad mode on for the caller's code after the call
-    (`backend="eager"` too), where eager's `with` restores it. So the caller's mode is set back when the run
-    raises."""
-
-    def run(leaves: list[Any]) -> Any:
-        grad = torch.is_grad_enabled()
-        try:
-            return forward(*leaves)
-        except BaseException:
-            torch._C._set_grad_enabled(grad)
-            raise
-
-    return run
-
-
 def _clear_losers(samples: dict[str, list[float]]) -> list[str]:
     """The tiers of `samples` (each tier's timed calls; those with 2 at least count) each of whose calls took
     CLEAR_LOSS times the slowest call of another: clear losers, whatever more calls would say."""
@@ -177,7 +160,7 @@ class Tiered:
         refusal = graph_tier_refusal(program)
         if not refusal:
             forward = generated_forward(backend.gm)  # (not dynamo's lazy forward: the module call on every call)
-            self.runs["graph"] = _graph_run(forward)
+            self.runs["graph"] = graph_run(forward)
         self.notes = [f"graph not tried: {refusal}"] if refusal else []
         self.fused_note = ""  # "not fusable" or "fused compile failed"
         self.samples: dict[str, list[float]] = {}
