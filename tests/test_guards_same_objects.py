@@ -5,11 +5,11 @@ stay too, so a check cached per object (identity plus a counter), in place of re
 kind on every call as the lean lookup (frontend/guards.lean_check) does, would let these calls through. Each call
 compared with eager's on a twin module.
 
-What each pins: the `.data =` test fails on the fused executor without the lean lookup's storage check (the program of
-separate storages serves the call and returns another result than eager's). The parameter tests pass even without the lean
-lookup's autograd-kind check (the program's own in-place write raises eager's error, and gradients follow the real
-inputs' autograd edges): they hold the whole call to eager's behaviour for a Parameter object turned non-leaf, made a
-leaf again, or with requires_grad flipped."""
+What each pins: the `.data =` test fails on the fused executor without the lean lookup's storage check (the program
+of separate storages serves the call and returns another result than eager's). The parameter tests pass even without
+the lean lookup's autograd-kind check (the program's own in-place write raises eager's error, and gradients follow the
+real inputs' autograd edges): they hold the whole call to eager's behaviour for a Parameter object turned non-leaf,
+made a leaf again, or with requires_grad flipped."""
 
 from __future__ import annotations
 
