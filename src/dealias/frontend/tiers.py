@@ -97,6 +97,11 @@ SAMPLES = 5  # timed calls per candidate tier before choosing (after its untimed
 # calls each (the others stop): a close choice is the one a loaded machine's noise decides.
 CLOSE = 0.05
 CLOSE_ROUNDS = 3
+# Runs on copies decide alone only between tiers further apart than this: closer, their order on copies is not the
+# user's calls' (a foreach EMA's step, 0.2 ms a call, memory-bound: on fresh copies 1.3-2.3x what the user's calls
+# take, the graph tier ranked 7-15 % ahead of the fused one, 4-7 % the faster on the user's tensors), so the tiers
+# within COPIES_CLOSE of the copies' best are measured afresh on the user's calls (`_sift`).
+COPIES_CLOSE = 0.20
 # A candidate whose every timed call took this many times another's slowest (2 calls each at least) is dropped
 # before its SAMPLES: its calls are the slow ones a user sees while the tiers are measured (the torch executor's
 # op-by-op step of a foreach optimizer at 2-3x eager, where dynamo's graph runs at 1.2x).
@@ -459,9 +464,30 @@ class Tiered:
                 self.current = min(trained, key=lambda t: self._fastest_of(samples[t]))
                 self.candidates = []
                 return
+            if samples and self.candidates and all(samples.get(t) for t in self.candidates):
+                self._sift(samples)
+                return
             self.samples.update(samples)
             if samples and self.candidates:
                 self._decide()
+
+    def _sift(self, samples: dict[str, list[float]]) -> None:
+        """The copies' verdict on a call without autograd history, every candidate timed there (`samples`): the
+        tiers not within COPIES_CLOSE of the copies' best are dropped; one left wins, else those left are measured on
+        the user's calls, afresh (the copies' times, a little off from the user's calls', mixed with theirs would
+        favour the tier the copies favoured)."""
+        fastest = {t: self._fastest_of(samples[t]) for t in self.candidates}
+        best = min(fastest.values())
+        for t in [t for t in self.candidates if fastest[t] > (1 + COPIES_CLOSE) * best]:
+            self.candidates.remove(t)
+            self.dropped[t] = fastest[t]
+        if len(self.candidates) == 1:
+            self.samples.update(samples)
+            self._choose()
+            return
+        self.measured_on_copies = False
+        close = ", ".join(self.candidates)
+        self.notes.append(f"{close} measured on the calls: within {COPIES_CLOSE:.0%} of each other on copies")
 
     def _copies(
         self, leaves: list[Any], tiers: list[str]
