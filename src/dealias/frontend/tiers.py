@@ -482,10 +482,10 @@ class Tiered:
             self.candidates.remove(t)
             self.dropped[t] = fastest[t]
         if len(self.candidates) == 1:
-            self.samples.update(samples)
+            self.samples = dict(samples)
             self._choose()
             return
-        self.measured_on_copies = False
+        self.samples, self.measured_on_copies = {}, False
         close = ", ".join(self.candidates)
         self.notes.append(f"{close} measured on the calls: within {COPIES_CLOSE:.0%} of each other on copies")
 
@@ -530,6 +530,9 @@ class Tiered:
         self.candidates = self._trained(choosing.tiers, samples) if watch.seen else list(choosing.tiers)
         self.samples = {t: samples[t] for t in self.candidates}
         self.dropped = {t: self._fastest_of(s) for t, s in samples.items() if t not in self.candidates}
+        if not watch.seen:  # (forwards close on copies are measured on the user's calls: `_sift`)
+            self._sift(self.samples)
+            return
         self._choose()
 
     def _trained(self, tiers: list[str], whole: dict[str, list[float]]) -> list[str]:
@@ -544,7 +547,7 @@ class Tiered:
 
     def _drop_on_both(self, whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> None:
         """The copies' verdict on a call recording autograd: a candidate stays where it is close to the best (within
-        CLOSE) on what its forward and backward took (`whole`), or on what its forward alone took (`forwards`), a
+        COPIES_CLOSE) on what its forward and backward took (`whole`), or on what its forward alone took (`forwards`), a
         user's call where the user never runs the backward; the others are dropped, with their `whole` time. Where
         some candidate has fewer than its samples (long runs: COPIES_SECONDS), only those that lose clearly on both
         (CLEAR_LOSS) are dropped."""
@@ -554,7 +557,7 @@ class Tiered:
             def kept(samples: dict[str, list[float]]) -> set[str]:
                 fastest = {t: self._fastest_of(samples[t]) for t in tiers}
                 best = min(fastest.values())
-                return {t for t, s in fastest.items() if s <= (1 + CLOSE) * best}
+                return {t for t, s in fastest.items() if s <= (1 + COPIES_CLOSE) * best}
 
         else:
 
