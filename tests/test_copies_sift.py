@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from test_copytiers import fake_fused
 from torch import nn
@@ -104,7 +105,8 @@ def test_tiers_far_apart_on_copies_are_settled_in_the_first_call(monkeypatch):
     assert info.tiers == ("fused",) and "on copies in the first call" in info.tier_reasons[0], info
 
 
-def test_a_forward_never_backpropagated_is_chosen_by_the_users_calls_where_close_on_copies(monkeypatch):
+@pytest.mark.parametrize("between", [0.0, 1e-3])
+def test_a_forward_never_backpropagated_is_chosen_by_the_users_calls_where_close_on_copies(monkeypatch, between):
     # nn.MultiheadAttention's forward with grad, outputs dropped: on copies the fused forward 2 % ahead of dynamo's
     # graph, on the user's calls 20 % behind it; the torch executor far behind on copies (not run on the calls)
     on_copies = {"torch": 1.5e-4, "graph": 1.02e-4, "fused": 1.0e-4}
@@ -113,6 +115,8 @@ def test_a_forward_never_backpropagated_is_chosen_by_the_users_calls_where_close
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
     model = copy.deepcopy(ref)
+    now = [0.0]
+    monkeypatch.setattr(tiers, "clock", lambda: now[0])  # (the user's code between calls: `between` seconds each)
     jf = dealias.jit(model)
     first = None
     for call in range(60):
@@ -120,6 +124,7 @@ def test_a_forward_never_backpropagated_is_chosen_by_the_users_calls_where_close
         out, expected = jf(x), ref(x)
         assert torch.equal(out, expected) and out.grad_fn is not None, call
         del out, expected  # (never backpropagated)
+        now[0] += between  # (timed with the calls, it would be every tier's and no tier's: each call is timed alone)
         first = len(ran) if first is None else first
     assert "torch" not in ran[first:]
     info = dealias.cache_info(jf)

@@ -192,6 +192,7 @@ class Tiered:
         self.measured = ""  # "graph 40.1 us vs torch 55.0 us", once measured
         self.measured_on_copies = False  # the exact tiers timed on copies in the first call (FUSE_FIRST)
         self.choosing: _Choosing | None = None  # the copies' two measures, until the user's backward or none decides
+        self.forward_only = False  # (no backward seen: the user's calls timed alone, `_choose_by_backward`)
         if not self.candidates and not fuse:
             self._settle()
 
@@ -269,7 +270,7 @@ class Tiered:
         with self.lock:
             if self.choosing is not None and self.choosing.watch is None:  # (the first call: its outputs watched)
                 self._watch(out, leaves)
-            if tier in self.candidates and not self.settled and has_history(out):
+            if tier in self.candidates and not self.settled and has_history(out) and not self.forward_only:
                 self.open = (tier, seconds, clock())
             else:
                 self._record(tier, seconds, seconds)
@@ -530,7 +531,9 @@ class Tiered:
         self.candidates = self._trained(choosing.tiers, samples) if watch.seen else list(choosing.tiers)
         self.samples = {t: samples[t] for t in self.candidates}
         self.dropped = {t: self._fastest_of(s) for t, s in samples.items() if t not in self.candidates}
-        if not watch.seen:  # (forwards close on copies are measured on the user's calls: `_sift`)
+        if not watch.seen:  # (forwards close on copies are measured on the user's calls: `_sift`, each call alone,
+            # not up to the next call: no backward comes, and the user's code between is no tier's)
+            self.forward_only = True
             self._sift(self.samples)
             return
         self._choose()
