@@ -97,6 +97,11 @@ SAMPLES = 5  # timed calls per candidate tier before choosing (after its untimed
 # calls each (the others stop): a close choice is the one a loaded machine's noise decides.
 CLOSE = 0.05
 CLOSE_ROUNDS = 3
+# Runs on copies decide alone only between tiers further apart than this: closer, their order on copies is not the
+# user's calls' (a foreach EMA's step, 0.2 ms a call, memory-bound: on fresh copies 1.3-2.3x what the user's calls
+# take, the graph tier ranked 7-15 % ahead of the fused one, 4-7 % the faster on the user's tensors), so the tiers
+# within COPIES_CLOSE of the copies' best are measured afresh on the user's calls (`_sift`).
+COPIES_CLOSE = 0.20
 # A candidate whose every timed call took this many times another's slowest (2 calls each at least) is dropped
 # before its SAMPLES: its calls are the slow ones a user sees while the tiers are measured (the torch executor's
 # op-by-op step of a foreach optimizer at 2-3x eager, where dynamo's graph runs at 1.2x).
@@ -187,6 +192,7 @@ class Tiered:
         self.measured = ""  # "graph 40.1 us vs torch 55.0 us", once measured
         self.measured_on_copies = False  # the exact tiers timed on copies in the first call (FUSE_FIRST)
         self.choosing: _Choosing | None = None  # the copies' two measures, until the user's backward or none decides
+        self.forward_only = False  # (no backward seen: the user's calls timed alone, `_choose_by_backward`)
         if not self.candidates and not fuse:
             self._settle()
 
@@ -264,7 +270,7 @@ class Tiered:
         with self.lock:
             if self.choosing is not None and self.choosing.watch is None:  # (the first call: its outputs watched)
                 self._watch(out, leaves)
-            if tier in self.candidates and not self.settled and has_history(out):
+            if tier in self.candidates and not self.settled and has_history(out) and not self.forward_only:
                 self.open = (tier, seconds, clock())
             else:
                 self._record(tier, seconds, seconds)
@@ -459,9 +465,30 @@ class Tiered:
                 self.current = min(trained, key=lambda t: self._fastest_of(samples[t]))
                 self.candidates = []
                 return
+            if samples and self.candidates and all(samples.get(t) for t in self.candidates):
+                self._sift(samples)
+                return
             self.samples.update(samples)
             if samples and self.candidates:
                 self._decide()
+
+    def _sift(self, samples: dict[str, list[float]]) -> None:
+        """The copies' verdict on a call without autograd history, every candidate timed there (`samples`): the
+        tiers not within COPIES_CLOSE of the copies' best are dropped; one left wins, else those left are measured on
+        the user's calls, afresh (the copies' times, a little off from the user's calls', mixed with theirs would
+        favour the tier the copies favoured)."""
+        fastest = {t: self._fastest_of(samples[t]) for t in self.candidates}
+        best = min(fastest.values())
+        for t in [t for t in self.candidates if fastest[t] > (1 + COPIES_CLOSE) * best]:
+            self.candidates.remove(t)
+            self.dropped[t] = fastest[t]
+        if len(self.candidates) == 1:
+            self.samples = dict(samples)
+            self._choose()
+            return
+        self.samples, self.measured_on_copies = {}, False
+        close = ", ".join(self.candidates)
+        self.notes.append(f"{close} measured on the calls: within {COPIES_CLOSE:.0%} of each other on copies")
 
     def _copies(
         self, leaves: list[Any], tiers: list[str]
@@ -504,6 +531,11 @@ class Tiered:
         self.candidates = self._trained(choosing.tiers, samples) if watch.seen else list(choosing.tiers)
         self.samples = {t: samples[t] for t in self.candidates}
         self.dropped = {t: self._fastest_of(s) for t, s in samples.items() if t not in self.candidates}
+        if not watch.seen:  # (forwards close on copies are measured on the user's calls: `_sift`, each call alone,
+            # not up to the next call: no backward comes, and the user's code between is no tier's)
+            self.forward_only = True
+            self._sift(self.samples)
+            return
         self._choose()
 
     def _trained(self, tiers: list[str], whole: dict[str, list[float]]) -> list[str]:
@@ -518,7 +550,7 @@ class Tiered:
 
     def _drop_on_both(self, whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> None:
         """The copies' verdict on a call recording autograd: a candidate stays where it is close to the best (within
-        CLOSE) on what its forward and backward took (`whole`), or on what its forward alone took (`forwards`), a
+        COPIES_CLOSE) on what its forward and backward took (`whole`), or on what its forward alone took (`forwards`), a
         user's call where the user never runs the backward; the others are dropped, with their `whole` time. Where
         some candidate has fewer than its samples (long runs: COPIES_SECONDS), only those that lose clearly on both
         (CLEAR_LOSS) are dropped."""
@@ -528,7 +560,7 @@ class Tiered:
             def kept(samples: dict[str, list[float]]) -> set[str]:
                 fastest = {t: self._fastest_of(samples[t]) for t in tiers}
                 best = min(fastest.values())
-                return {t for t, s in fastest.items() if s <= (1 + CLOSE) * best}
+                return {t for t, s in fastest.items() if s <= (1 + COPIES_CLOSE) * best}
 
         else:
 
