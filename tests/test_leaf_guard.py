@@ -1,6 +1,7 @@
 """A branch on an input's leaf-ness (`w.is_leaf`, `w.grad_fn is None`) or view-ness (`w._base is None`):
 dynamo answers it from the first call's tensor without guarding it, so with every backend the program compiled
-for a leaf served a later non-leaf (compat/dynamo_leaf.py guards it for dealias's compiles). Each test compares
+for a leaf served a later non-leaf (compat/dynamo_leaf.py guards it for dealias's compiles); `w.retains_grad`
+dynamo answers False always. Each test compares
 with eager, call after call, the other leaf-ness last."""
 
 import contextlib
@@ -27,6 +28,10 @@ def _on_base(x, w):
     return x * 2 + w if w._base is None else x * 3 + w
 
 
+def _on_retains_grad(x, w):
+    return x * 2 + w if w.retains_grad else x * 3 + w
+
+
 def _on_requires_grad(x, w):
     return x * 2 + w if w.requires_grad else x * 3 + w
 
@@ -37,6 +42,12 @@ def _leaf():
 
 def _non_leaf():
     return torch.linspace(-2, 2, 3, requires_grad=True) * 1  # (requires grad too: dynamo's guards see no difference)
+
+
+def _retaining():
+    w = _non_leaf()
+    w.retain_grad()
+    return w
 
 
 def _view():
@@ -79,6 +90,12 @@ def test_a_non_leaf_first_then_a_leaf(fn):
 @pytest.mark.parametrize("executor", ["tiered", "torch"])
 def test_a_branch_on_the_base_follows_each_calls_input(executor):
     _compare(_on_base, [_view, _plain, _view], executor)
+
+
+@pytest.mark.parametrize("executor", ["tiered", "torch"])
+def test_a_branch_on_retains_grad_reads_each_calls_input(executor):
+    # (dynamo answers False from its fake value, which retains none: wrong from the first call)
+    _compare(_on_retains_grad, [_retaining, _non_leaf, _retaining], executor)
 
 
 def test_requires_grad_is_guarded_by_dynamo_itself():

@@ -10,6 +10,11 @@ None` is: autograd's own definition) matched as a bool, `_base` by its type (Non
 tensor differs there traces again. Dynamo's own guard builders (`BOOL_MATCH`, `TYPE_MATCH`) check them, on the
 caller's tensor at the compile, in C++.
 
+`t.retains_grad` is worse: dynamo answers it from the fake value, which never retains, so a branch on it was wrong
+from the first call of a tensor after `retain_grad()`. For dealias's compiles it is answered from the caller's
+tensor (`OutputGraph.resolve_source_value`), guarded the same way (a source that cannot be read back breaks the
+graph there).
+
 Tensors made inside the graph are left alone: their leaf-ness follows from the guarded inputs and grad mode,
 which dynamo guards. Without this correction the program compiled for one leaf-ness serves the other, as with
 every backend (dealias's own cache key holds leaf-ness, but its program would be made from dynamo's graph, which
@@ -31,8 +36,10 @@ _LEAF = ("is_leaf", "grad_fn")  # (a tensor's grad_fn is None exactly where it i
 @correction(
     NAME,
     corrects="`t.is_leaf`, `t.grad_fn is None` and `t._base is None` of an input are not guarded: the program "
-    "compiled for a leaf served a non-leaf (the other branch of `w if w.is_leaf else ..`)",
-    without="the program compiled for one leaf-ness (or view-ness) serves the other, as with every backend",
+    "compiled for a leaf served a non-leaf (the other branch of `w if w.is_leaf else ..`); `t.retains_grad` is "
+    "always False",
+    without="the program compiled for one leaf-ness (or view-ness) serves the other, and `retains_grad` is False, "
+    "as with every backend",
 )
 def install() -> None:
     """Wrap the TensorVariable method dynamo reads a tensor's attributes with (`var_getattr`; `tp_getattro_impl`
@@ -46,6 +53,11 @@ def install() -> None:
     bool_match = require(builder, "BOOL_MATCH", "self", "guard")
     type_match = require(builder, "TYPE_MATCH", "self", "guard")
     attr_source = require(require_module("torch._dynamo.source"), "AttrSource")
+    constant = require(require_module("torch._dynamo.variables"), "ConstantVariable")
+    require(require_module("torch._dynamo.output_graph").OutputGraph, "resolve_source_value", "self", "source")
+    unimplemented = require(
+        require_module("torch._dynamo.exc"), "unimplemented", "gb_type", "context", "explanation", "hints"
+    )
 
     def guard(var: Any, name: str) -> None:
         """Guard `name` of the caller's tensor behind `var` as the tensor has it at this compile."""
@@ -55,10 +67,34 @@ def install() -> None:
         check = bool_match if name in _LEAF else type_match
         install_guard(attr_source(source, "is_leaf" if name in _LEAF else "_base").make_guard(check))
 
+    def retains_grad(var: Any, tx: Any) -> Any:
+        """The caller's tensor's `retains_grad`, guarded; None (dynamo's answer) for a tensor made in the graph."""
+        source = getattr(var, "source", None)
+        if source is None or not source.subguards_allowed():
+            return None  # (made in the graph: `retain_grad()` breaks the graph, so it retains none)
+        try:
+            value = tx.output.resolve_source_value(source).retains_grad
+        except Exception:  # noqa: BLE001 - a source dynamo cannot read back here: dynamo's answer is not trusted
+            value = None
+        if type(value) is not bool:
+            unimplemented(
+                gb_type="dealias: retains_grad of an input (dynamo answers False, unguarded)",
+                context=f"{source.name}.retains_grad",
+                explanation="the caller's tensor could not be read back: it runs eagerly",
+                hints=[],
+            )
+        install_guard(attr_source(source, "retains_grad").make_guard(bool_match))
+        return constant.create(value)
+
     @functools.wraps(get)
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
-        if (name in _LEAF or name == "_base") and isinstance(self, TensorVariable) and applies(NAME, tx):
-            guard(self, name)
+        if name in (*_LEAF, "_base", "retains_grad") and isinstance(self, TensorVariable) and applies(NAME, tx):
+            if name == "retains_grad":
+                answer = retains_grad(self, tx)
+                if answer is not None:
+                    return answer
+            else:
+                guard(self, name)
         return get(self, tx, name)
 
     setattr(TensorVariable, getter, var_getattr)
