@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     dynamo_hooks,
     dynamo_indexing,
     dynamo_inputs,
+    dynamo_leaf,
     dynamo_lerp,
     dynamo_out,
     dynamo_reads,

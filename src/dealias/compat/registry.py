@@ -6,10 +6,11 @@ internals it needs with `require` (the attribute exists, and its leading paramet
 correction's wrapper passes on); a lookup that fails raises `Missing`, and the correction stays out of force.
 Nothing here raises at import: a torch whose internals moved gets dealias with fewer corrections, and each
 correction says what dealias does then (`without`): the construct it corrects breaks the graph or runs its
-frame eagerly with a warning, and never changes another backend's tracing. Five fall-backs are dynamo's own
+frame eagerly with a warning, and never changes another backend's tracing. Six fall-backs are dynamo's own
 behaviour, as with every backend, and are said so in the README: resume_fallback (dynamo's error), kept_index_reads
 (no IndexError for an unused read), function_names (a backward node's name), checkpoint_arguments (backward raises
-at a write of state a checkpointed function closes over), signed_zero_guards (-0.0 served by 0.0's program).
+at a write of state a checkpointed function closes over), signed_zero_guards (-0.0 served by 0.0's program),
+leaf_guards (a leaf's program served a non-leaf; retains_grad False).
 
 Wrappers consult `active(name)` on every call, so a correction can be taken out of force at any time
 (`forced_off`, for tests; `DEALIAS_COMPAT_OFF=name,name` or `=all` at import, for a user who suspects one) and
