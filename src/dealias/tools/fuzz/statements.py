@@ -353,7 +353,7 @@ def wide(r: random.Random, n: str, ts: list[str], env: dict[str, Any]) -> tuple[
         f"{t}.t_()" if x.dim() <= 2 else f"{t}.swapdims_(0, 1)",
     ]
     writes = []
-    if x.dim() and size:
+    if x.dim() and size and len(x):
         idx = f"torch.zeros({shape}, dtype=torch.long)"
         writes += [
             f"{t}.scatter_({d}, {idx}, {c})",
