@@ -374,7 +374,8 @@ def wide(r: random.Random, n: str, ts: list[str], env: dict[str, Any]) -> tuple[
             f"{t}.abs_()",
             f"{t}.random_(0, 5)",
             f"{t}.detach_()",
-            f"{t}.requires_grad_()",
+            # (no `requires_grad_()`: of a caller's tensor after a view of it was written, a known difference,
+            # tests/test_fuzz21.py's xfail, that would fill the runs)
             f"{t}.data.mul_({c})",
         ]
     else:
