@@ -124,3 +124,13 @@ def test_fused_backward_of_a_result_not_reading_a_written_input(fn, write_after)
         warnings.simplefilter("ignore")
         got = _first_grad(dealias.jit(fn, executor="inductor"), write_after)
     assert torch.equal(got, want)
+
+
+def test_wide_programs_are_runnable_and_leave_the_others_alone():
+    from dealias.tools.fuzz import generate
+
+    prog = generate(2190143, wide=True)
+    program, make_args = prog.load()
+    program(*make_args())
+    assert "x0.data.mul_(3.0)" in prog.body  # (a statement only --wide makes)
+    assert generate(2190143).source() != prog.source() and generate(2190143).source() == generate(2190143).source()
