@@ -334,8 +334,11 @@ class _Call:
             dims = repeated_dims(cap.fakes[wb.target.key]) if wb.target.kind is RefKind.INPUT else []
             narrow = "".join(f".narrow({d}, 0, 1)" for d in dims)
             self.in_mode(wb.grad, [f"{target}{narrow}.copy_({value}{narrow})"])
-        self.make_outputs()
-        self.set_layouts()
+        # The counters set back before the outputs are made: a view records its base's version when made, and
+        # eager's, made before a write hidden from autograd (`x.data.mul_`) or after it, recorded the counter the
+        # write did not move. Made before the set-back, a view recorded the write-back's version, which a later
+        # eager write of its base (after a graph break) then reached: its grad_fn was not remade through that
+        # write, a silent wrong gradient (fuzz seed 2190143, `x.random_` after the graph).
         if unmoved:
             moved = [self.ref(r) for r in sorted(fp.moved_counters, key=_order)]
             if inference:
@@ -351,6 +354,8 @@ class _Call:
             s.emit(f"{set_versions}({kept}, {versions})")
             if moved:
                 s.emit(f"{set_versions}({_tuple(moved)}, {finals})")
+        self.make_outputs()
+        self.set_layouts()
         s.emit(f"return {self.packed()}")
         names = [r if i in self.used else "_" for i, r in enumerate(self.results)]
         unpack = f"{', '.join(names)}{',' * (len(names) == 1)} = " if self.used else ""

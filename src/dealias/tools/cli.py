@@ -26,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument(
         "--dynamic", action="store_true", help="every size symbolic from the first call (dealias.jit(dynamic=True))"
     )
+    fz.add_argument(
+        "--wide",
+        action="store_true",
+        help="wider statements too: other ops, dtypes, in-place results kept (other programs)",
+    )
     dr = sub.add_parser("doctor", help="which of dealias's corrections to torch are in force on this torch, and why")
     dr.add_argument(
         "--probe", action="store_true", help="run each correction's example under dynamo alone and under dealias"
@@ -46,7 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         from .fuzz import fuzz
 
         autograd = True if args.autograd else None
-        s = fuzz(args.seed, args.count, args.time, autograd=autograd, executor=args.executor, dynamic=args.dynamic)
+        s = fuzz(
+            args.seed,
+            args.count,
+            args.time,
+            autograd=autograd,
+            executor=args.executor,
+            dynamic=args.dynamic,
+            wide=args.wide,
+        )
         print(
             f"{s['programs']} programs in {s['seconds']} s: {s['ok']} matched eager, {s['error-matched']} raised "
             f"as eager did, {s['fallback']} ran a graph eagerly (fallback), {s['overlap']} ran a write whose elements "

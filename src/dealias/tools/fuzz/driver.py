@@ -21,11 +21,13 @@ def fuzz(
     autograd: bool | None = None,
     executor: str = "torch",
     dynamic: bool = False,
+    wide: bool = False,
 ) -> dict[str, Any]:
     """Run `count` programs from `seed` (or until `seconds` pass); `autograd` True makes every program an
     autograd one (None: one in five). Returns a summary; mismatches are shrunk and printed. With the fused
     executor (`executor="inductor"`), float values compare with a tolerance (verify's). `dynamic`: every size
-    symbolic from the first call (the same programs through the passes' and executors' symbolic paths)."""
+    symbolic from the first call (the same programs through the passes' and executors' symbolic paths). `wide`: the
+    generator's wider statements too (statements.wide)."""
     start = time.monotonic()
     summary: dict[str, Any] = {
         "ok": 0,
@@ -43,7 +45,7 @@ def fuzz(
     for i in range(count):
         if seconds is not None and time.monotonic() - start > seconds:
             break
-        prog = generate(seed + i, autograd=autograd)
+        prog = generate(seed + i, autograd=autograd, wide=wide)
         outcome = run_program(prog, executor, dynamic)
         summary[outcome.status] += 1
         summary["programs"] += 1

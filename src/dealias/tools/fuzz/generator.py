@@ -18,10 +18,11 @@ from .program import AUTOGRAD_PRELUDE, Program
 class _Gen:
     """Builds one program: keeps example tensors for every variable and tries statements against them."""
 
-    def __init__(self, seed: int, autograd: bool) -> None:
+    def __init__(self, seed: int, autograd: bool, wide: bool = False) -> None:
         self.rng = random.Random(seed)
         self.seed = seed
         self.autograd = autograd
+        self.wide = wide  # also statements.wide's (drawn only when set: other programs stay as they were)
         self.env: dict[str, Any] = {"torch": torch}
         if autograd:
             exec(AUTOGRAD_PRELUDE, self.env)  # noqa: S102 - the generator's own Functions
@@ -80,6 +81,9 @@ class _Gen:
             return None
         kind = r.random()
         n = self.fresh()
+        if self.wide and r.random() < statements.WIDE_SHARE:
+            self.kind = "wide"
+            return statements.wide(r, n, ts, self.env)
         if self.autograd and r.random() < statements.AUTOGRAD_SHARE:
             self.kind = "autograd"
             return statements.autograd_statement(r, n, r.choice(ts), self.env)
@@ -145,8 +149,9 @@ class _Gen:
         return prog
 
 
-def generate(seed: int, steps: int | None = None, autograd: bool | None = None) -> Program:
+def generate(seed: int, steps: int | None = None, autograd: bool | None = None, wide: bool = False) -> Program:
+    """The program of `seed`; `wide` adds statements.wide's kinds (a different program for the same seed)."""
     r = random.Random(seed * 7919 + 1)
     if autograd is None:
         autograd = r.random() < 0.2
-    return _Gen(seed, autograd).program(steps if steps is not None else r.randint(3, 12))
+    return _Gen(seed, autograd, wide).program(steps if steps is not None else r.randint(3, 12))

@@ -313,3 +313,92 @@ def aliased_write(r: random.Random, ts: list[str], env: dict[str, Any]) -> str |
     if x.dim() == 2 and x.shape[0] == x.shape[1]:
         options += [f"{t}.addmm_({t}, {t}.t())", f"{t}.mul_({t}.t())"]
     return r.choice(options)
+
+
+# --- wider statements (`generate(wide=True)`, the twenty-first session): ops the kinds above never make -------
+WIDE_SHARE = 0.3  # the share of a wide program's statements that are of these kinds
+
+
+def wide(r: random.Random, n: str, ts: list[str], env: dict[str, Any]) -> tuple[str, str | None] | None:
+    """Views that alias or copy by their input's layout (`contiguous`, `reshape` to another shape, `to` the same
+    dtype), an in-place op's result kept (an alias of what it wrote), scatters, masked and index writes, triangle
+    and diagonal fills, in-place autograd changes (`detach_`, `requires_grad_`), and functional ops of several
+    tensors or of other dtypes."""
+    t = r.choice(ts)
+    x = env[t]
+    d = _dim(r, x)
+    size = x.shape[d] if x.dim() else 1
+    floating = x.is_floating_point()
+    same = [u for u in ts if env[u].dtype == x.dtype]
+    u = _other(r, x, same, env) or t
+    c = r.choice(_CONSTANTS) if floating else 3
+    shape = _tuple(tuple(x.shape))
+    views = [
+        f"{t}.contiguous()",
+        f"{t}.to({x.dtype})",
+        f"{t}.reshape({x.shape[-1]}, -1)" if x.dim() and x.shape[-1] else f"{t}.reshape(1, -1)",
+        f"{t}.mT" if x.dim() >= 2 else f"{t}[None]",
+        f"{t}.swapaxes(0, -1)" if x.dim() else f"{t}[..., None]",
+        f"{t}.tensor_split(3, {d})[1]" if x.dim() else f"{t}.view_as({t})",
+        f"{t}.unflatten(0, (1, -1))" if x.dim() else f"{t}.expand(3)",
+        f"{t}.split_with_sizes([1, {size - 1}], {d})[1]" if x.dim() and size >= 1 else f"{t}.ravel()",
+        f"{t}.data",
+        f"{t}.ravel()",
+        f"{t}.expand_as({u})" if env[u].dim() >= x.dim() else f"{t}.view_as({t})",
+        f"{t}[torch.tensor([0, -1])]" if x.dim() and len(x) else f"{t}[None]",
+    ]
+    kept = [  # an in-place op's result: the written tensor itself
+        f"{t}.mul_({c})",
+        f"torch.nn.functional.relu({t}, inplace=True)" if floating else f"{t}.add_(1)",
+        f"{t}.t_()" if x.dim() <= 2 else f"{t}.swapdims_(0, 1)",
+    ]
+    writes = []
+    if x.dim() and size and len(x):
+        idx = f"torch.zeros({shape}, dtype=torch.long)"
+        writes += [
+            f"{t}.scatter_({d}, {idx}, {c})",
+            f"{t}.index_put_((torch.tensor([{r.randrange(len(x))}]),), torch.tensor({c}, dtype={x.dtype}), True)",
+            f"{t}[{t} > 0] = {c}",
+            f"{t}.put_(torch.tensor([0, {x.numel() - 1}]), torch.tensor([{c}, {c}], dtype={x.dtype}))",
+        ]
+        if floating:
+            writes += [f"{t}.scatter_add_({d}, {idx}, {u}.expand_as({t}).clone())"]
+    if x.dim() == 2:
+        writes += [f"{t}.fill_diagonal_({c})", f"{t}.tril_()", f"{t}.triu_(1)"]
+    if floating:
+        writes += [
+            f"{t}.div_({c})",
+            f"{t}.pow_(2)",
+            f"{t}.addcdiv_({u}, {u}.abs() + 1)",
+            f"{t}.lerp_({u}, 0.3)",
+            f"{t}.abs_()",
+            f"{t}.random_(0, 5)",
+            f"{t}.detach_()",
+            # (no `requires_grad_()`: of a caller's tensor after a view of it was written, a known difference,
+            # tests/test_fuzz21.py's xfail, that would fill the runs)
+            f"{t}.data.mul_({c})",
+        ]
+    else:
+        writes += [f"{t}.floor_divide_(2)", f"{t}.remainder_(3)", f"{t} <<= 1"]
+    functionals = [
+        f"torch.cat([{t}, {u}.expand_as({t})], {d})" if x.dim() else f"torch.stack([{t}, {u}])",
+        f"torch.stack([{t}, {t}])",
+        f"{t}.flip(0)" if x.dim() else f"{t} * 1",
+        f"{t}.roll(1, {d})" if x.dim() else f"{t} + 0",
+        f"{t}.to(torch.float64)",
+        f"{t}.int()" if floating else f"{t}.float()",
+        f"{t}.sum()",
+        f"{t}.clone(memory_format=torch.contiguous_format)",
+    ]
+    if x.dim():
+        functionals += [f"{t}.max({d}).values", f"{t}.sort({d}).values", f"{t}.index_select({d}, torch.tensor([0]))"]
+    if floating and x.dim() >= 2:
+        functionals += [f"{t} @ {t}.mT", f"torch.softmax({t}, -1)"]
+    kind = r.random()
+    if kind < 0.3:
+        return f"{n} = {r.choice(views)}", n
+    if kind < 0.4:
+        return f"{n} = {r.choice(kept)}", n
+    if kind < 0.8:
+        return r.choice(writes), None
+    return f"{n} = {r.choice(functionals)}", n
