@@ -43,7 +43,8 @@ class Block(nn.Module):
 
 @pytest.fixture
 def layouts_measured(monkeypatch, verdict_store):
-    """The layout measured, with channels-last `slower` times eager's layout (and the sizes each was asked for)."""
+    """The layout measured, with channels-last `slower` times eager's layout (and the sizes each was asked for),
+    its weights' conversions taking no time."""
     monkeypatch.setenv("DEALIAS_CONV_LAYOUT", "measure")
     asked = []
 
@@ -53,6 +54,7 @@ def layouts_measured(monkeypatch, verdict_store):
             return 1.0, slower
 
         monkeypatch.setattr(conv_layout, "measure", fake)
+        monkeypatch.setattr(conv_layout, "measure_conversion", lambda weights, inductor: (0.0, 0.0))
 
     return measure, asked
 

@@ -155,7 +155,12 @@ def _compile(
             if not sizes_arithmetic(n):  # (`s0 - 1`, which AOTAutograd traces through)
                 raise Unfusable(f"{op_name(n.target)} runs in Python")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
-    layout = channels_last(gm)  # (convolutions channels-last, or in eager's layout: measured, conv_layout.py)
+    with_grad = frozenset(  # (their gradients are converted back too: conv_layout.py measures the layout)
+        ph
+        for ph, a in zip(gm.graph.find_nodes(op="placeholder"), example)
+        if isinstance(a, torch.Tensor) and a.requires_grad
+    )
+    layout = channels_last(gm, with_grad)  # (convolutions channels-last, or in eager's layout)
     handed.meta["channels_last"] = layout  # (for traces and tests)
     results = gm.graph.output_node().args[0]
     # (A result the passes did not mark is taken to require grad: an input it reads is then never handed over

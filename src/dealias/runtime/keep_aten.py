@@ -152,8 +152,8 @@ def measure(
 def aten_against_inductor(
     inputs: Callable[[], tuple[torch.Tensor, ...]], aten_fn: Callable[..., Any], traced_fn: Callable[..., Any]
 ) -> tuple[float, float]:
-    """Seconds per call of `aten_fn` (ATen's kernels) and of inductor's code for `traced_fn`, on the tensors
-    `inputs()` draws. Best of interleaved rounds."""
+    """Seconds per call of `aten_fn` (ATen's kernels) and of inductor's code for `traced_fn` (a tensor or a list of
+    them), on the tensors `inputs()` draws. Best of interleaved rounds."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
@@ -166,7 +166,8 @@ def aten_against_inductor(
     # caller's random numbers.)
     with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad(), torch.random.fork_rng(devices=[]):
         xs = inputs()
-        gm = make_fx(lambda *a: (traced_fn(*a),), decomposition_table=select_decomp_table())(*xs)
+        decompositions = select_decomp_table()
+        gm = make_fx(lambda *a: tuple(pytree.tree_leaves(traced_fn(*a))), decomposition_table=decompositions)(*xs)
         # (inductor's vector-ISA probes, run by the process's first C++ compile, under dealias's record of them
         # (compat/vec_isa.py): a measurement is often that first compile, and probes it ran unrecorded were run
         # again by every later process's fused compile, ~0.3 s of a warm first call)

@@ -1,0 +1,99 @@
+"""The convolution layout's verdict (runtime/conv_layout.py) counts the weights' conversions inductor runs for
+channels-last, the gradients' too in a graph autograd records: with the same kernel timings a net goes channels-last
+in eval and keeps eager's layout in training (resnet18's case: its 3x3 kernels faster channels-last, its weights'
+conversions, twice per step, more than they save). Timings patched, so the verdicts are fixed; results against
+eager's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import dealias
+from dealias.runtime import conv_layout
+
+pytestmark = pytest.mark.inductor
+
+CLOSE = dict(rtol=1e-4, atol=1e-4)
+
+
+def net():
+    """Two 3x3 convolutions (weights channels-last reorders), a depthwise one and a 1x1 one (whose memory order it
+    keeps: nothing to convert), BatchNorm, ReLU."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8),
+        nn.Conv2d(8, 4, 1),
+        nn.ReLU(),
+    )
+
+
+@pytest.fixture
+def timings(monkeypatch, verdict_store):
+    """Each convolution's kernel 1.0 s in eager's layout and 0.75 s channels-last (1.0 saved over the four), each
+    weight's conversion 0.3 s by ATen's copy and 0.4 s by inductor's; what the conversions were asked for."""
+    monkeypatch.setenv("DEALIAS_CONV_LAYOUT", "measure")
+    asked = []
+    monkeypatch.setattr(conv_layout, "measure", lambda x, w, bias, rest: (1.0, 0.75))
+
+    def conversion(weights, inductor):
+        asked.append((inductor, sorted(tuple(w.shape) for w in weights)))
+        return 0.3 * len(weights), (0.4 if inductor else 0.3) * len(weights)
+
+    monkeypatch.setattr(conv_layout, "measure_conversion", conversion)
+    return asked
+
+
+def test_eval_counts_the_weights_conversions_once(timings):
+    # Two weights to convert: 0.6 s by ATen's copy, within SLACK of the 1.0 saved: inductor's own conversion is
+    # measured (0.8 s), and still less than what channels-last saves.
+    torch.manual_seed(0)
+    model, x = net().eval(), torch.randn(2, 3, 8, 8)
+    expected = model(x)
+    jf = dealias.jit(copy.deepcopy(model), executor="inductor")
+    with torch.no_grad():
+        got = jf(x)
+    torch.testing.assert_close(got, expected.detach(), **CLOSE)
+    assert jf.last.run_graph.graph.meta["channels_last"] is True
+    weights = [(8, 3, 3, 3), (8, 8, 3, 3)]  # (not the depthwise nor the 1x1 one's)
+    assert timings == [(False, weights), (True, weights)]
+
+
+def test_training_counts_the_gradients_conversions_too(timings):
+    # The same kernels, but each weight's gradient is converted back as well: four conversions, 1.2 s by ATen's
+    # copy, more than the 1.0 saved: eager's layout, without compiling inductor's conversion.
+    torch.manual_seed(0)
+    model, x = net().train(), torch.randn(2, 3, 8, 8)
+    twin = copy.deepcopy(model)
+    jf = dealias.jit(twin, executor="inductor")
+    for _ in range(2):
+        loss = model(x).square().sum()
+        loss.backward()
+        got = jf(x).square().sum()
+        got.backward()
+        torch.testing.assert_close(got, loss, **CLOSE)
+        for (name, a), b in zip(twin.named_parameters(), model.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, **CLOSE, msg=name)
+        for a, b in zip(twin.buffers(), model.buffers()):
+            torch.testing.assert_close(a, b, **CLOSE)
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    assert jf.last.run_graph.graph.meta["channels_last"] is False
+    weights = sorted([(8, 3, 3, 3), (8, 8, 3, 3)] * 2)
+    assert timings == [(False, weights)]
+
+
+def test_kernels_slower_channels_last_ask_no_conversion(timings, monkeypatch):
+    monkeypatch.setattr(conv_layout, "measure", lambda x, w, bias, rest: (1.0, 1.25))
+    torch.manual_seed(0)
+    model, x = net().eval(), torch.randn(2, 3, 8, 8)
+    jf = dealias.jit(copy.deepcopy(model), executor="inductor")
+    with torch.no_grad():
+        torch.testing.assert_close(jf(x), model(x), **CLOSE)
+    assert jf.last.run_graph.graph.meta["channels_last"] is False
+    assert timings == []
