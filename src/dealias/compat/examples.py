@@ -149,6 +149,14 @@ def resize_within(x: torch.Tensor) -> Any:
 _MODULE = torch.nn.Linear(3, 3)
 
 
+def leaf_branch(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * 2 + w if w.is_leaf else x * 3 + w  # (dynamo's answer is not guarded: a leaf's program, a non-leaf)
+
+
+def _leaf_then_not() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.ones(2), torch.ones(2, requires_grad=True)), (torch.ones(2), torch.ones(2, requires_grad=True) * 1)]
+
+
 def _hooked_module_calls() -> list[tuple[Any, ...]]:
     """A module called once, then again with a forward hook registered in between (dynamo does not guard
     module hooks by default: the second call would skip the hook)."""
@@ -185,6 +193,7 @@ EXAMPLES: dict[str, Example] = {
         checkpoint_closing_over, lambda: [(torch.linspace(-1, 1, 3).requires_grad_(), torch.zeros(3))], backward=True
     ),
     "signed_zero_guards": Example(divided, lambda: [(torch.ones(2), 0.0), (torch.ones(2), -0.0)], dynamic=False),
+    "leaf_guards": Example(leaf_branch, _leaf_then_not),
 }
 
 
