@@ -40,7 +40,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..ir.viewops import symbolic_layout
-from .keep_aten import aten_against_inductor, measured
+from .keep_aten import aten_against_inductor, best_of, measured
 
 aten = torch.ops.aten
 # Inductor's conversion is measured (a compile) only where ATen's copy, this many times over, would change the
@@ -131,22 +131,8 @@ def measure_conversion(weights: list[torch.Tensor], inductor: bool) -> tuple[flo
 
 
 def _best(*fns: Callable[[], Any], rounds: int = 5, seconds: float = 0.005) -> tuple[float, ...]:
-    """Seconds per call of each of `fns`, the best of `rounds` interleaved rounds of about `seconds` each: the
-    thread's CPU time at one thread (other processes on a shared machine preempt a round of calls, which a wall
-    clock counts: 2-5x under a load of 8 on 2 cores, unevenly between kernels), the wall clock at several (the
-    kernels' own threads work for the caller)."""
+    """keep_aten.best_of on the thread's CPU time at one thread (other processes on a shared machine preempt a round
+    of calls, which a wall clock counts: 2-5x under a load of 8 on 2 cores, unevenly between kernels), the wall clock
+    at several (the kernels' own threads work for the caller); rounds sized from one warm call."""
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-    iters = []
-    for fn in fns:
-        fn()  # (warm)
-        start = clock()
-        fn()
-        iters.append(max(2, int(seconds / max(clock() - start, 1e-7))))
-    best = [float("inf")] * len(fns)
-    for _ in range(rounds):
-        for i, (fn, n) in enumerate(zip(fns, iters)):
-            start = clock()
-            for _ in range(n):
-                fn()
-            best[i] = min(best[i], (clock() - start) / n)
-    return tuple(best)
+    return best_of(*fns, rounds=rounds, seconds=seconds, warm_timed=1, clock=clock)

@@ -176,26 +176,32 @@ def aten_against_inductor(
         return best_of(lambda: aten_fn(*xs), lambda: compiled(list(xs)))
 
 
-def best_of(*fns: Callable[[], Any], rounds: int = 7, seconds: float = 0.01) -> tuple[float, ...]:
-    """Seconds per call of each of `fns`: the best of `rounds` interleaved rounds of about `seconds` each. The
-    calls per round are set from the fastest of three warm calls: on a shared machine one call may stall for a
-    scheduler's time slice (8-16 ms here), which would leave a round of two calls."""
+def best_of(
+    *fns: Callable[[], Any],
+    rounds: int = 7,
+    seconds: float = 0.01,
+    warm_timed: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, ...]:
+    """Seconds per call of each of `fns` on `clock`: the best of `rounds` interleaved rounds of about `seconds`
+    each. The calls per round are set from the fastest of `warm_timed` warm calls: on a shared machine one call may
+    stall for a scheduler's time slice (8-16 ms here), which would leave a round of two calls."""
     iters = []
     for fn in fns:
         fn()  # (warm)
         fastest = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
+        for _ in range(warm_timed):
+            start = clock()
             fn()
-            fastest = min(fastest, time.perf_counter() - start)
+            fastest = min(fastest, clock() - start)
         iters.append(max(2, int(seconds / max(fastest, 1e-7))))
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
         for i, (fn, n) in enumerate(zip(fns, iters)):
-            start = time.perf_counter()
+            start = clock()
             for _ in range(n):
                 fn()
-            best[i] = min(best[i], (time.perf_counter() - start) / n)
+            best[i] = min(best[i], (clock() - start) / n)
     return tuple(best)
 
 
