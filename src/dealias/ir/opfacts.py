@@ -374,3 +374,27 @@ def written_nodes(node: fx.Node) -> list[fx.Node]:
     bound = bind_args(op._schema, node.args, node.kwargs)
     args = [bound.get(name) for name in facts(op).mutated]
     return [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, fx.Node)]
+
+
+def fact_per_signature(
+    memo: dict[Any, Any], op: Any, flat: list[Any], spec: Any, tensor_key: Any, compute: Any, bound: int = 4096
+) -> Any:
+    """An op fact read off a run of `op` on meta tensors, kept in `memo` per signature of the call (`flat`, `spec`:
+    its arguments flattened): the op, the argument structure, `tensor_key(node)` of each argument node (its layout,
+    and whatever else the fact depends on) and the other arguments' values (floats by repr: 0.0 and -0.0 apart), so
+    that a net's batch norms of one size run once. `compute(parts)` computes it (`parts`: each argument's key or
+    value, in order); an unhashable signature is computed every time."""
+    parts = tuple(
+        tensor_key(a) if isinstance(a, fx.Node) else (type(a), repr(a) if isinstance(a, float) else a) for a in flat
+    )
+    key: Any = (op, spec, tuple(isinstance(a, fx.Node) for a in flat), parts)
+    try:
+        hash(key)
+    except TypeError:
+        return compute(parts)
+    if key in memo:
+        return memo[key]
+    fact = compute(parts)
+    if len(memo) < bound:
+        memo[key] = fact
+    return fact

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from ..ir.checks import concrete
-from ..ir.opfacts import OpKind, bind_args, facts, inplace_variant, op_name
+from ..ir.opfacts import OpKind, bind_args, fact_per_signature, facts, inplace_variant, op_name
 from ..ir.plan import FunctionalProgram, Ref, RefKind, ResultArg, WriteBackReport, alias_group_of
 from ..ir.viewops import chain_args, internal_overlap
 from .writeback import _fresh, _reads_its_target, _remapped, _same_layout, _updated_in_place, whole_report
@@ -318,26 +318,16 @@ def _requires_grad(value: fx.Node) -> bool:
     if not all(isinstance(a.meta.get("val"), torch.Tensor) for a in flat if isinstance(a, fx.Node)):
         return True
 
-    def layout_of(a: Any) -> Any:
-        if not isinstance(a, fx.Node):
-            return (type(a), repr(a) if isinstance(a, float) else a)
+    def layout_of(a: fx.Node) -> Any:
         v = a.meta["val"]  # (symbolic sizes at the compiling call's values: which results require grad is no size's)
         shape, stride = tuple(concrete(n) for n in v.shape), tuple(concrete(n) for n in v.stride())
         return (shape, stride, v.dtype, bool(a.meta.get("rg")) and v.is_floating_point())
 
     # Which results require grad depends only on the op and its arguments' layouts and values: each op of a net
     # runs once per such signature (resnet18's training graph ran a meta batch norm per result: 80, ~0.5 CPU s).
-    layouts = tuple(layout_of(a) for a in flat)
-    try:
-        key: Any = (op, spec, tuple(isinstance(a, fx.Node) for a in flat), layouts)
-        hash(key)
-    except TypeError:
-        key = None
-    flags = _result_grads.get(key) if key is not None else None
-    if flags is None:
-        flags = _result_requires_grad(op, flat, spec, layouts)
-        if key is not None and len(_result_grads) < 4096:
-            _result_grads[key] = flags
+    flags = fact_per_signature(
+        _result_grads, op, flat, spec, layout_of, lambda parts: _result_requires_grad(op, flat, spec, parts)
+    )
     index = value.args[1]
     return flags[index] if isinstance(flags, tuple) and isinstance(index, int) and 0 <= index < len(flags) else True
 

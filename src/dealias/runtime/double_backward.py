@@ -14,6 +14,7 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..compat.internals import backward_keeps_graph
+from ..ir.opfacts import fact_per_signature
 
 
 def double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool, int]:
@@ -171,19 +172,14 @@ def _output_dependence(n: fx.Node) -> list[set[fx.Node]] | None:
         return None
     # The trace depends only on the op, the arguments' layouts and the other arguments' values: a net's batch
     # norms of one size are traced once (resnet18's training graph: 60 traces, ~1 CPU s of its first call).
-    layouts = tuple((tuple(v.shape), v.stride(), v.dtype) for v in vals)
-    others = tuple((type(a), repr(a) if isinstance(a, float) else a) for a in flat if not isinstance(a, fx.Node))
-    try:
-        key = (op, spec, tuple(isinstance(a, fx.Node) for a in flat), layouts, others)
-        hash(key)
-    except TypeError:
-        key = None
-    if key is not None and key in _traced_dependence:
-        reached = _traced_dependence[key]
-    else:
-        reached = _dependence_by_position(op, flat, spec, vals)
-        if key is not None and len(_traced_dependence) < 4096:
-            _traced_dependence[key] = reached
+    reached = fact_per_signature(
+        _traced_dependence,
+        op,
+        flat,
+        spec,
+        lambda a: (tuple(a.meta["val"].shape), a.meta["val"].stride(), a.meta["val"].dtype),
+        lambda parts: _dependence_by_position(op, flat, spec, vals),
+    )
     if reached is None:
         return None
     return [{nodes[i] for i in positions} for positions in reached]
