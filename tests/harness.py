@@ -3,6 +3,7 @@ calls, plus the expected number of compilations."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,17 @@ def like_eager_within_ulps(fn: Callable[..., Any], jf: Any, *args: Any) -> None:
     finally:
         ULP_TOLERANT.reset(token)
     assert diff is None, diff
+
+
+def fused_eval_like_eager(model: torch.nn.Module, x: torch.Tensor) -> Any:
+    """`model` in eval mode (a copy) on the fused executor, its no_grad forward of `x` compared with eager's within
+    the conv tests' tolerance; returns the jitted module, whose last graph says the layout taken."""
+    expected = model(x)
+    jf = dealias.jit(copy.deepcopy(model), executor="inductor")
+    with torch.no_grad():
+        got = jf(x)
+    torch.testing.assert_close(got, expected.detach(), rtol=1e-4, atol=1e-4)
+    return jf
 
 
 def functional_ops(jf: Any) -> list[str]:

@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+from harness import fused_eval_like_eager
 
 import dealias
 from dealias.runtime import conv_layout
@@ -54,12 +55,7 @@ def test_eval_counts_the_weights_conversions_once(timings):
     # Two weights to convert: 0.6 s by ATen's copy, within SLACK of the 1.0 saved: inductor's own conversion is
     # measured (0.8 s), and still less than what channels-last saves.
     torch.manual_seed(0)
-    model, x = net().eval(), torch.randn(2, 3, 8, 8)
-    expected = model(x)
-    jf = dealias.jit(copy.deepcopy(model), executor="inductor")
-    with torch.no_grad():
-        got = jf(x)
-    torch.testing.assert_close(got, expected.detach(), **CLOSE)
+    jf = fused_eval_like_eager(net().eval(), torch.randn(2, 3, 8, 8))
     assert jf.last.run_graph.graph.meta["channels_last"] is True
     weights = [(8, 3, 3, 3), (8, 8, 3, 3)]  # (not the depthwise nor the 1x1 one's)
     assert timings == [(False, weights), (True, weights)]
@@ -91,9 +87,6 @@ def test_training_counts_the_gradients_conversions_too(timings):
 def test_kernels_slower_channels_last_ask_no_conversion(timings, monkeypatch):
     monkeypatch.setattr(conv_layout, "measure", lambda x, w, bias, rest: (1.0, 1.25))
     torch.manual_seed(0)
-    model, x = net().eval(), torch.randn(2, 3, 8, 8)
-    jf = dealias.jit(copy.deepcopy(model), executor="inductor")
-    with torch.no_grad():
-        torch.testing.assert_close(jf(x), model(x), **CLOSE)
+    jf = fused_eval_like_eager(net().eval(), torch.randn(2, 3, 8, 8))
     assert jf.last.run_graph.graph.meta["channels_last"] is False
     assert timings == []
