@@ -10,7 +10,9 @@ same directories). Each reports, from construction to the first call's return (a
   graph and no miss or bypass; torch.compile's an autograd_cache_hit);
 - dealias's own phases, CPU seconds summed over the call's compiles: capture, alias analysis, functionalize,
   optimize, write-back lowering, the torch executor, the fused executor (its retrace by make_fx shown apart; the rest
-  is inductor's compile or cache lookup and load, and whatever inductor imports there), the runs on copies.
+  is inductor's compile or cache lookup and load, and whatever inductor imports there), the runs on copies;
+- the second call's wall and CPU seconds (its children's included): a training step's second call times the fused
+  backward on copies, compiling it (frontend/choosing.py), where torch.compile compiled it in the first backward.
 
     python bench/first_call_phases.py --only adamw_foreach gpt2 --rounds 3
     python bench/first_call_phases.py --only gpt2 --variants default --json out.json
@@ -129,7 +131,14 @@ def child(name: str, variant: str) -> None:
 
     caches = {f"inductor.{k}": v for k, v in counters["inductor"].items() if k.startswith("fxgraph")}
     caches.update({f"aot.{k}": v for k, v in counters["aot_autograd"].items() if "cache" in k})
-    print(json.dumps({"wall": wall, "cpu": cpu, "cpu_children": cpu_children, "caches": caches, "phases": dict(spent)}))
+    # The second call too: what a first call leaves to it is a first call's cost (dealias times the fused tier's
+    # backward on copies there, compiling it, once the first call's outputs were backpropagated).
+    start, second_cpu, before = time.perf_counter(), time.process_time(), children()
+    real.call(f, args, w.backward)
+    second, second_cpu, after = time.perf_counter() - start, time.process_time() - second_cpu, children()
+    second_cpu += after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    record = {"wall": wall, "cpu": cpu, "cpu_children": cpu_children, "second_wall": second, "second_cpu": second_cpu}
+    print(json.dumps({**record, "caches": caches, "phases": dict(spent)}))
 
 
 def one(name: str, variant: str, root: Path) -> dict[str, Any]:
@@ -182,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                 labels = sorted({k for x in recs for k in x["phases"]})
                 phases = " ".join(f"{k} {statistics.median(x['phases'].get(k, 0.0) for x in recs):.2f}" for k in labels)
                 children = statistics.median(x.get("cpu_children", 0.0) for x in recs)
+                second = f"second call wall {med('second_wall'):.2f} cpu {med('second_cpu'):.2f}"
                 print(
-                    f"{name:14} {v:14} {kind}: wall {med('wall'):.2f} cpu {med('cpu'):.2f} children {children:.2f} | ",
+                    f"{name:14} {v:14} {kind}: wall {med('wall'):.2f} cpu {med('cpu'):.2f} children {children:.2f} "
+                    f"({second}) | ",
                     end="",
                 )
                 print(recs[-1]["caches"])

@@ -92,7 +92,7 @@ def test_a_tier_far_behind_on_copies_is_not_run_on_the_users_calls(monkeypatch):
     assert info.tiers == ("fused",) and info.timings[0]["torch"] == 3.9e-4, info
 
 
-def test_tiers_far_apart_on_copies_are_settled_in_the_first_call(monkeypatch):
+def test_tiers_far_apart_on_copies_are_settled_on_copies(monkeypatch):
     ran = fake_times(
         monkeypatch, {"torch": 3e-4, "graph": 4e-4, "fused": 1e-4}, {"torch": 0.0, "graph": 0.0, "fused": 0.0}
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from test_copytiers import fake_fused, settled_in_the_first_call
+from test_copytiers import fake_fused, settled_on_copies
 from torch import nn
 
 import dealias
@@ -23,17 +23,25 @@ FORWARD = {"torch": 3e-5, "graph": 4e-5, "fused": 1e-5}
 BACKWARD = {"torch": 1e-5, "graph": 1e-5, "fused": 10e-5}
 
 
+# The tier of each backward run on copies, in order (fake_forward_and_backward's).
+BACKWARDS_ON_COPIES: list[str] = []
+
+
 def fake_forward_and_backward(monkeypatch, forward=FORWARD, backward=BACKWARD):
     """fake_fused's timing, each backward of a run on copies taking `backward[tier]` more; the user's backward is
-    added to the faked clock by the test. Returns the tiers run (their forwards) and the clock."""
+    added to the faked clock by the test. Returns the tiers run (their forwards; a run on copies "copies:<tier>")
+    and the clock."""
     ran = fake_fused(monkeypatch, **forward)
     measure = tiers.measure
     now = [0.0]
     backwards = [0]  # (backwards run on copies: each run's count of them is what it adds)
     real_backward = copies._backward
 
+    BACKWARDS_ON_COPIES.clear()
+
     def counted(*args):
         backwards[0] += 1
+        BACKWARDS_ON_COPIES.append(ran[-1])  # (a run's backward follows its forward)
         return real_backward(*args)
 
     def timed(tier, run, leaves):
@@ -45,6 +53,16 @@ def fake_forward_and_backward(monkeypatch, forward=FORWARD, backward=BACKWARD):
         return out, seconds + backward[tier] * (backwards[0] - before)
 
     monkeypatch.setattr(copies, "_backward", counted)
+    real_runs = copies.run_on_copies
+
+    def on_copies(*args, **kwargs):  # (the runs on copies told apart from the user's calls: "copies:<tier>")
+        start = len(ran)
+        try:
+            return real_runs(*args, **kwargs)
+        finally:
+            ran[start:] = [f"copies:{t}" for t in ran[start:]]
+
+    monkeypatch.setattr(copies, "run_on_copies", on_copies)
 
     monkeypatch.setattr(tiers, "measure", timed)
     monkeypatch.setattr(tiers, "clock", lambda: now[0])
@@ -99,4 +117,4 @@ def test_tiers_agreeing_on_both_measures_are_chosen_on_copies(monkeypatch):
         out, expected = jf(x), ref(x)
         assert torch.equal(out, expected), call
     assert dealias.cache_info(jf).tiers == ("fused",)
-    settled_in_the_first_call(jf)
+    settled_on_copies(jf)

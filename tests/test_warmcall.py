@@ -36,9 +36,9 @@ def records(monkeypatch, tmp_path_factory):
     asked: list[tuple[list[str], int]] = []
     real = copies.run_on_copies
 
-    def counted(entry, leaves, ts, measure, samples, seconds):
+    def counted(entry, leaves, ts, measure, samples, seconds, *lazy):
         asked.append((list(ts), samples))
-        return real(entry, leaves, ts, measure, samples, seconds)
+        return real(entry, leaves, ts, measure, samples, seconds, *lazy)
 
     monkeypatch.setattr(copies, "run_on_copies", counted)
     return asked
@@ -154,9 +154,9 @@ CHILD = textwrap.dedent(
     from dealias.frontend import copies, copies_record
     asked = []
     real = copies.run_on_copies
-    def counted(entry, leaves, ts, measure, samples, seconds):
+    def counted(entry, leaves, ts, measure, samples, seconds, *lazy):
         asked.append(samples)
-        return real(entry, leaves, ts, measure, samples, seconds)
+        return real(entry, leaves, ts, measure, samples, seconds, *lazy)
     copies.run_on_copies = counted
     def step(x, y):
         x.mul_(2).add_(y)

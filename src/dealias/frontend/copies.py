@@ -55,15 +55,23 @@ def graph_tier_refusal(program: Any) -> str:
 
 
 def run_on_copies(
-    entry: Any, leaves: list[Any], tiers: list[str], measure: Callable, samples_per_tier: int, measure_seconds: float
+    entry: Any,
+    leaves: list[Any],
+    tiers: list[str],
+    measure: Callable,
+    samples_per_tier: int,
+    measure_seconds: float,
+    lazy: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
     """In the first call (FUSE_FIRST), the warm-up and timed runs of the tiers `tiers` of the cache entry `entry`
     (tiers.Tiered; the fused program among them once compiled) on copies of the call's tensors (`copies_refusal`
     says where not): each run on fresh copies of those the plan writes, as the user's call would run, the random
     state set back after. Where a run's results carry autograd history, each run is the forward and its backward on
-    the copies (`_backward`; `backward_refusal` says where not), timed apart. Returns each tier's timed runs
-    (seconds), the tiers warmed up, notes on what was not measured and why, and, where the timed runs include their
-    backward, the same runs' forwards alone (else None): a user who never runs the backward waits for those.
+    the copies (`_backward`; `backward_refusal` says where not), timed apart, but for the tiers in `lazy`, whose
+    runs are their forwards alone (the fused program's backward, compiled at its first backward: frontend/choosing.py).
+    Returns each tier's timed runs (seconds; none for a tier of `lazy` whose runs record autograd), the tiers warmed
+    up, notes on what was not measured and why, and, where the timed runs include their backward, the same runs'
+    forwards alone (else None; every tier's): a user who never runs the backward waits for those.
 
     The fused program's runs here are its warm-up too: its first calls after the compile ran 1.1-1.3x eager for 2-4
     calls (a foreach optimizer's step, a decode step), eager's own calls after the compile as slow (the process's
@@ -117,7 +125,7 @@ def run_on_copies(
                     out, seconds = measure(t, entry.runs[t], copies)
                     torch._C._set_grad_enabled(grad)
                     forward = seconds
-                    if records and not warm_only:  # (its backward timed apart: the forward alone is a measure too)
+                    if records and not warm_only and t not in lazy:  # (its backward timed apart: a measure too)
                         _, backward = measure(t, _backward_run(out), copies)
                         torch._C._set_grad_enabled(grad)
                         seconds += backward
@@ -129,7 +137,7 @@ def run_on_copies(
                         if refusal:  # (the copies then only warm the tiers up: the user's calls are timed ones)
                             notes.append(f"tiers measured on the calls: {RECORDS} ({refusal})")
                             warm_only = True
-                        elif records:
+                        elif records and t not in lazy:
                             start = time.thread_time()
                             _backward(out, copies)
                             seconds += time.thread_time() - start
@@ -138,12 +146,13 @@ def run_on_copies(
                     warmed.add(t)
                     if k == 0 and t == "fused":
                         # (not counted: the fused program's first run, its lazily built parts, inductor's backward
-                        # compiled in its first backward, is the user's first call's cost either way)
+                        # compiled in its first backward where that is run here, is the user's cost either way)
                         samples.setdefault(t, [])
                         continue
                     total += seconds
                     if k:
-                        samples[t].append(seconds)
+                        if not (records and t in lazy):  # (a lazy tier's forward alone is no `whole`)
+                            samples[t].append(seconds)
                         forwards.setdefault(t, []).append(forward)
                         spent[t] += seconds
                     else:
@@ -154,11 +163,12 @@ def run_on_copies(
         torch._C._set_grad_enabled(grad)
         notes.append(f"tiers measured on the calls: a run on copies raised {type(e).__name__}")
         return {}, set(), notes, None
-    samples = {t: s for t, s in samples.items() if s}
-    if not warm_only and total >= COPIES_SECONDS and any(t not in samples for t in tiers):
-        notes.append(f"tiers measured on the calls too: runs on copies stopped after {total:.1f} s")
     backward = bool(records) and not warm_only
-    return samples, warmed, notes, {t: forwards[t] for t in samples} if backward else None
+    samples = {t: s for t, s in samples.items() if s}
+    timed = set(forwards) if backward else set(samples)
+    if not warm_only and total >= COPIES_SECONDS and any(t not in timed for t in tiers):
+        notes.append(f"tiers measured on the calls too: runs on copies stopped after {total:.1f} s")
+    return samples, warmed, notes, {t: forwards[t] for t in forwards if t in tiers} if backward else None
 
 
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:

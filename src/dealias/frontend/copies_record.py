@@ -2,12 +2,13 @@
 program on the same host reads the tiers' times instead of timing them again (issue 38: the warm first call).
 
 A record holds each tier's timed runs on copies (seconds; forward and backward, and the forwards alone where the
-call records autograd), nothing else: which tier runs a call is a matter of speed only (every tier is exact, or
-within the fused tolerance), so a stale or wrong record costs speed, never a result. It is keyed on everything that
-makes the program and its measure the same: dealias's source, the torch build, the host (CPU, ISA, torch's thread
-count), dynamo's graph (its code), every leaf's metadata (type, dtype, sizes, strides, offset, device, requires_grad,
-leaf or not, which leaves share a storage, scalar values), the options, grad mode and the tiers measured. A file
-that cannot be read, is damaged or does not match what is asked is ignored: the tiers are timed as before.
+call records autograd; a lazy tier's backward untimed, frontend/choosing.py), nothing else: which tier runs a call
+is a matter of speed only (every tier is exact, or within the fused tolerance), so a stale or wrong record costs
+speed, never a result. It is keyed on everything that makes the program and its measure the same: dealias's source,
+the torch build, the host (CPU, ISA, torch's thread count), dynamo's graph (its code), every leaf's metadata (type,
+dtype, sizes, strides, offset, device, requires_grad, leaf or not, which leaves share a storage, scalar values), the
+options, grad mode, the tiers measured and those whose backward is left untimed. A file that cannot be read, is
+damaged or does not match what is asked is ignored: the tiers are timed as before.
 
 A first call that reads a record still runs on copies the tier(s) the record makes fastest, once and untimed: the
 fused program's first run is its warm-up (its first calls after the compile ran 1.1-1.3x eager, its backward
@@ -35,13 +36,14 @@ from ..runtime.keep_aten import _host_key, cache_dir, read_json, source_key, wri
 from . import copies
 
 ENABLED = os.environ.get("DEALIAS_COPIES_RECORD", "1") != "0"
-VERSION = 1
+VERSION = 2  # (2: the tiers whose backward is untimed, `lazy`, in the key; no `whole` for them)
 # Records read and written in this process (tests: a second process read the first's, not timing anything).
 counts = {"read": 0, "written": 0}
 
 
-def key(entry: Any, leaves: list[Any], tiers: list[str]) -> str | None:
-    """The record's key for the tiers `tiers` of cache entry `entry` (tiers.Tiered) called with `leaves`; None where
+def key(entry: Any, leaves: list[Any], tiers: list[str], lazy: frozenset[str] = frozenset()) -> str | None:
+    """The record's key for the tiers `tiers` (`lazy`: those whose backward is untimed) of cache entry `entry`
+    (tiers.Tiered) called with `leaves`; None where
     the program cannot be named surely (dynamo's graph has no code; a torch source that cannot be read)."""
     build = source_key((), source_hash(), _host_key())
     if build is None:
@@ -87,6 +89,7 @@ def key(entry: Any, leaves: list[Any], tiers: list[str]) -> str | None:
         str(torch.is_grad_enabled()),
         repr(options),
         repr(sorted(tiers)),
+        repr(sorted(lazy)),
         str(entry.narrower is not None),
         code,
         repr(metas),
@@ -113,20 +116,27 @@ def _times(value: Any, tiers: list[str]) -> dict[str, list[float]] | None:
     return out
 
 
-def load(k: str | None, tiers: list[str]) -> tuple[dict[str, list[float]], dict[str, list[float]] | None] | None:
-    """The record under `k` for `tiers`: (each tier's timed runs, their forwards alone or None); None where there
-    is none usable."""
+def load(
+    k: str | None, tiers: list[str], lazy: frozenset[str] = frozenset()
+) -> tuple[dict[str, list[float]], dict[str, list[float]] | None] | None:
+    """The record under `k` for `tiers`: (each tier's timed runs, but the `lazy` ones' where the call records
+    autograd, their forwards alone or None); None where there is none usable."""
     if k is None or not ENABLED:
         return None
     data = read_json(_path(k))
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("key") != k:
         return None
-    samples = _times(data.get("samples"), tiers)
+    samples = _times(data.get("samples"), _whole(tiers, lazy, data.get("forwards") is not None))
     forwards = data.get("forwards")
     forwards = None if forwards is None else _times(forwards, tiers)
     if samples is None or (data.get("forwards") is not None and forwards is None):
         return None
     return samples, forwards
+
+
+def _whole(tiers: list[str], lazy: frozenset[str], records: bool) -> list[str]:
+    """The tiers whose forward and backward runs on copies time (`records`: the call records autograd)."""
+    return [t for t in tiers if not (records and t in lazy)]
 
 
 def save(k: str | None, samples: dict[str, list[float]], forwards: dict[str, list[float]] | None) -> None:
@@ -147,29 +157,31 @@ def runs(
     measure_seconds: float,
     fastest_of: Callable[[list[float]], float],
     real: bool,
+    lazy: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
     """copies.run_on_copies for cache entry `entry` (tiers.Tiered), its times read from a record where there is
     one (only the recorded fastest tiers' untimed first runs made: the fused program's warm-up), else timed and
     recorded for the next process. `real`: the times are real ones (tests faking them: nothing read or kept)."""
-    k = key(entry, leaves, tiers) if real and ENABLED and tiers else None
-    found = load(k, tiers)
+    k = key(entry, leaves, tiers, lazy) if real and ENABLED and tiers else None
+    found = load(k, tiers, lazy)
     if found is not None:
         recorded, recorded_forwards = found
         fastest = {min(recorded, key=lambda t: fastest_of(recorded[t]))}
         if recorded_forwards is not None:
             fastest.add(min(recorded_forwards, key=lambda t: fastest_of(recorded_forwards[t])))
         warm = [t for t in tiers if t in fastest]
-        _, warmed, notes, forwards = copies.run_on_copies(entry, leaves, warm, measure, 0, measure_seconds)
+        _, warmed, notes, forwards = copies.run_on_copies(entry, leaves, warm, measure, 0, measure_seconds, lazy)
         refused = any(n.startswith("tiers measured on the calls:") for n in notes)
         # (the warm-up ran as the record's runs did: not refused, and recording autograd where they did)
         if not refused and warmed == set(warm) and (forwards is None) == (recorded_forwards is None):
             counts["read"] += 1
             return recorded, warmed, ["times on copies read from an earlier process's record (copies_record)"], found[1]
     samples, warmed, notes, forwards = copies.run_on_copies(
-        entry, leaves, tiers, measure, samples_per_tier, measure_seconds
+        entry, leaves, tiers, measure, samples_per_tier, measure_seconds, lazy
     )
     # (a record only of a complete measure: every tier timed, nothing refused)
-    if k is not None and samples and set(samples) == set(tiers) and not notes:
+    whole = set(_whole(tiers, lazy, forwards is not None))
+    if k is not None and samples and set(samples) == whole and not notes:
         if forwards is None or set(forwards) == set(tiers):
             save(k, samples, forwards)
     return samples, warmed, notes, forwards

@@ -42,7 +42,7 @@ after the compile ran 1.1-1.3x: the runs on copies are their warm-up); tiers clo
 user's calls too; where the call records autograd and more than one tier is close to the best on its forward and
 backward or on its forward alone (timed apart), hooks on the first call's outputs' autograd nodes
 (frontend/backward_seen.py) tell a later call whether the user ran their backward, and that measure chooses
-(`_Choosing`: no user call timed; where no hook can be set, the user's calls time those tiers). (The samples on
+(choosing.Choosing: no user call timed; where no hook can be set, the user's calls time those tiers). (The samples on
 copies are of the same inputs' values and layouts; if anything a little fast, the copies just written and in the
 caches.) No later call waits for a compile or runs beside one.
 
@@ -73,7 +73,7 @@ from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
-from . import backward_seen, copies_record
+from . import backward_seen, choosing, copies_record
 from .copies import graph_tier_refusal, has_history
 from .eager_runs import graph_run
 
@@ -107,7 +107,7 @@ COPIES_CLOSE = 0.20
 # op-by-op step of a foreach optimizer at 2-3x eager, where dynamo's graph runs at 1.2x).
 CLEAR_LOSS = 1.5
 MEASURE_SECONDS = 0.5  # ...or fewer, once a candidate's timed calls took this long in all (long calls)
-# A call recording autograd whose tiers the runs on copies left to what the user runs (`_Choosing`): the choice by the
+# A call recording autograd whose tiers the runs on copies left to what the user runs (choosing.Choosing): the choice
 # forward alone once this many calls ran with no backward through the first call's outputs (outputs the user keeps).
 WATCH_CALLS = PROMOTE_AFTER
 
@@ -190,8 +190,9 @@ class Tiered:
         self.lock = threading.Lock()
         self.settled = False
         self.measured = ""  # "graph 40.1 us vs torch 55.0 us", once measured
-        self.measured_on_copies = False  # the exact tiers timed on copies in the first call (FUSE_FIRST)
-        self.choosing: _Choosing | None = None  # the copies' two measures, until the user's backward or none decides
+        self.measured_on_copies = ""  # where the tiers chosen between were timed on copies: "the first call", ...
+        self.choosing: choosing.Choosing | None = None  # the copies' measures, until the user's backward decides
+        self.timing_backward = False  # (`_time_backward` running: the calls meanwhile run `current`)
         self.forward_only = False  # (no backward seen: the user's calls timed alone, `_choose_by_backward`)
         if not self.candidates and not fuse:
             self._settle()
@@ -213,6 +214,8 @@ class Tiered:
     def tier_reason(self) -> str:
         if self.pending is not None:
             why = "the fused program compiling in the background"
+        elif self.timing_backward:
+            why = "timing each tier's forward and backward on copies: the first call's outputs were backpropagated"
         elif self.choosing is not None:
             tiers = ", ".join(self.choosing.tiers)
             why = f"choosing between {tiers} by whether the first call's outputs are backpropagated"
@@ -220,7 +223,7 @@ class Tiered:
             calls = f"{self.calls} call{'s' if self.calls != 1 else ''} so far"
             why = f"measuring ({', '.join(self.candidates) or self.current}; {calls})"
         elif self.measured:
-            copies = ", on copies in the first call" if self.measured_on_copies else ""
+            copies = f", on copies in {self.measured_on_copies}" if self.measured_on_copies else ""
             why = f"fastest measured: {self.measured} (each one's fastest timed calls{copies})"
         elif self.fuse and not self.promoted:
             why = f"the only exact tier; fused after {PROMOTE_AFTER} calls or {PROMOTE_AFTER_SECONDS} s"
@@ -237,8 +240,9 @@ class Tiered:
                 (tier, seconds, returned), self.open = self.open, None
                 self._record(tier, seconds + max(0.0, now - returned), seconds)
             self.calls += 1
+            backward = None  # (a training step seen: the lazy tiers' backward to time on copies, this call)
             if self.choosing is not None and self.choosing.watch is not None:
-                self._choose_by_backward()
+                backward = self._choose_by_backward()
             due = self.fuse and not self.promoted and not self.promoting
             first = due and FUSE_FIRST and self.calls == 1
             due = due and (first or self.calls >= PROMOTE_AFTER or self.spent >= PROMOTE_AFTER_SECONDS)
@@ -254,6 +258,8 @@ class Tiered:
         if first:
             self._promote(leaves, background=False)
             self._measure_on_copies(leaves)
+        elif backward is not None:
+            self._time_backward(leaves, backward)
         elif due:
             self._promote(leaves)
         elif compiled:
@@ -432,11 +438,12 @@ class Tiered:
         """In the first call (FUSE_FIRST), every candidate's warm-up and timed calls on copies of the call's tensors
         (frontend/copies.py), the fused program's among them: the choice made there where they are not close, and
         the user's calls then run the winner, all of them; tiers close to the best measured on the user's calls.
-        Where the runs on copies include their backward (`forwards`: the same runs' forwards alone), the copies only
-        drop the tiers that lose on both measures (`_drop_on_both`): whether the user runs the backward is seen by
-        hooks on this call's outputs (`_watch`, `_choose_by_backward`), or, where none can be set, on the user's
-        calls, each timed up to the next call (a backward there or none), their samples from the copies not kept
-        (mixed with the user's calls, the copies' runs chose:
+        Where the runs on copies include their backward (`forwards`: the same runs' forwards alone; the fused
+        tier's backward not run, frontend/choosing.py), the copies only drop the tiers that lose on both measures
+        (choosing.drop_on_both): whether the user runs the backward is seen by hooks on this call's outputs
+        (`_watch`, `_choose_by_backward`), or, where none can be set, on the user's calls, each timed up to the next
+        call (a backward there or none), their samples from the copies not kept (mixed with the user's calls, the
+        copies' runs chose:
         a forward of MultiheadAttention with grad, never backpropagated, settled on the torch executor at 1.11x
         eager beside the fused program's 1.00x; resnet18's training forward, never backpropagated, settled on the
         torch executor, 1.04x eager, where the fused forward runs 0.92x: its backward is the slower one). Every tier
@@ -444,24 +451,24 @@ class Tiered:
         tiers = list(self.candidates)
         if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
             tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
-        samples, warmed, notes, forwards = self._copies(leaves, tiers)
+        samples, warmed, notes, forwards = self._copies(leaves, tiers, choosing.LAZY)
         self.notes += notes
         with self.lock:
             self.warm.update(warmed)
-            if forwards is not None and not all(samples.get(t) for t in self.candidates):
+            if forwards is not None and not all(forwards.get(t) for t in self.candidates):
                 samples = {}
-            self.measured_on_copies = bool(samples)
+            self.measured_on_copies = "the first call" if samples else ""
             if forwards is not None and samples:
-                self._drop_on_both(samples, forwards)
-                if len(self.candidates) == 1:
+                self.dropped.update(self._drop_on_both(samples, forwards))
+                if len(self.candidates) == 1:  # (an exact tier: one stays by `whole`, the fused one only beside it)
                     self.samples.update(samples)
                     self._choose()
                     return
                 # (the user's backward, or none, chooses the measure: `_watch`, with this call's outputs. Even where
                 # the two measures' fastest is one tier, timing the others close to it on the user's calls ran
                 # resnet18's training step on the fused tier, close on the forward, whose backward is the slower)
-                self.choosing = _Choosing(list(self.candidates), samples, forwards)
-                trained = self._trained(self.candidates, samples)
+                self.choosing = choosing.Choosing(list(self.candidates), samples, forwards, choosing.LAZY)
+                trained = choosing.trained(self.candidates, samples, CLOSE, self._fastest_of)
                 self.current = min(trained, key=lambda t: self._fastest_of(samples[t]))
                 self.candidates = []
                 return
@@ -486,108 +493,102 @@ class Tiered:
             self.samples = dict(samples)
             self._choose()
             return
-        self.samples, self.measured_on_copies = {}, False
+        self.samples, self.measured_on_copies = {}, ""
         close = ", ".join(self.candidates)
         self.notes.append(f"{close} measured on the calls: within {COPIES_CLOSE:.0%} of each other on copies")
 
     def _copies(
-        self, leaves: list[Any], tiers: list[str]
+        self, leaves: list[Any], tiers: list[str], lazy: frozenset[str] = frozenset()
     ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
-        """The runs on copies of `_measure_on_copies`, or their times read from an earlier process's record of the
-        same program on this host (frontend/copies_record.py). Times faked by tests are neither read nor kept."""
+        """The runs on copies of `_measure_on_copies` (`lazy`: the tiers whose backward they leave untimed), or
+        their times read from an earlier process's record of the same program on this host
+        (frontend/copies_record.py). Times faked by tests are neither read nor kept."""
         real = measure is _MEASURE and clock is _CLOCK
-        return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, self._fastest_of, real)
+        return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, self._fastest_of, real, lazy)
 
     def _watch(self, out: Any, leaves: list[Any]) -> None:
-        """The first call's outputs `out` (the tiers left to what the user runs, `_Choosing`): hooks on their autograd
-        nodes note whether the user runs their backward (frontend/backward_seen.py). Where none can be set, the
-        tiers are timed on the user's calls, each up to the next call (a backward there or none)."""
-        choosing = self.choosing
+        """The first call's outputs `out` (the tiers left to what the user runs, choosing.Choosing): hooks on their
+        autograd nodes note whether the user runs their backward (frontend/backward_seen.py). Where none can be set,
+        the tiers are timed on the user's calls, each up to the next call (a backward there or none)."""
+        made = self.choosing
         watch, why = backward_seen.watch(out, leaves)
         if watch is None:
             self.choosing = None
             self.notes.append(f"tiers measured on the calls: no hook on the outputs' autograd nodes ({why})")
-            self.candidates = choosing.tiers
+            self.candidates = made.tiers
             return
-        choosing.watch = watch
+        made.watch = watch
 
-    def _choose_by_backward(self) -> None:
-        """A later call (`_Choosing`): by forward and backward where a backward through the first call's outputs
-        ran; by the forward alone where none can come (their graph freed) or none came in WATCH_CALLS calls; else
-        not yet (a user accumulating gradients over several forwards before one backward): this call runs the tier
-        a training step would (`_trained`), whose forward, if not the fastest, costs a forward-only user a little,
-        where another backward costs an accumulating user much (resnet18's fused backward, 1.3x eager's)."""
-        choosing = self.choosing
-        watch = choosing.watch
+    def _choose_by_backward(self) -> choosing.Choosing | None:
+        """A later call (choosing.Choosing): by forward and backward where a backward through the first call's
+        outputs ran; by the forward alone where none can come (their graph freed) or none came in WATCH_CALLS calls;
+        else not yet (a user accumulating gradients over several forwards before one backward): this call runs the
+        tier a training step would (choosing.trained), whose forward, if not the fastest, costs a forward-only user a
+        little, where another backward costs an accumulating user much (resnet18's fused backward, 1.3x eager's).
+        Returns the Choosing whose lazy tiers' backward this call is to time on copies (`_time_backward`), else
+        None."""
+        watch = self.choosing.watch
         if watch.seen:
-            samples, why = choosing.whole, "forward and backward: the first call's outputs were backpropagated"
+            samples, why = self.choosing.whole, "forward and backward: the first call's outputs were backpropagated"
         elif watch.freed or self.calls > WATCH_CALLS:
-            samples, why = choosing.forwards, "the forward alone: the first call's outputs were not backpropagated"
+            samples, why = self.choosing.forwards, "the forward alone: the first call's outputs were not backpropagated"
         else:
-            return
+            return None
         watch.remove()
-        self.choosing = None
+        made, self.choosing = self.choosing, None
         self.notes.append(f"chosen by {why}")
-        self.candidates = self._trained(choosing.tiers, samples) if watch.seen else list(choosing.tiers)
+        if watch.seen and made.lazy:  # (the calls meanwhile run the exact tier fastest on both: `current`)
+            self.timing_backward = True
+            return made
+        trained = choosing.trained(made.tiers, samples, CLOSE, self._fastest_of)
+        self.candidates = trained if watch.seen else list(made.tiers)
         self.samples = {t: samples[t] for t in self.candidates}
-        self.dropped = {t: self._fastest_of(s) for t, s in samples.items() if t not in self.candidates}
+        self.dropped.update({t: self._fastest_of(s) for t, s in samples.items() if t not in self.candidates})
         if not watch.seen:  # (forwards close on copies are measured on the user's calls: `_sift`, each call alone,
             # not up to the next call: no backward comes, and the user's code between is no tier's)
             self.forward_only = True
             self._sift(self.samples)
-            return
+            return None
         self._choose()
+        return None
 
-    def _trained(self, tiers: list[str], whole: dict[str, list[float]]) -> list[str]:
-        """The tiers among `tiers` a training step (forward and backward, `whole` on copies) chooses from: the fused
-        tier only where it wins clearly (by CLOSE) over the exact tiers, its backward on copies (into no `.grad`,
-        nothing between) not quite the user's (resnet18's training step: on copies 2-4 % faster fused than on the
-        torch executor, three times; on the user's calls 1.10-1.3x eager fused, 1.0x on the torch executor)."""
-        exact = [self._fastest_of(whole[t]) for t in tiers if t != "fused"]
-        if "fused" in tiers and exact and min(exact) <= (1 + CLOSE) * self._fastest_of(whole["fused"]):
-            return [t for t in tiers if t != "fused"]
-        return list(tiers)
+    def _time_backward(self, leaves: list[Any], made: choosing.Choosing) -> None:
+        """The call after a backward through the first call's outputs, where some tier's backward was left untimed
+        (`made.lazy`, the fused one's: frontend/choosing.py): each tier's forward and backward on copies of this
+        call's tensors, side by side (the fused backward compiled in its first run here), and the training step's
+        choice from them. Where the copies cannot time them all, the exact tiers' times of the first call choose
+        (never a slower backward on the user's calls for its measure)."""
+        fused_guard = "fused" not in made.tiers or self.narrower is None or self.narrower(leaves)
+        whole, _, notes, forwards = self._copies(leaves, made.tiers) if fused_guard else ({}, set(), [], None)
+        notes = notes if fused_guard else ["the fused program's guard rejects this call"]
+        with self.lock:
+            self.timing_backward = False
+            if forwards is None or not all(whole.get(t) for t in made.tiers):
+                why = "; ".join(notes) or "not every tier timed"
+                self.notes.append(f"{', '.join(sorted(made.lazy))} not chosen: backward not timed on copies ({why})")
+                whole = {t: s for t, s in made.whole.items() if t not in made.lazy}
+            else:
+                self.measured_on_copies = "the call after the first backward"
+            self.candidates = choosing.trained(list(whole), whole, CLOSE, self._fastest_of)
+            self.samples = {t: whole[t] for t in self.candidates}
+            self.dropped.update({t: self._fastest_of(s) for t, s in whole.items() if t not in self.candidates})
+            self._choose()
 
-    def _drop_on_both(self, whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> None:
-        """The copies' verdict on a call recording autograd: a candidate stays where it is close to the best (within
-        COPIES_CLOSE) on what its forward and backward took (`whole`), or on what its forward alone took (`forwards`), a
-        user's call where the user never runs the backward; the others are dropped, with their `whole` time. Where
-        some candidate has fewer than its samples (long runs: COPIES_SECONDS), only those that lose clearly on both
-        (CLEAR_LOSS) are dropped."""
-        tiers = self.candidates
-        if all(len(whole[t]) >= SAMPLES or sum(whole[t]) >= MEASURE_SECONDS for t in tiers):
-
-            def kept(samples: dict[str, list[float]]) -> set[str]:
-                fastest = {t: self._fastest_of(samples[t]) for t in tiers}
-                best = min(fastest.values())
-                return {t for t, s in fastest.items() if s <= (1 + COPIES_CLOSE) * best}
-
-        else:
-
-            def kept(samples: dict[str, list[float]]) -> set[str]:
-                return set(tiers) - set(_clear_losers({t: samples[t] for t in tiers}))
-
-        stay = kept(whole) | kept(forwards)
-        for t in [t for t in tiers if t not in stay]:
-            tiers.remove(t)
-            self.dropped[t] = self._fastest_of(whole[t])
+    def _drop_on_both(self, whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> dict[str, float]:
+        """choosing.drop_on_both over the candidates, which loses the tiers it drops: those and their times."""
+        timed = {t: whole.get(t) or forwards[t] for t in self.candidates}
+        complete = all(len(s) >= SAMPLES or sum(s) >= MEASURE_SECONDS for s in timed.values())
+        dropped = choosing.drop_on_both(
+            self.candidates, whole, forwards, COPIES_CLOSE, complete, _clear_losers, self._fastest_of
+        )
+        self.candidates[:] = [t for t in self.candidates if t not in dropped]
+        return dropped
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
         next call adopts it."""
         pending = self.pending
         return pending is None or pending.run_graph.pending.done.wait(timeout)
-
-
-class _Choosing:
-    """A call recording autograd whose runs on copies left more than one tier (`Tiered._drop_on_both`): each one's
-    timed runs on copies, forward and backward (`whole`) and forward alone (`forwards`), and the hooks on the first
-    call's outputs (`watch`, backward_seen.Watch, set once that call returned) that tell the second call, or a later
-    one, which measure is the user's."""
-
-    def __init__(self, tiers: list[str], whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> None:
-        self.tiers, self.whole, self.forwards = tiers, whole, forwards
-        self.watch: backward_seen.Watch | None = None
 
 
 def _failure(error: BaseException) -> str:

@@ -1,0 +1,83 @@
+"""The choice between tiers of a call recording autograd, from the first call's runs on copies (frontend/copies.py)
+to the user's backward, or none (frontend/backward_seen.py): the measures and the pure rules over them that
+tiers.Tiered applies.
+
+The runs on copies of the first call time each exact tier's forward and its backward apart (`whole`: the two
+together; `forwards`: the forward alone), but the fused tier's forward alone: its backward is inductor's second
+compile, seconds of C++ (resnet18: 10 of its 33 kernels, 155 KB of its 398 KB of C++; MultiheadAttention 3 of 14)
+that torch.compile makes only at a first backward, and a forward never backpropagated (a training-mode forward
+for its outputs' values) never needs it. So the fused tier's `whole` is timed only once a backward through the
+first call's outputs is seen (`Choosing.lazy`, tiers.Tiered._time_backward, at that later call), each tier's
+forward and backward then on copies afresh, side by side; a training step thus compiles the fused backward at its
+second call instead of its first, as torch.compile's at its first backward. Until then the calls run the exact
+tier fastest on forward and backward (a user accumulating gradients is a training step too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import backward_seen
+
+Fastest = Callable[[list[float]], float]
+
+# Tiers whose backward the first call's runs on copies leave untimed (their compile is a first backward's cost).
+LAZY = frozenset({"fused"})
+
+
+class Choosing:
+    """A call recording autograd whose runs on copies left more than one tier (`drop_on_both`): each one's timed
+    runs on copies, forward and backward (`whole`, but for the tiers in `lazy`) and forward alone (`forwards`),
+    and the hooks on the first call's outputs (`watch`, backward_seen.Watch, set once that call returned) that tell
+    the second call, or a later one, which measure is the user's."""
+
+    def __init__(
+        self, tiers: list[str], whole: dict[str, list[float]], forwards: dict[str, list[float]], lazy: set[str]
+    ) -> None:
+        self.tiers, self.whole, self.forwards = tiers, whole, forwards
+        self.lazy = {t for t in tiers if t in lazy}
+        self.watch: backward_seen.Watch | None = None
+
+
+def close_to_best(samples: dict[str, list[float]], tiers: list[str], close: float, fastest_of: Fastest) -> set[str]:
+    """The tiers of `tiers` measured in `samples` whose fastest runs are within `close` of the best's."""
+    fastest = {t: fastest_of(samples[t]) for t in tiers if t in samples}
+    best = min(fastest.values(), default=0.0)
+    return {t for t, s in fastest.items() if s <= (1 + close) * best}
+
+
+def drop_on_both(
+    tiers: list[str],
+    whole: dict[str, list[float]],
+    forwards: dict[str, list[float]],
+    close: float,
+    complete: bool,
+    clear_losers: Callable[[dict[str, list[float]]], list[str]],
+    fastest_of: Fastest,
+) -> dict[str, float]:
+    """The copies' verdict on a call recording autograd: the tiers of `tiers` to drop, with their time. A tier stays
+    where it is close to the best (within `close`) on what its forward and backward took (`whole`), or on what its
+    forward alone took (`forwards`), a user's call where the user never runs the backward; a tier without `whole`
+    (its backward untimed, LAZY) stays only by its forward. Where some tier has fewer than its samples (long runs,
+    not `complete`), only those that lose clearly (`clear_losers`) on both are dropped."""
+
+    def kept(samples: dict[str, list[float]]) -> set[str]:
+        if complete:
+            return close_to_best(samples, tiers, close, fastest_of)
+        timed = {t: samples[t] for t in tiers if t in samples}
+        return set(timed) - set(clear_losers(timed))
+
+    stay = kept(whole) | kept(forwards)
+    return {t: fastest_of(whole.get(t) or forwards[t]) for t in tiers if t not in stay}
+
+
+def trained(tiers: list[str], whole: dict[str, list[float]], close: float, fastest_of: Fastest) -> list[str]:
+    """The tiers among `tiers` a training step (forward and backward, `whole` on copies) chooses from: the fused
+    tier only where its forward and backward were timed and it wins clearly (by `close`) over the exact tiers, its
+    backward on copies (into no `.grad`, nothing between) not quite the user's (resnet18's training step: on copies
+    2-4 % faster fused than on the torch executor, three times; on the user's calls 1.10-1.3x eager fused, 1.0x on
+    the torch executor)."""
+    exact = [fastest_of(whole[t]) for t in tiers if t != "fused"]
+    if "fused" in tiers and exact and ("fused" not in whole or min(exact) <= (1 + close) * fastest_of(whole["fused"])):
+        return [t for t in tiers if t != "fused"]
+    return list(tiers)

@@ -1,0 +1,140 @@
+"""The fused tier's backward is timed (and so compiled) only once the user's backward is seen (frontend/choosing.py,
+issue 38: the first call of a forward never backpropagated compiled inductor's backward too, 33 C++ kernels for
+resnet18's training forward where torch.compile's first call compiles 23).
+
+The faked-time tests use test_defaultgap2's fake tiers: the "fused" program is the torch executor's, so every
+result is compared with eager bit for bit. The last test runs inductor for real and counts its compiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_defaultgap2 import BACKWARDS_ON_COPIES, fake_forward_and_backward, model_and_reference
+from test_defaultgap3 import reasons, same_grads, training_steps, user_runs
+
+import dealias
+from dealias.frontend import copies, copies_record, tiers
+
+ON_COPIES = tiers.SAMPLES + 1  # (each tier's warm-up and timed runs)
+
+
+def test_a_training_step_whose_fused_tier_wins_clearly_runs_it_from_the_second_call(monkeypatch):
+    # forward and backward: fused 1.0, torch 2.0, graph 6.0 (x 1e-5 s): the fused tier, once its backward is timed
+    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    ran, _ = fake_forward_and_backward(monkeypatch, forward, backward)
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    training_steps(jf, model, ref, 1)
+    assert "fused" not in BACKWARDS_ON_COPIES  # (the first call: the fused forward alone)
+    assert user_runs(ran) == ["torch"], ran  # (the exact tier fastest on forward and backward)
+    assert dealias.cache_info(jf).tiers == ("torch",)
+    training_steps(jf, model, ref, 5)
+    assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES, BACKWARDS_ON_COPIES  # (the second call, once)
+    assert user_runs(ran) == ["torch", "fused"], ran  # (then settled: no call timed)
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("fused",), info
+    assert "chosen by forward and backward" in reasons(jf)
+    assert info.timings[0]["fused"] < info.timings[0]["torch"], info
+
+
+def test_a_training_step_whose_fused_backward_cannot_be_timed_runs_an_exact_tier(monkeypatch):
+    # the second call's runs on copies refused (its tensors over the copies' limit): the exact tiers by the first
+    # call's forward and backward, never the fused backward on the user's calls for its measure
+    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    ran, _ = fake_forward_and_backward(monkeypatch, forward, backward)
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    training_steps(jf, model, ref, 1)
+    monkeypatch.setattr(copies, "COPY_BYTES", 0)
+    training_steps(jf, model, ref, 5)
+    assert "fused" not in BACKWARDS_ON_COPIES and "fused" not in user_runs(ran), (BACKWARDS_ON_COPIES, ran)
+    assert dealias.cache_info(jf).tiers == ("torch",)
+    assert "fused not chosen: backward not timed on copies" in reasons(jf), reasons(jf)
+
+
+def test_gradients_accumulated_over_forwards_time_the_fused_backward_at_the_call_after_the_backward(monkeypatch):
+    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    ran, _ = fake_forward_and_backward(monkeypatch, forward, backward)
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    for step in range(2):
+        losses, expected = [], []
+        for _ in range(3):
+            x = torch.randn(4, 8)
+            out, e = jf(x), ref(x)
+            assert torch.equal(out, e)
+            losses.append(out.sum())
+            expected.append(e.sum())
+        if step == 0:  # (three forwards, no backward yet: nothing timed after the first call)
+            assert "fused" not in BACKWARDS_ON_COPIES and user_runs(ran) == ["torch"] * 3, ran
+        sum(losses).backward()
+        sum(expected).backward()
+        assert same_grads(model, ref), step
+    assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES, BACKWARDS_ON_COPIES
+    assert user_runs(ran) == ["torch"] * 3 + ["fused"], ran  # (then settled: no call timed)
+    assert dealias.cache_info(jf).tiers == ("fused",)
+
+
+def test_a_record_of_the_first_call_keeps_no_fused_backward(tmp_path, monkeypatch):
+    # copies_record: the lazy tiers are in the key, and a record of a call recording autograd has no `whole` for them
+    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(copies_record, "ENABLED", True)
+    whole, forwards = {"torch": [2e-5], "graph": [3e-5]}, {"torch": [1e-5], "graph": [2e-5], "fused": [0.5e-5]}
+    copies_record.save("k" * 32, whole, forwards)
+    tiers_ = ["torch", "graph", "fused"]
+    assert copies_record.load("k" * 32, tiers_, frozenset({"fused"})) == (whole, forwards)
+    assert copies_record.load("k" * 32, tiers_) is None  # (read as a record timing every backward: not this one)
+    copies_record.save("n" * 32, {"torch": [2e-5], "graph": [3e-5], "fused": [1e-5]}, None)
+    assert copies_record.load("n" * 32, tiers_, frozenset({"fused"})) is not None  # (no autograd: every tier whole)
+
+
+@pytest.mark.inductor
+def test_a_forward_never_backpropagated_compiles_no_fused_backward(monkeypatch, tmp_path):
+    # for real: a training-mode forward called for its outputs' values compiles the fused forward only; a training
+    # step compiles the fused backward at its second call, and both match eager
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path / "dealias"))
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True)
+    monkeypatch.setattr(tiers, "clock", lambda: 0.0)
+
+    def measure(tier, run, leaves):  # (real runs; times faked so that the fused tier stays, the fastest on both)
+        return run(leaves), 0.5e-5 if tier == "fused" else 1e-5
+
+    monkeypatch.setattr(tiers, "measure", measure)
+
+    def compiles() -> int:
+        return sum(v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache_"))
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    for _ in range(4):
+        x = torch.randn(4, 8)
+        out, expected = jf(x), ref(x)
+        torch.testing.assert_close(out, expected)
+        assert out.requires_grad and out.grad_fn is not None
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    assert compiles() == 1, dict(counters["inductor"])  # (the fused forward; no backward compiled)
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    for call in range(4):
+        x = torch.randn(4, 8)
+        out, expected = jf(x), ref(x)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        if call == 0:
+            assert compiles() == 1, dict(counters["inductor"])
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    assert compiles() == 2, dict(counters["inductor"])  # (the fused backward, at the second call)
