@@ -5,6 +5,7 @@ and kept on disk, and the results against eager's (the caller's cache written to
 from __future__ import annotations
 
 import types
+from unittest import mock
 
 import pytest
 import torch
@@ -64,6 +65,39 @@ def test_one_row_products_become_reductions_and_match_eager():
     targets = fused_targets(linear_step, *step_args())
     assert products(targets) == []
     assert targets.count(aten.sum.dim_IntList) == 2  # (the linear layer with its bias, and `@ w.t()`)
+
+
+def mlp_step(x, w1, w2):
+    return F.gelu(F.layer_norm(x, (K,)) @ w1.t()) @ w2.t()
+
+
+def reduction_loops(code: str) -> list[str]:
+    """The innermost loops of inductor's C++ `code` that accumulate a reduction, each from its `for(` line to its
+    accumulating line."""
+    loops, start = [], 0
+    lines = code.splitlines()
+    for i, line in enumerate(lines):
+        if "for(" in line:
+            start = i
+        elif "tmp_acc0 = tmp_acc0 +" in line or "tmp_acc0_vec = tmp_acc0_vec +" in line:
+            loops.append("\n".join(lines[start : i + 1]))
+    return loops
+
+
+def test_the_rows_are_computed_once_not_once_per_column():
+    # Inductor inlines a pointwise row where the reduction reads it: a norm's row, a GELU's, was computed again for
+    # each column of the weight (an MLP block of width 256: 8x slower than ATen's products). `dealias::row` makes
+    # it a buffer of its own that the reductions load.
+    from torch._inductor.graph import GraphLowering
+
+    x, w1, w2 = torch.randn(1, K), torch.randn(K, K) / K**0.5, torch.randn(K, K) / K**0.5
+    codes = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        targets = fused_targets(mlp_step, x, w1, w2)
+    assert products(targets) == [] and targets.count(row_products.ROW) == 2
+    loops = reduction_loops("\n".join(codes))
+    assert len(loops) >= 2  # (the two products; the norm's statistics too)
+    assert not any("erf" in loop or "rsqrt" in loop or "sqrt" in loop for loop in loops)
 
 
 @pytest.mark.parametrize(

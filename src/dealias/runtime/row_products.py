@@ -52,7 +52,25 @@ def _addmm_by_reduction(bias: torch.Tensor, x: torch.Tensor, w: torch.Tensor) ->
 
 
 def _sum_of_products(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return (x.unsqueeze(2) * w.unsqueeze(0)).sum(1)
+    return (ROW(x).unsqueeze(2) * w.unsqueeze(0)).sum(1)
+
+
+@torch.library.custom_op("dealias::row", mutates_args=())
+def row(x: torch.Tensor) -> torch.Tensor:
+    """The rows of a product by reduction, computed once into a buffer of their own (compat/inductor.py lowers it
+    to a copy inductor generates and realizes). Inductor inlines a pointwise expression where it is read, and the
+    reduction reads each row element once per column of the weight: a layer norm's or a GELU's row was computed
+    again for each of them (1,024 erf per element of a decode step's MLP row; an MLP block of width 256, 4x wider
+    inside, ran 8x slower than with ATen's products, and 1.5x faster with the row realized)."""
+    return x.clone()
+
+
+@row.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+ROW = torch.ops.dealias.row.default
 
 
 _HALF = (torch.float16, torch.bfloat16)
