@@ -100,6 +100,17 @@ def test_the_rows_are_computed_once_not_once_per_column():
     assert not any("erf" in loop or "rsqrt" in loop or "sqrt" in loop for loop in loops)
 
 
+def test_without_the_rows_lowering_the_rows_are_left_inlined():
+    # `dealias::row` without its lowering would be a custom op called through Python per product: the products are
+    # still reductions, their rows inlined as before.
+    from dealias.compat.registry import forced_off
+
+    x, w1, w2 = torch.randn(1, K), torch.randn(K, K) / K**0.5, torch.randn(K, K) / K**0.5
+    with forced_off("inductor_snapshot_lowering"):
+        targets = fused_targets(mlp_step, x, w1, w2)
+    assert products(targets) == [] and row_products.ROW not in targets
+
+
 @pytest.mark.parametrize(
     "case",
     [

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..compat.inductor import ensure  # (imported from there: that module registers the correction ensured)
 from ..ir.viewops import surely
 from .keep_aten import MIN_NUMEL, best_of, inductor_code, measured, measuring
 
@@ -54,7 +55,9 @@ def _addmm_by_reduction(bias: torch.Tensor, x: torch.Tensor, w: torch.Tensor) ->
 
 
 def _sum_of_products(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return (ROW(x).unsqueeze(2) * w.unsqueeze(0)).sum(1)
+    if ensure("inductor_snapshot_lowering"):  # (`row` as a generated copy; else a custom op called through Python)
+        x = ROW(x)
+    return (x.unsqueeze(2) * w.unsqueeze(0)).sum(1)
 
 
 @torch.library.custom_op("dealias::row", mutates_args=())
