@@ -158,6 +158,12 @@ def install_snapshot_lowering() -> None:
 
     register(ALIGNED_SNAPSHOT, type_promotion_kind=None)(aligned_snapshot)
 
+    # `dealias::row` (row_products.py): the rows of a product by reduction, realized where the program has them, so
+    # the reduction loads them instead of computing their expression (a norm, an activation) once per column.
+    from ..runtime.row_products import ROW
+
+    register(ROW, type_promotion_kind=None)(aligned_snapshot)
+
 
 @correction(
     "aot_no_donated_buffers",

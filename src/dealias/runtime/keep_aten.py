@@ -27,7 +27,7 @@ import platform
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,26 +154,38 @@ def aten_against_inductor(
 ) -> tuple[float, float]:
     """Seconds per call of `aten_fn` (ATen's kernels) and of inductor's code for `traced_fn` (a tensor or a list of
     them), on the tensors `inputs()` draws. Best of interleaved rounds."""
+    with measuring():
+        xs = inputs()
+        compiled = inductor_code(traced_fn, xs)
+        return best_of(lambda: aten_fn(*xs), lambda: compiled(list(xs)))
+
+
+@contextlib.contextmanager
+def measuring() -> Iterator[None]:
+    """Real tensors in a clean context: a measurement may run inside dynamo's backend call, whose fake mode and
+    tracing context would claim them. (Inputs are drawn on a generator of their own: measuring must not move the
+    caller's random numbers.)"""
+    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad(), torch.random.fork_rng(devices=[]):
+        yield
+
+
+def inductor_code(fn: Callable[..., Any], xs: tuple[torch.Tensor, ...]) -> Callable[[list[torch.Tensor]], Any]:
+    """Inductor's compiled code for `fn` (a tensor or a list of them) over tensors like `xs`, as a fused graph of
+    dealias's is compiled (its decompositions, corrections and lowerings); called with a list of the tensors."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from ..compat.inductor import dealias_compile
     from ..compat.vec_isa import vec_isa_config
 
-    # Real tensors in a clean context: this may run inside dynamo's backend call, whose fake mode and tracing
-    # context would claim them. (The inputs are drawn on a generator of their own: measuring must not move the
-    # caller's random numbers.)
-    with unset_fake_temporarily(), torch._guards.tracing(None), torch.no_grad(), torch.random.fork_rng(devices=[]):
-        xs = inputs()
-        decompositions = select_decomp_table()
-        gm = make_fx(lambda *a: tuple(pytree.tree_leaves(traced_fn(*a))), decomposition_table=decompositions)(*xs)
-        # (inductor's vector-ISA probes, run by the process's first C++ compile, under dealias's record of them
-        # (compat/vec_isa.py): a measurement is often that first compile, and probes it ran unrecorded were run
-        # again by every later process's fused compile, ~0.3 s of a warm first call)
-        with inductor_config.patch(vec_isa_config()):
-            compiled = compile_fx_inner(gm, list(xs))
-        return best_of(lambda: aten_fn(*xs), lambda: compiled(list(xs)))
+    gm = make_fx(lambda *a: tuple(pytree.tree_leaves(fn(*a))), decomposition_table=select_decomp_table())(*xs)
+    # (inductor's vector-ISA probes, run by the process's first C++ compile, under dealias's record of them
+    # (compat/vec_isa.py): a measurement is often that first compile, and probes it ran unrecorded were run
+    # again by every later process's fused compile, ~0.3 s of a warm first call)
+    with inductor_config.patch(vec_isa_config()), dealias_compile():
+        return compile_fx_inner(gm, list(xs))
 
 
 def best_of(
