@@ -13,7 +13,7 @@ from test_defaultgap2 import BACKWARDS_ON_COPIES, fake_forward_and_backward, mod
 from test_defaultgap3 import reasons, same_grads, training_steps, user_runs
 
 import dealias
-from dealias.frontend import copies, copies_record, tiers
+from dealias.frontend import backward_seen, copies, copies_record, tiers
 
 ON_COPIES = tiers.SAMPLES + 1  # (each tier's warm-up and timed runs)
 
@@ -51,7 +51,7 @@ def test_a_training_step_whose_fused_backward_cannot_be_timed_runs_an_exact_tier
     training_steps(jf, model, ref, 5)
     assert "fused" not in BACKWARDS_ON_COPIES and "fused" not in user_runs(ran), (BACKWARDS_ON_COPIES, ran)
     assert dealias.cache_info(jf).tiers == ("torch",)
-    assert "fused not chosen: backward not timed on copies" in reasons(jf), reasons(jf)
+    assert "fused not chosen: its backward not timed" in reasons(jf), reasons(jf)
 
 
 def test_gradients_accumulated_over_forwards_time_the_fused_backward_at_the_call_after_the_backward(monkeypatch):
@@ -89,6 +89,128 @@ def test_a_record_of_the_first_call_keeps_no_fused_backward(tmp_path, monkeypatc
     assert copies_record.load("k" * 32, tiers_) is None  # (read as a record timing every backward: not this one)
     copies_record.save("n" * 32, {"torch": [2e-5], "graph": [3e-5], "fused": [1e-5]}, None)
     assert copies_record.load("n" * 32, tiers_, frozenset({"fused"})) is not None  # (no autograd: every tier whole)
+
+
+def steps(jf, model, ref, ran, now, backward, calls: int) -> None:
+    """`calls` training steps compared with eager's bit for bit; the faked clock moves by the user's backward of
+    the tier that ran each call."""
+    for call in range(calls):
+        x = torch.randn(4, 8)
+        out, expected = jf(x), ref(x)
+        assert torch.equal(out, expected), call
+        out.sum().backward()
+        expected.sum().backward()
+        assert same_grads(model, ref), call
+        now[0] += backward[ran[-1]] if not ran[-1].startswith("copies:") else 0.0
+
+
+def test_a_fused_tier_slower_on_the_forward_alone_stays_for_its_backward(monkeypatch):
+    # forward and backward: fused 2.3, torch 4.0 (x 1e-5 s), its forward alone 1.3x torch's: not dropped on that
+    forward = {"torch": 1.0e-5, "graph": 3e-5, "fused": 1.3e-5}
+    backward = {"torch": 3.0e-5, "graph": 3e-5, "fused": 1.0e-5}
+    ran, now = fake_forward_and_backward(monkeypatch, forward, backward)
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    steps(jf, model, ref, ran, now, backward, 6)
+    assert dealias.cache_info(jf).tiers == ("fused",), reasons(jf)
+    assert user_runs(ran) == ["torch", "fused"], ran
+
+
+def test_a_fused_tier_whose_forward_alone_loses_a_training_step_is_dropped_in_the_first_call(monkeypatch):
+    # its forward alone 1.5x torch's forward and backward: it cannot win a training step, nor a forward
+    forward = {"torch": 1.0e-5, "graph": 3e-5, "fused": 3e-5}
+    backward = {"torch": 1.0e-5, "graph": 3e-5, "fused": 1.0e-5}
+    ran, now = fake_forward_and_backward(monkeypatch, forward, backward)
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    steps(jf, model, ref, ran, now, backward, 3)
+    assert "fused" not in BACKWARDS_ON_COPIES and ran.count("copies:fused") == ON_COPIES, ran
+    assert dealias.cache_info(jf).tiers == ("torch",), reasons(jf)
+
+
+def test_where_no_hook_can_be_set_the_fused_tiers_first_user_call_is_its_warm_up(monkeypatch):
+    # the user's calls time the tiers (no hook on the outputs): the fused tier's first call there compiles its
+    # backward (faked: 2 s on the clock), untimed, as any tier's first call; then it wins (half torch's time)
+    forward = {"torch": 0.1, "graph": 0.3, "fused": 0.05}
+    backward = {"torch": 0.1, "graph": 0.3, "fused": 0.05}
+    ran, now = fake_forward_and_backward(monkeypatch, forward, backward)
+    monkeypatch.setattr(backward_seen, "watch", lambda *args: (None, "no output with a grad_fn"))
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    compile_seconds = {"fused": 2.0}
+    for _ in range(12):
+        steps(jf, model, ref, ran, now, backward, 1)
+        if ran[-1] == "fused":
+            now[0] += compile_seconds.pop("fused", 0.0)  # (the fused backward's first run compiles it)
+    assert dealias.cache_info(jf).tiers == ("fused",), reasons(jf)
+
+
+def test_a_fused_guard_rejecting_the_call_after_the_backward_leaves_the_choice_to_the_next(monkeypatch):
+    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    ran, now = fake_forward_and_backward(monkeypatch, forward, backward)
+    made = []
+    real_init = tiers.Tiered.__init__
+
+    def init(self, *args, **kwargs):
+        made.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(tiers.Tiered, "__init__", init)
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    steps(jf, model, ref, ran, now, backward, 1)
+    (entry,) = made
+    asked = []
+    entry.narrower = lambda leaves: asked.append(1) or len(asked) > 1  # (rejects the second call alone)
+    steps(jf, model, ref, ran, now, backward, 1)
+    assert "fused" not in BACKWARDS_ON_COPIES and dealias.cache_info(jf).tiers == ("torch",)
+    assert "choosing between" in reasons(jf), reasons(jf)
+    steps(jf, model, ref, ran, now, backward, 4)
+    assert "fused" in BACKWARDS_ON_COPIES and dealias.cache_info(jf).tiers == ("fused",), reasons(jf)
+
+
+def test_an_interrupt_while_the_fused_backward_is_timed_settles_on_an_exact_tier(monkeypatch):
+    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    ran, now = fake_forward_and_backward(monkeypatch, forward, backward)
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    steps(jf, model, ref, ran, now, backward, 1)
+    real = copies.run_on_copies
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # (Ctrl-C in the fused backward's compile, seconds long)
+
+    monkeypatch.setattr(copies, "run_on_copies", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        jf(torch.randn(4, 8))
+    monkeypatch.setattr(copies, "run_on_copies", real)
+    steps(jf, model, ref, ran, now, backward, 3)
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("torch",) and "timing each tier" not in reasons(jf), reasons(jf)
+
+
+def test_a_later_process_reads_both_records_of_a_training_step(monkeypatch, tmp_path):
+    # the first call's record (the fused backward untimed) and the second call's: both read by a second process,
+    # which then times nothing; its warm-up runs the fastest tiers once, the fused backward among them
+    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
+    ran, now = fake_forward_and_backward(monkeypatch, forward, backward)
+    monkeypatch.setattr(tiers, "_MEASURE", tiers.measure)  # (the faked times taken as real: kept and read)
+    monkeypatch.setattr(tiers, "_CLOCK", tiers.clock)
+    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(copies_record, "ENABLED", True)
+    monkeypatch.setattr(copies_record, "counts", {"read": 0, "written": 0})
+    for process in range(2):
+        torch._dynamo.reset()
+        ran.clear()
+        model, ref = model_and_reference()
+        jf = dealias.jit(model)
+        steps(jf, model, ref, ran, now, backward, 3)
+        assert dealias.cache_info(jf).tiers == ("fused",), reasons(jf)
+        assert copies_record.counts == ({"read": 0, "written": 2} if process == 0 else {"read": 2, "written": 2})
+    assert ran.count("copies:fused") == 2, ran  # (its warm-ups alone: one a record)
 
 
 @pytest.mark.inductor

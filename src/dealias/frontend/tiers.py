@@ -42,9 +42,8 @@ after the compile ran 1.1-1.3x: the runs on copies are their warm-up); tiers clo
 user's calls too; where the call records autograd and more than one tier is close to the best on its forward and
 backward or on its forward alone (timed apart), hooks on the first call's outputs' autograd nodes
 (frontend/backward_seen.py) tell a later call whether the user ran their backward, and that measure chooses
-(choosing.Choosing: no user call timed; where no hook can be set, the user's calls time those tiers). (The samples on
-copies are of the same inputs' values and layouts; if anything a little fast, the copies just written and in the
-caches.) No later call waits for a compile or runs beside one.
+(choosing.Choosing: no user call timed; the fused backward timed at that later call; where no hook can be set, the
+user's calls time those tiers). No later call waits for a compile or runs beside one, but that one.
 
 Without FUSE_FIRST, the promoting call builds the fused program (capture, passes, lowering and the trace for
 inductor read its inputs and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process
@@ -142,6 +141,11 @@ def _clear_losers(samples: dict[str, list[float]]) -> list[str]:
         return []
     fastest_worst = min(max(s) for s in measured.values())
     return [t for t, s in measured.items() if min(s) > CLEAR_LOSS * fastest_worst]
+
+
+def _enough(samples: list[float], rounds: int = 1) -> bool:
+    """Whether a tier's timed calls `samples` are its SAMPLES (or MEASURE_SECONDS of them), `rounds` times over."""
+    return len(samples) >= rounds * SAMPLES or (len(samples) > 0 and sum(samples) >= rounds * MEASURE_SECONDS)
 
 
 def _us(seconds: float) -> str:
@@ -286,8 +290,7 @@ class Tiered:
         return tier in self.warm, len(self.samples.get(tier, ()))
 
     def _enough(self, tier: str, rounds: int = 1) -> bool:
-        samples = self.samples.get(tier, ())
-        return len(samples) >= rounds * SAMPLES or (len(samples) > 0 and sum(samples) >= rounds * MEASURE_SECONDS)
+        return _enough(self.samples.get(tier, []), rounds)
 
     def _fastest(self, tier: str) -> float:
         """What a candidate costs: the mean of its fastest timed calls, the fastest quarter of them (2 at least,
@@ -442,12 +445,9 @@ class Tiered:
         tier's backward not run, frontend/choosing.py), the copies only drop the tiers that lose on both measures
         (choosing.drop_on_both): whether the user runs the backward is seen by hooks on this call's outputs
         (`_watch`, `_choose_by_backward`), or, where none can be set, on the user's calls, each timed up to the next
-        call (a backward there or none), their samples from the copies not kept (mixed with the user's calls, the
-        copies' runs chose:
-        a forward of MultiheadAttention with grad, never backpropagated, settled on the torch executor at 1.11x
-        eager beside the fused program's 1.00x; resnet18's training forward, never backpropagated, settled on the
-        torch executor, 1.04x eager, where the fused forward runs 0.92x: its backward is the slower one). Every tier
-        is timed on the user's calls where some candidate was not timed on copies."""
+        call (a backward there or none), the copies' samples not kept (mixed with the user's calls, they chose the
+        torch executor for mha's forward never backpropagated, 1.11x eager beside the fused program's 1.00x).
+        Every tier is timed on the user's calls where some candidate was not timed on copies."""
         tiers = list(self.candidates)
         if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
             tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
@@ -455,11 +455,17 @@ class Tiered:
         self.notes += notes
         with self.lock:
             self.warm.update(warmed)
+            if forwards is not None:  # (a lazy tier's backward not run: its first call on the user's is its warm-up)
+                self.warm -= choosing.LAZY
             if forwards is not None and not all(forwards.get(t) for t in self.candidates):
                 samples = {}
             self.measured_on_copies = "the first call" if samples else ""
             if forwards is not None and samples:
-                self.dropped.update(self._drop_on_both(samples, forwards))
+                dropped = choosing.drop_on_both(
+                    self.candidates, samples, forwards, COPIES_CLOSE, _enough, _clear_losers, self._fastest_of
+                )
+                self.candidates[:] = [t for t in self.candidates if t not in dropped]
+                self.dropped.update(dropped)
                 if len(self.candidates) == 1:  # (an exact tier: one stays by `whole`, the fused one only beside it)
                     self.samples.update(samples)
                     self._choose()
@@ -515,7 +521,7 @@ class Tiered:
         if watch is None:
             self.choosing = None
             self.notes.append(f"tiers measured on the calls: no hook on the outputs' autograd nodes ({why})")
-            self.candidates = made.tiers
+            self.candidates, self.measured_on_copies = made.tiers, ""
             return
         made.watch = watch
 
@@ -536,10 +542,10 @@ class Tiered:
             return None
         watch.remove()
         made, self.choosing = self.choosing, None
-        self.notes.append(f"chosen by {why}")
         if watch.seen and made.lazy:  # (the calls meanwhile run the exact tier fastest on both: `current`)
             self.timing_backward = True
             return made
+        self.notes.append(f"chosen by {why}")
         trained = choosing.trained(made.tiers, samples, CLOSE, self._fastest_of)
         self.candidates = trained if watch.seen else list(made.tiers)
         self.samples = {t: samples[t] for t in self.candidates}
@@ -556,33 +562,31 @@ class Tiered:
         """The call after a backward through the first call's outputs, where some tier's backward was left untimed
         (`made.lazy`, the fused one's: frontend/choosing.py): each tier's forward and backward on copies of this
         call's tensors, side by side (the fused backward compiled in its first run here), and the training step's
-        choice from them. Where the copies cannot time them all, the exact tiers' times of the first call choose
-        (never a slower backward on the user's calls for its measure)."""
-        fused_guard = "fused" not in made.tiers or self.narrower is None or self.narrower(leaves)
-        whole, _, notes, forwards = self._copies(leaves, made.tiers) if fused_guard else ({}, set(), [], None)
-        notes = notes if fused_guard else ["the fused program's guard rejects this call"]
-        with self.lock:
-            self.timing_backward = False
-            if forwards is None or not all(whole.get(t) for t in made.tiers):
-                why = "; ".join(notes) or "not every tier timed"
-                self.notes.append(f"{', '.join(sorted(made.lazy))} not chosen: backward not timed on copies ({why})")
-                whole = {t: s for t, s in made.whole.items() if t not in made.lazy}
-            else:
-                self.measured_on_copies = "the call after the first backward"
-            self.candidates = choosing.trained(list(whole), whole, CLOSE, self._fastest_of)
-            self.samples = {t: whole[t] for t in self.candidates}
-            self.dropped.update({t: self._fastest_of(s) for t, s in whole.items() if t not in self.candidates})
-            self._choose()
-
-    def _drop_on_both(self, whole: dict[str, list[float]], forwards: dict[str, list[float]]) -> dict[str, float]:
-        """choosing.drop_on_both over the candidates, which loses the tiers it drops: those and their times."""
-        timed = {t: whole.get(t) or forwards[t] for t in self.candidates}
-        complete = all(len(s) >= SAMPLES or sum(s) >= MEASURE_SECONDS for s in timed.values())
-        dropped = choosing.drop_on_both(
-            self.candidates, whole, forwards, COPIES_CLOSE, complete, _clear_losers, self._fastest_of
-        )
-        self.candidates[:] = [t for t in self.candidates if t not in dropped]
-        return dropped
+        choice from them. A call the fused program's guard rejects leaves the choice to the next one it accepts;
+        where the copies cannot time them all (or are interrupted), the exact tiers' times of the first call
+        choose (never a slower backward on the user's calls for its measure)."""
+        if "fused" in made.tiers and self.narrower is not None and not self.narrower(leaves):
+            with self.lock:
+                self.timing_backward, self.choosing = False, made  # (the watch's `seen` stays: the next call)
+            return
+        whole, notes, forwards = {}, [], None
+        try:
+            whole, _, notes, forwards = self._copies(leaves, made.tiers)
+        finally:  # (KeyboardInterrupt in the compile: settled on the exact tiers all the same, then raised)
+            with self.lock:
+                self.timing_backward = False
+                if not whole or forwards is None or not all(whole.get(t) for t in made.tiers):
+                    why = "; ".join(n.removeprefix("tiers measured on the calls: ") for n in notes) or "not run"
+                    self.notes.append(f"{', '.join(sorted(made.lazy))} not chosen: its backward not timed ({why})")
+                    whole = {t: s for t, s in made.whole.items() if t in made.tiers and t not in made.lazy}
+                else:
+                    self.notes += notes
+                    self.measured_on_copies = "the call after the first backward"
+                self.notes.append("chosen by forward and backward: the first call's outputs were backpropagated")
+                self.candidates = choosing.trained(list(whole), whole, CLOSE, self._fastest_of)
+                self.samples = {t: whole[t] for t in self.candidates}
+                self.dropped.update({t: self._fastest_of(s) for t, s in whole.items() if t not in self.candidates})
+                self._choose()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
