@@ -90,3 +90,52 @@ def test_kernels_slower_channels_last_ask_no_conversion(timings, monkeypatch):
     jf = fused_eval_like_eager(net().eval(), torch.randn(2, 3, 8, 8))
     assert jf.last.run_graph.graph.meta["channels_last"] is False
     assert timings == []
+
+
+@pytest.mark.parametrize("layout, faster", [("channels_last", True), ("channels_last", False), ("contiguous", True)])
+def test_one_by_one_convolutions_as_products_where_measured_faster(monkeypatch, verdict_store, layout, faster):
+    # Channels-last, a 1x1 convolution is one matrix product of the activations' rows by the weight: taken where
+    # its measured time is less than ATen's convolution's (patched here), and only channels-last (in eager's layout
+    # the rows would be a copy); the 3x3 and depthwise convolutions stay convolutions.
+    monkeypatch.setenv("DEALIAS_CONV_LAYOUT", layout)
+    asked = []
+
+    def timing(x, w, bias):
+        asked.append(tuple(w.shape))
+        return (1.0, 0.5) if faster else (0.5, 1.0)
+
+    monkeypatch.setattr(conv_layout, "measure_matmul", timing)
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    jf = fused_eval_like_eager(net().eval(), x)
+    assert asked == ([(4, 8, 1, 1)] if layout == "channels_last" else [])
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        jf(x)
+    ran = [e.name for e in prof.events()]
+    products = layout == "channels_last" and faster
+    assert ("aten::addmm" in ran) is products, ran  # (the 1x1 convolution has a bias)
+    assert ran.count("aten::convolution") == (3 if products else 4), ran
+
+
+def test_training_forward_with_products_gives_eager_gradients(monkeypatch, verdict_store):
+    # The same products in a graph autograd records: its forward computes the 1x1 convolution by addmm, its backward
+    # (convolution_backward, unchanged) gives eager's gradients and BatchNorm's statistics.
+    monkeypatch.setenv("DEALIAS_CONV_LAYOUT", "channels_last")
+    monkeypatch.setattr(conv_layout, "measure_matmul", lambda x, w, bias: (1.0, 0.5))
+    torch.manual_seed(0)
+    model, x = net().train(), torch.randn(2, 3, 8, 8)
+    twin = copy.deepcopy(model)
+    jf = dealias.jit(twin, executor="inductor")
+    for _ in range(2):
+        loss = model(x).square().sum()
+        loss.backward()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = jf(x).square().sum()
+        got.backward()
+        torch.testing.assert_close(got, loss, **CLOSE)
+        for (name, a), b in zip(twin.named_parameters(), model.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, **CLOSE, msg=name)
+        for a, b in zip(twin.buffers(), model.buffers()):
+            torch.testing.assert_close(a, b, **CLOSE)
+    assert "aten::addmm" in [e.name for e in prof.events()]
+    assert dealias.cache_info(jf).tiers == ("fused",)

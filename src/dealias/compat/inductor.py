@@ -405,11 +405,13 @@ def _tensorifiable(n: fx.Node, supported: Any) -> None:
             raise Missing(f"{u.format_node()} takes a float input where no tensor goes")
 
 
-def layout_options(channels_last: bool | None) -> dict[str, Any]:
-    """Inductor's config for a graph whose convolutions go channels-last (`channels_last`) or stay in eager's layout;
-    {} (inductor's own choice) for None, or where this release has no such setting (runtime/conv_layout.py)."""
+def layout_options(channels_last: bool | None, matmuls: bool = False) -> dict[str, Any]:
+    """Inductor's config for a graph whose convolutions go channels-last (`channels_last`) or stay in eager's layout,
+    its 1x1 convolutions computed as matrix products (`matmuls`) or not; {} (inductor's own choice) for None, or where
+    this release has no such setting (runtime/conv_layout.py)."""
     import torch._inductor.config as config
 
     if channels_last is None or not hasattr(config, "layout_optimization"):
         return {}
-    return {"layout_optimization": channels_last}
+    products = {"conv_1x1_as_mm": True} if matmuls and hasattr(config, "conv_1x1_as_mm") else {}
+    return {"layout_optimization": channels_last, **products}

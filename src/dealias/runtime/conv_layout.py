@@ -24,6 +24,9 @@ gradient of) sum to less than eager's layout's kernels. Verdicts are kept on dis
 thread count). Not counted: the backward's own kernels (resnet18's and mobilenet's steps each took the layout their
 forward did: measured as fast or faster that way).
 
+A graph that goes channels-last also asks, per host and sizes, whether its 1x1 convolutions run faster as matrix
+products (`one_by_one_as_matmuls`).
+
 `DEALIAS_CONV_LAYOUT` overrides the measurement: `contiguous` (eager's layout) or `channels_last`, for
 reproducible graphs.
 """
@@ -91,6 +94,60 @@ def channels_last(gm: fx.GraphModule, with_grad: frozenset[fx.Node] = frozenset(
         return by_aten < margin
     _, by_inductor = measured(f"{key}|inductor", lambda: measure_conversion(converted, inductor=True))
     return by_inductor < margin
+
+
+def one_by_one_as_matmuls(gm: fx.GraphModule, channels_last: bool | None) -> bool:
+    """Whether inductor should compute the 1x1 convolutions of `gm` (stride 1, no padding, one group) as one matrix
+    product each of the channels-last activations by the weight (its `conv_1x1_as_mm`), for a graph whose
+    convolutions go `channels_last` (in eager's layout a product would need a copy of the activations first).
+    Channels-last, such a convolution is that product over all images at once (bit-equal here); ATen's convolution
+    runs it through four dispatched layers and per image. Measured per host and sizes, as the kernels' layout: a
+    mobilenet-like net's 1x1 convolutions (twelve sizes) ran 0.69-0.94x their convolution's time as products, 0.82x
+    in all (torch 2.14; 2.13: 0.85x; one thread). The graph takes the products where their sum is less."""
+    if channels_last is not True:
+        return False
+    conv_s = matmul_s = 0.0
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not aten.convolution.default or len(n.args) != 9:
+            continue  # (every convolution is static, on CPU and floating: `channels_last` said True)
+        x, w, bias = (a.meta.get("val") if isinstance(a, fx.Node) else a for a in n.args[:3])
+        stride, padding, dilation, transposed, output_padding, groups = n.args[3:9]
+        if not (
+            isinstance(w, torch.Tensor)
+            and w.dim() == 4
+            and tuple(w.shape[2:]) == (1, 1)
+            and list(stride) == [1, 1]
+            and list(padding) == [0, 0]
+            and list(dilation) == [1, 1]
+            and not transposed
+            and list(output_padding) == [0, 0]
+            and groups == 1
+        ):
+            continue
+        sizes = [(tuple(t.shape), tuple(t.stride())) for t in (x, w, bias) if t is not None]
+        key = f"1x1 convolution as a product|{sizes}|{x.dtype}|threads={torch.get_num_threads()}"
+        c, m = measured(key, lambda args=(x, w, bias): measure_matmul(*args))
+        conv_s, matmul_s = conv_s + c, matmul_s + m
+    return matmul_s < conv_s
+
+
+def measure_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tuple[float, float]:
+    """Seconds per call of the 1x1 convolution of tensors like the fake `x, w, bias` on channels-last ones: by ATen's
+    convolution, and as inductor's `conv_1x1_as_mm` computes it (a product of the activations' rows by the weight,
+    plus the bias). Best of interleaved rounds."""
+    with unset_fake_temporarily(), torch.no_grad(), torch.random.fork_rng(devices=[]):
+        xr, wr = (_real(t).contiguous(memory_format=torch.channels_last) for t in (x, w))
+        br = _real(bias) if bias is not None else None
+        n, c, h, width = x.shape
+        rows, weight = xr.permute(0, 2, 3, 1).reshape(n * h * width, c), wr.reshape(wr.shape[0], c).t()
+
+        def conv() -> Any:
+            return aten.convolution(xr, wr, br, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+
+        def product() -> Any:
+            return torch.mm(rows, weight) if br is None else torch.addmm(br, rows, weight)
+
+        return _best(conv, product)
 
 
 def _leaves(args: Any) -> list[Any]:

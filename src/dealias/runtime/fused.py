@@ -52,7 +52,7 @@ from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
 from ..ir.viewops import surely, symbolic_layout
 from . import island_op
-from .conv_layout import channels_last
+from .conv_layout import channels_last, one_by_one_as_matmuls
 from .hazards import Unfusable, check_hazards, insert_snapshots, merge_full_writes, writes_of
 from .inductor_fixes import decompositions
 from .keep_aten import twin_for
@@ -196,7 +196,7 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
     # (dynamo's guards or the cache entry's tensor check held before the program runs); over symbols they bind
     # the symbols (compat/inductor.py).
-    options = {"size_asserts": size_asserts(traced), **layout_options(layout)}
+    options = {"size_asserts": size_asserts(traced), **layout_options(layout, one_by_one_as_matmuls(gm, layout))}
 
     def compile_now() -> Any:
         try:

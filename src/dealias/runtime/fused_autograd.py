@@ -34,7 +34,7 @@ from ..compat.vec_isa import vec_isa_config
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.opfacts import is_view_node, may_raise, op_name
-from .conv_layout import channels_last
+from .conv_layout import channels_last, one_by_one_as_matmuls
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
 from .fused import picker, runner
 from .grad_modes import switch_grad_modes
@@ -184,7 +184,11 @@ def _compile(
     call = example if call is None else [a.detach() if i in cut else a for i, a in enumerate(call)]
     try:
         partition = partition_saving_no_written_input(written, copy_saved_results=len(rg_results) > 1)
-        options = {"size_asserts": size_asserts(gm), "custom_partitioner_fn": partition, **layout_options(layout)}
+        options = {
+            "size_asserts": size_asserts(gm),
+            "custom_partitioner_fn": partition,
+            **layout_options(layout, one_by_one_as_matmuls(gm, layout)),
+        }
         with (
             torch._inductor.config.patch(options),
             no_donated_buffers(),

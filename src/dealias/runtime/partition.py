@@ -18,7 +18,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..ir.opfacts import is_view_node
-from .hazards import SNAPSHOT, Unfusable
+from .hazards import ALIGNED_SNAPSHOT, SNAPSHOT, Unfusable
 
 aten = torch.ops.aten
 
@@ -134,18 +134,21 @@ def _computed_saved_bytes(fw: fx.GraphModule, num_fwd_outputs: int) -> Any:
 
 
 def _save_copies_of_inputs(fw: fx.GraphModule, num_fwd_outputs: int, copied: set[int]) -> None:
-    """Make the forward `fw` save a copy (a snapshot, which inductor keeps) of each of the `copied` inputs it saves
-    for backward, itself (_copies_store_less checked it is not through a view). The min-cut partition saves inputs
-    eager's backward does not (a BatchNorm's bias, to recompute its result): a caller's write of one after the
-    call (an optimizer step before backward) would make backward raise "modified by an inplace operation" where
-    eager's goes on; a copy taken in the forward holds the value eager's saved result was computed from."""
+    """Make the forward `fw` save a copy of each of the `copied` inputs it saves for backward, itself
+    (_copies_store_less checked it is not through a view). The min-cut partition saves inputs eager's backward does
+    not (a BatchNorm's bias, to recompute its result): a caller's write of one after the call (an optimizer step
+    before backward) would make backward raise "modified by an inplace operation" where eager's goes on; a copy
+    taken in the forward holds the value eager's saved result was computed from. The copy is an aligned snapshot,
+    which inductor keeps and generates itself, fused into a kernel the forward runs anyway (a plain snapshot was an
+    ATen clone called from inductor's Python wrapper, ~3 us a bias): nothing in the forward writes these inputs
+    (`copied` holds none the graph writes), so wherever the copy is computed it reads the value the call was given."""
     primals = fw.graph.find_nodes(op="placeholder")
     outputs = list(fw.graph.output_node().args[0])
     for k in range(num_fwd_outputs, len(outputs)):
         s = outputs[k]
         if s in primals and primals.index(s) in copied:
             with fw.graph.inserting_before(fw.graph.output_node()):
-                outputs[k] = fw.graph.call_function(SNAPSHOT, (s,))
+                outputs[k] = fw.graph.call_function(ALIGNED_SNAPSHOT, (s,))
             outputs[k].meta = dict(s.meta)
     fw.graph.output_node().args = (tuple(outputs),)
     fw.recompile()
