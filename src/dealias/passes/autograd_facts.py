@@ -47,7 +47,7 @@ from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
 from .hidden_writes import hidden_write_after_a_read, moves_counter
 from .unsafe_split import UnsafeSplitFacts
-from .view_grad_modes import made_stale, not_autograd_view, steps_mode, unsafe_element_without_grad
+from .view_grad_modes import made_as_own_tensor, made_stale, not_autograd_view, steps_mode, tensor_of_its_own
 
 
 class Walk(Protocol):
@@ -141,7 +141,7 @@ class AutogradFacts(UnsafeSplitFacts):
     def _on_view(self, view: fx.Node) -> None:
         value = self.info.values.get(view)
         if isinstance(value, Value) and self.emit.grad is not None:
-            self.made_with_grad[value.obj] = self.emit.grad
+            self.made_with_grad[value.obj] = self.emit.grad or made_as_own_tensor(view)
         if isinstance(value, Value) and self.unrecorded_layout and self.requires_grad(view):
             self.refuse_use_after_unrecorded_layout(value.storage, "a view made")
         self._track_fragile(view)
@@ -163,7 +163,7 @@ class AutogradFacts(UnsafeSplitFacts):
         if not_autograd_view(self.info, self.not_autograd_views, view, source):
             self.not_autograd_views.add(value.obj)  # (never stale, never requires grad)
             return
-        if unsafe_element_without_grad(view, source, bool(self.emit.grad)):
+        if tensor_of_its_own(view, source, bool(self.emit.grad)):
             return  # (no view: never stale; its views are tracked as views of it)
         parent = next((f for a in source.all_input_nodes if (f := self._fragile_of(a)) is not None), None)
         if parent is not None:

@@ -92,15 +92,27 @@ def not_autograd_view(info: AliasInfo, known: set[int], view: fx.Node, source: f
     return not all(t.dtype.is_floating_point or t.dtype.is_complex for t in (val, arg))
 
 
-def unsafe_element_without_grad(view: fx.Node, source: fx.Node, grad: bool) -> bool:
-    """Whether `view` is an element of `unsafe_split` made under no_grad: a tensor of its own in eager's autograd,
-    no view (never stale, no grad). Unlike a detached tensor, a write with grad on through it is compiled and makes
-    it require grad, and a view of it is then an autograd view of it as any other: views of it are tracked as
-    such (a no_grad view of it, returned after a later write, is stale in eager)."""
+def tensor_of_its_own(view: fx.Node, source: fx.Node, grad: bool) -> bool:
+    """Whether eager's `view` is a tensor of its own in autograd, no view (never stale, no fragile view; its views are
+    tracked as views of it): the result of `_unsafe_view` (a reshape's copy: made under no_grad, a write with grad on
+    through it is eager's as any tensor's; a no_grad view of it goes stale at a write of it, fuzz seed 2301728), or
+    an element of `unsafe_split` made under no_grad. Unlike a detached tensor, a write with grad on through such an
+    element is compiled and makes it require grad, and a view of it is then an autograd view of it as any other: a
+    no_grad view of it, returned after a later write, is stale in eager. (Made with grad on, unsafe_split.py tracks
+    the element.)"""
+    if view.target is not operator.getitem:
+        return made_as_own_tensor(view)
     op = source.target
+    return not grad and isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view
+
+
+def made_as_own_tensor(view: fx.Node) -> bool:
+    """Whether eager's `view` is `_unsafe_view`'s result (an op whose result has a version counter of its own, so no
+    autograd view: those share their base's), a tensor of its own on its input's memory. It requires grad as its
+    value does, whatever mode it was made in (made under no_grad, then written with grad on, it does): returned, it
+    is replayed with grad on."""
     return (
-        view.target is operator.getitem
-        and not grad
-        and isinstance(op, torch._ops.OpOverload)
-        and not facts(op).autograd_view
+        view.target is not operator.getitem
+        and isinstance(view.target, torch._ops.OpOverload)
+        and facts(view.target).own_counter
     )
