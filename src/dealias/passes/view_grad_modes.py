@@ -107,12 +107,18 @@ def tensor_of_its_own(view: fx.Node, source: fx.Node, grad: bool) -> bool:
 
 
 def made_as_own_tensor(view: fx.Node) -> bool:
-    """Whether eager's `view` is `_unsafe_view`'s result (an op whose result has a version counter of its own, so no
-    autograd view: those share their base's), a tensor of its own on its input's memory. It requires grad as its
-    value does, whatever mode it was made in (made under no_grad, then written with grad on, it does): returned, it
-    is replayed with grad on."""
-    return (
-        view.target is not operator.getitem
-        and isinstance(view.target, torch._ops.OpOverload)
-        and facts(view.target).own_counter
-    )
+    """Whether eager's `view` is `_unsafe_view`'s result: an op whose result has a version counter of its own, so
+    no autograd view (those share their base's counter), a tensor of its own on its input's memory."""
+    op = view.target
+    return op is not operator.getitem and isinstance(op, torch._ops.OpOverload) and facts(op).own_counter
+
+
+def replay_mode(slot: OutputSlot, made: bool | None, requires_grad: bool) -> bool | None:
+    """The grad mode a returned tensor's chain is replayed in (OutputSlot.grad): the one its last step was made in
+    (`made`: a view made under no_grad is a leaf), but for `_unsafe_view`'s result, a tensor of its own, with grad
+    on where it requires grad (made under no_grad and then written with grad on, eager's does), else in the call's
+    (None)."""
+    last = slot.chain[-1].op if slot.chain else None
+    if isinstance(last, torch._ops.OpOverload) and facts(last).own_counter:
+        return True if requires_grad else None
+    return made
