@@ -1,7 +1,8 @@
 """Returned views made under no_grad (autograd_facts._fragile_output): the grad mode the steps of a returned view's
 chain were made in, before the view made under no_grad that the chain ends in (the call replays each step in it:
-OutputSlot.grad_before); whether a stale one can be made stale after the graph (OutputSlot.stale); and which views
-eager's autograd does not track at all (never fragile)."""
+OutputSlot.grad_before); whether a stale one can be made stale after the graph (OutputSlot.stale); which views
+eager's autograd does not track at all (never fragile); and which view nodes are eager's tensors of their own
+(`_unsafe_view`'s result, an `unsafe_split` element made under no_grad), and the mode such a tensor is returned in."""
 
 from __future__ import annotations
 
