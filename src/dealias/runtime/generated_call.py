@@ -27,12 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 from ..compat.internals import set_version_counters, version_counters_missing
 from ..errors import UnsupportedError
 from ..ir.gradops import attach_history
+from ..ir.opfacts import facts
 from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram, OutputSlot, Ref, RefKind, ResultArg
 from ..ir.viewops import ViewStep, repeated_dims
 from .executor import binding_for_call
@@ -59,6 +61,16 @@ def reshaped_view(t: torch.Tensor, size: Any) -> torch.Tensor:
 
 # (OutputSlot.stale: a view's recorded version that no later write of a counter at 0 reaches; counters are uint32)
 STALE_FAR_AHEAD = 1 << 31
+
+
+def counter_from(slot: OutputSlot) -> int:
+    """Where in `slot`'s chain the steps sharing the view's version counter begin: after the last step that makes a
+    tensor with a counter of its own (opfacts' own_counter: `_unsafe_view`, an `unsafe_split` element made as
+    eager's), 0 when none does."""
+    own = [k + 1 for k, step in enumerate(slot.chain) if isinstance(step.op, OpOverload) and facts(step.op).own_counter]
+    if slot.unsafe_output is not None:
+        own.append(slot.unsafe_output.step + 1)
+    return max(own, default=0)
 
 
 def set_version_counter(t: torch.Tensor, version: int) -> None:
@@ -262,24 +274,31 @@ class _Call:
             # counter only grows, so a later write of the memory, by the caller, never makes the view's recorded
             # version its memory's again, as eager's never does; one ahead, the first such write did, and its
             # grad_fn read as None. A counter at 0, a result the fused executor made, is set far ahead instead.)
+            # The counter set back is the one the view shares: that of the tensor after the chain's last step
+            # making a tensor with a counter of its own (`_unsafe_view`, a reshape's copy: fuzz seed 2301728), made
+            # first; the source's would leave the view current.
+            own = counter_from(slot)
+            if own:
+                t = self.made(i, slot, t, 0, own)
             version, set_versions = self.s.fresh("version"), self.s.bind(set_version_counter, "set_version_counter")
             self.s.emit(f"{version} = {t}._version")
             self.s.emit(f"{set_versions}({t}, {version} - 1 if {version} else {STALE_FAR_AHEAD})")
-            name = self.made(i, slot, t)
+            name = self.made(i, slot, t, own)
             self.s.emit(f"{set_versions}({t}, {version})")
             return name
         return self.made(i, slot, t)
 
-    def made(self, i: int, slot: OutputSlot, t: str) -> str:
-        n = len(slot.chain)
+    def made(self, i: int, slot: OutputSlot, t: str, start: int = 0, end: int | None = None) -> str:
+        """Steps `start:end` of `slot`'s chain (to its end by default) replayed on `t`, each in its mode."""
+        n = len(slot.chain) if end is None else end
         made = self.grad if slot.grad is None else slot.grad
-        until = n if slot.grad_until is None else slot.grad_until
+        until = len(slot.chain) if slot.grad_until is None else slot.grad_until
         before = self.grad if slot.grad_before is None else slot.grad_before
-        parts = [(0, slot.grad_from, before), (slot.grad_from, until, made), (until, n, True)]
-        parts = [(a, b, g) for a, b, g in parts if a < b]
+        parts = [(0, slot.grad_from, before), (slot.grad_from, until, made), (until, len(slot.chain), True)]
+        parts = [(max(a, start), min(b, n), g) for a, b, g in parts if max(a, start) < min(b, n)]
         name = self.s.fresh(f"out{i}")
         if all(g == self.grad for _, _, g in parts):
-            self.s.emit(f"{name} = {self.chain(t, slot, 0, n)}")
+            self.s.emit(f"{name} = {self.chain(t, slot, start, n)}")
             return name
         for a, b, g in parts:
             self.in_mode(g, [f"{name} = {self.chain(t, slot, a, b)}"])
