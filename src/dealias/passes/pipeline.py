@@ -120,10 +120,13 @@ def _compile_program(
     same graph and the same call's leaves, whose passes up to optimize are taken instead of run again."""
     grad = torch.is_grad_enabled()  # the mode calls enter with (keyed): the executor's baseline
     clock = _Clock()
-    kept_key = None  # the program cache's key of a front compiled here (program_cache.py)
-    if front is None and not symbolic:
-        kept_key = program_cache.key(gm, leaves, names)
+    # The program cache's key (program_cache.py): of the front, loaded or kept here, and of the fused retrace
+    kept_key = program_cache.key(gm, leaves, names) if not symbolic else None
+    if front is None:
         front = _loaded_front(program_cache.load(kept_key, leaves))
+        loaded = front is not None
+    else:
+        loaded = True  # (another compile's: kept by that one)
     if front is not None:
         writes = front.writes
         captured, fp, functional, captured_passes = front.take()
@@ -163,7 +166,7 @@ def _compile_program(
         # write-backs into the graph); either one saying so is enough. (A front's compile takes its first's.)
         writes = writes_caller(fp, captured) or writes_caller_memory(captured.gm, info)
     kept = Front(captured, _fp_copy(fp, functional_gm), functional, captured_passes, writes)
-    if front is None:  # (compiled here, not loaded: kept for the next process, before lowering rewrites anything)
+    if not loaded:  # (compiled here: kept for the next process, before lowering rewrites anything)
         program_cache.save(kept_key, captured, kept.parts[1], writes)
     run, tier, name = None, Tier.TORCH, "execution trace (torch executor)"
     unfused = ""  # why a graph the fused executor was asked for runs on the torch executor
@@ -215,7 +218,7 @@ def _compile_program(
             check("lower", trial, functional_gm, aliases)
             trial = outputs_in_graph(trial)  # (a reshape of a result, as returned: made by the graph, no replay)
             with clock("inductor"):
-                run = fused_executor(trial.gm, _examples(captured, leaves))
+                run = fused_executor(trial.gm, _examples(captured, leaves), program_cache.Retraces(kept_key))
             fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), Tier.FUSED
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
             if hasattr(run, "raises"):  # (runtime/kernel_checks.py: eager's kernel rejects these dtypes or sizes)

@@ -166,6 +166,9 @@ class _Graph:
         if dict(gm.named_buffers()) or dict(gm.named_parameters()) or dict(gm.named_children()):
             raise Uncacheable("a graph module with attributes")
         self.codegen = gm.graph._codegen
+        # (what the graph module takes from its graph and keeps, which inductor's cache key pickles with its code)
+        self.tracer = (gm.graph._tracer_cls, gm.graph._tracer_extras)
+        self.meta = dict(gm.meta)
         self.nodes = []
         for n in gm.graph.nodes:
             if n.op in ("get_attr", "call_module"):
@@ -178,6 +181,7 @@ class _Graph:
     def build(self) -> fx.GraphModule:
         graph = fx.Graph()
         graph._codegen = self.codegen
+        graph._tracer_cls, graph._tracer_extras = self.tracer
         made: dict[str, fx.Node] = {}
         for name, op, target, args, kwargs, type_, meta in self.nodes:
             from_ref = lambda a: made[a.name] if isinstance(a, _Ref) else a  # noqa: E731
@@ -188,7 +192,9 @@ class _Graph:
             node.meta = meta
             made[name] = node
         graph.lint()
-        return graph_module(torch.nn.Module(), graph)
+        gm = graph_module(torch.nn.Module(), graph)
+        gm.meta.update(self.meta)
+        return gm
 
 
 class _Ref:
@@ -272,22 +278,11 @@ def save(k: str | None, captured: Captured, fp: FunctionalProgram, writes: bool)
         return
     if not all(o is TENSOR_SLOT or type(o) in _PLAIN for o in captured.out_template):
         return  # (a constant object the program returns would come back a copy of it)
-    payload = {"key": k, "captured": captured, "fp": fp, "writes": writes}
-    buf = io.BytesIO()
-    buf.write(MAGIC)
-    limit = sys.getrecursionlimit()
-    try:
-        sys.setrecursionlimit(max(limit, 20000))
-        _Pickler(buf).dump(payload)
-        data = buf.getvalue()
-        loaded = _loads(data, k)  # (read back: its graphs must print as the ones kept)
-    except Exception:  # noqa: BLE001 - anything that does not pickle or read back: not kept
-        return
-    finally:
-        sys.setrecursionlimit(limit)
+    data = _dumps({"key": k, "captured": captured, "fp": fp, "writes": writes})
+    loaded = _front(_loads(data, k)) if data is not None else None  # (read back: the same graphs and plan)
     if loaded is None or not _same(loaded, captured, fp):
         return
-    if _write(cache_dir() / "programs" / f"{k}.pkl", data):
+    if _write(_path("programs", k), data):
         counts["written"] += 1
 
 
@@ -300,6 +295,25 @@ def _same(loaded: tuple[Captured, FunctionalProgram, bool], captured: Captured, 
         and got_fp.writebacks == fp.writebacks
         and got_captured.groups == captured.groups
     )
+
+
+def _path(kind: str, k: str) -> Path:
+    return cache_dir() / kind / f"{k}.pkl"
+
+
+def _dumps(payload: dict[str, Any]) -> bytes | None:
+    """`payload` pickled (fakes, ops and graphs as `_Pickler` keeps them); None where it cannot be kept whole."""
+    buf = io.BytesIO()
+    buf.write(MAGIC)
+    limit = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(max(limit, 20000))  # (a graph's nodes nest in its pickle)
+        _Pickler(buf).dump(payload)
+    except Exception:  # noqa: BLE001 - anything that does not pickle: not kept
+        return None
+    finally:
+        sys.setrecursionlimit(limit)
+    return buf.getvalue()
 
 
 def _write(path: Path, data: bytes) -> bool:
@@ -378,11 +392,32 @@ class _Unpickler(pickle.Unpickler):
         return t
 
 
-def _loads(data: bytes, k: str) -> tuple[Captured, FunctionalProgram, bool] | None:
+def _loads(data: bytes, k: str) -> dict[str, Any] | None:
+    """The payload pickled in `data` under key `k`; None where it is not one (damaged, another key's, a class from
+    elsewhere)."""
     if not data.startswith(MAGIC):
         return None
-    payload = _Unpickler(io.BytesIO(data[len(MAGIC) :])).load()
-    if not isinstance(payload, dict) or payload.get("key") != k:
+    limit = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(max(limit, 20000))
+        payload = _Unpickler(io.BytesIO(data[len(MAGIC) :])).load()
+    except Exception:  # noqa: BLE001 - damaged, or of another build: compiled again
+        return None
+    finally:
+        sys.setrecursionlimit(limit)
+    return payload if isinstance(payload, dict) and payload.get("key") == k else None
+
+
+def _read(kind: str, k: str) -> dict[str, Any] | None:
+    try:
+        data = _path(kind, k).read_bytes()
+    except OSError:
+        return None
+    return _loads(data, k)
+
+
+def _front(payload: dict[str, Any] | None) -> tuple[Captured, FunctionalProgram, bool] | None:
+    if payload is None:
         return None
     captured, fp, writes = payload.get("captured"), payload.get("fp"), payload.get("writes")
     if not isinstance(captured, Captured) or not isinstance(fp, FunctionalProgram) or not isinstance(writes, bool):
@@ -396,18 +431,7 @@ def load(k: str | None, leaves: list[Any]) -> tuple[Captured, FunctionalProgram,
     if k is None or not ENABLED:
         return None
     start = time.perf_counter()
-    try:
-        data = (cache_dir() / "programs" / f"{k}.pkl").read_bytes()
-    except OSError:
-        return None
-    limit = sys.getrecursionlimit()
-    try:
-        sys.setrecursionlimit(max(limit, 20000))
-        loaded = _loads(data, k)
-    except Exception:  # noqa: BLE001 - damaged, or of another build: compiled again
-        return None
-    finally:
-        sys.setrecursionlimit(limit)
+    loaded = _front(_read("programs", k))
     if loaded is None or not _fits(loaded[0], leaves):
         return None
     counts["read"] += 1
@@ -432,3 +456,84 @@ def _fits(captured: Captured, leaves: list[Any]) -> bool:
     return len(captured.requires_grad) == len(positions) and captured.requires_grad == [
         leaves[p].requires_grad for p in positions
     ]
+
+
+# -- the fused executor's retrace ---------------------------------------------------------------------------------
+
+
+class Retraces:
+    """The fused executor's retrace of a lowered graph (runtime/fused.py: inductor's decompositions, float inputs as
+    tensors, snapshots and merged writes) kept beside the front keyed `front`: keyed also on the lowered graph's code,
+    which variance the decomposition table computes and inductor's configuration. Kept only where the graph's code
+    names what it runs: every target an op or a function importable by its name, every argument a plain value."""
+
+    def __init__(self, front: str | None) -> None:
+        self.front = front if ENABLED else None
+
+    def key(self, gm: fx.GraphModule, float64_passes: bool) -> str | None:
+        if self.front is None:
+            return None
+        for n in gm.graph.nodes:
+            if n.op in ("get_attr", "call_module", "call_method") or not _named(n):
+                return None
+        try:
+            code = gm.code
+            config = torch._inductor.config.save_config_portable()
+        except Exception:  # noqa: BLE001 - no code or configuration: not kept
+            return None
+        parts = [f"v{VERSION}", self.front, code, str(float64_passes), repr(sorted(config.items()))]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+    def load(self, k: str | None) -> tuple[fx.GraphModule, set[int], tuple[int, ...]] | None:
+        """(the traced graph, its float inputs, the inputs it writes) kept under `k`, or None."""
+        if k is None:
+            return None
+        payload = _read("retraces", k)
+        if payload is None:
+            return None
+        traced, floats, written = payload.get("traced"), payload.get("floats"), payload.get("written")
+        if not isinstance(traced, fx.GraphModule) or not isinstance(floats, set) or not isinstance(written, tuple):
+            return None
+        counts["read"] += 1
+        return traced, floats, written
+
+    def save(self, k: str | None, traced: fx.GraphModule, floats: set[int], written: tuple[int, ...]) -> None:
+        if k is None:
+            return
+        data = _dumps({"key": k, "traced": traced, "floats": set(floats), "written": tuple(written)})
+        loaded = _loads(data, k) if data is not None else None
+        if loaded is None or loaded.get("traced") is None or loaded["traced"].code != traced.code:
+            return
+        if _write(_path("retraces", k), data):
+            counts["written"] += 1
+
+
+_ARGUMENT_TYPES = (
+    fx.Node,
+    type(None),
+    bool,
+    int,
+    float,
+    str,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
+
+
+def _named(n: fx.Node) -> bool:
+    """Whether node `n`'s code names all it runs: its target an op or a function importable by its name (not a
+    closure, whose code would read the same for another), its arguments plain values."""
+    if n.op == "call_function":
+        target = n.target
+        if not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            module = sys.modules.get(getattr(target, "__module__", None) or "")
+            found = module
+            for part in (getattr(target, "__qualname__", None) or "<>").split("."):
+                found = getattr(found, part, None)
+            if found is not target:
+                return False
+    leaves = []
+    fx.node.map_aggregate((n.args, n.kwargs), lambda a: leaves.append(a) or a)
+    return all(isinstance(a, _ARGUMENT_TYPES) for a in leaves)
