@@ -44,6 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ..compat.fx_lazy import graph_module
 from ..compat.graph_cache import source_hash
+from ..compat.internals import fake_maker
 from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram
 from ..runtime.keep_aten import _host_key, cache_dir, source_key
 from .capture import restriction
@@ -57,6 +58,7 @@ counts = {"read": 0, "written": 0}
 # and functions of the user's, and the nodes they came from).
 _DROPPED_META = frozenset({"from_node", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "torch_fn"})
 _PLAIN = (type(None), bool, int, float, str)
+_CPU = torch.device("cpu")
 _OP_NAMESPACES = frozenset({"aten", "prims", "dealias"})
 _MODULES = ("torch", "dealias", "builtins", "collections", "copyreg", "operator", "_operator", "math", "enum")
 
@@ -342,6 +344,7 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file)
         self.mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.make = fake_maker(self.mode)
         self.fakes: dict[int, torch.Tensor] = {}
         self.storages: dict[int, torch.UntypedStorage] = {}
 
@@ -373,10 +376,13 @@ class _Unpickler(pickle.Unpickler):
     def _fake(
         self, index: int, nbytes: int, dtype: Any, shape: Any, stride: Any, offset: int, rg: bool, leaf: bool
     ) -> torch.Tensor:
-        with self.mode, torch.no_grad():
+        with torch.no_grad():
             if index not in self.storages:
-                self.storages[index] = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
-            t = torch.empty(0, dtype=dtype).set_(self.storages[index], offset, shape, stride)
+                self.storages[index] = torch.empty(nbytes, dtype=torch.uint8, device="meta").untyped_storage()
+            meta = torch.empty(0, dtype=dtype, device="meta").set_(self.storages[index], offset, shape, stride)
+        if self.make is None:
+            raise pickle.UnpicklingError("no fake tensor over a meta tensor in this torch")
+        t = self.make(meta, _CPU)
         if rg:
             with self.mode, torch.enable_grad():
                 t = t.requires_grad_() if leaf else t.requires_grad_().view_as(t)
