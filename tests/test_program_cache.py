@@ -190,3 +190,46 @@ def test_a_second_process_loads_the_first_ones_programs(tmp_path):
         runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
     assert runs[0] == {"counts": {"read": 0, "written": 2}, "traced": 2}
     assert runs[1] == {"counts": {"read": 2, "written": 0}, "traced": 0}  # (nothing traced: results still eager's)
+
+
+_FUSED_CHILD = textwrap.dedent(
+    """
+    import json, torch, dealias
+    from dealias.passes import program_cache
+    from dealias.runtime import fused
+    from torch._dynamo.utils import counters
+
+    retraced = []
+    retrace = fused._retrace
+    fused._retrace = lambda *a: retraced.append(1) or retrace(*a)
+
+    def step(w, g, buf, pos):
+        w.sub_(0.1 * g)
+        buf[pos] = w.sum(0)
+        return (w * 2).relu(), buf[pos]
+
+    torch.manual_seed(0)
+    w, g, buf = torch.randn(8, 16), torch.randn(8, 16), torch.zeros(4, 16)
+    want_w, want_buf = w.clone(), buf.clone()
+    want = step(want_w, g, want_buf, 2)
+    got = dealias.jit(step, executor="inductor")(w, g, buf, 2)
+    same = [torch.allclose(a, b) for a, b in ((got[0], want[0]), (got[1], want[1]), (w, want_w), (buf, want_buf))]
+    same.append(got[1].data_ptr() == buf[2].data_ptr())
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    print(json.dumps({"counts": program_cache.counts, "retraced": len(retraced), "same": all(same), "fx_hits": hits}))
+    """
+)
+
+
+@pytest.mark.inductor
+def test_a_second_process_loads_the_fused_retrace(tmp_path):
+    env = dict(os.environ, DEALIAS_CACHE_DIR=str(tmp_path / "dealias"), DEALIAS_PROGRAM_CACHE="1")
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
+    runs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", _FUSED_CHILD], env=env, capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    # (the front and the retrace written, then both read; inductor's own cache still hit with the loaded retrace)
+    assert runs[0] == {"counts": {"read": 0, "written": 2}, "retraced": 1, "same": True, "fx_hits": 0}
+    assert runs[1] == {"counts": {"read": 2, "written": 0}, "retraced": 0, "same": True, "fx_hits": 1}

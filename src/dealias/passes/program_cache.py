@@ -35,6 +35,7 @@ import pickle
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,10 @@ _DROPPED_META = frozenset({"from_node", "nn_module_stack", "source_fn_stack", "f
 _PLAIN = (type(None), bool, int, float, str)
 _CPU = torch.device("cpu")
 _OP_NAMESPACES = frozenset({"aten", "prims", "dealias"})
-_MODULES = ("torch", "dealias", "builtins", "collections", "copyreg", "operator", "_operator", "math", "enum")
+_MODULES = ("torch", "dealias", "collections", "copyreg", "operator", "_operator", "math", "enum")
+# (of Python's builtins, the containers and values an entry holds, and getattr for a class's member: no eval, exec,
+# import or open)
+_BUILTINS = frozenset({"getattr", "set", "frozenset", "slice", "tuple", "list", "dict", "bool", "int", "float", "str"})
 
 
 class Uncacheable(Exception):
@@ -105,9 +109,14 @@ def _torch_target(target: Any) -> bool:
     processes under the same name in the graph's code."""
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return target.namespace in _OP_NAMESPACES
+    bound = getattr(target, "__self__", None)
+    if bound is not None and not isinstance(bound, types.ModuleType):
+        # (a bound method, `MyFunction.apply`: its object's class's code, torch's module for the method or not)
+        owner = bound if isinstance(bound, type) else type(bound)
+        return (getattr(owner, "__module__", None) or "").split(".")[0] == "torch"
     module = getattr(target, "__module__", None) or ""
-    if module.split(".")[0] in ("torch", "_operator", "operator", "math", "builtins"):
-        return True
+    if module.split(".")[0] in ("torch", "dealias", "_operator", "operator", "math", "builtins"):
+        return True  # (dealias's own helpers in dynamo's graph: its source is in the key)
     # (a method descriptor of torch.Tensor, a builtin of torch._C: no module of their own)
     owner = getattr(target, "__objclass__", None) or getattr(target, "__self__", None)
     return owner is not None and (getattr(owner, "__module__", None) or getattr(owner, "__name__", "")).startswith(
@@ -349,7 +358,7 @@ class _Unpickler(pickle.Unpickler):
         self.storages: dict[int, torch.UntypedStorage] = {}
 
     def find_class(self, module: str, name: str) -> Any:
-        if module.split(".")[0] not in _MODULES:
+        if module.split(".")[0] not in _MODULES and not (module == "builtins" and name in _BUILTINS):
             raise pickle.UnpicklingError(f"{module}.{name} is not a class an entry holds")
         return super().find_class(module, name)
 
