@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import dealias
-from dealias.passes import pipeline, program_cache
+from dealias.passes import kept_graphs, pipeline, program_cache
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -137,7 +137,7 @@ def test_a_damaged_or_mismatched_entry_is_ignored(cache, tmp_path):
     damaged = [
         data[: len(data) // 2],  # (cut short)
         b"not an entry",
-        program_cache.MAGIC + b"\x80\x05garbage",
+        kept_graphs.MAGIC + b"\x80\x05garbage",
         data.replace(entry.stem.encode(), b"0" * len(entry.stem)),  # (another key inside)
     ]
     for content in damaged:

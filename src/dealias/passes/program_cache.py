@@ -27,13 +27,9 @@ modules only.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import os
-import pickle
 import sys
-import tempfile
 import time
 import types
 from pathlib import Path
@@ -41,46 +37,41 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from ..compat.fx_lazy import graph_module
 from ..compat.graph_cache import source_hash
-from ..compat.internals import fake_maker
 from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram
 from ..runtime.keep_aten import _host_key, cache_dir, source_key
 from .capture import restriction
+from .kept_graphs import OP_NAMESPACES, dumps, loads, namespace, write
 
 ENABLED = os.environ.get("DEALIAS_PROGRAM_CACHE", "1") != "0"
 VERSION = 1
-MAGIC = b"dealias-program\n"
 # Entries read and written in this process (tests: a second process loads the first's, tracing nothing).
 counts = {"read": 0, "written": 0}
-# Node meta torch keeps for its own provenance and logs, which dealias does not read: not kept (they hold classes
-# and functions of the user's, and the nodes they came from).
-_DROPPED_META = frozenset({"from_node", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "torch_fn"})
 _PLAIN = (type(None), bool, int, float, str)
-_CPU = torch.device("cpu")
-_OP_NAMESPACES = frozenset({"aten", "prims", "dealias"})
-_MODULES = ("torch", "dealias", "collections", "copyreg", "operator", "_operator", "math", "enum")
-# (of Python's builtins, the containers and values an entry holds, and getattr for a class's member: no eval, exec,
-# import or open)
-_BUILTINS = frozenset({"getattr", "set", "frozenset", "slice", "tuple", "list", "dict", "bool", "int", "float", "str"})
-
-
-class Uncacheable(Exception):
-    """What a front holds cannot be kept whole: it is not kept."""
 
 
 def key(gm: fx.GraphModule, leaves: list[Any], names: list[str]) -> str | None:
     """The entry's key for dynamo's graph `gm` called with `leaves` named `names`; None where the program is not
-    kept (see the module's text)."""
+    kept (see the module's text), or anything in naming it fails (the compile goes on as without the cache)."""
     if not ENABLED:
         return None
+    try:
+        return _key(gm, leaves, names)
+    except Exception:  # noqa: BLE001 - a graph or leaf the key cannot read: not kept
+        return None
+
+
+def _key(gm: fx.GraphModule, leaves: list[Any], names: list[str]) -> str | None:
     build = source_key((), source_hash(), _host_key())
     if build is None:
         return None
     for n in gm.graph.nodes:
         if n.op in ("get_attr", "call_module") or (n.op == "call_function" and not _torch_target(n.target)):
+            return None
+        if n.op == "call_method" and not _torch_target(getattr(torch.Tensor, n.target, None)):
+            return None
+        if not _plain_arguments(n):  # (an object in the graph's code by a name, not its value)
             return None
     try:
         code = gm.code
@@ -105,23 +96,34 @@ def key(gm: fx.GraphModule, leaves: list[Any], names: list[str]) -> str | None:
 
 
 def _torch_target(target: Any) -> bool:
-    """A target of dynamo's graph whose code is torch's (or Python's): one of the user's could change between
-    processes under the same name in the graph's code."""
+    """Whether `target` (a call_function's, or the torch.Tensor method a call_method's name finds) is torch's own
+    code (or Python's, or dealias's: its source is in the key). The graph's code names it only: the user's function,
+    or a library's wrapper put in torch's place (`torch.Tensor.clamp = wrapper`, which dynamo's graph still calls as
+    `x.clamp(..)`), could differ between processes under the same name."""
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return target.namespace in _OP_NAMESPACES
+        return namespace(target) in OP_NAMESPACES
     bound = getattr(target, "__self__", None)
     if bound is not None and not isinstance(bound, types.ModuleType):
         # (a bound method, `MyFunction.apply`: its object's class's code, torch's module for the method or not)
         owner = bound if isinstance(bound, type) else type(bound)
-        return (getattr(owner, "__module__", None) or "").split(".")[0] == "torch"
+        if (getattr(owner, "__module__", None) or "").split(".")[0] != "torch":
+            return False
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    if code is not None:  # (Python: the file it is written in, whatever module it claims)
+        return code.co_filename.startswith(_OWN_FILES)
     module = getattr(target, "__module__", None) or ""
-    if module.split(".")[0] in ("torch", "dealias", "_operator", "operator", "math", "builtins"):
-        return True  # (dealias's own helpers in dynamo's graph: its source is in the key)
+    if module.split(".")[0] in ("torch", "_operator", "operator", "math", "builtins"):
+        return True
     # (a method descriptor of torch.Tensor, a builtin of torch._C: no module of their own)
     owner = getattr(target, "__objclass__", None) or getattr(target, "__self__", None)
-    return owner is not None and (getattr(owner, "__module__", None) or getattr(owner, "__name__", "")).startswith(
-        "torch"
-    )
+    name = getattr(owner, "__module__", None) or getattr(owner, "__name__", "")
+    return owner is not None and name.split(".")[0] == "torch"
+
+
+_OWN_FILES = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
 
 
 def _leaf_metas(leaves: list[Any]) -> list[Any] | None:
@@ -166,134 +168,27 @@ def _leaf_metas(leaves: list[Any]) -> list[Any] | None:
     return metas
 
 
-# -- writing ------------------------------------------------------------------------------------------------------
-
-
-class _Graph:
-    """A graph module as plain data: its nodes in order, each (name, op, target, args, kwargs, type, meta), node
-    arguments as `_Ref`s by name; its codegen (pytree specs)."""
-
-    def __init__(self, gm: fx.GraphModule) -> None:
-        if dict(gm.named_buffers()) or dict(gm.named_parameters()) or dict(gm.named_children()):
-            raise Uncacheable("a graph module with attributes")
-        self.codegen = gm.graph._codegen
-        # (what the graph module takes from its graph and keeps, which inductor's cache key pickles with its code)
-        self.tracer = (gm.graph._tracer_cls, gm.graph._tracer_extras)
-        self.meta = dict(gm.meta)
-        self.nodes = []
-        for n in gm.graph.nodes:
-            if n.op in ("get_attr", "call_module"):
-                raise Uncacheable(f"a {n.op} node")
-            to_ref = lambda a: _Ref(a.name)  # noqa: E731
-            args, kwargs = fx.node.map_arg(n.args, to_ref), fx.node.map_arg(n.kwargs, to_ref)
-            meta = {k: v for k, v in n.meta.items() if k not in _DROPPED_META}
-            self.nodes.append((n.name, n.op, n.target, args, kwargs, n.type, meta))
-
-    def build(self) -> fx.GraphModule:
-        graph = fx.Graph()
-        graph._codegen = self.codegen
-        graph._tracer_cls, graph._tracer_extras = self.tracer
-        made: dict[str, fx.Node] = {}
-        for name, op, target, args, kwargs, type_, meta in self.nodes:
-            from_ref = lambda a: made[a.name] if isinstance(a, _Ref) else a  # noqa: E731
-            args, kwargs = _map_refs(args, from_ref), _map_refs(kwargs, from_ref)
-            node = graph.create_node(op, target, args, kwargs, name=name, type_expr=type_)
-            if node.name != name:
-                raise Uncacheable(f"node {name} named {node.name}")
-            node.meta = meta
-            made[name] = node
-        graph.lint()
-        gm = graph_module(torch.nn.Module(), graph)
-        gm.meta.update(self.meta)
-        return gm
-
-
-class _Ref:
-    """A node argument, by the node's name."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def _map_refs(value: Any, f: Any) -> Any:
-    if isinstance(value, tuple):
-        return tuple(_map_refs(v, f) for v in value)
-    if isinstance(value, list):
-        return [_map_refs(v, f) for v in value]
-    if isinstance(value, dict):
-        return {k: _map_refs(v, f) for k, v in value.items()}
-    if isinstance(value, slice):
-        return slice(_map_refs(value.start, f), _map_refs(value.stop, f), _map_refs(value.step, f))
-    return f(value)
-
-
-class _Pickler(pickle.Pickler):
-    """Fake tensors as their metadata (each by its index: one object read back for one written), the fake mode as
-    one mark, ops by name, graph modules as `_Graph`s."""
-
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.fakes: dict[int, tuple[int, Any]] = {}  # id -> (index, the fake: kept alive while pickling)
-        self.storages: dict[int, int] = {}
-
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, FakeTensor):
-            if id(obj) not in self.fakes:
-                self.fakes[id(obj)] = (len(self.fakes), obj)
-                return ("fake", self.fakes[id(obj)][0], self._describe(obj))
-            return ("fake", self.fakes[id(obj)][0], None)
-        if isinstance(obj, torch.Tensor):
-            raise Uncacheable("a real tensor")
-        if isinstance(obj, FakeTensorMode):
-            return ("mode",)
-        if obj is TENSOR_SLOT:
-            return ("slot",)
-        if isinstance(obj, torch._ops.OpOverload):
-            if obj.namespace not in _OP_NAMESPACES:
-                raise Uncacheable(f"op {obj}")
-            return ("op", obj.namespace, obj._schema.name.split("::")[1], obj._overloadname)
-        if isinstance(obj, torch._ops.OpOverloadPacket):
-            if obj.namespace not in _OP_NAMESPACES:
-                raise Uncacheable(f"op {obj}")
-            return ("packet", obj.namespace, obj._qualified_op_name.split("::")[1])
-        if isinstance(obj, (torch._ops.HigherOrderOperator, torch.SymInt, torch.SymFloat, torch.SymBool)):
-            raise Uncacheable(f"{type(obj).__name__}")
-        if isinstance(obj, fx.Node):
-            raise Uncacheable("a node outside a graph's arguments")
-        return None
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, fx.GraphModule):
-            return _Graph.build, (_Graph(obj),)
-        return NotImplemented
-
-    def _describe(self, t: FakeTensor) -> tuple[Any, ...]:
-        if t.device.type != "cpu" or t.layout is not torch.strided or t.is_conj() or t.is_neg():
-            raise Uncacheable("a fake tensor off the CPU, not strided, or with a conj/neg bit")
-        if t.is_inference() or t._is_zerotensor() or type(t) is not FakeTensor:
-            raise Uncacheable("an inference or zero fake tensor")
-        storage = t.untyped_storage()
-        index = self.storages.setdefault(storage._cdata, len(self.storages))
-        meta = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
-        if not all(type(d) is int for d in (*meta[1], *meta[2], meta[3])):
-            raise Uncacheable("a symbolic size")
-        return (index, storage.nbytes(), *meta, t.requires_grad, t.is_leaf)
-
-
 def save(k: str | None, captured: Captured, fp: FunctionalProgram, writes: bool) -> None:
     """Keep the front `captured`, `fp` (the functional plan before lowering) and `writes` under `k`, where it can be
-    kept whole and reads back as the same graphs; else nothing."""
+    kept whole and reads back as the same graphs; else nothing (whatever fails here: the compile goes on)."""
     if k is None or not ENABLED:
         return
+    try:
+        _save(k, captured, fp, writes)
+    except Exception:  # noqa: BLE001 - not kept
+        return
+
+
+def _save(k: str, captured: Captured, fp: FunctionalProgram, writes: bool) -> None:
     if captured.symbols or captured.fake_mode is None or captured.fake_mode.shape_env is not None or fp.constants:
         return
     if not all(o is TENSOR_SLOT or type(o) in _PLAIN for o in captured.out_template):
         return  # (a constant object the program returns would come back a copy of it)
-    data = _dumps({"key": k, "captured": captured, "fp": fp, "writes": writes})
-    loaded = _front(_loads(data, k)) if data is not None else None  # (read back: the same graphs and plan)
+    data = dumps({"key": k, "captured": captured, "fp": fp, "writes": writes})
+    loaded = _front(loads(data, k)) if data is not None else None  # (read back: the same graphs and plan)
     if loaded is None or not _same(loaded, captured, fp):
         return
-    if _write(_path("programs", k), data):
+    if write(_path("programs", k), data):
         counts["written"] += 1
 
 
@@ -312,123 +207,12 @@ def _path(kind: str, k: str) -> Path:
     return cache_dir() / kind / f"{k}.pkl"
 
 
-def _dumps(payload: dict[str, Any]) -> bytes | None:
-    """`payload` pickled (fakes, ops and graphs as `_Pickler` keeps them); None where it cannot be kept whole."""
-    buf = io.BytesIO()
-    buf.write(MAGIC)
-    limit = sys.getrecursionlimit()
-    try:
-        sys.setrecursionlimit(max(limit, 20000))  # (a graph's nodes nest in its pickle)
-        _Pickler(buf).dump(payload)
-    except Exception:  # noqa: BLE001 - anything that does not pickle: not kept
-        return None
-    finally:
-        sys.setrecursionlimit(limit)
-    return buf.getvalue()
-
-
-def _write(path: Path, data: bytes) -> bool:
-    """`data` to `path` in one piece through a file of the writer's own; False where the directory cannot be
-    written (nothing kept)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError:
-        return False
-    return True
-
-
-# -- reading ------------------------------------------------------------------------------------------------------
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file)
-        self.mode = FakeTensorMode(allow_non_fake_inputs=False)
-        self.make = fake_maker(self.mode)
-        self.fakes: dict[int, torch.Tensor] = {}
-        self.storages: dict[int, torch.UntypedStorage] = {}
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module.split(".")[0] not in _MODULES and not (module == "builtins" and name in _BUILTINS):
-            raise pickle.UnpicklingError(f"{module}.{name} is not a class an entry holds")
-        return super().find_class(module, name)
-
-    def persistent_load(self, pid: Any) -> Any:
-        kind = pid[0]
-        if kind == "fake":
-            _, index, description = pid
-            if description is None:
-                return self.fakes[index]
-            self.fakes[index] = self._fake(*description)
-            return self.fakes[index]
-        if kind == "mode":
-            return self.mode
-        if kind == "slot":
-            return TENSOR_SLOT
-        if kind == "op":
-            _, namespace, name, overload = pid
-            return getattr(getattr(getattr(torch.ops, namespace), name), overload)
-        if kind == "packet":
-            _, namespace, name = pid
-            return getattr(getattr(torch.ops, namespace), name)
-        raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
-
-    def _fake(
-        self, index: int, nbytes: int, dtype: Any, shape: Any, stride: Any, offset: int, rg: bool, leaf: bool
-    ) -> torch.Tensor:
-        with torch.no_grad():
-            if index not in self.storages:
-                self.storages[index] = torch.empty(nbytes, dtype=torch.uint8, device="meta").untyped_storage()
-            meta = torch.empty(0, dtype=dtype, device="meta").set_(self.storages[index], offset, shape, stride)
-        if self.make is None:
-            raise pickle.UnpicklingError("no fake tensor over a meta tensor in this torch")
-        t = self.make(meta, _CPU)
-        if rg:
-            with self.mode, torch.enable_grad():
-                t = t.requires_grad_() if leaf else t.requires_grad_().view_as(t)
-        if (t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.requires_grad, t.is_leaf) != (
-            dtype,
-            tuple(shape),
-            tuple(stride),
-            offset,
-            rg,
-            leaf,
-        ):
-            raise pickle.UnpicklingError("a fake tensor made again differs")
-        return t
-
-
-def _loads(data: bytes, k: str) -> dict[str, Any] | None:
-    """The payload pickled in `data` under key `k`; None where it is not one (damaged, another key's, a class from
-    elsewhere)."""
-    if not data.startswith(MAGIC):
-        return None
-    limit = sys.getrecursionlimit()
-    try:
-        sys.setrecursionlimit(max(limit, 20000))
-        payload = _Unpickler(io.BytesIO(data[len(MAGIC) :])).load()
-    except Exception:  # noqa: BLE001 - damaged, or of another build: compiled again
-        return None
-    finally:
-        sys.setrecursionlimit(limit)
-    return payload if isinstance(payload, dict) and payload.get("key") == k else None
-
-
 def _read(kind: str, k: str) -> dict[str, Any] | None:
     try:
         data = _path(kind, k).read_bytes()
     except OSError:
         return None
-    return _loads(data, k)
+    return loads(data, k)
 
 
 def _front(payload: dict[str, Any] | None) -> tuple[Captured, FunctionalProgram, bool] | None:
@@ -446,8 +230,11 @@ def load(k: str | None, leaves: list[Any]) -> tuple[Captured, FunctionalProgram,
     if k is None or not ENABLED:
         return None
     start = time.perf_counter()
-    loaded = _front(_read("programs", k))
-    if loaded is None or not _fits(loaded[0], leaves):
+    try:
+        loaded = _front(_read("programs", k))
+        if loaded is None or not _fits(loaded[0], leaves):
+            return None
+    except Exception:  # noqa: BLE001 - an entry that does not read as a front of this call: compiled again
         return None
     counts["read"] += 1
     return (*loaded, time.perf_counter() - start)
@@ -488,6 +275,12 @@ class Retraces:
     def key(self, gm: fx.GraphModule, float64_passes: bool) -> str | None:
         if self.front is None:
             return None
+        try:
+            return self._key(gm, float64_passes)
+        except Exception:  # noqa: BLE001 - not kept
+            return None
+
+    def _key(self, gm: fx.GraphModule, float64_passes: bool) -> str | None:
         for n in gm.graph.nodes:
             if n.op in ("get_attr", "call_module", "call_method") or not _named(n):
                 return None
@@ -503,6 +296,12 @@ class Retraces:
         """(the traced graph, its float inputs, the inputs it writes) kept under `k`, or None."""
         if k is None:
             return None
+        try:
+            return self._load(k)
+        except Exception:  # noqa: BLE001 - traced again
+            return None
+
+    def _load(self, k: str) -> tuple[fx.GraphModule, set[int], tuple[int, ...]] | None:
         payload = _read("retraces", k)
         if payload is None:
             return None
@@ -515,11 +314,17 @@ class Retraces:
     def save(self, k: str | None, traced: fx.GraphModule, floats: set[int], written: tuple[int, ...]) -> None:
         if k is None:
             return
-        data = _dumps({"key": k, "traced": traced, "floats": set(floats), "written": tuple(written)})
-        loaded = _loads(data, k) if data is not None else None
+        try:
+            self._save(k, traced, floats, written)
+        except Exception:  # noqa: BLE001 - not kept
+            return
+
+    def _save(self, k: str, traced: fx.GraphModule, floats: set[int], written: tuple[int, ...]) -> None:
+        data = dumps({"key": k, "traced": traced, "floats": set(floats), "written": tuple(written)})
+        loaded = loads(data, k) if data is not None else None
         if loaded is None or loaded.get("traced") is None or loaded["traced"].code != traced.code:
             return
-        if _write(_path("retraces", k), data):
+        if write(_path("retraces", k), data):
             counts["written"] += 1
 
 
@@ -529,7 +334,9 @@ _ARGUMENT_TYPES = (
     bool,
     int,
     float,
+    complex,
     str,
+    type(Ellipsis),
     torch.dtype,
     torch.device,
     torch.layout,
@@ -549,6 +356,11 @@ def _named(n: fx.Node) -> bool:
                 found = getattr(found, part, None)
             if found is not target:
                 return False
-    leaves = []
+    return _plain_arguments(n)
+
+
+def _plain_arguments(n: fx.Node) -> bool:
+    """Whether every argument of node `n` is a node or a plain value, which the graph's code prints as it is."""
+    leaves: list[Any] = []
     fx.node.map_aggregate((n.args, n.kwargs), lambda a: leaves.append(a) or a)
     return all(isinstance(a, _ARGUMENT_TYPES) for a in leaves)
