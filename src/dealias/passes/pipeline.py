@@ -218,7 +218,8 @@ def _compile_program(
             check("lower", trial, functional_gm, aliases)
             trial = outputs_in_graph(trial)  # (a reshape of a result, as returned: made by the graph, no replay)
             with clock("inductor"):
-                run = fused_executor(trial.gm, _examples(captured, leaves), program_cache.Retraces(kept_key))
+                retraces = {"kept": program_cache.Retraces(kept_key)} if kept_key is not None else {}
+                run = fused_executor(trial.gm, _examples(captured, leaves), **retraces)
             fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), Tier.FUSED
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
             if hasattr(run, "raises"):  # (runtime/kernel_checks.py: eager's kernel rejects these dtypes or sizes)
