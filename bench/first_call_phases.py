@@ -9,8 +9,9 @@ same directories). Each reports, from construction to the first call's return (a
 - inductor's FX graph cache and AOTAutograd's cache counters (a warm dealias process should show one hit per fused
   graph and no miss or bypass; torch.compile's an autograd_cache_hit);
 - dealias's own phases, CPU seconds summed over the call's compiles: capture, alias analysis, functionalize,
-  optimize, write-back lowering, the torch executor, the fused executor (its retrace by make_fx shown apart; the rest
-  is inductor's compile or cache lookup and load, and whatever inductor imports there), the runs on copies;
+  optimize (or the program cache's load of them, passes/program_cache.py, and its save in a cold process),
+  write-back lowering, the torch executor, the fused executor (its retrace by make_fx shown apart; the rest is
+  inductor's compile or cache lookup and load, and whatever inductor imports there), the runs on copies;
 - the second call's wall and CPU seconds (its children's included): a training step's second call times the fused
   backward on copies, compiling it (frontend/choosing.py), where torch.compile compiled it in the first backward.
 
@@ -19,6 +20,7 @@ same directories). Each reports, from construction to the first call's return (a
     python bench/first_call_phases.py --variants default default-norecord torch.compile  # (the record's worth)
     python bench/first_call_phases.py --variants default default-allvariance torch.compile  # (the variance verdict's)
     python bench/first_call_phases.py --variants default default-noheader torch.compile  # (header_prefetch's worth)
+    python bench/first_call_phases.py --variants default default-noprogram torch.compile  # (the program cache's)
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ def _instrument() -> dict[str, float]:
     for name in PHASES:
         setattr(pipeline, name, timed(getattr(pipeline, name), name))
     copies.run_on_copies = timed(copies.run_on_copies, "copies")
+    # The program cache's load (a warm process: instead of capture..optimize) and its save (a cold one)
+    pipeline.program_cache.load = timed(pipeline.program_cache.load, "program_cache_load")
+    pipeline.program_cache.save = timed(pipeline.program_cache.save, "program_cache_save")
     # The per-host measurements (keep_aten.measured's callers), by key: wall seconds (their C++ compiles are children)
     from dealias.compat import vec_isa
     from dealias.runtime import conv_layout, keep_aten, row_products
@@ -111,6 +116,10 @@ def child(name: str, variant: str) -> None:
         from dealias.compat import header_prefetch
 
         header_prefetch.ENABLED, variant = False, "default"
+    if variant == "default-noprogram":  # (the default without the program cache: every process traces again)
+        from dealias.passes import program_cache
+
+        program_cache.ENABLED, variant = False, "default"
     if variant == "default-norecord":  # (the default without the copies' record: every first call times its tiers)
         from dealias.frontend import copies_record
 

@@ -177,3 +177,16 @@ def function_apply(cls: type) -> Callable[..., Any]:
         return c_apply(*args)
 
     return apply
+
+
+def fake_maker(mode: Any) -> Callable[[torch.Tensor, torch.device], torch.Tensor] | None:
+    """`make(meta, device)`: a fake tensor of `mode` over the meta tensor `meta` (its storage shared with `meta`'s,
+    so with every other fake made over that storage), on `device`, by the fake mode's converter without a dispatch
+    through the mode (the program cache makes a graph's fakes again: 25 us each this way, 1.6 ms by an op under the
+    mode). None where this torch has no such converter method: the program cache then loads nothing."""
+    try:
+        converter = require(mode, "fake_tensor_converter")
+        make = require(converter, "from_meta_and_device", "fake_mode", "t", "device")
+    except Missing:
+        return None
+    return lambda meta, device: make(mode, meta, device)

@@ -30,6 +30,7 @@ from ..runtime.fused_autograd import fused_autograd_executor
 from ..runtime.fused_outputs import outputs_in_graph
 from ..runtime.generated_call import returned_as_views_only
 from ..runtime.program import CompiledProgram, Executor, Tier
+from . import program_cache
 from .alias import analyze, writes_caller_memory
 from .capture import capture
 from .functionalize import functionalize
@@ -119,6 +120,13 @@ def _compile_program(
     same graph and the same call's leaves, whose passes up to optimize are taken instead of run again."""
     grad = torch.is_grad_enabled()  # the mode calls enter with (keyed): the executor's baseline
     clock = _Clock()
+    # The program cache's key (program_cache.py): of the front, loaded or kept here, and of the fused retrace
+    kept_key = program_cache.key(gm, leaves, names) if not symbolic else None
+    if front is None:
+        front = _loaded_front(program_cache.load(kept_key, leaves))
+        loaded = front is not None
+    else:
+        loaded = True  # (another compile's: kept by that one)
     if front is not None:
         writes = front.writes
         captured, fp, functional, captured_passes = front.take()
@@ -158,6 +166,8 @@ def _compile_program(
         # write-backs into the graph); either one saying so is enough. (A front's compile takes its first's.)
         writes = writes_caller(fp, captured) or writes_caller_memory(captured.gm, info)
     kept = Front(captured, _fp_copy(fp, functional_gm), functional, captured_passes, writes)
+    if not loaded:  # (compiled here: kept for the next process, before lowering rewrites anything)
+        program_cache.save(kept_key, captured, kept.parts[1], writes)
     run, tier, name = None, Tier.TORCH, "execution trace (torch executor)"
     unfused = ""  # why a graph the fused executor was asked for runs on the torch executor
     if executor == Executor.INDUCTOR and not torch.is_inference_mode_enabled():
@@ -208,7 +218,8 @@ def _compile_program(
             check("lower", trial, functional_gm, aliases)
             trial = outputs_in_graph(trial)  # (a reshape of a result, as returned: made by the graph, no replay)
             with clock("inductor"):
-                run = fused_executor(trial.gm, _examples(captured, leaves))
+                retraces = {"kept": program_cache.Retraces(kept_key)} if kept_key is not None else {}
+                run = fused_executor(trial.gm, _examples(captured, leaves), **retraces)
             fp, shown, tier = trial, dataclasses.replace(trial, gm=run.graph), Tier.FUSED
             name = "execution trace (fused: inductor compiles this graph, writes into the caller's memory included)"
             if hasattr(run, "raises"):  # (runtime/kernel_checks.py: eager's kernel rejects these dtypes or sizes)
@@ -279,6 +290,22 @@ class Front:
             raise InvariantError("a compile's front taken twice")
         (captured, fp, functional, passes), self.parts = self.parts, None
         return captured, _fp_copy(fp, _copy_graph_module(fp.gm)), functional, passes
+
+
+def _loaded_front(loaded: tuple[Captured, FunctionalProgram, bool, float] | None) -> Front | None:
+    """A front from the program cache (an earlier process's capture and passes up to optimize), or None."""
+    if loaded is None:
+        return None
+    captured, fp, writes, seconds = loaded
+    functional_gm = _copy_graph_module(fp.gm)
+    passes = [("loaded from the program cache", seconds)]
+    functional = Trace(
+        "functional",
+        lambda: format_graph(functional_gm, "functional", "functional trace (no mutation)"),
+        passes,
+        functional_gm,
+    )
+    return Front(captured, _fp_copy(fp, functional_gm), functional, passes, writes)
 
 
 def _hidden_writes_only(fp: FunctionalProgram, captured: Captured) -> bool:

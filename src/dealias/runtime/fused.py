@@ -131,8 +131,9 @@ def _no_dropout(n: fx.Node) -> bool:
     return p is not None and p == 0
 
 
-def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
-    """Compile the lowered graph `gm` (called with tensors like `example`) with inductor. Raises Unfusable."""
+def fused_executor(gm: fx.GraphModule, example: list[Any], kept: Any = None) -> Callable[..., Any]:
+    """Compile the lowered graph `gm` (called with tensors like `example`) with inductor. Raises Unfusable. `kept`:
+    where the graph's retrace for inductor is kept for a later process (passes/program_cache.Retraces), or None."""
     from torch._inductor.compile_fx import compile_fx_inner
 
     result_layouts(gm)  # (raises Unfusable before inductor's compile, not after)
@@ -160,37 +161,19 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
         if by_tensors is not None:
             n.target, n.kwargs = by_tensors, {**n.kwargs, "dtype": n.meta["val"].dtype}
     gm.recompile()
-    # Inductor's own decompositions (index_copy_ -> index_put_, ...; a variance's: inductor_fixes.py), dealias's
-    # helpers traced to aten ops; each node keeps the user's source line.
-    with fx.traceback.preserve_node_meta(), torch.no_grad():  # nothing records autograd (`unfusable`)
-        interpret = lambda *args: fx.Interpreter(gm).run(*args)  # noqa: E731
-        traced = make_fx(interpret, decomposition_table=decompositions(gm), tracing_mode="fake")(*example)
-    names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
-    for ph, name in zip(traced.graph.find_nodes(op="placeholder"), names):
-        ph.name = ph.target = name
-    if any(n.target is aten.view.dtype for n in traced.graph.nodes):
-        # Inductor writes through an integer view of float memory as a float store of the converted integer.
-        raise Unfusable("a dtype view (x.view(torch.int32))")
-    if any(n.target is aten.as_strided.default for n in traced.graph.nodes):
-        # Its storage offset is absolute: traced from one call's placement, it would be baked into the kernels,
-        # while a program serves every placement of its inputs.
-        raise Unfusable("an as_strided view (its storage offset is absolute)")
-    try:
-        floats = floats_as_tensors(traced)  # (a float input: a 0-d float64 tensor, its arithmetic tensor arithmetic)
-    except Missing as e:
-        raise Unfusable(f"a float input inductor cannot take: {e}") from e
+    table = decompositions(gm)
+    key = kept.key(gm, table.float64_passes) if kept is not None else None
+    loaded = kept.load(key) if kept is not None else None
+    if loaded is None:
+        traced, floats, written = _retrace(gm, example, table)
+        if kept is not None:
+            kept.save(key, traced, floats, written)
+    else:
+        traced, floats, written = loaded
     float_inputs = [ph.meta["val"] for ph in traced.graph.find_nodes(op="placeholder")]
     example = [float_inputs[i] if i in floats else x for i, x in enumerate(example)]
-    # Inductor's kernels write the caller's tensors through pointers, which moves no version counter: the call
-    # moves each written one itself, or what autograd saved of it before would be read as if unchanged.
-    traced_inputs = traced.graph.find_nodes(op="placeholder")
-    written = tuple(sorted({traced_inputs.index(ph) for _, ph in writes_of(traced)}))  # (only inputs are written)
     if written and (why := version_counters_missing(moved=True)):
         raise Unfusable(why)
-    merge_full_writes(traced)
-    insert_snapshots(traced)
-    check_hazards(traced)
-    traced.recompile()
     handed = copy.deepcopy(traced)  # inductor's passes rewrite the graph they are given (no-op clones go)
     handed.meta["channels_last"] = layout  # (for traces and tests: the convolutions' layout, None: inductor's)
     # No size/stride asserts in inductor's wrapper where every call's inputs have the traced sizes and strides
@@ -226,6 +209,39 @@ def fused_executor(gm: fx.GraphModule, example: list[Any]) -> Callable[..., Any]
     run.prologue = prologue  # type: ignore[attr-defined]  # (its generated source: `prologue.source`)
     run.pending = compiled if later else None  # type: ignore[attr-defined]
     return run
+
+
+def _retrace(gm: fx.GraphModule, example: list[Any], table: Any) -> tuple[fx.GraphModule, set[int], tuple[int, ...]]:
+    """The graph inductor is given: `gm` traced again with inductor's own decompositions `table` (index_copy_ ->
+    index_put_, ...; a variance's: inductor_fixes.py), dealias's helpers traced to aten ops, each node keeping the
+    user's source line; its float inputs as tensors, its writes merged and snapshots taken (hazards.py). With the
+    positions of its float inputs and of the inputs it writes. Raises Unfusable."""
+    with fx.traceback.preserve_node_meta(), torch.no_grad():  # nothing records autograd (`unfusable`)
+        interpret = lambda *args: fx.Interpreter(gm).run(*args)  # noqa: E731
+        traced = make_fx(interpret, decomposition_table=table, tracing_mode="fake")(*example)
+    names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    for ph, name in zip(traced.graph.find_nodes(op="placeholder"), names):
+        ph.name = ph.target = name
+    if any(n.target is aten.view.dtype for n in traced.graph.nodes):
+        # Inductor writes through an integer view of float memory as a float store of the converted integer.
+        raise Unfusable("a dtype view (x.view(torch.int32))")
+    if any(n.target is aten.as_strided.default for n in traced.graph.nodes):
+        # Its storage offset is absolute: traced from one call's placement, it would be baked into the kernels,
+        # while a program serves every placement of its inputs.
+        raise Unfusable("an as_strided view (its storage offset is absolute)")
+    try:
+        floats = floats_as_tensors(traced)  # (a float input: a 0-d float64 tensor, its arithmetic tensor arithmetic)
+    except Missing as e:
+        raise Unfusable(f"a float input inductor cannot take: {e}") from e
+    # Inductor's kernels write the caller's tensors through pointers, which moves no version counter: the call
+    # moves each written one itself, or what autograd saved of it before would be read as if unchanged.
+    traced_inputs = traced.graph.find_nodes(op="placeholder")
+    written = tuple(sorted({traced_inputs.index(ph) for _, ph in writes_of(traced)}))  # (only inputs are written)
+    merge_full_writes(traced)
+    insert_snapshots(traced)
+    check_hazards(traced)
+    traced.recompile()
+    return traced, set(floats), written
 
 
 _background = threading.local()
