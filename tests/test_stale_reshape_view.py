@@ -2,10 +2,9 @@
 of its own), returned after a write of its memory: eager's is stale (reading its grad_fn, is_leaf, or a backward
 through it raises). dealias made it stale by setting back the counter of the graph's result, which the replayed
 `_unsafe_view` does not share: the view came back a leaf whose backward went on (fuzz seed 2301728). Now the
-counter set back is the one the view shares (generated_call.counter_from). And `_unsafe_view`'s result is no
-fragile view itself: made under no_grad, then written with grad on, it requires grad as eager's tensor of its own.
-Against eager, on executors torch and tiered: requires_grad, is_leaf or its error, grad_fn (None, one, or its
-error), the backward's gradient or its error, and no fallback."""
+counter set back is the one the view shares (generated_call.counter_from). Against eager, on executors torch and
+tiered: requires_grad, is_leaf or its error, grad_fn (None, one, or its error), the backward's gradient or its
+error, and no fallback but where the graph runs eagerly, named (RUNS_EAGERLY)."""
 
 from __future__ import annotations
 
@@ -96,6 +95,12 @@ CASES = [
 ]
 
 
+# A reshape's copy made under no_grad, then written with grad on, runs eagerly (eager's behaviour, a fallback
+# warning): an earlier form of the fix compiled it by taking `_unsafe_view`'s result as a tensor of its own, which
+# lost the `_base` of a view of it returned with it (tests/test_fused_gap.py).
+RUNS_EAGERLY = {copied_under_no_grad_then_written_with_grad}
+
+
 def _raises(f):
     try:
         return f()
@@ -125,7 +130,7 @@ def test_like_eager(fn, executor):
     eager = _seen(fn)
     jf = dealias.jit(fn, executor=executor)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", dealias.FallbackWarning)
+        warnings.simplefilter("ignore" if fn in RUNS_EAGERLY else "error", dealias.FallbackWarning)
         got = [_seen(jf) for _ in range(2)]  # (first call, and the cached program)
     assert got == [eager, eager]
 

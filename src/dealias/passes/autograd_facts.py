@@ -47,7 +47,7 @@ from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
 from .hidden_writes import hidden_write_after_a_read, moves_counter
 from .unsafe_split import UnsafeSplitFacts
-from .view_grad_modes import made_stale, not_autograd_view, replay_mode, steps_mode, tensor_of_its_own
+from .view_grad_modes import made_stale, not_autograd_view, steps_mode, tensor_of_its_own
 
 
 class Walk(Protocol):
@@ -447,7 +447,6 @@ class AutogradFacts(UnsafeSplitFacts):
         storage's base that the slot's chain ends.)"""
         self.returns_unsafe_member(arg, slot)
         made = self.made_with_grad.get(getattr(self.info.values.get(arg), "obj", None))
-        made = replay_mode(slot, made, self.requires_grad(arg))
         if made is not None and slot.chain:
             slot = replace(slot, grad=made)
         if self._fragile_of(arg) is not None:

@@ -1,8 +1,8 @@
 """Returned views made under no_grad (autograd_facts._fragile_output): the grad mode the steps of a returned view's
 chain were made in, before the view made under no_grad that the chain ends in (the call replays each step in it:
 OutputSlot.grad_before); whether a stale one can be made stale after the graph (OutputSlot.stale); which views
-eager's autograd does not track at all (never fragile); and which view nodes are eager's tensors of their own
-(`_unsafe_view`'s result, an `unsafe_split` element made under no_grad), and the mode such a tensor is returned in."""
+eager's autograd does not track at all (never fragile); and which view nodes are eager's tensors of their own (an
+`unsafe_split` element made under no_grad)."""
 
 from __future__ import annotations
 
@@ -95,31 +95,15 @@ def not_autograd_view(info: AliasInfo, known: set[int], view: fx.Node, source: f
 
 def tensor_of_its_own(view: fx.Node, source: fx.Node, grad: bool) -> bool:
     """Whether eager's `view` is a tensor of its own in autograd, no view (never stale, no fragile view; its views are
-    tracked as views of it): the result of `_unsafe_view` (a reshape's copy: made under no_grad, a write with grad on
-    through it is eager's as any tensor's; a no_grad view of it goes stale at a write of it, fuzz seed 2301728), or
-    an element of `unsafe_split` made under no_grad. Unlike a detached tensor, a write with grad on through such an
-    element is compiled and makes it require grad, and a view of it is then an autograd view of it as any other: a
-    no_grad view of it, returned after a later write, is stale in eager. (Made with grad on, unsafe_split.py tracks
-    the element.)"""
-    if view.target is not operator.getitem:
-        return made_as_own_tensor(view)
+    tracked as views of it): an element of `unsafe_split` made under no_grad. Unlike a detached tensor, a write with
+    grad on through it is compiled and makes it require grad, and a view of it is then an autograd view of it as any
+    other: a no_grad view of it, returned after a later write, is stale in eager. (Made with grad on, unsafe_split.py
+    tracks the element. `_unsafe_view`'s result, a tensor of its own in eager too, is tracked as a fragile view made
+    under no_grad: a returned view of it returned with it is made from it only so, as OutputSlot.from_output asks.)"""
     op = source.target
-    return not grad and isinstance(op, torch._ops.OpOverload) and not facts(op).autograd_view
-
-
-def made_as_own_tensor(view: fx.Node) -> bool:
-    """Whether eager's `view` is `_unsafe_view`'s result: an op whose result has a version counter of its own, so
-    no autograd view (those share their base's counter), a tensor of its own on its input's memory."""
-    op = view.target
-    return op is not operator.getitem and isinstance(op, torch._ops.OpOverload) and facts(op).own_counter
-
-
-def replay_mode(slot: OutputSlot, made: bool | None, requires_grad: bool) -> bool | None:
-    """The grad mode a returned tensor's chain is replayed in (OutputSlot.grad): the one its last step was made in
-    (`made`: a view made under no_grad is a leaf), but for `_unsafe_view`'s result, a tensor of its own, with grad
-    on where it requires grad (made under no_grad and then written with grad on, eager's does), else in the call's
-    (None)."""
-    last = slot.chain[-1].op if slot.chain else None
-    if isinstance(last, torch._ops.OpOverload) and facts(last).own_counter:
-        return True if requires_grad else None
-    return made
+    return (
+        view.target is operator.getitem
+        and not grad
+        and isinstance(op, torch._ops.OpOverload)
+        and not facts(op).autograd_view
+    )
