@@ -9,13 +9,9 @@ read back as written is None to the caller."""
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 import pickle
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -175,25 +171,6 @@ def dumps(payload: dict[str, Any]) -> bytes | None:
     finally:
         sys.setrecursionlimit(limit)
     return buf.getvalue()
-
-
-def write(path: Path, data: bytes) -> bool:
-    """`data` to `path` in one piece through a file of the writer's own; False where the directory cannot be
-    written (nothing kept)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError:
-        return False
-    return True
 
 
 class _Unpickler(pickle.Unpickler):

@@ -40,9 +40,9 @@ import torch.fx as fx
 
 from ..compat.graph_cache import source_hash
 from ..ir.plan import TENSOR_SLOT, Captured, FunctionalProgram
-from ..runtime.keep_aten import _host_key, cache_dir, source_key
+from ..runtime.keep_aten import _host_key, cache_dir, source_key, write_whole
 from .capture import restriction
-from .kept_graphs import OP_NAMESPACES, dumps, loads, namespace, write
+from .kept_graphs import OP_NAMESPACES, dumps, loads, namespace
 
 ENABLED = os.environ.get("DEALIAS_PROGRAM_CACHE", "1") != "0"
 VERSION = 1
@@ -188,7 +188,7 @@ def _save(k: str, captured: Captured, fp: FunctionalProgram, writes: bool) -> No
     loaded = _front(loads(data, k)) if data is not None else None  # (read back: the same graphs and plan)
     if loaded is None or not _same(loaded, captured, fp):
         return
-    if write(_path("programs", k), data):
+    if write_whole(_path("programs", k), data):
         counts["written"] += 1
 
 
@@ -324,7 +324,7 @@ class Retraces:
         loaded = loads(data, k) if data is not None else None
         if loaded is None or loaded.get("traced") is None or loaded["traced"].code != traced.code:
             return
-        if write(_path("retraces", k), data):
+        if write_whole(_path("retraces", k), data):
             counts["written"] += 1
 
 

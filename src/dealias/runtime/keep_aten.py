@@ -222,16 +222,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DEALIAS_CACHE_DIR") or Path.home() / ".cache" / "dealias")
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Write `text` to `path` in one piece (another process may write the same file); a read-only directory is
-    left as it is (the next process measures again)."""
+def write_whole(path: Path, text: str | bytes) -> bool:
+    """Write `text` (or bytes) to `path` in one piece (another process may write the same file); a read-only
+    directory is left as it is (the next process measures again): False, nothing kept."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # (a file of its own per writer: threads of one process share its pid, and one thread's replace must not
         # move another's half-written file into place)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            with os.fdopen(fd, "w") as f:
+            with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
                 f.write(text)
             os.replace(tmp, path)
         except BaseException:
@@ -239,7 +239,8 @@ def write_whole(path: Path, text: str) -> None:
                 os.unlink(tmp)
             raise
     except OSError:
-        pass
+        return False
+    return True
 
 
 def read_json(path: Path | None) -> Any:
