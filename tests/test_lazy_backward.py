@@ -16,13 +16,13 @@ import dealias
 from dealias.frontend import backward_seen, copies, copies_record, tiers
 
 ON_COPIES = tiers.SAMPLES + 1  # (each tier's warm-up and timed runs)
+# seconds per run, forward and backward each: the fused tier the fastest on both, clearly
+FUSED_WINS = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
 
 
 def test_a_training_step_whose_fused_tier_wins_clearly_runs_it_from_the_second_call(monkeypatch):
     # forward and backward: fused 1.0, torch 2.0, graph 6.0 (x 1e-5 s): the fused tier, once its backward is timed
-    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    ran, _ = fake_forward_and_backward(monkeypatch, forward, backward)
+    ran, _ = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
     training_steps(jf, model, ref, 1)
@@ -41,9 +41,7 @@ def test_a_training_step_whose_fused_tier_wins_clearly_runs_it_from_the_second_c
 def test_a_training_step_whose_fused_backward_cannot_be_timed_runs_an_exact_tier(monkeypatch):
     # the second call's runs on copies refused (its tensors over the copies' limit): the exact tiers by the first
     # call's forward and backward, never the fused backward on the user's calls for its measure
-    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    ran, _ = fake_forward_and_backward(monkeypatch, forward, backward)
+    ran, _ = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
     training_steps(jf, model, ref, 1)
@@ -55,9 +53,7 @@ def test_a_training_step_whose_fused_backward_cannot_be_timed_runs_an_exact_tier
 
 
 def test_gradients_accumulated_over_forwards_time_the_fused_backward_at_the_call_after_the_backward(monkeypatch):
-    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    ran, _ = fake_forward_and_backward(monkeypatch, forward, backward)
+    ran, _ = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
     for step in range(2):
@@ -146,9 +142,8 @@ def test_where_no_hook_can_be_set_the_fused_tiers_first_user_call_is_its_warm_up
 
 
 def test_a_fused_guard_rejecting_the_call_after_the_backward_leaves_the_choice_to_the_next(monkeypatch):
-    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    ran, now = fake_forward_and_backward(monkeypatch, forward, backward)
+    ran, now = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
+    backward = FUSED_WINS
     made = []
     real_init = tiers.Tiered.__init__
 
@@ -171,9 +166,8 @@ def test_a_fused_guard_rejecting_the_call_after_the_backward_leaves_the_choice_t
 
 
 def test_an_interrupt_while_the_fused_backward_is_timed_settles_on_an_exact_tier(monkeypatch):
-    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    ran, now = fake_forward_and_backward(monkeypatch, forward, backward)
+    ran, now = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
+    backward = FUSED_WINS
     model, ref = model_and_reference()
     jf = dealias.jit(model)
     steps(jf, model, ref, ran, now, backward, 1)
@@ -194,9 +188,8 @@ def test_an_interrupt_while_the_fused_backward_is_timed_settles_on_an_exact_tier
 def test_a_later_process_reads_both_records_of_a_training_step(monkeypatch, tmp_path):
     # the first call's record (the fused backward untimed) and the second call's: both read by a second process,
     # which then times nothing; its warm-up runs the fastest tiers once, the fused backward among them
-    forward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    backward = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}
-    ran, now = fake_forward_and_backward(monkeypatch, forward, backward)
+    ran, now = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
+    backward = FUSED_WINS
     monkeypatch.setattr(tiers, "_MEASURE", tiers.measure)  # (the faked times taken as real: kept and read)
     monkeypatch.setattr(tiers, "_CLOCK", tiers.clock)
     monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))
