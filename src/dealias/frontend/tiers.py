@@ -490,11 +490,10 @@ class Tiered:
         tiers not within COPIES_CLOSE of the copies' best are dropped; one left wins, else those left are measured on
         the user's calls, afresh (the copies' times, a little off from the user's calls', mixed with theirs would
         favour the tier the copies favoured)."""
-        fastest = {t: self._fastest_of(samples[t]) for t in self.candidates}
-        best = min(fastest.values())
-        for t in [t for t in self.candidates if fastest[t] > (1 + COPIES_CLOSE) * best]:
+        kept = choosing.close_to_best(samples, self.candidates, COPIES_CLOSE, self._fastest_of)
+        for t in [t for t in self.candidates if t not in kept]:
             self.candidates.remove(t)
-            self.dropped[t] = fastest[t]
+            self.dropped[t] = self._fastest_of(samples[t])
         if len(self.candidates) == 1:
             self.samples = dict(samples)
             self._choose()
