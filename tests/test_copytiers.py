@@ -54,12 +54,10 @@ def fake_fused(monkeypatch, **seconds) -> list[str]:
 
 def settled_on_copies(jf) -> None:
     """Every program settled by its runs on copies, no user call timed: in the first call, or, for a training step
-    whose fused backward waited for the user's (frontend/choosing.py), in the call after the first backward."""
+    whose fused backward waited for the user's (frontend/choosing.py), at the end of the first backward."""
     info = dealias.cache_info(jf)
     for reason in info.tier_reasons:
-        on_copies = (
-            "on copies in the first call" in reason or "on copies in the call after the first backward" in reason
-        )
+        on_copies = "on copies in the first call" in reason or "on copies in the first backward" in reason
         assert on_copies and "measured on the calls" not in reason, info
 
 

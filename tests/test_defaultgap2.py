@@ -100,7 +100,8 @@ def test_a_training_step_keeps_the_tier_whose_forward_and_backward_is_fastest(mo
         assert torch.equal(out, expected), call
         out.sum().backward()
         expected.sum().backward()
-        now[0] += BACKWARD[ran[-1]]  # (the user's backward of the tier that ran the call)
+        user = [t for t in ran if not t.startswith("copies:")]
+        now[0] += BACKWARD[user[-1]]  # (the user's backward of the tier that ran the call)
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), ref.parameters())), call
     info = dealias.cache_info(jf)
     assert info.tiers == ("torch",), info

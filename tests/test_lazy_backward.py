@@ -7,6 +7,9 @@ result is compared with eager bit for bit. The last test runs inductor for real 
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import pytest
 import torch
 from test_defaultgap2 import BACKWARDS_ON_COPIES, fake_forward_and_backward, model_and_reference
@@ -25,13 +28,20 @@ def test_a_training_step_whose_fused_tier_wins_clearly_runs_it_from_the_second_c
     ran, _ = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    training_steps(jf, model, ref, 1)
+    x = torch.randn(4, 8)
+    out, expected = jf(x), ref(x)
+    assert torch.equal(out, expected)
     assert "fused" not in BACKWARDS_ON_COPIES  # (the first call: the fused forward alone)
     assert user_runs(ran) == ["torch"], ran  # (the exact tier fastest on forward and backward)
     assert dealias.cache_info(jf).tiers == ("torch",)
+    out.sum().backward()  # (at its end, every tier's forward and backward timed on copies: no later call waits)
+    expected.sum().backward()
+    assert same_grads(model, ref)
+    assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES, BACKWARDS_ON_COPIES
+    assert dealias.cache_info(jf).tiers == ("fused",)
     training_steps(jf, model, ref, 5)
-    assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES, BACKWARDS_ON_COPIES  # (the second call, once)
-    assert user_runs(ran) == ["torch", "fused"], ran  # (then settled: no call timed)
+    assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES, BACKWARDS_ON_COPIES  # (once)
+    assert user_runs(ran) == ["torch"], ran  # (then settled: no call timed)
     info = dealias.cache_info(jf)
     assert info.tiers == ("fused",), info
     assert "chosen by forward and backward" in reasons(jf)
@@ -39,20 +49,24 @@ def test_a_training_step_whose_fused_tier_wins_clearly_runs_it_from_the_second_c
 
 
 def test_a_training_step_whose_fused_backward_cannot_be_timed_runs_an_exact_tier(monkeypatch):
-    # the second call's runs on copies refused (its tensors over the copies' limit): the exact tiers by the first
-    # call's forward and backward, never the fused backward on the user's calls for its measure
+    # the runs on copies at the end of the first backward refused (the tensors over the copies' limit): the exact
+    # tiers by the first call's forward and backward, never the fused backward on the user's calls for its measure
     ran, _ = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    training_steps(jf, model, ref, 1)
+    x = torch.randn(4, 8)
+    out, expected = jf(x), ref(x)
     monkeypatch.setattr(copies, "COPY_BYTES", 0)
+    out.sum().backward()
+    expected.sum().backward()
+    assert same_grads(model, ref)
     training_steps(jf, model, ref, 5)
     assert "fused" not in BACKWARDS_ON_COPIES and "fused" not in user_runs(ran), (BACKWARDS_ON_COPIES, ran)
     assert dealias.cache_info(jf).tiers == ("torch",)
     assert "fused not chosen: its backward not timed" in reasons(jf), reasons(jf)
 
 
-def test_gradients_accumulated_over_forwards_time_the_fused_backward_at_the_call_after_the_backward(monkeypatch):
+def test_gradients_accumulated_over_forwards_time_the_fused_backward_at_the_end_of_the_backward(monkeypatch):
     ran, _ = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
@@ -69,8 +83,11 @@ def test_gradients_accumulated_over_forwards_time_the_fused_backward_at_the_call
         sum(losses).backward()
         sum(expected).backward()
         assert same_grads(model, ref), step
+        if step == 0:  # (the runs on copies at the end of that backward: the second step's forwards settled)
+            assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES, BACKWARDS_ON_COPIES
+            assert dealias.cache_info(jf).tiers == ("fused",)
     assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES, BACKWARDS_ON_COPIES
-    assert user_runs(ran) == ["torch"] * 3 + ["fused"], ran  # (then settled: no call timed)
+    assert user_runs(ran) == ["torch"] * 3, ran  # (then settled: no call timed)
     assert dealias.cache_info(jf).tiers == ("fused",)
 
 
@@ -109,7 +126,7 @@ def test_a_fused_tier_slower_on_the_forward_alone_stays_for_its_backward(monkeyp
     jf = dealias.jit(model)
     steps(jf, model, ref, ran, now, backward, 6)
     assert dealias.cache_info(jf).tiers == ("fused",), reasons(jf)
-    assert user_runs(ran) == ["torch", "fused"], ran
+    assert user_runs(ran) == ["torch"], ran
 
 
 def test_a_fused_tier_whose_forward_alone_loses_a_training_step_is_dropped_in_the_first_call(monkeypatch):
@@ -141,9 +158,10 @@ def test_where_no_hook_can_be_set_the_fused_tiers_first_user_call_is_its_warm_up
     assert dealias.cache_info(jf).tiers == ("fused",), reasons(jf)
 
 
-def test_a_fused_guard_rejecting_the_call_after_the_backward_leaves_the_choice_to_the_next(monkeypatch):
+def test_a_fused_guard_rejecting_the_first_calls_tensors_leaves_the_choice_to_the_next_call(monkeypatch):
+    # at the end of the first backward, the fused program's guard rejects the first call's tensors (a guard of the
+    # fused program narrower than the entry's): the next call it accepts times the tiers on copies, as it would
     ran, now = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
-    backward = FUSED_WINS
     made = []
     real_init = tiers.Tiered.__init__
 
@@ -154,35 +172,102 @@ def test_a_fused_guard_rejecting_the_call_after_the_backward_leaves_the_choice_t
     monkeypatch.setattr(tiers.Tiered, "__init__", init)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    steps(jf, model, ref, ran, now, backward, 1)
+    x = torch.randn(4, 8)
+    out, expected = jf(x), ref(x)
     (entry,) = made
     asked = []
-    entry.narrower = lambda leaves: asked.append(1) or len(asked) > 1  # (rejects the second call alone)
-    steps(jf, model, ref, ran, now, backward, 1)
+    entry.narrower = lambda leaves: asked.append(1) or len(asked) > 2  # (rejects the first two asks)
+    out.sum().backward()
+    expected.sum().backward()
+    assert same_grads(model, ref)
     assert "fused" not in BACKWARDS_ON_COPIES and dealias.cache_info(jf).tiers == ("torch",)
     assert "choosing between" in reasons(jf), reasons(jf)
-    steps(jf, model, ref, ran, now, backward, 4)
+    steps(jf, model, ref, ran, now, FUSED_WINS, 1)  # (rejected again: the next)
+    assert "fused" not in BACKWARDS_ON_COPIES, BACKWARDS_ON_COPIES
+    steps(jf, model, ref, ran, now, FUSED_WINS, 4)
     assert "fused" in BACKWARDS_ON_COPIES and dealias.cache_info(jf).tiers == ("fused",), reasons(jf)
 
 
 def test_an_interrupt_while_the_fused_backward_is_timed_settles_on_an_exact_tier(monkeypatch):
+    # Ctrl-C in the fused backward's compile, seconds long, at the end of the user's first backward: raised there,
+    # the gradients all in (the engine's callbacks run once the graph is done), and the exact tiers chosen
     ran, now = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
     backward = FUSED_WINS
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    steps(jf, model, ref, ran, now, backward, 1)
     real = copies.run_on_copies
 
     def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt  # (Ctrl-C in the fused backward's compile, seconds long)
+        raise KeyboardInterrupt
 
+    x = torch.randn(4, 8)
+    out, expected = jf(x), ref(x)
     monkeypatch.setattr(copies, "run_on_copies", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        jf(torch.randn(4, 8))
+        out.sum().backward()
+    expected.sum().backward()
+    assert same_grads(model, ref)
     monkeypatch.setattr(copies, "run_on_copies", real)
     steps(jf, model, ref, ran, now, backward, 3)
     info = dealias.cache_info(jf)
     assert info.tiers == ("torch",) and "timing each tier" not in reasons(jf), reasons(jf)
+
+
+@pytest.mark.parametrize("where", ["deterministic", "autocast", "mode", "thread"])
+def test_a_first_backward_in_another_state_leaves_the_timing_to_the_next_call(monkeypatch, where):
+    # the programs run on copies at the end of the user's first backward only where the thread's state is the first
+    # call's (what dynamo's frames were compiled under) and no mode of the user's would see the runs; else the next
+    # call times them, as it did before. A backward in another thread: there, the state being the same.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    ran, now = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    x = torch.randn(4, 8)
+    out, expected = jf(x), ref(x)
+    if where == "thread":
+        thread = threading.Thread(target=lambda: out.sum().backward())
+        thread.start()
+        thread.join()
+    else:
+        state = {
+            "deterministic": lambda: deterministic(),
+            "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+            "mode": lambda: Seen(),
+        }[where]
+        with state():
+            out.sum().backward()
+        # (the user's mode saw the backward's ops, none of a run on copies: no clone of the copies made)
+        assert all("clone" not in str(op) for op in Seen.ops), Seen.ops
+        with state():  # (eager's backward in the same state: the gradients the same)
+            expected.sum().backward()
+    if where == "thread":
+        expected.sum().backward()
+    assert same_grads(model, ref)
+    if where == "thread":
+        assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES and dealias.cache_info(jf).tiers == ("fused",)
+        return
+    assert "fused" not in BACKWARDS_ON_COPIES and dealias.cache_info(jf).tiers == ("torch",), reasons(jf)
+    steps(jf, model, ref, ran, now, FUSED_WINS, 3)
+    assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES and dealias.cache_info(jf).tiers == ("fused",)
+    assert user_runs(ran) == ["torch", "fused"], ran  # (the second call timed them: then settled)
+
+
+@contextlib.contextmanager
+def deterministic():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def test_a_later_process_reads_both_records_of_a_training_step(monkeypatch, tmp_path):
@@ -209,7 +294,8 @@ def test_a_later_process_reads_both_records_of_a_training_step(monkeypatch, tmp_
 @pytest.mark.inductor
 def test_a_forward_never_backpropagated_compiles_no_fused_backward(monkeypatch, tmp_path):
     # for real: a training-mode forward called for its outputs' values compiles the fused forward only; a training
-    # step compiles the fused backward at its second call, and both match eager
+    # step compiles the fused backward at the end of its first backward (as torch.compile's first backward), and
+    # both match eager
     from torch._dynamo.utils import counters
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
@@ -245,11 +331,13 @@ def test_a_forward_never_backpropagated_compiles_no_fused_backward(monkeypatch, 
         x = torch.randn(4, 8)
         out, expected = jf(x), ref(x)
         torch.testing.assert_close(out, expected)
+        if call == 0:
+            assert compiles() == 1, dict(counters["inductor"])
         out.sum().backward()
         expected.sum().backward()
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
-        if call == 0:
-            assert compiles() == 1, dict(counters["inductor"])
-    assert dealias.cache_info(jf).tiers == ("fused",)
-    assert compiles() == 2, dict(counters["inductor"])  # (the fused backward, at the second call)
+        if call == 0:  # (the fused backward, at the end of the first backward)
+            assert compiles() == 2, dict(counters["inductor"])
+            assert dealias.cache_info(jf).tiers == ("fused",)
+    assert compiles() == 2, dict(counters["inductor"])

@@ -190,3 +190,39 @@ def fake_maker(mode: Any) -> Callable[[torch.Tensor, torch.device], torch.Tensor
     except Missing:
         return None
     return lambda meta, device: make(mode, meta, device)
+
+
+# The autograd engine's queue of callbacks run at the end of the backward running now (`queue_callback`, what
+# autograd.Function's hooks use): the tiers' first backward timed there (frontend/tiers.py). False where this torch
+# has none, or no backward runs: the next call times it instead.
+_QUEUE, _ = _lookup(torch.autograd.Variable._execution_engine, "queue_callback")
+
+
+def queue_backward_callback(fn: Callable[[], None]) -> bool:
+    if _QUEUE is None:
+        return False
+    try:
+        _QUEUE(fn)
+    except RuntimeError:  # ("Final callbacks can only be installed during backward pass")
+        return False
+    return True
+
+
+# Dynamo's check of the global state its frames were compiled under (grad mode, autocast, default dtype,
+# deterministic algorithms, matmul precision...): a program run outside a call, at the end of a backward, only where
+# the state is the call's.
+_GLOBAL_STATE, _ = _lookup(torch._C._dynamo.guards, "GlobalStateGuard")
+_DISPATCH_MODES, _ = _lookup(torch._C, "_len_torch_dispatch_stack")
+_FUNCTION_MODES, _ = _lookup(torch._C, "_len_torch_function_stack")
+
+
+def state_check() -> Callable[[], bool] | None:
+    """A check that the thread's global state is the one now, and no user's torch function or dispatch mode in force
+    (it would see the ops run); None where this torch cannot tell."""
+    if _GLOBAL_STATE is None or _DISPATCH_MODES is None or _FUNCTION_MODES is None:
+        return None
+    try:
+        same = _GLOBAL_STATE().check
+    except Exception:  # noqa: BLE001 - (cannot tell: None)
+        return None
+    return lambda: bool(same()) and _DISPATCH_MODES() == 0 and _FUNCTION_MODES() == 0

@@ -3,8 +3,9 @@
 In a program's first call recording autograd (tiers.Tiered, FUSE_FIRST), the runs on copies time each tier's forward
 and its backward apart. Where the tier fastest on the forward is not the one fastest on both, what the user runs
 decides: a training step waits for both, a forward never backpropagated (a training-mode forward with grad, for its
-outputs' values) for the forward alone. The user's second call tells which, without timing any user call, where a
-backward through the first call's outputs ran by then (`Watch.seen`).
+outputs' values) for the forward alone. The end of the user's first backward through the first call's outputs tells
+(`Watch.after`, the autograd engine's callback), or else the user's next call, where a backward ran by then
+(`Watch.seen`), without timing any user call.
 
 Each hook is a node pre-hook (`Node.register_prehook`) that sets a flag and returns None: the gradients passed on
 are those it was given, whatever hooks run before or after it (the engine calls a node's pre-hooks in the order they
@@ -15,12 +16,16 @@ user drops is freed with its hooks, and `freed` then says no backward can come.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from ..compat.internals import compiled_autograd_in_force, storage_id
+from ..compat.internals import compiled_autograd_in_force, queue_backward_callback, state_check, storage_id
+
+log = logging.getLogger("dealias")
 
 
 class Watch:
@@ -30,9 +35,19 @@ class Watch:
         self.seen = False
         self.handles: list[Any] = []
 
-    def _hook(self, grad_outputs: Any) -> None:
-        self.seen = True  # (nothing else: the gradients go on unchanged, the hooks removed by the choice)
-        return None
+    def hook(self, at_end: Callable[[], None] | None) -> Callable[[Any], None]:
+        """The pre-hook set on each node: it notes the backward, and the first to run queues `at_end` for the end of
+        that backward (where it cannot be queued: the caller's next call does the work). `at_end` is held by the
+        hook alone, so by the user's graph: freed with it, or once the hooks are removed."""
+
+        def pre_hook(grad_outputs: Any) -> None:
+            nonlocal at_end
+            self.seen = True  # (nothing else: the gradients go on unchanged, the hooks removed by the choice)
+            run, at_end = at_end, None
+            if run is not None:
+                queue_backward_callback(run)
+
+        return pre_hook
 
     def remove(self) -> None:
         handles, self.handles = self.handles, []
@@ -47,13 +62,36 @@ class Watch:
         return all(ref is not None and ref() is None for ref in refs)
 
 
-def watch(out: Any, inputs: Any = ()) -> tuple[Watch | None, str]:
+def _at_end(after: Callable[[list[Any]], None], inputs: Any) -> Callable[[], None] | None:
+    """`after(inputs)`, as the autograd engine's callback at the end of a backward: only where the thread's state
+    then is the call's now (grad mode on, as in the call; autocast, deterministic algorithms, default dtype...: what
+    dynamo's frames were compiled under) with no user's torch function or dispatch mode in force (it would see the
+    programs run). Otherwise, and where this torch cannot check the state, nothing: the caller's next call does the
+    work. Never raises an error into the user's backward (an interrupt, the user's, goes on). `inputs` are held as
+    long as the hooks (`Watch.hook`): a graph break's intermediate, which the user does not hold, is among them."""
+    check = state_check()
+    if check is None:
+        return None
+    held = list(inputs)
+
+    def run() -> None:
+        try:
+            with torch.enable_grad():
+                if check():
+                    after(held)
+        except Exception as e:  # noqa: BLE001 - (the caller's next call does it, or its choice stays)
+            log.info("dealias: the work at the end of a backward failed: %s", e, exc_info=True)
+
+    return run
+
+
+def watch(out: Any, inputs: Any = (), after: Callable[[list[Any]], None] | None = None) -> tuple[Watch | None, str]:
     """Hooks on the autograd nodes of the outputs `out` that carry history (each node once: an output returned
     several times, several outputs of one node), but for outputs that are the call's `inputs` themselves (their node
     the user's, not the call's); (None, why) where none can be set: compiled autograd in force
     (its compiler, the user's, would trace our hook into the user's backward), no output with a grad_fn, or an
     output whose grad_fn cannot be read (a view eager forbids to backpropagate through, which the user's own
-    backward then reports)."""
+    backward then reports). `after(inputs)` runs at the end of the first backward through them (`_at_end`)."""
     if not torch.is_grad_enabled():
         return None, "grad off"
     if compiled_autograd_in_force():
@@ -74,9 +112,10 @@ def watch(out: Any, inputs: Any = ()) -> tuple[Watch | None, str]:
     if not nodes:
         return None, "no output with a grad_fn"
     w = Watch()
+    hook = w.hook(_at_end(after, inputs) if after is not None else None)
     try:
         for node in nodes.values():
-            w.handles.append(node.register_prehook(w._hook))
+            w.handles.append(node.register_prehook(hook))
     except Exception:  # noqa: BLE001 - the hooks set so far removed: the user's calls choose
         w.remove()
         return None, "a hook cannot be set on an output's node"

@@ -7,10 +7,10 @@ together; `forwards`: the forward alone), but the fused tier's forward alone: it
 compile, seconds of C++ (resnet18: 10 of its 33 kernels, 155 KB of its 398 KB of C++; MultiheadAttention 3 of 14)
 that torch.compile makes only at a first backward, and a forward never backpropagated (a training-mode forward
 for its outputs' values) never needs it. So the fused tier's `whole` is timed only once a backward through the
-first call's outputs is seen (`Choosing.lazy`, tiers.Tiered._time_backward, at that later call), each tier's
-forward and backward then on copies afresh, side by side; a training step thus compiles the fused backward at its
-second call instead of its first, as torch.compile's at its first backward. Until then the calls run the exact
-tier fastest on forward and backward (a user accumulating gradients is a training step too).
+first call's outputs is seen (`Choosing.lazy`, tiers.Tiered._time_backward, at the end of that backward), each
+tier's forward and backward then on copies afresh, side by side; a training step thus compiles the fused backward in
+its first backward, as torch.compile's does, and no later call waits for it. Until then the calls run the exact tier
+fastest on forward and backward (a user accumulating gradients is a training step too).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Choosing:
     """A call recording autograd whose runs on copies left more than one tier (`drop_on_both`): each one's timed
     runs on copies, forward and backward (`whole`, but for the tiers in `lazy`) and forward alone (`forwards`),
     and the hooks on the first call's outputs (`watch`, backward_seen.Watch, set once that call returned) that tell
-    the second call, or a later one, which measure is the user's."""
+    the end of the user's first backward, or a later call, which measure is the user's."""
 
     def __init__(
         self, tiers: list[str], whole: dict[str, list[float]], forwards: dict[str, list[float]], lazy: set[str]

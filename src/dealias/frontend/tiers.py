@@ -41,9 +41,10 @@ is the user's Python or a hook). The choice is made there, and the user's calls 
 after the compile ran 1.1-1.3x: the runs on copies are their warm-up); tiers close to the best are measured on the
 user's calls too; where the call records autograd and more than one tier is close to the best on its forward and
 backward or on its forward alone (timed apart), hooks on the first call's outputs' autograd nodes
-(frontend/backward_seen.py) tell a later call whether the user ran their backward, and that measure chooses
-(choosing.Choosing: no user call timed; the fused backward timed at that later call; where no hook can be set, the
-user's calls time those tiers). No later call waits for a compile or runs beside one, but that one.
+(frontend/backward_seen.py) tell whether the user ran their backward, and that measure chooses (choosing.Choosing: no
+user call timed; the fused backward timed at the end of the user's first backward, or at the next call where the
+state there is not the call's; where no hook can be set, the user's calls time those tiers). No later call waits for
+a compile or runs beside one.
 
 Without FUSE_FIRST, the promoting call builds the fused program (capture, passes, lowering and the trace for
 inductor read its inputs and hold dynamo's compile lock; make_fx patches `nn.Module.__call__` for the whole process
@@ -112,11 +113,9 @@ WATCH_CALLS = PROMOTE_AFTER
 
 
 def _now() -> float:
-    """Where torch runs on one thread on the CPU, the calling thread's CPU time: all of a call's work is done there
-    (eager's kernels, inductor's, compiled for that one thread, and the CPU backward), and the time other processes
-    of a loaded machine take from it is not the tier's (on 2 shared cores, wall times of GPT-2's forward spread from
-    0.5x to 2x of their median, its CPU times by 10 %, ranking the tiers alike from call to call). Otherwise the
-    wall time: other threads' work (intra-op parallelism, a GPU's) is the call's too."""
+    """On one CPU thread, the thread's CPU time: a call's work is all there (eager's and inductor's kernels, the
+    backward), and other processes' time is not the tier's (on 2 shared cores GPT-2's forward's wall times spread
+    0.5-2x their median, its CPU times 10 %). Otherwise wall time: other threads' work (intra-op, a GPU's) counts."""
     if torch.get_num_threads() == 1 and not torch.cuda.is_initialized():
         return time.thread_time()
     return time.perf_counter()
@@ -263,7 +262,7 @@ class Tiered:
             self._promote(leaves, background=False)
             self._measure_on_copies(leaves)
         elif backward is not None:
-            self._time_backward(leaves, backward)
+            self._time_backward(leaves, backward, "the call after the first backward")
         elif due:
             self._promote(leaves)
         elif compiled:
@@ -293,11 +292,10 @@ class Tiered:
         return _enough(self.samples.get(tier, []), rounds)
 
     def _fastest(self, tier: str) -> float:
-        """What a candidate costs: the mean of its fastest timed calls, the fastest quarter of them (2 at least,
-        where it has 2). The machine's load only adds to a call's time, and on a loaded machine by as much as the
-        tiers differ (medians of 5 calls chose dynamo's graph for GPT-2's forward, 0.87x eager, over the fused
-        program's 0.72x); but one lucky call is not what the tier costs (a foreach EMA's torch tier: fastest call
-        576 us, median 657-678 us, chosen over the fused program's 568-593 us)."""
+        """What a candidate costs: the mean of its fastest quarter of timed calls (2 at least, where it has 2). Load
+        only adds to a call's time, as much as tiers differ (medians of 5 chose dynamo's graph for GPT-2's forward,
+        0.87x eager, over the fused 0.72x); but one lucky call is not what the tier costs (a foreach EMA's torch tier:
+        fastest call 576 us, median 657-678 us, chosen over the fused program's 568-593 us)."""
         return self._fastest_of(self.samples[tier])
 
     @staticmethod
@@ -307,8 +305,8 @@ class Tiered:
         return sum(fastest) / len(fastest)
 
     def _record(self, tier: str, seconds: float, own: float) -> None:
-        """A call on `tier` took `seconds` (until the next call, for one with autograd history), `own` of them in
-        the call itself: what promotion counts (the rest may be anything, another graph's compile)."""
+        """A call on `tier` took `seconds` (up to the next call, where it has autograd history), `own` of them in it:
+        what promotion counts (the rest may be anything, another graph's compile)."""
         self.spent += own
         if tier not in self.candidates or self.settled:
             return
@@ -321,7 +319,10 @@ class Tiered:
     def _decide(self) -> None:
         """After a timed call: drop clear losers, stop measuring tiers not close to the best once each has its
         samples, and choose once the close ones have theirs."""
-        self._drop_clear_losers()
+        for t in _clear_losers({t: s for t, s in self.samples.items() if t in self.candidates}):
+            if len(self.candidates) > 1:  # (clear losers measured no more)
+                self.candidates.remove(t)
+                self.dropped[t] = min(self.samples[t])
         if self.promoting:
             return
         if len(self.candidates) > 1:  # (one left: the others lost clearly, it wins whatever its next calls take)
@@ -357,14 +358,6 @@ class Tiered:
             self._settle()
         else:
             self.run = self.runs[best]
-
-    def _drop_clear_losers(self) -> None:
-        """Stop measuring a candidate each of whose timed calls took CLEAR_LOSS times the slowest timed call of
-        another (2 calls each at least): a clear loser, whatever the remaining calls would say."""
-        for t in _clear_losers({t: s for t, s in self.samples.items() if t in self.candidates}):
-            if len(self.candidates) > 1:
-                self.candidates.remove(t)
-                self.dropped[t] = min(self.samples[t])
 
     def _settle(self) -> None:
         """No more measurement: calls run the chosen tier, and the graph's lean call runs it directly."""
@@ -439,15 +432,13 @@ class Tiered:
 
     def _measure_on_copies(self, leaves: list[Any]) -> None:
         """In the first call (FUSE_FIRST), every candidate's warm-up and timed calls on copies of the call's tensors
-        (frontend/copies.py), the fused program's among them: the choice made there where they are not close, and
-        the user's calls then run the winner, all of them; tiers close to the best measured on the user's calls.
-        Where the runs on copies include their backward (`forwards`: the same runs' forwards alone; the fused
-        tier's backward not run, frontend/choosing.py), the copies only drop the tiers that lose on both measures
-        (choosing.drop_on_both): whether the user runs the backward is seen by hooks on this call's outputs
-        (`_watch`, `_choose_by_backward`), or, where none can be set, on the user's calls, each timed up to the next
-        call (a backward there or none), the copies' samples not kept (mixed with the user's calls, they chose the
-        torch executor for mha's forward never backpropagated, 1.11x eager beside the fused program's 1.00x).
-        Every tier is timed on the user's calls where some candidate was not timed on copies."""
+        (copies.py), the fused program's among them: the choice made there where they are not close; tiers close to
+        the best measured on the user's calls. Where the runs include their backward (`forwards`: their forwards
+        alone; the fused backward not run, choosing.py), they only drop the tiers losing on both measures
+        (choosing.drop_on_both); hooks on this call's outputs tell whether the user runs the backward (`_watch`),
+        or, where none can be set, the user's calls, each timed up to the next call, the copies' samples not kept
+        (mixed with them, they chose the torch executor for mha's forward never backpropagated, 1.11x eager beside
+        the fused program's 1.00x). Every tier is timed on the user's calls where some was not timed on copies."""
         tiers = list(self.candidates)
         if "fused" in tiers and self.narrower is not None and not self.narrower(leaves):
             tiers.remove("fused")  # (the fused program's guard rejects this call: measured on the user's calls)
@@ -512,11 +503,10 @@ class Tiered:
         return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, self._fastest_of, real, lazy)
 
     def _watch(self, out: Any, leaves: list[Any]) -> None:
-        """The first call's outputs `out` (the tiers left to what the user runs, choosing.Choosing): hooks on their
-        autograd nodes note whether the user runs their backward (frontend/backward_seen.py). Where none can be set,
-        the tiers are timed on the user's calls, each up to the next call (a backward there or none)."""
+        """Hooks on the first call's outputs' autograd nodes tell whether the user runs their backward (backward_seen,
+        choosing.Choosing); where none can be set, the tiers are timed on the user's calls, each up to the next."""
         made = self.choosing
-        watch, why = backward_seen.watch(out, leaves)
+        watch, why = backward_seen.watch(out, leaves, self._after_first_backward if made.lazy else None)
         if watch is None:
             self.choosing = None
             self.notes.append(f"tiers measured on the calls: no hook on the outputs' autograd nodes ({why})")
@@ -525,13 +515,12 @@ class Tiered:
         made.watch = watch
 
     def _choose_by_backward(self) -> choosing.Choosing | None:
-        """A later call (choosing.Choosing): by forward and backward where a backward through the first call's
-        outputs ran; by the forward alone where none can come (their graph freed) or none came in WATCH_CALLS calls;
-        else not yet (a user accumulating gradients over several forwards before one backward): this call runs the
-        tier a training step would (choosing.trained), whose forward, if not the fastest, costs a forward-only user a
-        little, where another backward costs an accumulating user much (resnet18's fused backward, 1.3x eager's).
-        Returns the Choosing whose lazy tiers' backward this call is to time on copies (`_time_backward`), else
-        None."""
+        """A later call, or the end of the first backward (choosing.Choosing): by forward and backward where a
+        backward through the first call's outputs ran; by the forward alone where none can come (their graph freed)
+        or none came in WATCH_CALLS calls; else not yet (gradients accumulated over forwards): the call runs the tier
+        a training step would (choosing.trained: a slower forward costs a forward-only user a little, a slower
+        backward an accumulating user much, resnet18's fused one 1.3x eager's). Returns the Choosing whose lazy
+        tiers' backward is now to be timed on copies (`_time_backward`), else None."""
         watch = self.choosing.watch
         if watch.seen:
             samples, why = self.choosing.whole, "forward and backward: the first call's outputs were backpropagated"
@@ -557,13 +546,23 @@ class Tiered:
         self._choose()
         return None
 
-    def _time_backward(self, leaves: list[Any], made: choosing.Choosing) -> None:
-        """The call after a backward through the first call's outputs, where some tier's backward was left untimed
-        (`made.lazy`, the fused one's: frontend/choosing.py): each tier's forward and backward on copies of this
-        call's tensors, side by side (the fused backward compiled in its first run here), and the training step's
-        choice from them. A call the fused program's guard rejects leaves the choice to the next one it accepts;
-        where the copies cannot time them all (or are interrupted), the exact tiers' times of the first call
-        choose (never a slower backward on the user's calls for its measure)."""
+    def _after_first_backward(self, leaves: list[Any]) -> None:
+        """`_time_backward` at the end of the user's first backward through the first call's outputs (the first
+        call's tensors, its state: backward_seen), where torch.compile's first backward compiles its own: no later
+        call waits for the fused backward's compile (at the second call, resnet18's training step waited 14 CPU s)."""
+        with self.lock:
+            ready = self.choosing is not None and self.choosing.watch is not None and self.choosing.watch.seen
+            made = self._choose_by_backward() if ready else None
+        if made is not None:
+            self._time_backward(leaves, made, "the first backward")
+
+    def _time_backward(self, leaves: list[Any], made: choosing.Choosing, where: str) -> None:
+        """After a backward through the first call's outputs, where some tier's backward was left untimed
+        (`made.lazy`, the fused one's: choosing.py): each tier's forward and backward on copies of `leaves`, side by
+        side (the fused backward compiled in its first run), and the training step's choice from them. Tensors the
+        fused program's guard rejects leave it to the next call it accepts; where the copies cannot time them all
+        (or are interrupted), the exact tiers' times of the first call choose (never a slower backward on the user's
+        calls for its measure)."""
         if "fused" in made.tiers and self.narrower is not None and not self.narrower(leaves):
             with self.lock:
                 self.timing_backward, self.choosing = False, made  # (the watch's `seen` stays: the next call)
@@ -580,7 +579,7 @@ class Tiered:
                     whole = {t: s for t, s in made.whole.items() if t in made.tiers and t not in made.lazy}
                 else:
                     self.notes += notes
-                    self.measured_on_copies = "the call after the first backward"
+                    self.measured_on_copies = where
                 self.notes.append("chosen by forward and backward: the first call's outputs were backpropagated")
                 self.candidates = choosing.trained(list(whole), whole, CLOSE, self._fastest_of)
                 self.samples = {t: whole[t] for t in self.candidates}
