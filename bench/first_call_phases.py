@@ -12,8 +12,10 @@ same directories). Each reports, from construction to the first call's return (a
   optimize (or the program cache's load of them, passes/program_cache.py, and its save in a cold process),
   write-back lowering, the torch executor, the fused executor (its retrace by make_fx shown apart; the rest is
   inductor's compile or cache lookup and load, and whatever inductor imports there), the runs on copies;
-- the second call's wall and CPU seconds (its children's included): a training step's second call times the fused
-  backward on copies, compiling it (frontend/choosing.py), where torch.compile compiled it in the first backward.
+- the second call's wall and CPU seconds (its children's included): what a first call left to it. A training step's
+  fused backward is timed on copies, and compiled, at the end of the first call's backward (frontend/choosing.py),
+  where torch.compile's first backward compiles its own; the second call does it only where that backward's state
+  was not the call's.
 
     python bench/first_call_phases.py --only adamw_foreach gpt2 --rounds 3
     python bench/first_call_phases.py --only gpt2 --variants default --json out.json
@@ -134,15 +136,14 @@ def child(name: str, variant: str) -> None:
     f = real.compiled(variant, w.fn)
     real.call(f, args, w.backward)
     wall, cpu, after = time.perf_counter() - start, time.process_time() - cpu, children()
-    phases = dict(spent)  # (the first call's: the second call's runs on copies add to `spent`)
+    phases = dict(spent)  # (the first call's, its backward's included: the second call's runs add to `spent`)
     # (child processes waited for: inductor's C++ compiles and vector-ISA probes; a pool's workers are not counted)
     cpu_children = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     from torch._dynamo.utils import counters
 
     caches = {f"inductor.{k}": v for k, v in counters["inductor"].items() if k.startswith("fxgraph")}
     caches.update({f"aot.{k}": v for k, v in counters["aot_autograd"].items() if "cache" in k})
-    # The second call too: what a first call leaves to it is a first call's cost (dealias times the fused tier's
-    # backward on copies there, compiling it, once the first call's outputs were backpropagated).
+    # The second call too: what a first call leaves to it is a first call's cost.
     start, second_cpu, before = time.perf_counter(), time.process_time(), children()
     real.call(f, args, w.backward)
     second, second_cpu, after = time.perf_counter() - start, time.process_time() - second_cpu, children()
