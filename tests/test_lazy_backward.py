@@ -8,7 +8,9 @@ result is compared with eager bit for bit. The last test runs inductor for real 
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
+import weakref
 
 import pytest
 import torch
@@ -258,6 +260,29 @@ def test_a_first_backward_in_another_state_leaves_the_timing_to_the_next_call(mo
     steps(jf, model, ref, ran, now, FUSED_WINS, 3)
     assert BACKWARDS_ON_COPIES.count("fused") == ON_COPIES and dealias.cache_info(jf).tiers == ("fused",)
     assert user_runs(ran) == ["torch", "fused"], ran  # (the second call timed them: then settled)
+
+
+@pytest.mark.parametrize("backward", [True, False])
+def test_the_first_calls_tensors_are_not_kept_past_the_choice_or_the_users_graph(monkeypatch, backward):
+    # the hooks hold the first call's tensors for the end of the first backward: freed once the choice is made
+    # there, or with the user's graph where no backward comes
+    ran, now = fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
+    model, ref = model_and_reference()
+    jf = dealias.jit(lambda x: model(x * 1))  # (x not saved by the graph: held only by the hooks)
+    x = torch.randn(4, 8)
+    kept = weakref.ref(x)
+    out = jf(x)
+    del x
+    gc.collect()
+    assert kept() is not None  # (the hooks hold it, for the end of the backward)
+    if backward:
+        out.sum().backward()
+        assert dealias.cache_info(jf).tiers == ("fused",)
+        gc.collect()
+        assert kept() is None  # (the choice removed the hooks: out and its graph still the user's)
+    del out
+    gc.collect()
+    assert kept() is None
 
 
 @contextlib.contextmanager
