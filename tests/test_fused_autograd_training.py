@@ -354,3 +354,31 @@ def test_an_intermediate_eager_updates_in_place_is_updated_in_place_for_aotautog
     assert [n.target for n in handed.graph.nodes if "leaky" in str(n.target)] == [aten.leaky_relu_.default]
     saved = jf(*make_args()).grad_fn.saved_tensors
     assert sum(tuple(t.shape) == (8, 32) for t in saved) == 1, [(t.shape, t.dtype) for t in saved]  # (h's size)
+
+
+@pytest.mark.parametrize(
+    "activation",
+    [
+        lambda h: torch.nn.functional.leaky_relu_(h, -0.1),
+        lambda h: torch.nn.functional.elu_(h, alpha=-0.5),
+        lambda h: torch.nn.functional.celu_(h, alpha=-0.5),
+    ],
+)
+def test_an_in_place_activation_whose_backward_raises_in_eager_raises(activation):
+    # Eager's backward of leaky_relu_ / elu_ reads the result, and refuses a negative slope; inductor's decomposition
+    # of that backward computed a gradient instead: the graph runs on the torch executor, with eager's error.
+    def fn(x, w):
+        h = x @ w
+        activation(h)
+        return h.sum()
+
+    x, w = torch.randn(4, 3), torch.randn(3, 5, requires_grad=True)
+    with pytest.raises(RuntimeError, match="negative slope"):
+        fn(x, w).backward()
+    jf = dealias.jit(fn, executor="inductor")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dealias.NotFusedWarning)
+        out = jf(x, w)
+    with pytest.raises(RuntimeError, match="negative slope"):
+        out.backward()
+    assert dealias.cache_info(jf).tiers == ("torch",)

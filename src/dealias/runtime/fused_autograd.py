@@ -33,7 +33,7 @@ from ..compat.internals import function_apply
 from ..compat.vec_isa import vec_isa_config
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
-from ..ir.opfacts import is_view_node, may_raise, op_name
+from ..ir.opfacts import bind_args, is_view_node, may_raise, op_name
 from .conv_layout import channels_last, one_by_one_as_matmuls
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
 from .fused import picker, runner
@@ -101,6 +101,7 @@ def fused_autograd_executor(
     if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
         raise Unfusable("an input that requires grad is written (a double backward could not recompute from it)")
     refuse_raising(gm, example)  # (eager's checks of dtypes, sizes, devices fake tensors skip: kernel_checks.py)
+    _refuse_raising_backward(gm)
     symbolic = any(isinstance(a, FakeTensor) for a in example)
     constants: tuple[torch.Tensor, ...] = ()  # passed after the call's inputs on every call
     if gm.graph.find_nodes(op="get_attr"):
@@ -139,6 +140,25 @@ def fused_autograd_executor(
 
     with_inputs.graph = run.graph  # type: ignore[attr-defined]
     return with_inputs
+
+
+# The in-place ops whose backward (eager's, reading their result) refuses a negative slope: "In-place leakyReLu
+# backward calculation is triggered with a negative slope which is not supported" (elu's likewise), with the name of
+# that argument. Inductor's decomposition of the backward computes a gradient instead.
+_SLOPE_OF_RESULT_BACKWARD = {"leaky_relu_": "negative_slope", "elu_": "alpha", "celu_": "alpha"}
+
+
+def _refuse_raising_backward(gm: fx.GraphModule) -> None:
+    """Unfusable where eager's backward raises for the arguments of an op eager ran in place (functionalization's
+    `eager_in_place`) on a tensor autograd records: the torch executor runs eager's op, whose backward raises."""
+    for n in gm.graph.nodes:
+        eager = n.meta.get("eager_in_place")
+        slope = _SLOPE_OF_RESULT_BACKWARD.get(op_name(eager)) if isinstance(eager, torch._ops.OpOverload) else None
+        if slope is None or not n.meta.get("rg", True) or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        value = bind_args(n.target._schema, n.args, n.kwargs, defaults=True).get(slope)
+        if not isinstance(value, (int, float)) or value < 0:
+            raise Unfusable(f"eager's backward of {op_name(eager)} raises for a negative {slope}")
 
 
 def _compile(
