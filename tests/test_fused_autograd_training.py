@@ -382,3 +382,26 @@ def test_an_in_place_activation_whose_backward_raises_in_eager_raises(activation
     with pytest.raises(RuntimeError, match="negative slope"):
         out.backward()
     assert dealias.cache_info(jf).tiers == ("torch",)
+
+
+def shared_weight(x, y, w):
+    return (torch.nn.functional.linear(x, w).tanh() + torch.nn.functional.linear(y, w)).sum()
+
+
+def test_a_weight_two_ops_read_gets_a_view_per_op_for_aotautograd():
+    # The capture's common-subexpression pass makes one `t(w)` for the two linears; AOTAutograd gets one per
+    # linear again (as eager makes them), so that inductor computes w's gradient as one addmm of the two products,
+    # not a sum through the shared view transposed after.
+    from dealias.runtime.fused_autograd import _clones_of_inputs_kept
+
+    def make_args():
+        torch.manual_seed(0)
+        return torch.randn(8, 16), torch.randn(8, 16), torch.randn(32, 16, requires_grad=True)
+
+    jf = dealias.jit(shared_weight, executor="inductor")
+    assert grads_like_eager(shared_weight, jf, make_args) == []
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    handed = _clones_of_inputs_kept(jf.last.run_graph.graph)
+    (w,) = [p for p in handed.graph.find_nodes(op="placeholder") if p.name == "w"]
+    views = [u for u in w.users if is_view_node(u)]
+    assert len(views) == 2 and all(len(v.users) == 1 for v in views), handed.code

@@ -65,9 +65,27 @@ def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
         if source.op == "placeholder":
             n.target, n.kwargs = SNAPSHOT, {}
     _views_of_intermediates_as_reshapes(out)
+    _input_views_per_use(out)
     views_after_their_source(out)  # (inductor lowers in graph order: graph_order.py)
     out.recompile()
     return out
+
+
+def _input_views_per_use(gm: fx.GraphModule) -> None:
+    """A view of an input read by several ops becomes one view per op, as eager makes them (a weight two `linear`s
+    read: one `t` each; the capture's common-subexpression pass made one of them). Autograd then sums the ops'
+    gradients of the input itself, where inductor computes each weight gradient's product into one `addmm`, rather
+    than summing them through the shared view and transposing the sum (a GAN discriminator's backward)."""
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or not is_view_node(n) or not isinstance(n.args[0], fx.Node):
+            continue
+        if n.args[0].op != "placeholder" or len(n.users) < 2:
+            continue
+        for user in list(n.users)[1:]:
+            with gm.graph.inserting_before(user):
+                twin = gm.graph.call_function(n.target, n.args, dict(n.kwargs))
+            twin.meta = dict(n.meta)
+            user.replace_input_with(n, twin)
 
 
 def _views_of_intermediates_as_reshapes(gm: fx.GraphModule) -> None:
