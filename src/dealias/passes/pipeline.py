@@ -190,9 +190,7 @@ def _compile_program(
             trial = dataclasses.replace(fp, gm=_copy_graph_module(fp.gm))
             aliases = _alias_placeholders(trial.gm, captured)
             with clock("write-back lowering"):
-                # (a graph autograd records stays functional; an intermediate eager updated in place is updated in
-                # place again, so that AOTAutograd records eager's op: `leaky_relu_`'s backward reads its result)
-                trial, reports = lower(trial, aliases, updates_in_place=True)
+                trial, reports = lower(trial, aliases)  # (a graph autograd records stays functional)
             check("lower", trial, functional_gm, aliases)
             trial, in_graph = whole_writes_in_graph(trial)  # (stores in the kernel, as torch.compile's)
             placeholders = trial.gm.graph.find_nodes(op="placeholder")

@@ -204,7 +204,6 @@ def lower(
     aliases: dict[fx.Node, list[fx.Node]],
     fused: bool = False,
     autograd_in_place: bool = False,
-    updates_in_place: bool = False,
 ) -> tuple[FunctionalProgram, list[WriteBackReport]]:
     """Lower write-backs (and in-place updates of intermediates) to in-place region writes where exact.
 
@@ -213,8 +212,7 @@ def lower(
     (`fused`), a region write stays `region.copy_(value)`, which inductor fuses into one store, except indexed
     writes (bounds-checked before any write), and intermediates stay functional (inductor plans their
     buffers). A graph autograd records stays functional, but with `autograd_in_place` (the torch executor)
-    for what eager itself updated in place (writeback_autograd.py), and with `updates_in_place` (AOTAutograd's)
-    for the intermediates eager updated in place (`eager_updates_in_place`) only."""
+    for what eager itself updated in place (writeback_autograd.py)."""
     gm = fp.gm
     graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}
@@ -224,17 +222,15 @@ def lower(
         for wb in fp.writebacks:
             _refuse_whole_copy_into_overlap(gm, wb, results[wb.output])
         in_place: list[WriteBackReport] = []
-        if autograd_in_place or updates_in_place:
-            from .writeback_autograd import eager_updates_in_place  # (it imports this module)
-
-            eager_updates_in_place(graph)
         if autograd_in_place:
-            from .writeback_autograd import (
+            from .writeback_autograd import (  # (it imports this module)
                 eager_input_updates_in_place,
                 eager_mutations_in_place,
                 eager_ops_on_copies,
+                eager_updates_in_place,
             )
 
+            eager_updates_in_place(graph)
             fp, in_place = eager_mutations_in_place(fp, aliases)
             eager_ops_on_copies(graph)
             fp, inputs_in_place = eager_input_updates_in_place(fp, aliases)

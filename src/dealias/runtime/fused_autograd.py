@@ -34,6 +34,7 @@ from ..compat.vec_isa import vec_isa_config
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
 from ..ir.opfacts import bind_args, is_view_node, may_raise, op_name
+from ..passes.writeback_autograd import eager_updates_in_place
 from .conv_layout import channels_last, one_by_one_as_matmuls
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
 from .fused import picker, runner
@@ -49,11 +50,15 @@ aten = torch.ops.aten
 
 
 def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` whose clones of inputs (or of views of them) are `dealias::snapshot`s, which AOTAutograd and
-    inductor keep. Inductor removes a clone as a no-op, and an op that saves its argument for backward then saves
-    the caller's tensor where eager's saves the clone (`v = x.clone(); v.sin_()`): a write of x after the call made
-    backward raise where eager's does not (fuzz seed 996264)."""
+    """The copy of `gm` handed to AOTAutograd: its clones of inputs (or of views of them) are `dealias::snapshot`s,
+    which AOTAutograd and inductor keep. Inductor removes a clone as a no-op, and an op that saves its argument for
+    backward then saves the caller's tensor where eager's saves the clone (`v = x.clone(); v.sin_()`): a write of x
+    after the call made backward raise where eager's does not (fuzz seed 996264)."""
     out = copy.deepcopy(gm)
+    # An intermediate eager updated in place is updated in place again, so that AOTAutograd records eager's op
+    # (`leaky_relu_`'s backward reads its result, `leaky_relu`'s its input: a GAN discriminator's forward saved each
+    # pre-activation beside its activation). Only here: the prologue and the double backward read the graph as is.
+    eager_updates_in_place(out.graph)
     for n in out.graph.nodes:
         if n.op != "call_function" or n.target is not aten.clone.default:
             continue
