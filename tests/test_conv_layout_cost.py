@@ -35,37 +35,50 @@ def net():
     )
 
 
+BATCH = (2, 3, 8, 8)  # the input batch, converted too
+
+
+def priced(weight: float, batch: float):
+    """A measure_conversion whose ATen copy takes `weight` s a weight, `batch` s the batch, inductor's 4/3 of it;
+    and the list of what it was asked for."""
+    asked = []
+
+    def conversion(tensors, inductor):
+        asked.append((inductor, sorted(tuple(t.shape) for t in tensors)))
+        aten = sum(batch if tuple(t.shape) == BATCH else weight for t in tensors)
+        return aten, aten * 4 / 3 if inductor else aten
+
+    return conversion, asked
+
+
 @pytest.fixture
 def timings(monkeypatch, verdict_store):
     """Each convolution's kernel 1.0 s in eager's layout and 0.75 s channels-last (1.0 saved over the four), each
-    weight's conversion 0.3 s by ATen's copy and 0.4 s by inductor's; what the conversions were asked for."""
+    weight's conversion 0.3 s by ATen's copy and 0.4 s by inductor's, the batch's 0.03 s and 0.04 s; what the
+    conversions were asked for."""
     monkeypatch.setenv("DEALIAS_CONV_LAYOUT", "measure")
-    asked = []
     monkeypatch.setattr(conv_layout, "measure", lambda x, w, bias, rest: (1.0, 0.75))
-
-    def conversion(weights, inductor):
-        asked.append((inductor, sorted(tuple(w.shape) for w in weights)))
-        return 0.3 * len(weights), (0.4 if inductor else 0.3) * len(weights)
-
+    conversion, asked = priced(0.3, 0.03)
     monkeypatch.setattr(conv_layout, "measure_conversion", conversion)
     return asked
 
 
 def test_eval_counts_the_weights_conversions_once(timings):
-    # Two weights to convert: 0.6 s by ATen's copy, within SLACK of the 1.0 saved: inductor's own conversion is
-    # measured (0.8 s), and still less than what channels-last saves.
+    # Two weights and the batch to convert: 0.63 s by ATen's copy, within SLACK of the 1.0 saved: inductor's own
+    # conversion is measured (0.84 s), and still less than what channels-last saves.
     torch.manual_seed(0)
-    jf = fused_eval_like_eager(net().eval(), torch.randn(2, 3, 8, 8))
+    jf = fused_eval_like_eager(net().eval(), torch.randn(BATCH))
     assert jf.last.run_graph.graph.meta["channels_last"] is True
-    weights = [(8, 3, 3, 3), (8, 8, 3, 3)]  # (not the depthwise nor the 1x1 one's)
-    assert timings == [(False, weights), (True, weights)]
+    converted = sorted([BATCH, (8, 3, 3, 3), (8, 8, 3, 3)])  # (not the depthwise nor the 1x1 one's weight)
+    assert timings == [(False, converted), (True, converted)]
 
 
 def test_training_counts_the_gradients_conversions_too(timings):
-    # The same kernels, but each weight's gradient is converted back as well: four conversions, 1.2 s by ATen's
-    # copy, more than the 1.0 saved: eager's layout, without compiling inductor's conversion.
+    # The same kernels, but each weight's gradient is converted back as well: four conversions and the batch's
+    # (which requires no grad: once), 1.23 s by ATen's copy, more than the 1.0 saved: eager's layout, without
+    # compiling inductor's conversion.
     torch.manual_seed(0)
-    model, x = net().train(), torch.randn(2, 3, 8, 8)
+    model, x = net().train(), torch.randn(BATCH)
     twin = copy.deepcopy(model)
     jf = dealias.jit(twin, executor="inductor")
     for _ in range(2):
@@ -80,16 +93,44 @@ def test_training_counts_the_gradients_conversions_too(timings):
             torch.testing.assert_close(a, b, **CLOSE)
     assert dealias.cache_info(jf).tiers == ("fused",)
     assert jf.last.run_graph.graph.meta["channels_last"] is False
-    weights = sorted([(8, 3, 3, 3), (8, 8, 3, 3)] * 2)
-    assert timings == [(False, weights)]
+    converted = sorted([BATCH, *[(8, 3, 3, 3), (8, 8, 3, 3)] * 2])
+    assert timings == [(False, converted)]
 
 
 def test_kernels_slower_channels_last_ask_no_conversion(timings, monkeypatch):
     monkeypatch.setattr(conv_layout, "measure", lambda x, w, bias, rest: (1.0, 1.25))
     torch.manual_seed(0)
-    jf = fused_eval_like_eager(net().eval(), torch.randn(2, 3, 8, 8))
+    jf = fused_eval_like_eager(net().eval(), torch.randn(BATCH))
     assert jf.last.run_graph.graph.meta["channels_last"] is False
     assert timings == []
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_input_batchs_conversion_counts(monkeypatch, verdict_store, grad):
+    # The kernels save 0.4 s channels-last and the weights convert in 0.02 s, but the batch the graph takes as an
+    # input is converted at every call too (conv + BatchNorm on an 8x3x32x32 batch: 4 us saved in the kernel, 8.5
+    # us spent converting the batch): 0.5 s here, more than what channels-last saves: eager's layout. Its gradient
+    # is converted back too where it requires grad.
+    monkeypatch.setenv("DEALIAS_CONV_LAYOUT", "measure")
+    monkeypatch.setattr(conv_layout, "measure", lambda x, w, bias, rest: (1.0, 0.9))
+    conversion, asked = priced(0.01, 0.5)
+    monkeypatch.setattr(conv_layout, "measure_conversion", conversion)
+    torch.manual_seed(0)
+    model, x = net().train(), torch.randn(BATCH, requires_grad=grad)
+    twin, x2 = copy.deepcopy(model), x.detach().clone().requires_grad_(grad)
+    jf = dealias.jit(twin, executor="inductor")
+    loss = model(x).square().sum()
+    loss.backward()
+    got = jf(x2).square().sum()
+    got.backward()
+    torch.testing.assert_close(got, loss, **CLOSE)
+    for (name, a), b in zip(twin.named_parameters(), model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, **CLOSE, msg=name)
+    if grad:
+        torch.testing.assert_close(x2.grad, x.grad, **CLOSE)
+    assert jf.last.run_graph.graph.meta["channels_last"] is False
+    weights = [(8, 3, 3, 3), (8, 8, 3, 3)] * 2
+    assert asked == [(False, sorted([*[BATCH] * (1 + grad), *weights]))]
 
 
 @pytest.mark.parametrize("layout, faster", [("channels_last", True), ("channels_last", False), ("contiguous", True)])

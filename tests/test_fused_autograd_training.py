@@ -330,3 +330,80 @@ def test_multihead_attention_views_reach_inductor_next_to_their_source(monkeypat
     selects = [n for n in nodes if n.target is aten.select.int and n.args[0] is packed]
     first_compute = next(n for n in nodes[nodes.index(packed) + 1 :] if not is_view_node(n))
     assert all(nodes.index(s) < nodes.index(first_compute) for s in selects), gm.code
+
+
+def leaky_layers(x, w1, w2):
+    h = x @ w1
+    torch.nn.functional.leaky_relu_(h, 0.2)  # (a GAN discriminator's LeakyReLU(inplace=True))
+    return (h @ w2).sum()
+
+
+def test_an_intermediate_eager_updates_in_place_is_updated_in_place_for_aotautograd():
+    # Eager's `leaky_relu_` on the product records LeakyReluBackward1, which reads the result: the forward saves the
+    # activation only (which the second product's gradient reads anyway). Handed over functional, AOTAutograd
+    # recorded `leaky_relu`'s backward, which reads the product: its partitions saved the product beside the
+    # activation (a 64x256 store more per layer of a GAN discriminator, 3-4 % of its step) or its boolean mask.
+    from dealias.runtime.fused_autograd import _clones_of_inputs_kept
+
+    def make_args():
+        torch.manual_seed(0)
+        return torch.randn(8, 16), torch.randn(16, 32, requires_grad=True), torch.randn(32, 4, requires_grad=True)
+
+    jf = dealias.jit(leaky_layers, executor="inductor")
+    assert grads_like_eager(leaky_layers, jf, make_args) == []
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    handed = _clones_of_inputs_kept(jf.last.run_graph.graph)  # (what AOTAutograd gets)
+    assert [n.target for n in handed.graph.nodes if "leaky" in str(n.target)] == [aten.leaky_relu_.default]
+    saved = jf(*make_args()).grad_fn.saved_tensors
+    assert sum(tuple(t.shape) == (8, 32) for t in saved) == 1, [(t.shape, t.dtype) for t in saved]  # (h's size)
+
+
+@pytest.mark.parametrize(
+    "activation",
+    [
+        lambda h: torch.nn.functional.leaky_relu_(h, -0.1),
+        lambda h: torch.nn.functional.elu_(h, alpha=-0.5),
+        lambda h: torch.nn.functional.celu_(h, alpha=-0.5),
+    ],
+)
+def test_an_in_place_activation_whose_backward_raises_in_eager_raises(activation):
+    # Eager's backward of leaky_relu_ / elu_ reads the result, and refuses a negative slope; inductor's decomposition
+    # of that backward computed a gradient instead: the graph runs on the torch executor, with eager's error.
+    def fn(x, w):
+        h = x @ w
+        activation(h)
+        return h.sum()
+
+    x, w = torch.randn(4, 3), torch.randn(3, 5, requires_grad=True)
+    with pytest.raises(RuntimeError, match="negative slope"):
+        fn(x, w).backward()
+    jf = dealias.jit(fn, executor="inductor")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dealias.NotFusedWarning)
+        out = jf(x, w)
+    with pytest.raises(RuntimeError, match="negative slope"):
+        out.backward()
+    assert dealias.cache_info(jf).tiers == ("torch",)
+
+
+def shared_weight(x, y, w):
+    return (torch.nn.functional.linear(x, w).tanh() + torch.nn.functional.linear(y, w)).sum()
+
+
+def test_a_weight_two_ops_read_gets_a_view_per_op_for_aotautograd():
+    # The capture's common-subexpression pass makes one `t(w)` for the two linears; AOTAutograd gets one per
+    # linear again (as eager makes them), so that inductor computes w's gradient as one addmm of the two products,
+    # not a sum through the shared view transposed after.
+    from dealias.runtime.fused_autograd import _clones_of_inputs_kept
+
+    def make_args():
+        torch.manual_seed(0)
+        return torch.randn(8, 16), torch.randn(8, 16), torch.randn(32, 16, requires_grad=True)
+
+    jf = dealias.jit(shared_weight, executor="inductor")
+    assert grads_like_eager(shared_weight, jf, make_args) == []
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    handed = _clones_of_inputs_kept(jf.last.run_graph.graph)
+    (w,) = [p for p in handed.graph.find_nodes(op="placeholder") if p.name == "w"]
+    views = [u for u in w.users if is_view_node(u)]
+    assert len(views) == 2 and all(len(v.users) == 1 for v in views), handed.code

@@ -11,15 +11,16 @@ two parts, each on the first graph that has it:
 
 - its convolutions' kernels: ATen's kernel on eager's layout against the same kernel on a channels-last input and
   weight (converted before the timed calls), for each node's own sizes, dtype, strides, padding and groups;
-- its weights' conversions: the weights whose memory order channels-last changes (not 1x1 nor depthwise ones),
-  converted one after the other as the graph converts them, by ATen's copy and, where that decides the layout, by
+- its inputs' conversions: the weights whose memory order channels-last changes (not 1x1 nor depthwise ones) and
+  the activations the graph takes as inputs (a batch handed to the first convolution), converted one after the other
+  as the graph converts them, by ATen's copy and, where that decides the layout, by
   inductor's own code for it (one small compile). Inductor's conversion is what runs, and it is the part a kernel's
   timing on a warm weight missed: resnet18 (1x3x64x64, torch 2.14) measured its 3x3 kernels at 3.8 ms
   channels-last against 9.9 ms, but its 43 MB of weights took 5.2 ms to convert by ATen's copy and 10 ms by
   inductor's, once per call for the forward and once more for the gradients (training forward 1.37x eager
   channels-last, 0.96x in eager's layout; its step 1.62x against 1.05x; mobilenet's weights take microseconds).
 
-The graph goes channels-last only if its kernels plus its conversions (twice for a weight autograd records a
+The graph goes channels-last only if its kernels plus its conversions (twice for an input autograd records a
 gradient of) sum to less than eager's layout's kernels. Verdicts are kept on disk with keep_aten.py's (per host,
 thread count). Not counted: the backward's own kernels (resnet18's and mobilenet's steps each took the layout their
 forward did: measured as fast or faster that way).
@@ -64,7 +65,8 @@ def channels_last(gm: fx.GraphModule, with_grad: frozenset[fx.Node] = frozenset(
     if setting in ("contiguous", "channels_last"):
         return setting == "channels_last"
     eager_s = channels_last_s = 0.0
-    weights: dict[fx.Node, tuple[torch.Tensor, int]] = {}  # (each converted once, however many nodes read it)
+    # the inputs converted (weights, and activations the graph takes), each once however many nodes read it
+    weights: dict[fx.Node, tuple[torch.Tensor, int]] = {}
     for n in convs:
         x, w, bias = (a.meta.get("val") if isinstance(a, fx.Node) else a for a in n.args[:3])
         rest = tuple(n.args[3:])
@@ -82,6 +84,13 @@ def channels_last(gm: fx.GraphModule, with_grad: frozenset[fx.Node] = frozenset(
         eager_s, channels_last_s = eager_s + e, channels_last_s + c
         if isinstance(n.args[1], fx.Node) and not w.is_contiguous(memory_format=torch.channels_last):
             weights[n.args[1]] = (w, 2 if n.args[1] in with_grad else 1)
+        # An activation that is an input of the graph is converted at every call too (one computed in the graph is
+        # stored channels-last by the kernel computing it): conv + BatchNorm on an 8x3x32x32 batch saved 4 us in
+        # its kernel and spent 8.5 us converting the batch.
+        source = n.args[0]
+        if isinstance(source, fx.Node) and source.op == "placeholder":
+            if not x.is_contiguous(memory_format=torch.channels_last):
+                weights[source] = (x, 2 if source in with_grad else 1)
     margin = eager_s - channels_last_s  # (what channels-last's kernels save, for the conversions to spend)
     if margin <= 0 or not weights:
         return margin > 0

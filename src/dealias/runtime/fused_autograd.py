@@ -33,7 +33,8 @@ from ..compat.internals import function_apply
 from ..compat.vec_isa import vec_isa_config
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
-from ..ir.opfacts import is_view_node, may_raise, op_name
+from ..ir.opfacts import bind_args, is_view_node, may_raise, op_name
+from ..passes.writeback_autograd import eager_updates_in_place
 from .conv_layout import channels_last, one_by_one_as_matmuls
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
 from .fused import picker, runner
@@ -49,11 +50,15 @@ aten = torch.ops.aten
 
 
 def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` whose clones of inputs (or of views of them) are `dealias::snapshot`s, which AOTAutograd and
-    inductor keep. Inductor removes a clone as a no-op, and an op that saves its argument for backward then saves
-    the caller's tensor where eager's saves the clone (`v = x.clone(); v.sin_()`): a write of x after the call made
-    backward raise where eager's does not (fuzz seed 996264)."""
+    """The copy of `gm` handed to AOTAutograd: its clones of inputs (or of views of them) are `dealias::snapshot`s,
+    which AOTAutograd and inductor keep. Inductor removes a clone as a no-op, and an op that saves its argument for
+    backward then saves the caller's tensor where eager's saves the clone (`v = x.clone(); v.sin_()`): a write of x
+    after the call made backward raise where eager's does not (fuzz seed 996264)."""
     out = copy.deepcopy(gm)
+    # An intermediate eager updated in place is updated in place again, so that AOTAutograd records eager's op
+    # (`leaky_relu_`'s backward reads its result, `leaky_relu`'s its input: a GAN discriminator's forward saved each
+    # pre-activation beside its activation). Only here: the prologue and the double backward read the graph as is.
+    eager_updates_in_place(out.graph)
     for n in out.graph.nodes:
         if n.op != "call_function" or n.target is not aten.clone.default:
             continue
@@ -65,9 +70,27 @@ def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
         if source.op == "placeholder":
             n.target, n.kwargs = SNAPSHOT, {}
     _views_of_intermediates_as_reshapes(out)
+    _input_views_per_use(out)
     views_after_their_source(out)  # (inductor lowers in graph order: graph_order.py)
     out.recompile()
     return out
+
+
+def _input_views_per_use(gm: fx.GraphModule) -> None:
+    """A view of an input read by several ops becomes one view per op, as eager makes them (a weight two `linear`s
+    read: one `t` each; the capture's common-subexpression pass made one of them). Autograd then sums the ops'
+    gradients of the input itself, where inductor computes each weight gradient's product into one `addmm`, rather
+    than summing them through the shared view and transposing the sum (a GAN discriminator's backward)."""
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or not is_view_node(n) or not isinstance(n.args[0], fx.Node):
+            continue
+        if n.args[0].op != "placeholder" or len(n.users) < 2:
+            continue
+        for user in list(n.users)[1:]:
+            with gm.graph.inserting_before(user):
+                twin = gm.graph.call_function(n.target, n.args, dict(n.kwargs))
+            twin.meta = dict(n.meta)
+            user.replace_input_with(n, twin)
 
 
 def _views_of_intermediates_as_reshapes(gm: fx.GraphModule) -> None:
@@ -101,6 +124,7 @@ def fused_autograd_executor(
     if any(isinstance(example[i], torch.Tensor) and example[i].requires_grad for i in written):
         raise Unfusable("an input that requires grad is written (a double backward could not recompute from it)")
     refuse_raising(gm, example)  # (eager's checks of dtypes, sizes, devices fake tensors skip: kernel_checks.py)
+    _refuse_raising_backward(gm)
     symbolic = any(isinstance(a, FakeTensor) for a in example)
     constants: tuple[torch.Tensor, ...] = ()  # passed after the call's inputs on every call
     if gm.graph.find_nodes(op="get_attr"):
@@ -139,6 +163,25 @@ def fused_autograd_executor(
 
     with_inputs.graph = run.graph  # type: ignore[attr-defined]
     return with_inputs
+
+
+# The in-place ops whose backward (eager's, reading their result) refuses a negative slope: "In-place leakyReLu
+# backward calculation is triggered with a negative slope which is not supported" (elu's likewise), with the name of
+# that argument. Inductor's decomposition of the backward computes a gradient instead.
+_SLOPE_OF_RESULT_BACKWARD = {"leaky_relu_": "negative_slope", "elu_": "alpha", "celu_": "alpha"}
+
+
+def _refuse_raising_backward(gm: fx.GraphModule) -> None:
+    """Unfusable where eager's backward raises for the arguments of an op eager ran in place (functionalization's
+    `eager_in_place`) on a tensor autograd records: the torch executor runs eager's op, whose backward raises."""
+    for n in gm.graph.nodes:
+        eager = n.meta.get("eager_in_place")
+        slope = _SLOPE_OF_RESULT_BACKWARD.get(op_name(eager)) if isinstance(eager, torch._ops.OpOverload) else None
+        if slope is None or not n.meta.get("rg", True) or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        value = bind_args(n.target._schema, n.args, n.kwargs, defaults=True).get(slope)
+        if not isinstance(value, (int, float)) or value < 0:
+            raise Unfusable(f"eager's backward of {op_name(eager)} raises for a negative {slope}")
 
 
 def _compile(
