@@ -87,11 +87,11 @@ def test_collector_off_freezes_nothing(seen):
 def test_nested_and_raising_compiles_unfreeze_once(monkeypatch):
     monkeypatch.setattr(gc_freeze, "ENABLED", True)
     with gc_freeze.older_objects_frozen():
-        outer = gc.get_freeze_count()
-        assert outer > 0
+        assert gc.get_freeze_count() > 0
         with gc_freeze.older_objects_frozen():
-            assert gc.get_freeze_count() == outer
-        assert gc.get_freeze_count() == outer  # (the outer compile still runs)
+            assert gc.get_freeze_count() > 0
+        # (the outer compile still runs: still frozen; the count itself drops as frozen objects are freed)
+        assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
     with pytest.raises(ValueError), gc_freeze.older_objects_frozen():
         raise ValueError("a compile that fails")
