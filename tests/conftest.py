@@ -24,6 +24,9 @@ os.environ.setdefault("DEALIAS_COPIES_RECORD", "0")
 # ...and compiles every program, never loading an earlier process's capture and passes (passes/program_cache.py: a
 # test replacing a pass's function would be handed the earlier result); test_program_cache.py loads.
 os.environ.setdefault("DEALIAS_PROGRAM_CACHE", "0")
+# ...nor an earlier process's verdict for the default partition of a joint graph (runtime/partition.py: a test that
+# changes the partitioner's checks would be handed it); test_partition_record.py reads.
+os.environ.setdefault("DEALIAS_PARTITION_RECORD", "0")
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +60,7 @@ def verdict_store(monkeypatch, tmp_path):
 # Markers for the inner loop (`make test-fast` deselects them; CI runs everything): whole files that compile with
 # inductor or start processes, and single tests marked `slow` where they stand.
 _INDUCTOR_FILES = {"test_inductor.py", "test_fused_autograd.py", "test_inductor_fixes.py", "test_keep_aten.py"}
-_INDUCTOR_FILES |= {"test_row_products.py", "test_inductor_symbolic.py"}
+_INDUCTOR_FILES |= {"test_row_products.py", "test_inductor_symbolic.py", "test_partition_record.py"}
 _INDUCTOR_FILES |= {"test_inductor_snapshots.py", "test_inductor_indices.py", "test_inductor_tiers.py"}
 _INDUCTOR_FILES |= {"test_fused_autograd_training.py"}
 _DISTRIBUTED_FILES = {"test_distributed.py"}

@@ -35,6 +35,7 @@ import functools
 import threading
 from typing import Any
 
+from .gc_freeze import older_objects_frozen
 from .registry import Missing, active, correction, require, require_module
 
 NAME = "dynamo_settings"
@@ -131,7 +132,8 @@ def install() -> None:
             return original(self, frame, *args, **kwargs)
         _frame.depth = getattr(_frame, "depth", 0) + 1
         try:
-            with lock, patch(_settings()):
+            # (the collector's full collections walk only what the trace makes: gc_freeze.py)
+            with lock, patch(_settings()), older_objects_frozen():
                 return original(self, frame, *args, **kwargs)
         except unsupported as e:
             if not getattr(self, "_one_graph", False):  # (strict compiles raise it to the user)

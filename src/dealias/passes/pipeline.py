@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 from torch.utils import _pytree as pytree
 
 from ..compat.fx_lazy import graph_module, lazy_graph_modules
+from ..compat.gc_freeze import older_objects_frozen
 from ..errors import InvariantError, UnsupportedError
 from ..ir.gradops import caller_tensor, write_back_now
 from ..ir.plan import Captured, FunctionalProgram, Ref, RefKind, Symbolic, WriteBackReport, root_node, writes_caller
@@ -101,8 +102,9 @@ def compile_program(
     symbolic: Symbolic | None = None,
     front: Front | None = None,
 ) -> CompiledProgram:
-    """`_compile_program`, its graph modules generating their code when it is read (compat/fx_lazy.py)."""
-    with lazy_graph_modules():
+    """`_compile_program`, its graph modules generating their code when it is read (compat/fx_lazy.py), the
+    collector's full collections walking only the objects it makes (compat/gc_freeze.py)."""
+    with lazy_graph_modules(), older_objects_frozen():
         return _compile_program(gm, leaves, names, executor, symbolic, front)
 
 

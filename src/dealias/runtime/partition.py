@@ -10,15 +10,21 @@ results require grad, snapshots nothing saves turned back into clones.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import os
 from operator import getitem
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from ..compat.graph_cache import source_hash
 from ..ir.opfacts import is_view_node
 from .hazards import ALIGNED_SNAPSHOT, SNAPSHOT, Unfusable
+from .keep_aten import _host_key, cache_dir, read_json, source_key, write_whole
 
 aten = torch.ops.aten
 
@@ -52,19 +58,27 @@ def partition_saving_no_written_input(written: frozenset[int], copy_saved_result
     class Partition(CustomPartitionerFn):
         def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
             n = kwargs["num_fwd_outputs"]
-            fw, bw = min_cut_rematerialization_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
-            kwargs.pop("compiler", None)
-            default = default_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
-            saved, by_default = saved_inputs(fw, n), saved_inputs(default[0], n)
-            copied = saved - by_default  # (min-cut's alone: saved as copies, if that stores less than the default)
-            if (
-                by_default - saved
-                or copied & written
-                or _saves_masks(fw, n)
-                and not _saves_masks(default[0], n)
-                or not _copies_store_less(fw, default[0], n, copied)
-            ):
-                (fw, bw), saved, copied = default, by_default, set()
+            recorded = _default_verdict_key(gm, joint_inputs, kwargs, written, copy_saved_results)
+            if recorded is not None and _default_recorded(recorded):
+                # (an earlier compile of this joint graph took the default one: the min-cut one is not made again)
+                kwargs.pop("compiler", None)
+                fw, bw = default_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
+                saved, copied = saved_inputs(fw, n), set()
+            else:
+                fw, bw = min_cut_rematerialization_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
+                kwargs.pop("compiler", None)
+                default = default_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
+                saved, by_default = saved_inputs(fw, n), saved_inputs(default[0], n)
+                copied = saved - by_default  # (min-cut's alone: saved as copies, if that stores less than the default)
+                if (
+                    by_default - saved
+                    or copied & written
+                    or _saves_masks(fw, n)
+                    and not _saves_masks(default[0], n)
+                    or not _copies_store_less(fw, default[0], n, copied)
+                ):
+                    (fw, bw), saved, copied = default, by_default, set()
+                    _record_default(recorded)
             if saved & written:
                 raise Unfusable(f"backward would save input {min(saved & written)}, which the epilogue writes into")
             if copied:
@@ -89,6 +103,64 @@ def partition_saving_no_written_input(written: frozenset[int], copy_saved_result
             )
 
     return Partition()
+
+
+# The verdict "the default partition" kept on disk per joint graph (issue 38: the warm first call). A process that
+# does not backpropagate the first call's outputs leaves AOTAutograd's cache entry unwritten (it keeps one only once
+# the backward is compiled), and every later process traces the joint graph and partitions it again; the min-cut
+# partition, made only to be dropped where the default one is taken, was 0.4-0.6 of resnet18's warm training first
+# call's 3.8 CPU s. Only that verdict is kept: the default partition is the one taken whenever min-cut's is not safe
+# (every check above only ever turns to it), so a record, stale or wrong, can cost speed, never a result. Keyed on
+# dealias's source, the torch build, the host, the joint graph's code, its inputs' layouts and dtypes, the
+# partitioner's arguments and AOTAutograd's configuration; `DEALIAS_PARTITION_RECORD=0` (read at import) turns it off.
+RECORD = os.environ.get("DEALIAS_PARTITION_RECORD", "1") != "0"
+VERSION = 1
+
+
+def _default_verdict_key(
+    gm: fx.GraphModule, joint_inputs: Any, kwargs: dict[str, Any], written: frozenset[int], copy_saved_results: bool
+) -> str | None:
+    """The record's key for this joint graph and partitioner; None where it is not kept or cannot be named."""
+    if not RECORD:
+        return None
+    try:
+        build = source_key((), source_hash(), _host_key())
+        if build is None:
+            return None
+        layouts = []
+        for t in pytree.tree_leaves(joint_inputs):
+            if not isinstance(t, torch.Tensor):
+                layouts.append(repr(t) if isinstance(t, (type(None), bool, int, float)) else None)
+                continue
+            if any(not isinstance(d, int) for d in (*t.shape, *t.stride())):
+                return None  # (symbolic sizes: the verdict weighs bytes)
+            layouts.append((tuple(t.shape), t.stride(), str(t.dtype), t.requires_grad))
+        if None in layouts:
+            return None
+        others = sorted((k, repr(v)) for k, v in kwargs.items() if k != "compiler")
+        config = sorted(torch._functorch.config.save_config_portable().items())
+        code = gm.graph.python_code("self").src  # (not gm.code: a lazy module would generate its own for it)
+        parts = [f"v{VERSION}", build, code, repr(layouts), repr(others), repr(sorted(written))]
+        parts += [str(copy_saved_results), repr(config)]
+    except Exception:  # noqa: BLE001 - not named: partitioned both ways, as without the record
+        return None
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _record_path(k: str) -> Path:
+    return cache_dir() / "partitions" / f"{k}.json"
+
+
+def _default_recorded(k: str) -> bool:
+    data = read_json(_record_path(k))
+    if not isinstance(data, dict):
+        return False
+    return data.get("version") == VERSION and data.get("key") == k and data.get("default") is True
+
+
+def _record_default(k: str | None) -> None:
+    if k is not None:
+        write_whole(_record_path(k), json.dumps({"version": VERSION, "key": k, "default": True}))
 
 
 def _copies_store_less(fw: fx.GraphModule, default: fx.GraphModule, num_fwd_outputs: int, copied: set[int]) -> bool:
