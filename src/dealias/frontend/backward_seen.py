@@ -43,6 +43,11 @@ class Watch:
         def pre_hook(grad_outputs: Any) -> None:
             nonlocal at_end
             self.seen = True  # (nothing else: the gradients go on unchanged, the hooks removed by the choice)
+            if torch.compiler.is_compiling():
+                # (compiled autograd, turned on for the user's backward alone, has dynamo trace this hook into the
+                # user's compiled backward: `queue_callback` is no op it can trace, a graph break and a warning,
+                # an error under fullgraph=True. The flag alone is traced, as before: the next call does the work)
+                return None
             run, at_end = at_end, None
             if run is not None:
                 queue_backward_callback(run)
