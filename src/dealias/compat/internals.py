@@ -226,3 +226,18 @@ def state_check() -> Callable[[], bool] | None:
     except Exception:  # noqa: BLE001 - (cannot tell: None)
         return None
     return lambda: bool(same()) and _DISPATCH_MODES() == 0 and _FUNCTION_MODES() == 0
+
+
+# The id of the autograd graph task this thread runs (-1 outside any backward): a call made inside a backward.
+_GRAPH_TASK, _ = _lookup(torch._C, "_current_graph_task_id")
+
+
+def in_backward() -> bool:
+    """Whether this thread runs inside the autograd engine's backward (a hook, a checkpoint's recomputation); False
+    where this torch cannot tell."""
+    if _GRAPH_TASK is None:
+        return False
+    try:
+        return _GRAPH_TASK() != -1
+    except RuntimeError:
+        return False
