@@ -91,3 +91,22 @@ def test_the_first_calls_fused_compile_calls_no_saved_tensor_hook_of_the_users(m
         counts.append(len(packed))
         out.sum().backward()
     assert counts[0] == counts[1], counts
+
+
+def test_a_first_backward_outside_the_calls_autocast_times_the_fused_backward_there(monkeypatch):
+    # The mixed-precision idiom: the forward under autocast, its backward outside. The state at the end of that
+    # backward was not the call's (autocast off), so the user's second call timed and compiled the fused backward.
+    fake_forward_and_backward(monkeypatch, FUSED_WINS, FUSED_WINS)
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    for call in range(3):
+        x = torch.randn(4, 8)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, expected = jf(x), ref(x)
+        assert out.dtype == expected.dtype == torch.bfloat16 and torch.equal(out, expected), call
+        out.float().sum().backward()
+        expected.float().sum().backward()
+        assert same_grads(model, ref), call
+        assert not torch.is_autocast_enabled("cpu")
+    assert dealias.cache_info(jf).tiers == ("fused",)
+    assert "on copies in the first backward" in reasons(jf), reasons(jf)
