@@ -245,9 +245,7 @@ class Tiered:
                 self._record(tier, seconds + max(0.0, now - returned), seconds)
             self.calls += 1
             backward = None  # (a training step seen: the lazy tiers' backward to time on copies, this call)
-            # (not in a call made inside a backward, a non-reentrant checkpoint's recomputation: it must save what its
-            # forward saved, on that forward's tier, else CheckpointError in the user's backward; the end of that
-            # backward chooses, `_after_first_backward`, or the next call)
+            # (not in a backward: a checkpoint's recomputation runs its forward's tier; that backward's end chooses)
             if self.choosing is not None and self.choosing.watch is not None and not in_backward():
                 backward = self._choose_by_backward()
             due = self.fuse and not self.promoted and not self.promoting
