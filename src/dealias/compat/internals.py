@@ -11,6 +11,7 @@ the program without it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -216,6 +217,29 @@ _DISPATCH_MODES, _ = _lookup(torch._C, "_len_torch_dispatch_stack")
 _FUNCTION_MODES, _ = _lookup(torch._C, "_len_torch_function_stack")
 
 
+def autocast_now() -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """A context manager that sets the autocast state in force now (the device types autocasting, their dtypes,
+    the cache), to run code later as it was: a backward outside the user's autocast (the mixed-precision idiom,
+    `with autocast(): loss = f(x)`, then `loss.backward()`). Where that cannot be read, one that changes nothing:
+    `state_check` then tells the state apart."""
+    try:
+        cache = torch.is_autocast_cache_enabled()
+        on = [(d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+    except Exception:  # noqa: BLE001 - (another signature: the state as it will be)
+        return contextlib.nullcontext
+
+    def enter() -> contextlib.AbstractContextManager[Any]:
+        stack = contextlib.ExitStack()
+        for device, dtype in on:
+            stack.enter_context(torch.autocast(device, dtype=dtype, cache_enabled=cache))
+        return stack
+
+    return enter
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
 def state_check() -> Callable[[], bool] | None:
     """A check that the thread's global state is the one now, and no user's torch function or dispatch mode in force
     (it would see the ops run); None where this torch cannot tell."""
@@ -226,3 +250,18 @@ def state_check() -> Callable[[], bool] | None:
     except Exception:  # noqa: BLE001 - (cannot tell: None)
         return None
     return lambda: bool(same()) and _DISPATCH_MODES() == 0 and _FUNCTION_MODES() == 0
+
+
+# The id of the autograd graph task this thread runs (-1 outside any backward): a call made inside a backward.
+_GRAPH_TASK, _ = _lookup(torch._C, "_current_graph_task_id")
+
+
+def in_backward() -> bool:
+    """Whether this thread runs inside the autograd engine's backward (a hook, a checkpoint's recomputation); False
+    where this torch cannot tell."""
+    if _GRAPH_TASK is None:
+        return False
+    try:
+        return _GRAPH_TASK() != -1
+    except RuntimeError:
+        return False

@@ -23,7 +23,13 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..compat.internals import compiled_autograd_in_force, queue_backward_callback, state_check, storage_id
+from ..compat.internals import (
+    autocast_now,
+    compiled_autograd_in_force,
+    queue_backward_callback,
+    state_check,
+    storage_id,
+)
 
 log = logging.getLogger("dealias")
 
@@ -43,6 +49,11 @@ class Watch:
         def pre_hook(grad_outputs: Any) -> None:
             nonlocal at_end
             self.seen = True  # (nothing else: the gradients go on unchanged, the hooks removed by the choice)
+            if torch.compiler.is_compiling():
+                # (compiled autograd, turned on for the user's backward alone, has dynamo trace this hook into the
+                # user's compiled backward: `queue_callback` is no op it can trace, a graph break and a warning,
+                # an error under fullgraph=True. The flag alone is traced, as before: the next call does the work)
+                return None
             run, at_end = at_end, None
             if run is not None:
                 queue_backward_callback(run)
@@ -64,19 +75,21 @@ class Watch:
 
 def _at_end(after: Callable[[list[Any]], None], inputs: Any) -> Callable[[], None] | None:
     """`after(inputs)`, as the autograd engine's callback at the end of a backward: only where the thread's state
-    then is the call's now (grad mode on, as in the call; autocast, deterministic algorithms, default dtype...: what
-    dynamo's frames were compiled under) with no user's torch function or dispatch mode in force (it would see the
-    programs run). Otherwise, and where this torch cannot check the state, nothing: the caller's next call does the
-    work. Never raises an error into the user's backward (an interrupt, the user's, goes on). `inputs` are held as
-    long as the hooks (`Watch.hook`): a graph break's intermediate, which the user does not hold, is among them."""
+    then is the call's now (grad mode on and autocast, both set as in the call; deterministic algorithms, default
+    dtype...: what dynamo's frames were compiled under) with no user's torch function or dispatch mode in force (it
+    would see the programs run). Otherwise, and where this torch cannot check the state, nothing: the caller's next
+    call does the work. Never raises an error into the user's backward (an interrupt, the user's, goes on).
+    `inputs` are held as long as the hooks (`Watch.hook`): a graph break's intermediate, which the user does not
+    hold, is among them."""
     check = state_check()
     if check is None:
         return None
     held = list(inputs)
+    autocast = autocast_now()  # (the call's autocast, set again: a backward outside it is the mixed-precision idiom)
 
     def run() -> None:
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), autocast():
                 if check():
                     after(held)
         except Exception as e:  # noqa: BLE001 - (the caller's next call does it, or its choice stays)

@@ -68,6 +68,7 @@ from torch._dynamo.convert_frame import compile_lock
 
 from ..compat.fx_lazy import generated_forward
 from ..compat.inductor import compile_beside_calls
+from ..compat.internals import in_backward
 from ..errors import InvariantError
 from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
@@ -244,7 +245,8 @@ class Tiered:
                 self._record(tier, seconds + max(0.0, now - returned), seconds)
             self.calls += 1
             backward = None  # (a training step seen: the lazy tiers' backward to time on copies, this call)
-            if self.choosing is not None and self.choosing.watch is not None:
+            # (not in a backward: a checkpoint's recomputation runs its forward's tier; that backward's end chooses)
+            if self.choosing is not None and self.choosing.watch is not None and not in_backward():
                 backward = self._choose_by_backward()
             due = self.fuse and not self.promoted and not self.promoting
             first = due and FUSE_FIRST and self.calls == 1

@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ..compat import saved_hooks
 from ..compat.internals import backward_keeps_graph
 from ..ir.opfacts import fact_per_signature
 
@@ -24,8 +25,11 @@ def double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool,
     # Copies in the inputs' own strides: the compiled kernels index with the traced strides, and `clone()` of a view
     # with gaps (a split's column block, strides (5, 1) for (5, 2)) is dense, so they wrote past its memory (fuzz
     # seed 2110098 with executor="inductor" and autograd: the heap corrupted, the process aborted).
+    # The caller's saved-tensor hooks set aside: this run saved its tensors through them, 3 more packs in the first
+    # call of a Linear-Tanh-Linear, and a non-reentrant checkpoint of that call, counting them, raised CheckpointError
+    # in the user's backward (7 tensors saved by its forward, 4 by its recomputation).
     copies = [_copy_strided(a) if isinstance(a, torch.Tensor) else a for a in example]
-    with torch.enable_grad():
+    with torch.enable_grad(), saved_hooks.set_aside():
         outs = compiled(*copies)
     first = next((i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad), None)
     if first is None:
