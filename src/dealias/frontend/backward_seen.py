@@ -4,8 +4,8 @@ In a program's first call recording autograd (tiers.Tiered, FUSE_FIRST), the run
 and its backward apart. Where the tier fastest on the forward is not the one fastest on both, what the user runs
 decides: a training step waits for both, a forward never backpropagated (a training-mode forward with grad, for its
 outputs' values) for the forward alone. The end of the user's first backward through the first call's outputs tells
-(`Watch.after`, the autograd engine's callback), or else the user's next call, where a backward ran by then
-(`Watch.seen`), without timing any user call.
+(the autograd engine's callback the first hook to run queues, `Watch.hook`), or else the user's next call, where a
+backward ran by then (`Watch.seen`), without timing any user call.
 
 Each hook is a node pre-hook (`Node.register_prehook`) that sets a flag and returns None: the gradients passed on
 are those it was given, whatever hooks run before or after it (the engine calls a node's pre-hooks in the order they
