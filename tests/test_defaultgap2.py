@@ -69,6 +69,11 @@ def fake_forward_and_backward(monkeypatch, forward=FORWARD, backward=BACKWARD):
     return ran, now
 
 
+def user_runs(ran: list[str]) -> list[str]:
+    """The tiers of the user's calls among the runs of fake_forward_and_backward (not those on copies)."""
+    return [t for t in ran if not t.startswith("copies:")]
+
+
 def model_and_reference():
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
@@ -100,8 +105,7 @@ def test_a_training_step_keeps_the_tier_whose_forward_and_backward_is_fastest(mo
         assert torch.equal(out, expected), call
         out.sum().backward()
         expected.sum().backward()
-        user = [t for t in ran if not t.startswith("copies:")]
-        now[0] += BACKWARD[user[-1]]  # (the user's backward of the tier that ran the call)
+        now[0] += BACKWARD[user_runs(ran)[-1]]  # (the user's backward of the tier that ran the call)
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), ref.parameters())), call
     info = dealias.cache_info(jf)
     assert info.tiers == ("torch",), info

@@ -13,16 +13,11 @@ import threading
 
 import pytest
 import torch
-from test_defaultgap2 import BACKWARDS_ON_COPIES, fake_forward_and_backward, model_and_reference
+from test_defaultgap2 import BACKWARDS_ON_COPIES, fake_forward_and_backward, model_and_reference, user_runs
 from torch import nn
 
 import dealias
 from dealias.frontend import backward_seen, tiers
-
-
-def user_runs(ran: list[str]) -> list[str]:
-    """The tiers of the user's calls among the runs of fake_forward_and_backward (not those on copies)."""
-    return [t for t in ran if not t.startswith("copies:")]
 
 
 def watched(monkeypatch) -> list:
