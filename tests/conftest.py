@@ -57,6 +57,17 @@ def verdict_store(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.fixture
+def calls_one_by_one(monkeypatch):
+    """Candidates taking turns call by call, each call after a tier's first timed (frontend/tiers.py's TURN_CALLS
+    and SWITCH_CALLS at 1 and 0): for tests that count the calls of each tier the choice rules take (tests/
+    test_turns.py tests the turns)."""
+    from dealias.frontend import tiers
+
+    monkeypatch.setattr(tiers, "TURN_CALLS", 1)
+    monkeypatch.setattr(tiers, "SWITCH_CALLS", 0)
+
+
 # Markers for the inner loop (`make test-fast` deselects them; CI runs everything): whole files that compile with
 # inductor or start processes, and single tests marked `slow` where they stand.
 _INDUCTOR_FILES = {"test_inductor.py", "test_fused_autograd.py", "test_inductor_fixes.py", "test_keep_aten.py"}

@@ -18,6 +18,9 @@ import dealias
 from dealias.frontend import copies as copies_module
 from dealias.frontend import tiers
 
+# (the choice rules' calls counted call by call: conftest.calls_one_by_one)
+pytestmark = pytest.mark.usefixtures("calls_one_by_one")
+
 
 def ema(avg, params):
     torch._foreach_lerp_(avg, params, 0.001)

@@ -1,6 +1,6 @@
 """A call recording autograd, timed on copies in the first call with its backward: the tiers are chosen by what
 the user runs. The runs on copies time each forward and its backward apart; a tier stays a candidate where it is
-close to the best on either (frontend/tiers.Tiered._drop_on_both), and the user's calls, each timed up to the next
+close to the best on either (frontend/choosing.drop_on_both), and the user's calls, each timed up to the next
 (a backward there or none), choose between those left. (bench/real.py's resnet18 training forward, never
 backpropagated, settled on the torch executor at 1.04x eager, where the fused forward runs 0.92x: on copies, the
 fused backward made the fused tier the slower one.) Timing is faked: the "fused" program is the torch executor's,

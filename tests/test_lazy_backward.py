@@ -20,6 +20,9 @@ from test_defaultgap3 import reasons, same_grads, training_steps, user_runs
 import dealias
 from dealias.frontend import backward_seen, copies, copies_record, tiers
 
+# (the choice rules' calls counted call by call: conftest.calls_one_by_one)
+pytestmark = pytest.mark.usefixtures("calls_one_by_one")
+
 ON_COPIES = tiers.SAMPLES + 1  # (each tier's warm-up and timed runs)
 # seconds per run, forward and backward each: the fused tier the fastest on both, clearly
 FUSED_WINS = {"torch": 1.0e-5, "fused": 0.5e-5, "graph": 3e-5}

@@ -20,6 +20,9 @@ from dealias.frontend import copies, tiers
 from dealias.passes import pipeline
 from dealias.runtime.program import Tier
 
+# (the choice rules' calls counted call by call: conftest.calls_one_by_one)
+pytestmark = pytest.mark.usefixtures("calls_one_by_one")
+
 FRONT = "inductor from the first's front"  # (capture and passes up to optimize not run again)
 
 

@@ -16,6 +16,9 @@ import dealias
 from dealias.frontend import tiers
 from dealias.runtime.program import Tier
 
+# (the choice rules' calls counted call by call: conftest.calls_one_by_one)
+pytestmark = pytest.mark.usefixtures("calls_one_by_one")
+
 
 def slice_write(buf, row):
     buf[123] = row

@@ -17,6 +17,9 @@ import dealias
 from dealias.compat.inductor import compile_beside_calls
 from dealias.frontend import tiers
 
+# (the choice rules' calls counted call by call: conftest.calls_one_by_one)
+pytestmark = pytest.mark.usefixtures("calls_one_by_one")
+
 CALLS = 16  # enough for either exact tier to be chosen (one warm-up and tiers.SAMPLES timed calls each)
 
 

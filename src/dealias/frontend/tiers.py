@@ -17,10 +17,10 @@ A program (one cache entry of a graph: one input layout) can run on
 executor="tiered" (the default) measures all three and keeps the fastest; executor="exact" ("auto" before) only the
 two exact tiers: bit for bit eager's results. Either way never slower than eager's run of the same graph (beyond
 measurement noise) where that graph is a candidate.
-Each candidate's first call is not timed (warm-up: lazily built paths, caches); then the candidates take turns, call
-by call (so a noisy stretch of the machine moves them all), until each has `SAMPLES` timed calls (or `MEASURE_SECONDS`
-of them), and the one whose fastest calls are fastest wins (`_fastest`; load only adds to a call's time); tiers within
-`CLOSE` of the best are measured on (`CLOSE_ROUNDS`); a clear loser (`CLEAR_LOSS`) stops being measured after 2, and
+Each candidate's first call is not timed (warm-up: lazily built paths, caches); then the candidates take turns of
+`TURN_CALLS` calls, the first `SWITCH_CALLS` of each untimed, until each has `SAMPLES` timed calls (`MEASURE_SECONDS`),
+and the one whose fastest calls are fastest wins (choosing.fastest_of: load only adds to a call's time); tiers within
+`CLOSE` of the best are measured on (`CLOSE_ROUNDS`); a clear loser (`CLEAR_LOSS`, choosing.py) stops after 2, and
 the last candidate left wins. The fused program is measured against the exact tier chosen before it (the promoting
 call chooses between exact tiers still measured), whose timed calls count: each timed call of a slower tier is one a
 user waits for. A call whose outputs carry autograd history is timed until the program's next call: its backward (and
@@ -94,6 +94,12 @@ PROMOTE_AFTER_SECONDS = 2.0
 # is safe for other compiled functions' calls (compat.inductor.compile_beside_calls: 2.14, not 2.13).
 BACKGROUND = True
 SAMPLES = 5  # timed calls per candidate tier before choosing (after its untimed first call)
+# Candidates take turns of TURN_CALLS calls in a row, the first SWITCH_CALLS of a turn untimed: a tier's first calls
+# after another's are slow (its working set out of cache; a conv+BN+ReLU training step fused: 1.4-1.9x its steady call,
+# then 1.1x), the fused one's most: call by call, that step ranked fused 6 % behind the torch executor, in a row 5-7 %
+# ahead. (Turns, not blocks of SAMPLES: a noisy stretch of the machine still falls on every tier.)
+TURN_CALLS = 4
+SWITCH_CALLS = 2
 # Candidates whose fastest calls are within CLOSE of the best's are measured on, up to CLOSE_ROUNDS x SAMPLES timed
 # calls each (the others stop): a close choice is the one a loaded machine's noise decides.
 CLOSE = 0.05
@@ -103,10 +109,6 @@ CLOSE_ROUNDS = 3
 # take, the graph tier ranked 7-15 % ahead of the fused one, 4-7 % the faster on the user's tensors), so the tiers
 # within COPIES_CLOSE of the copies' best are measured afresh on the user's calls (`_sift`).
 COPIES_CLOSE = 0.20
-# A candidate whose every timed call took this many times another's slowest (2 calls each at least) is dropped
-# before its SAMPLES: its calls are the slow ones a user sees while the tiers are measured (the torch executor's
-# op-by-op step of a foreach optimizer at 2-3x eager, where dynamo's graph runs at 1.2x).
-CLEAR_LOSS = 1.5
 MEASURE_SECONDS = 0.5  # ...or fewer, once a candidate's timed calls took this long in all (long calls)
 # A call recording autograd whose tiers the runs on copies left to what the user runs (choosing.Choosing): the choice
 # forward alone once this many calls ran with no backward through the first call's outputs (outputs the user keeps).
@@ -131,16 +133,6 @@ def measure(tier: str, run: Callable[[list[Any]], Any], leaves: list[Any]) -> tu
 
 clock = _now  # times from a call with autograd history to the next (tests replace it, as `measure`)
 _MEASURE, _CLOCK = measure, clock  # (the real ones: only their times are kept on disk, copies_record)
-
-
-def _clear_losers(samples: dict[str, list[float]]) -> list[str]:
-    """The tiers of `samples` (each tier's timed calls; those with 2 at least count) each of whose calls took
-    CLEAR_LOSS times the slowest call of another: clear losers, whatever more calls would say."""
-    measured = {t: s for t, s in samples.items() if len(s) >= 2}
-    if len(measured) < 2:
-        return []
-    fastest_worst = min(max(s) for s in measured.values())
-    return [t for t, s in measured.items() if min(s) > CLEAR_LOSS * fastest_worst]
 
 
 def _enough(samples: list[float], rounds: int = 1) -> bool:
@@ -175,8 +167,9 @@ class Tiered:
         self.samples: dict[str, list[float]] = {}
         self.dropped: dict[str, float] = {}  # candidates dropped (clear losers, not close): their fastest call
         self.kept: list[float] = []  # the exact tier chosen before the promotion: its timed calls
-        # a call with autograd history being timed until the next call: (tier, its seconds, when it returned)
-        self.open: tuple[str, float, float] | None = None
+        # a call with autograd history being timed until the next call: (tier, its seconds, when it returned, timed)
+        self.open: tuple[str, float, float, bool] | None = None
+        self.turn = ("", 0)  # the candidate whose turn it is (`_turn`), and its calls in that turn so far
         self.candidates = list(self.runs) if len(self.runs) > 1 else []
         self.warm: set[str] = set()  # candidates whose (untimed) first call ran
         self.timings: dict[str, float] = {}
@@ -241,8 +234,8 @@ class Tiered:
         now = clock()
         with self.lock:
             if self.open is not None:  # the previous call's backward ran since: its tier's sample, whole
-                (tier, seconds, returned), self.open = self.open, None
-                self._record(tier, seconds + max(0.0, now - returned), seconds)
+                (tier, seconds, returned, timed), self.open = self.open, None
+                self._record(tier, seconds + max(0.0, now - returned), seconds, timed)
             self.calls += 1
             backward = None  # (a training step seen: the lazy tiers' backward to time on copies, this call)
             # (not in a backward: a checkpoint's recomputation runs its forward's tier; that backward's end chooses)
@@ -273,8 +266,7 @@ class Tiered:
                 raise error  # (KeyboardInterrupt, SystemExit: the user's, not a failed compile)
             self._adopt(program if error is None else None, _failure(error) if error is not None else "")
         with self.lock:
-            # the candidate measured least (one not yet warm first), else the current tier
-            tier = min(self.candidates, key=self._measured) if self.candidates else self.current
+            tier, timed = self._turn() if self.candidates else (self.current, False)
         if tier == "fused" and self.narrower is not None and not self.narrower(leaves):
             return self.runs[self.exact](leaves)  # (not timed: another program ran)
         out, seconds = measure(tier, self.runs[tier], leaves)
@@ -282,10 +274,19 @@ class Tiered:
             if self.choosing is not None and self.choosing.watch is None:  # (the first call: its outputs watched)
                 self._watch(out, leaves)
             if tier in self.candidates and not self.settled and has_history(out) and not self.forward_only:
-                self.open = (tier, seconds, clock())
+                self.open = (tier, seconds, clock(), timed)
             else:
-                self._record(tier, seconds, seconds)
+                self._record(tier, seconds, seconds, timed)
         return out
+
+    def _turn(self) -> tuple[str, bool]:
+        """The candidate this call runs, and whether the call is timed: candidates take turns of TURN_CALLS calls in a
+        row, the one measured least first (one not yet warm first), the first SWITCH_CALLS of each untimed."""
+        tier, calls = self.turn
+        if tier not in self.candidates or calls >= TURN_CALLS:
+            tier, calls = min(self.candidates, key=self._measured), 0
+        self.turn = (tier, calls + 1)
+        return tier, calls >= SWITCH_CALLS
 
     def _measured(self, tier: str) -> tuple[bool, int]:
         return tier in self.warm, len(self.samples.get(tier, ()))
@@ -294,26 +295,16 @@ class Tiered:
         return _enough(self.samples.get(tier, []), rounds)
 
     def _fastest(self, tier: str) -> float:
-        """What a candidate costs: the mean of its fastest quarter of timed calls (2 at least, where it has 2). Load
-        only adds to a call's time, as much as tiers differ (medians of 5 chose dynamo's graph for GPT-2's forward,
-        0.87x eager, over the fused 0.72x); but one lucky call is not what the tier costs (a foreach EMA's torch tier:
-        fastest call 576 us, median 657-678 us, chosen over the fused program's 568-593 us)."""
-        return self._fastest_of(self.samples[tier])
+        return choosing.fastest_of(self.samples[tier])
 
-    @staticmethod
-    def _fastest_of(samples: list[float]) -> float:
-        calls = sorted(samples)
-        fastest = calls[: max(2, len(calls) // 4)]
-        return sum(fastest) / len(fastest)
-
-    def _record(self, tier: str, seconds: float, own: float) -> None:
+    def _record(self, tier: str, seconds: float, own: float, timed: bool) -> None:
         """A call on `tier` took `seconds` (up to the next call, where it has autograd history), `own` of them in it:
-        what promotion counts (the rest may be anything, another graph's compile)."""
+        what promotion counts (the rest may be anything, another graph's compile); a sample where `timed`."""
         self.spent += own
         if tier not in self.candidates or self.settled:
             return
-        if tier not in self.warm:
-            self.warm.add(tier)  # its first call: not a sample
+        if tier not in self.warm or not timed:
+            self.warm.add(tier)  # its first call, or one of a turn's first: not a sample
             return
         self.samples.setdefault(tier, []).append(seconds)
         self._decide()
@@ -321,7 +312,7 @@ class Tiered:
     def _decide(self) -> None:
         """After a timed call: drop clear losers, stop measuring tiers not close to the best once each has its
         samples, and choose once the close ones have theirs."""
-        for t in _clear_losers({t: s for t, s in self.samples.items() if t in self.candidates}):
+        for t in choosing.clear_losers({t: s for t, s in self.samples.items() if t in self.candidates}):
             if len(self.candidates) > 1:  # (clear losers measured no more)
                 self.candidates.remove(t)
                 self.dropped[t] = min(self.samples[t])
@@ -454,9 +445,7 @@ class Tiered:
                 samples = {}
             self.measured_on_copies = "the first call" if samples else ""
             if forwards is not None and samples:
-                dropped = choosing.drop_on_both(
-                    self.candidates, samples, forwards, COPIES_CLOSE, _enough, _clear_losers, self._fastest_of
-                )
+                dropped = choosing.drop_on_both(self.candidates, samples, forwards, COPIES_CLOSE, _enough)
                 self.candidates[:] = [t for t in self.candidates if t not in dropped]
                 self.dropped.update(dropped)
                 if len(self.candidates) == 1:  # (an exact tier: one stays by `whole`, the fused one only beside it)
@@ -467,8 +456,8 @@ class Tiered:
                 # the two measures' fastest is one tier, timing the others close to it on the user's calls ran
                 # resnet18's training step on the fused tier, close on the forward, whose backward is the slower)
                 self.choosing = choosing.Choosing(list(self.candidates), samples, forwards, choosing.LAZY)
-                trained = choosing.trained(self.candidates, samples, CLOSE, self._fastest_of)
-                self.current = min(trained, key=lambda t: self._fastest_of(samples[t]))
+                trained = choosing.trained(self.candidates, samples, CLOSE)
+                self.current = min(trained, key=lambda t: choosing.fastest_of(samples[t]))
                 self.candidates = []
                 return
             if samples and self.candidates and all(samples.get(t) for t in self.candidates):
@@ -483,10 +472,10 @@ class Tiered:
         tiers not within COPIES_CLOSE of the copies' best are dropped; one left wins, else those left are measured on
         the user's calls, afresh (the copies' times, a little off from the user's calls', mixed with theirs would
         favour the tier the copies favoured)."""
-        kept = choosing.close_to_best(samples, self.candidates, COPIES_CLOSE, self._fastest_of)
+        kept = choosing.close_to_best(samples, self.candidates, COPIES_CLOSE)
         for t in [t for t in self.candidates if t not in kept]:
             self.candidates.remove(t)
-            self.dropped[t] = self._fastest_of(samples[t])
+            self.dropped[t] = choosing.fastest_of(samples[t])
         if len(self.candidates) == 1:
             self.samples = dict(samples)
             self._choose()
@@ -502,7 +491,8 @@ class Tiered:
         their times read from an earlier process's record of the same program on this host
         (frontend/copies_record.py). Times faked by tests are neither read nor kept."""
         real = measure is _MEASURE and clock is _CLOCK
-        return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, self._fastest_of, real, lazy)
+        fastest = choosing.fastest_of
+        return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, fastest, real, lazy)
 
     def _watch(self, out: Any, leaves: list[Any]) -> None:
         """Hooks on the first call's outputs' autograd nodes tell whether the user runs their backward (backward_seen,
@@ -529,6 +519,7 @@ class Tiered:
         elif watch.freed or self.calls > WATCH_CALLS:
             samples, why = self.choosing.forwards, "the forward alone: the first call's outputs were not backpropagated"
         else:
+            self.choosing.stepwise = False  # (a call before the first backward: gradients accumulated)
             return None
         watch.remove()
         made, self.choosing = self.choosing, None
@@ -536,17 +527,28 @@ class Tiered:
             self.timing_backward = True
             return made
         self.notes.append(f"chosen by {why}")
-        trained = choosing.trained(made.tiers, samples, CLOSE, self._fastest_of)
-        self.candidates = trained if watch.seen else list(made.tiers)
-        self.samples = {t: samples[t] for t in self.candidates}
-        self.dropped.update({t: self._fastest_of(s) for t, s in samples.items() if t not in self.candidates})
-        if not watch.seen:  # (forwards close on copies are measured on the user's calls: `_sift`, each call alone,
-            # not up to the next call: no backward comes, and the user's code between is no tier's)
-            self.forward_only = True
-            self._sift(self.samples)
+        if watch.seen:
+            self._choose_trained(samples, made.tiers, made.stepwise)
             return None
-        self._choose()
+        # (forwards close on copies measured on the user's calls, `_sift`: each alone, no backward comes)
+        self.candidates, self.forward_only = list(made.tiers), True
+        self._sift({t: samples[t] for t in self.candidates})
         return None
+
+    def _choose_trained(self, whole: dict[str, list[float]], tiers: list[str], stepwise: bool) -> None:
+        """A training step's choice from each tier's forward and backward on copies (`whole`): those within
+        COPIES_CLOSE of the best measured on the user's calls, each up to the next (`_sift`; on copies, into no
+        `.grad`, resnet18's step ran 2-4 % faster fused, on the calls 1.5x slower; a GAN discriminator's even, on
+        the calls 7 % faster fused), where all `tiers` were timed there and the first backward came before a second
+        call (`stepwise`; else the calls' times would be forwards'): else choosing.trained on copies."""
+        if stepwise and all(whole.get(t) for t in tiers):
+            self.candidates = list(tiers)
+            self._sift({t: whole[t] for t in tiers})
+            return
+        self.candidates = choosing.trained(list(whole), whole, CLOSE)
+        self.samples = {t: whole[t] for t in self.candidates}
+        self.dropped.update({t: choosing.fastest_of(s) for t, s in whole.items() if t not in self.candidates})
+        self._choose()
 
     def _after_first_backward(self, leaves: list[Any]) -> None:
         """`_time_backward` at the end of the user's first backward through the first call's outputs (the first
@@ -583,10 +585,7 @@ class Tiered:
                     self.notes += notes
                     self.measured_on_copies = where
                 self.notes.append("chosen by forward and backward: the first call's outputs were backpropagated")
-                self.candidates = choosing.trained(list(whole), whole, CLOSE, self._fastest_of)
-                self.samples = {t: whole[t] for t in self.candidates}
-                self.dropped.update({t: self._fastest_of(s) for t, s in whole.items() if t not in self.candidates})
-                self._choose()
+                self._choose_trained(whole, made.tiers, made.stepwise)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
