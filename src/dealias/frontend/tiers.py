@@ -467,12 +467,12 @@ class Tiered:
             if samples and self.candidates:
                 self._decide()
 
-    def _sift(self, samples: dict[str, list[float]]) -> None:
+    def _sift(self, samples: dict[str, list[float]], close: float = COPIES_CLOSE) -> None:
         """The copies' verdict on a call without autograd history, every candidate timed there (`samples`): the
-        tiers not within COPIES_CLOSE of the copies' best are dropped; one left wins, else those left are measured on
+        tiers not within `close` of the copies' best are dropped; one left wins, else those left are measured on
         the user's calls, afresh (the copies' times, a little off from the user's calls', mixed with theirs would
         favour the tier the copies favoured)."""
-        kept = choosing.close_to_best(samples, self.candidates, COPIES_CLOSE)
+        kept = choosing.close_to_best(samples, self.candidates, close)
         for t in [t for t in self.candidates if t not in kept]:
             self.candidates.remove(t)
             self.dropped[t] = choosing.fastest_of(samples[t])
@@ -481,8 +481,9 @@ class Tiered:
             self._choose()
             return
         self.samples, self.measured_on_copies = {}, ""
-        close = ", ".join(self.candidates)
-        self.notes.append(f"{close} measured on the calls: within {COPIES_CLOSE:.0%} of each other on copies")
+        self.notes.append(
+            f"{', '.join(self.candidates)} measured on the calls: within {close:.0%} of each other on copies"
+        )
 
     def _copies(
         self, leaves: list[Any], tiers: list[str], lazy: frozenset[str] = frozenset()
@@ -536,14 +537,14 @@ class Tiered:
         return None
 
     def _choose_trained(self, whole: dict[str, list[float]], tiers: list[str], stepwise: bool) -> None:
-        """A training step's choice from each tier's forward and backward on copies (`whole`): those within
-        COPIES_CLOSE of the best measured on the user's calls, each up to the next (`_sift`; on copies, into no
-        `.grad`, resnet18's step ran 2-4 % faster fused, on the calls 1.5x slower; a GAN discriminator's even, on
-        the calls 7 % faster fused), where all `tiers` were timed there and the first backward came before a second
-        call (`stepwise`; else the calls' times would be forwards'): else choosing.trained on copies."""
+        """A training step's choice from each tier's forward and backward on copies (`whole`): those within CLEAR_LOSS
+        of the best there measured on the user's calls, each up to the next (`_sift`; on copies, into no `.grad`,
+        resnet18's step ran 2-4 % faster fused, on the calls 1.5x slower; a GAN discriminator's 0-33 % slower fused,
+        on the calls 7 % faster), where all `tiers` were timed there and the first backward came before a second call
+        (`stepwise`; else the calls' times would be forwards'): else choosing.trained on copies."""
         if stepwise and all(whole.get(t) for t in tiers):
             self.candidates = list(tiers)
-            self._sift({t: whole[t] for t in tiers})
+            self._sift({t: whole[t] for t in tiers}, choosing.CLEAR_LOSS - 1)
             return
         self.candidates = choosing.trained(list(whole), whole, CLOSE)
         self.samples = {t: whole[t] for t in self.candidates}
