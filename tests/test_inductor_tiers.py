@@ -4,11 +4,15 @@ the exact tier. The tiers' timings are faked. Few and small: each compile costs 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from fused_harness import double_then_sin, kv_write, slice_write
 from harness import decode_prefix
 
 import dealias
+
+# (the choice rules' calls counted call by call: conftest.calls_one_by_one)
+pytestmark = pytest.mark.usefixtures("calls_one_by_one")
 
 
 def tiers_of_slice_write_calls(jf, calls: int) -> list:
