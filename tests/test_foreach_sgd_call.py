@@ -69,10 +69,23 @@ def _first_param_no_longer_a_leaf(ps, opt):
     assert ps[0].requires_grad and not ps[0].is_leaf
 
 
+def _transposed_grad(ps, opt):
+    # (the same values, column-major: dynamo guards an optimizer's gradients as not None only, and read in the
+    # compiled layout they gave parameters wrong by 10, without an error)
+    ps[0].grad = ps[0].grad.t().contiguous().t()
+
+
 @pytest.mark.inductor
 @pytest.mark.parametrize(
     "change",
-    [None, _grads_share_a_storage, _share_first_buffer, _first_buffer_in_a_gradient, _first_param_no_longer_a_leaf],
+    [
+        None,
+        _grads_share_a_storage,
+        _share_first_buffer,
+        _first_buffer_in_a_gradient,
+        _first_param_no_longer_a_leaf,
+        _transposed_grad,
+    ],
 )
 def test_foreach_nesterov_sgd_step_is_eagers_and_its_lean_lookup_sees_shared_storages(change):
     """Parameters, gradients and momentum buffers within ulps of eager's and counters moved as eager's, step after
@@ -123,6 +136,8 @@ def test_foreach_nesterov_sgd_call_has_only_the_steps_its_calls_need():
     # buffers alike (12 tensors: all plain).
     assert storage_object is not None
     assert holds.source.count("storage(") == 12 and "sid(" not in holds.source, holds.source
+    # The gradients, which dynamo guards as not None only, get a tensor check of their own (the first 4 inputs).
+    assert graph.unguarded == frozenset(range(4)) and "passed_check(a0, a1, a2, a3)" in holds.source, holds.source
     run = program.run_graph
     # Every input is written: the version counters moved on the call's own tuple; grad mode switched off only for a
     # call that comes with it on (the step runs under no_grad).

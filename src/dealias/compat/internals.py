@@ -128,6 +128,23 @@ def _storage_object() -> Callable[[torch.Tensor], Any] | None:
 storage_object = _storage_object()
 
 
+def _grad_source() -> type | None:
+    try:
+        from torch._dynamo import source
+    except ImportError:  # pragma: no cover - not in the torch this project pins
+        return None
+    found = _lookup(source, "GradSource")[0]
+    return found if isinstance(found, type) else None
+
+
+# Dynamo's source of a `p.grad` it reads (torch._dynamo.source.GradSource). Dynamo guards an optimizer's gradients
+# with NOT_NONE only, no tensor match (variables/builder.py: a GradSource under an optimizer's source), leaving
+# their sizes and strides to inductor's asserts: the backend checks every gradient input itself
+# (frontend/backend.py `_statically_guarded`). None where this torch has none: then no input counts as guarded by
+# dynamo, and every one is checked.
+GRAD_SOURCE = _grad_source()
+
+
 # Dynamo's C++ check of tensors' dtypes, devices, sizes and strides (frontend/guards.py `tensor_check`); None where
 # this torch has none: the Python check of the same keys runs.
 try:

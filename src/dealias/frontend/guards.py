@@ -132,6 +132,7 @@ def lean_check(
     held: int = 0,
     layouts: list[tuple[list[Any], list[Any]]] | None = None,
     writes: bool = True,
+    unguarded: frozenset[int] = frozenset(),
 ) -> Callable[[tuple[Any, ...]], bool] | None:
     """A generated `holds(args)`: whether `lookup_key(args)` equals the key of `leaves` and the shape guard, if
     any, holds. The cache lookup of the common call as one expression. Only for graphs dynamo fully guards
@@ -143,6 +144,9 @@ def lean_check(
     The last `held` leaves are tensors the graph holds (its lifted attributes: an optimizer's parameters and
     state), the same objects at every call, which dynamo guards by identity only: their sizes, strides, dtypes
     and requires_grad are checked here by a tensor check (`layouts`: the program's, per tensor of `leaves`).
+
+    `unguarded`: positions of passed tensors dynamo does not match (an optimizer's gradients, guarded as not None
+    only), each of static layout: checked here by a tensor check too.
 
     A program that changes no caller tensor (`writes` False: ir/plan.writes_caller) gets no check of the storages:
     it only reads its inputs, a read gives eager's value whether or not the memory is shared (the graph tier's ops
@@ -176,6 +180,15 @@ def lean_check(
             tensor_check(attributes, layouts[-held:] if layouts else None), *attributes
         )
         conds.append("held_check()")
+    if unguarded:
+        checked = sorted(unguarded)
+        if not all(isinstance(leaves[i], torch.Tensor) for i in checked):
+            return None
+        at = {i: k for k, i in enumerate(tensors)}  # (a leaf's position among the tensors: its layout)
+        env["passed_check"] = tensor_check(
+            [leaves[i] for i in checked], [layouts[at[i]] for i in checked] if layouts else None
+        )
+        conds.append(f"passed_check({', '.join(f'a{i}' for i in checked)})")
     if len(tensors) > 1 and writes:
         # The storages' Python objects where every tensor is a plain one (its type checked before this: dynamo's
         # tensor match, held_check), whose untyped_storage no __torch_function__ answers: one object per storage,
