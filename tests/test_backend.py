@@ -428,7 +428,14 @@ def _gap_first_buffer(opt, params):
     buf.data = torch.empty_strided((4,), (2,)).copy_(buf.data)  # the same values in a gapped layout
 
 
-@pytest.mark.parametrize("change", [None, _share_first_buffer, _double_first_buffer, _gap_first_buffer])
+def _gap_first_grad(opt, params):
+    # (dynamo guards an optimizer's gradients as not None only: a gradient of another layout passes its guards)
+    params[0].grad = torch.empty_strided((4,), (2,)).copy_(params[0].grad)
+
+
+@pytest.mark.parametrize(
+    "change", [None, _share_first_buffer, _double_first_buffer, _gap_first_buffer, _gap_first_grad]
+)
 def test_lean_lookup_of_an_optimizer_step_checks_the_state_it_holds(change, monkeypatch):
     # Dynamo holds a non-foreach optimizer's state as graph attributes, guarded by identity only: the lean lookup
     # checks their layouts, dtypes and storages itself. A change dynamo does not see (a buffer now sharing another's

@@ -34,7 +34,8 @@ def _lean_hit(jf) -> bool:
 
 
 def _checks_storages(jf) -> bool:
-    return "sid" in _lean(jf)[0].__code__.co_names  # (the generated check calls `sid` per tensor)
+    # (the generated check reads each tensor's storage: its Python object, `storage`, or its id, `sid`)
+    return bool({"sid", "storage"} & set(_lean(jf)[0].__code__.co_names))
 
 
 def reads(a, b):

@@ -34,6 +34,7 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 
 from .. import compat
 from ..compat import header_prefetch, key_prefetch
+from ..compat.internals import GRAD_SOURCE
 from ..errors import (
     DealiasError,
     EagerSemanticsError,
@@ -150,13 +151,13 @@ class GraphProgram:
         # compile serves every value its shape guard accepts, and the values are not part of the key.
         self.symbolic = _symbolic_inputs(placeholders)
         self.unkeyed = frozenset((*self.symbolic.scalars, *self.symbolic.sizes))  # values the shape guard checks
-        args_guarded = all(
-            _statically_guarded(n) or i in self.symbolic.scalars
-            for i, n in enumerate(placeholders[: len(placeholders) - len(self.attributes)])
-        )
-        self.dynamo_guarded = not self.attributes and args_guarded
-        # (a lean lookup, guards.lean_check, checks the attributes itself: dynamo guards only their identity)
-        self.lean_possible = args_guarded
+        passed = placeholders[: len(placeholders) - len(self.attributes)]
+        unguarded = [i for i, n in enumerate(passed) if not (_statically_guarded(n) or i in self.symbolic.scalars)]
+        self.dynamo_guarded = not self.attributes and not unguarded
+        # (a lean lookup, guards.lean_check, checks the attributes itself: dynamo guards only their identity; and the
+        # passed tensors of static layout dynamo does not match, an optimizer's gradients)
+        self.unguarded = frozenset(unguarded)
+        self.lean_possible = all(_static_tensor(passed[i]) for i in unguarded)
         # Programs are relative to their inputs' first elements; only an explicit `as_strided` offset (or a read
         # of `storage_offset()`) makes one depend on where an input sits in its storage.
         self.offsets = _reads_offsets(self.gm)
@@ -242,7 +243,8 @@ class GraphProgram:
             if self.lean is None and self.lean_possible and not self.offsets and entry is not _EAGER:
                 if not self.options.verify:
                     writes = getattr(entry, "writes", True)  # (a Tiered entry: its torch program's)
-                    check = lean_check(leaves, self.unkeyed, shape_guard, len(self.attributes), layouts, writes)
+                    held = len(self.attributes)
+                    check = lean_check(leaves, self.unkeyed, shape_guard, held, layouts, writes, self.unguarded)
                     run = entry.lean_call if isinstance(entry, CompiledProgram) else entry
                     if isinstance(entry, Tiered) and entry.settled:
                         run = entry.run  # (one tier only: nothing to measure)
@@ -495,13 +497,23 @@ def _with_attributes(run: Callable[[list[Any]], Any], attributes: tuple[Any, ...
 
 
 def _statically_guarded(node: fx.Node) -> bool:
-    """An input dynamo took from the user's frame (it has a source, so dynamo guards it), with static sizes."""
+    """An input dynamo took from the user's frame (it has a source, so dynamo guards it), with static sizes. Not a
+    gradient (`p.grad`): dynamo guards an optimizer's gradients as not None only (compat.internals.GRAD_SOURCE), so
+    a gradient of another layout or dtype would pass its guards (a transposed `p.grad` was read as the compiled
+    layout's: an SGD step's parameters wrong by 10 with no error)."""
     arg = node.meta.get("grapharg")
     val = node.meta.get("example_value")
     if arg is None or getattr(arg, "source", None) is None or not isinstance(val, torch.Tensor):
         return isinstance(val, (int, float, bool)) and arg is not None  # a specialized scalar: guarded by value
-    sizes = (*val.shape, *val.stride())
-    return all(isinstance(s, int) for s in sizes)
+    if GRAD_SOURCE is None or isinstance(arg.source, GRAD_SOURCE):
+        return False
+    return _static_tensor(node)
+
+
+def _static_tensor(node: fx.Node) -> bool:
+    """A tensor input of static sizes and strides (a check of its layout needs no symbol)."""
+    val = node.meta.get("example_value")
+    return isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in (*val.shape, *val.stride()))
 
 
 def _n(names: list[str], i: int) -> str:
