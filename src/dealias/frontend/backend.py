@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -56,6 +55,7 @@ from ..runtime.program import CompiledProgram
 from ..runtime.verify import ULP_TOLERANT, VerificationError, clone_args, first_difference
 from .eager_runs import after_refusal, raises_in_eager
 from .floats import floats_as_scalars, with_floats
+from .graph_inputs import lift_attributes, reads_offsets, source_name, statically_guarded, symbolic_inputs
 from .guards import GuardKey, explain_miss, guard_key, lean_check, lookup_key, tensor_check
 from .refusals import refuse_uncorrected
 from .segments import grad_mode_at_exit, runs_eagerly, split_around_eager_nodes
@@ -116,20 +116,6 @@ class Stats:
     unfused_told: set[tuple[str | None, str]] = field(default_factory=set)
 
 
-def source_name(node: fx.Node) -> str:
-    """A graph input named as the user wrote it: `self.lin.weight`, `cache`, `opt.state[..]` (from dynamo's
-    `Source` of the input), or the placeholder's own name."""
-    arg = node.meta.get("grapharg")
-    source = getattr(arg, "source", None)
-    if source is None:
-        return node.name
-    text = source.name() if callable(getattr(source, "name", None)) else str(source.name)
-    text = re.sub(r"^[LG]\['([^']*)'\]", r"\1", text)
-    text = re.sub(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", r".\1", text)
-    text = re.sub(r"\['([A-Za-z_][A-Za-z0-9_]*)'\]", r".\1", text)
-    return text
-
-
 class GraphProgram:
     """One graph from dynamo, compiled per input layout on first use; called with the graph's flat inputs."""
 
@@ -148,10 +134,10 @@ class GraphProgram:
         # full check.
         # Python ints dynamo left symbolic (a decode position, a step count) stay symbols in the program: one
         # compile serves every value its shape guard accepts, and the values are not part of the key.
-        self.symbolic = _symbolic_inputs(placeholders)
+        self.symbolic = symbolic_inputs(placeholders)
         self.unkeyed = frozenset((*self.symbolic.scalars, *self.symbolic.sizes))  # values the shape guard checks
         args_guarded = all(
-            _statically_guarded(n) or i in self.symbolic.scalars
+            statically_guarded(n) or i in self.symbolic.scalars
             for i, n in enumerate(placeholders[: len(placeholders) - len(self.attributes)])
         )
         self.dynamo_guarded = not self.attributes and args_guarded
@@ -159,7 +145,7 @@ class GraphProgram:
         self.lean_possible = args_guarded
         # Programs are relative to their inputs' first elements; only an explicit `as_strided` offset (or a read
         # of `storage_offset()`) makes one depend on where an input sits in its storage.
-        self.offsets = _reads_offsets(self.gm)
+        self.offsets = reads_offsets(self.gm)
         # lookup key -> [(tensor check, shape guard or None, compiled program or _EAGER, (full key, overlaps))]
         self.cache: dict[tuple[Any, ...], list[tuple[Any, Any, Any, tuple[Any, ...]]]] = {}
         self.entries = 0
@@ -400,34 +386,6 @@ class GraphProgram:
         return got
 
 
-def lift_attributes(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
-    """A copy of `gm` whose tensor attributes (`get_attr` nodes) are trailing placeholders, and those tensors."""
-    attrs = [n for n in gm.graph.find_nodes(op="get_attr") if isinstance(_attribute(gm, n.target), torch.Tensor)]
-    if not attrs:
-        return gm, []
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    old_placeholders = gm.graph.find_nodes(op="placeholder")
-    for n in old_placeholders:
-        env[n] = graph.node_copy(n, env.__getitem__)
-    values = []
-    for n in attrs:
-        env[n] = graph.placeholder(re.sub(r"\W", "_", n.target))
-        env[n].meta.update(n.meta)
-        values.append(_attribute(gm, n.target))
-    for n in gm.graph.nodes:
-        if n not in env:
-            env[n] = graph.node_copy(n, env.__getitem__)
-    return fx.GraphModule(gm, graph), values
-
-
-def _attribute(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _not_compiled(target: Any) -> bool:
     """Graph nodes dealias leaves to eager: higher-order operators (autograd.Function with its backward, hooks,
     checkpointing, control flow) and inference mode regions (tensors made inside are inference tensors, which
@@ -437,71 +395,12 @@ def _not_compiled(target: Any) -> bool:
     return target is torch.autograd.grad_mode._enter_inference_mode
 
 
-def _reads_offsets(gm: fx.GraphModule) -> bool:
-    """Whether a graph may depend on its inputs' absolute storage offsets: it calls an `as_strided` op (whose
-    offset argument is absolute), reads `storage_offset()`, or views memory as a wider dtype (`view_as_complex`,
-    `x.view(torch.float64)` of float32 memory), which eager refuses at an offset not a multiple of the ratio."""
-    for n in gm.graph.nodes:
-        if n.op in ("call_function", "call_method"):
-            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
-            if "as_strided" in name or "storage_offset" in name or name == "view_as_complex":
-                return True
-            if name == "view" and _widens(n):
-                return True
-    return False
-
-
-def _widens(n: fx.Node) -> bool:
-    """`x.view(dtype)` to a dtype of larger elements than x's."""
-    x = n.args[0].meta.get("example_value") if n.args and isinstance(n.args[0], fx.Node) else None
-    dtypes = [a for a in (*n.args[1:], *n.kwargs.values()) if isinstance(a, torch.dtype)]
-    return isinstance(x, torch.Tensor) and any(d.itemsize > x.dtype.itemsize for d in dtypes)
-
-
-def _symbolic_inputs(placeholders: list[fx.Node]) -> Symbolic:
-    """What dynamo made symbolic (automatic dynamic: it changed between calls): tensor dims with symbolic sizes,
-    int inputs that are one of those sizes, and free int inputs (a position, a step count)."""
-    dims: dict[int, frozenset[int]] = {}
-    size_of: dict[Any, tuple[int, int]] = {}  # symbol -> (tensor, dim) whose size it is
-    for i, n in enumerate(placeholders):
-        val = n.meta.get("example_value")
-        if isinstance(val, torch.Tensor):
-            symbolic = frozenset(d for d, s in enumerate(val.shape) if isinstance(s, torch.SymInt))
-            if symbolic:
-                dims[i] = symbolic
-            for d in symbolic:
-                size_of.setdefault(val.shape[d].node.expr, (i, d))
-    scalars, sizes = [], {}
-    for i, n in enumerate(placeholders):
-        val = n.meta.get("example_value")
-        if isinstance(val, torch.SymFloat) and val.node.expr.free_symbols:
-            scalars.append(i)  # (a float dynamo made dynamic: floats.py)
-        elif isinstance(val, torch.SymInt) and val.node.expr.free_symbols:
-            if val.node.expr in size_of:
-                sizes[i] = size_of[val.node.expr]
-            elif not val.node.expr.free_symbols & set(size_of):
-                scalars.append(i)
-            else:
-                return Symbolic()  # an expression over sizes (`2 * s0`): specialize everything
-    return Symbolic(dims, tuple(scalars), sizes)
-
-
 def _leaf_value(x: Any) -> tuple[type, Any]:
     return (float, repr(x)) if type(x) is float else (type(x), x)  # (0.0 and -0.0 differ, nan is nan)
 
 
 def _with_attributes(run: Callable[[list[Any]], Any], attributes: tuple[Any, ...], args: list[Any]) -> Any:
     return run([*args, *attributes])
-
-
-def _statically_guarded(node: fx.Node) -> bool:
-    """An input dynamo took from the user's frame (it has a source, so dynamo guards it), with static sizes."""
-    arg = node.meta.get("grapharg")
-    val = node.meta.get("example_value")
-    if arg is None or getattr(arg, "source", None) is None or not isinstance(val, torch.Tensor):
-        return isinstance(val, (int, float, bool)) and arg is not None  # a specialized scalar: guarded by value
-    sizes = (*val.shape, *val.stride())
-    return all(isinstance(s, int) for s in sizes)
 
 
 def _n(names: list[str], i: int) -> str:
@@ -521,9 +420,8 @@ class Backend:
         start_early(self.options)
         compat.fold_input_aliases(gm)  # (first: whatever runs gm, compiled or eagerly, must change the input itself)
         refuse_uncorrected(gm, self.options, self.stats.name)
-        return compat.keep_out_overlaps(
-            gm, graph_program(gm, self.options, self.stats), self.stats.name, self.options.strict
-        )
+        program = graph_program(gm, self.options, self.stats)
+        return compat.keep_out_overlaps(gm, program, self.stats.name, self.options.strict)
 
 
 def start_early(options: Options) -> None:
