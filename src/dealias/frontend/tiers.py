@@ -288,6 +288,17 @@ class Tiered(ByBackward):
                 self._record(tier, seconds, seconds)
         return out
 
+    def prepare(self, leaves: list[Any]) -> None:
+        """The first call's compile and measurement (FUSE_FIRST: the fused compile, the tiers timed on copies), done
+        before that call runs (backend.GraphProgram.compile_first: where dynamo compiles the graph, `leaves` that
+        call's own); the call then runs the tier chosen, or the first of those measured on the calls."""
+        with self.lock:
+            if not (self.fuse and FUSE_FIRST) or self.calls or self.promoted or self.promoting:
+                return
+            self.promoting = True
+        self._promote(leaves, background=False)
+        self._measure_on_copies(leaves)
+
     def _measured(self, tier: str) -> tuple[bool, int]:
         return tier in self.warm, len(self.samples.get(tier, ()))
 
