@@ -226,6 +226,36 @@ def test_a_users_function_mode_is_not_on_the_stack_while_dealias_compiles(monkey
     assert seen == [("torch", True, 0, 0)], seen  # (before: compiled at the call, the user's mode on the stack)
 
 
+class AddsOne(TorchFunctionMode):
+    """A torch function mode that changes results: every `torch.add` or `Tensor.add` gives one more."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out + 1 if func is torch.add or func is torch.Tensor.add else out
+
+
+def adds(x, y):
+    return torch.add(x, y) * 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known, not of the compile's place: dynamo traces the user's torch function mode into its graph, and the "
+    "torch executor's Tensor methods and dynamo's graph (the exact tier's second call) run it again at the call "
+    "(backend='eager' alike; inductor's kernels do not): (x + y + 2) * 2 where eager's is (x + y + 1) * 2. Compiled "
+    "at the call, before, the capture ran it a third time.",
+)
+@pytest.mark.parametrize("executor", ["torch", "exact"])
+def test_a_users_function_mode_runs_once_per_op_as_in_eager(executor):
+    jf = dealias.jit(adds, executor=executor)
+    for _ in range(3):
+        x, y = torch.zeros(3), torch.zeros(3)
+        with AddsOne():
+            got = jf(x, y)
+            expected = adds(x, y)
+        same(got, expected)
+
+
 def test_a_graph_dealias_refuses_warns_or_raises_at_the_call_as_before(monkeypatch):
     real = backend.compile_program
 
