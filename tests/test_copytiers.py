@@ -219,7 +219,9 @@ def test_a_foreach_optimizer_step_is_settled_on_copies_with_eagers_state(monkeyp
             ref()
             if call == 0:
                 n = len(ran)
-                assert ran.count("fused") == tiers.SAMPLES + 2, ran  # (on copies, then the user's call)
+                # (on copies, where dynamo compiled the graph: backend.GraphProgram.compile_first; the user's call
+                # then runs the fused program directly, untimed)
+                assert ran.count("fused") == tiers.SAMPLES + 1, ran
                 settled_on_copies(jf)
             for p, q in zip(params, ref_params):
                 assert torch.equal(p, q) and torch.equal(p.grad, q.grad)

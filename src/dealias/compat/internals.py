@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._guards
+import torch._subclasses.fake_tensor
 
 from ..errors import UnsupportedError
 from .registry import Missing, require
@@ -303,3 +305,22 @@ def in_backward() -> bool:
         return _GRAPH_TASK() != -1
     except RuntimeError:
         return False
+
+
+# Inside dynamo's backend call: dynamo's fake mode may be current and its tracing context is (inductor's compile takes
+# the fake mode from it, `detect_fake_mode`, not from its own inputs).
+_UNSET_FAKE, _ = _lookup(torch._subclasses.fake_tensor, "unset_fake_temporarily")
+_TRACING, _ = _lookup(torch._guards, "tracing")
+
+
+@contextlib.contextmanager
+def as_at_the_call() -> Any:
+    """Inside dynamo's backend call, a context in which a compile runs as it would at the compiled frame's call: no fake
+    mode of dynamo's current, no tracing context of dynamo's. Yields False, changing nothing, where this torch lacks the
+    means or a torch function or dispatch mode is still in force (dynamo sets the user's aside while it compiles: one
+    left would see the compile's ops); the caller then leaves the compile to the call."""
+    if _UNSET_FAKE is None or _TRACING is None or _DISPATCH_MODES is None or _FUNCTION_MODES is None:
+        yield False
+        return
+    with _UNSET_FAKE(), _TRACING(None):
+        yield _DISPATCH_MODES() == 0 and _FUNCTION_MODES() == 0

@@ -7,7 +7,7 @@ together; `forwards`: the forward alone), but the fused tier's forward alone: it
 compile, seconds of C++ (resnet18: 10 of its 33 kernels, 155 KB of its 398 KB of C++; MultiheadAttention 3 of 14)
 that torch.compile makes only at a first backward, and a forward never backpropagated (a training-mode forward
 for its outputs' values) never needs it. So the fused tier's `whole` is timed only once a backward through the
-first call's outputs is seen (`Choosing.lazy`, tiers.Tiered._time_backward, at the end of that backward), each
+first call's outputs is seen (`Choosing.lazy`, by_backward.ByBackward._time_backward, at the end of that backward), each
 tier's forward and backward then on copies afresh, side by side; a training step thus compiles the fused backward in
 its first backward, as torch.compile's does, and no later call waits for it; the tiers close there are measured on the
 user's calls (tiers.Tiered._choose_trained). Until then the calls run the exact tier fastest on forward and backward

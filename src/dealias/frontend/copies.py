@@ -192,7 +192,7 @@ def _backward(out: Any, copies: list[Any]) -> Any:
     made fresh leaves of the caller's leaves and a fresh graph under each computed tensor, a graph break's earlier
     graph's results, which every run shares), so no tensor, graph or hook of the caller's is reached: given
     `inputs`, autograd's engine runs only the nodes on a path from the outputs to them. (The graph's tensors are
-    all among the copies, its attributes lifted to inputs, backend.lift_attributes; a tensor that were not would
+    all among the copies, its attributes lifted to inputs, graph_inputs.lift_attributes; a tensor that were not would
     only be left out of the backward, where walking the graph for its leaves ran the caller's nodes and hooks.)"""
     flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     outs = [t for t in flat if t.requires_grad and t.grad_fn is not None]  # (has_history: requires_grad first)
