@@ -238,22 +238,26 @@ def adds(x, y):
     return torch.add(x, y) * 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not of the compile's place: dynamo traces the user's torch function mode into its graph, and the "
-    "torch executor's Tensor methods and dynamo's graph (the exact tier's second call) run it again at the call "
-    "(backend='eager' alike; inductor's kernels do not): (x + y + 2) * 2 where eager's is (x + y + 1) * 2. Compiled "
-    "at the call, before, the capture ran it a third time.",
-)
-@pytest.mark.parametrize("executor", ["torch", "exact"])
+@pytest.mark.parametrize("executor", ["torch", "exact", "tiered", "inductor"])
 def test_a_users_function_mode_runs_once_per_op_as_in_eager(executor):
+    # dynamo traces the user's torch function mode into its graph: the program runs with the mode set aside (else the
+    # torch executor's Tensor methods and dynamo's graph ran it again: (x + y + 2) * 2 where eager's is (x + y + 1)
+    # * 2; backend="eager" alike), and the mode is back on the stack after the call, under another one, in its place
     jf = dealias.jit(adds, executor=executor)
-    for _ in range(3):
+    for call in range(4):
         x, y = torch.zeros(3), torch.zeros(3)
-        with AddsOne():
+        with AddsOne() as outer, AddsOne() as inner:
+            before = torch.add(x, 0)
             got = jf(x, y)
             expected = adds(x, y)
-        same(got, expected)
+            assert torch.equal(torch.add(x, 0), before), call  # (the modes act as before the call)
+            assert torch._C._len_torch_function_stack() == 2
+            assert torch._C._get_function_stack_at(0) is outer and torch._C._get_function_stack_at(1) is inner
+        if executor == "inductor":
+            torch.testing.assert_close(got, expected)
+        else:
+            same(got, expected)
+    assert torch._C._len_torch_function_stack() == 0
 
 
 def test_a_graph_dealias_refuses_warns_or_raises_at_the_call_as_before(monkeypatch):

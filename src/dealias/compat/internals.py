@@ -324,3 +324,25 @@ def as_at_the_call() -> Any:
         return
     with _UNSET_FAKE(), _TRACING(None):
         yield _DISPATCH_MODES() == 0 and _FUNCTION_MODES() == 0
+
+
+# A user's torch function modes at a compiled call: dynamo traced their `__torch_function__` into the graph (and
+# guards the mode stack), so a program that ran the graph's ops under them would apply them twice (a mode adding one
+# to every `add`: (x + y + 2) * 2 where eager gives (x + y + 1) * 2; `backend="eager"` alike, dynamo's bug).
+_POP_FUNCTION_MODE, _ = _lookup(torch._C, "_pop_torch_function_stack")
+_PUSH_FUNCTION_MODE, _ = _lookup(torch._C, "_push_on_torch_function_stack")
+if _POP_FUNCTION_MODE is None or _PUSH_FUNCTION_MODE is None or _FUNCTION_MODES is None:
+    function_modes: Callable[[], int] = lambda: 0  # (cannot be set aside here: the call runs as dynamo's graph would)
+else:
+    function_modes = _FUNCTION_MODES
+
+
+def with_function_modes_aside(run: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """`run(args)` with this thread's torch function modes off the stack (`function_modes()` said some are on it), and
+    back on after, in their order."""
+    modes = [_POP_FUNCTION_MODE() for _ in range(_FUNCTION_MODES())]
+    try:
+        return run(*args)
+    finally:
+        for mode in reversed(modes):
+            _PUSH_FUNCTION_MODE(mode)

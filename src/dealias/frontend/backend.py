@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import UnsupportedFakeTensorException, Unsupp
 
 from .. import compat
 from ..compat import header_prefetch, key_prefetch
-from ..compat.internals import as_at_the_call
+from ..compat.internals import as_at_the_call, function_modes, with_function_modes_aside
 from ..errors import (
     DealiasError,
     EagerSemanticsError,
@@ -167,6 +167,8 @@ class GraphProgram:
             stats.graphs.append(self)
 
     def __call__(self, *args: Any) -> Any:
+        if function_modes():  # (dynamo wrote their effect into the graph: run once, as eager's)
+            return with_function_modes_aside(self, args)
         lean = self.lean
         try:
             if lean is not None and lean[0](args):
