@@ -170,6 +170,8 @@ class Tiered:
         # a call with autograd history being timed until the next call: (tier, its seconds, when it returned, timed)
         self.open: tuple[str, float, float, bool] | None = None
         self.turn = ("", 0)  # the candidate whose turn it is (`_turn`), and its calls in that turn so far
+        # what the last call outside a backward ran: a call inside one (a checkpoint's recomputation) runs it (docs)
+        self.ran: Callable[[list[Any]], Any] | None = None
         self.candidates = list(self.runs) if len(self.runs) > 1 else []
         self.warm: set[str] = set()  # candidates whose (untimed) first call ran
         self.timings: dict[str, float] = {}
@@ -231,6 +233,8 @@ class Tiered:
     def __call__(self, leaves: list[Any]) -> Any:
         if self.settled:
             return self.run(leaves)
+        if self.ran is not None and in_backward():  # (a checkpoint's recomputation: what its forward ran, untimed)
+            return self.ran(leaves)
         now = clock()
         with self.lock:
             if self.open is not None:  # the previous call's backward ran since: its tier's sample, whole
@@ -267,9 +271,12 @@ class Tiered:
             self._adopt(program if error is None else None, _failure(error) if error is not None else "")
         with self.lock:
             tier, timed = self._turn() if self.candidates else (self.current, False)
-        if tier == "fused" and self.narrower is not None and not self.narrower(leaves):
-            return self.runs[self.exact](leaves)  # (not timed: another program ran)
-        out, seconds = measure(tier, self.runs[tier], leaves)
+        rejected = tier == "fused" and self.narrower is not None and not self.narrower(leaves)
+        self.ran = self.runs[self.exact if rejected else tier]
+        if rejected:  # (not timed, another program ran: the fused program's next call is one after a switch)
+            self.turn = ("", 0)
+            return self.ran(leaves)
+        out, seconds = measure(tier, self.ran, leaves)
         with self.lock:
             if self.choosing is not None and self.choosing.watch is None:  # (the first call: its outputs watched)
                 self._watch(out, leaves)
@@ -284,15 +291,9 @@ class Tiered:
         row, the one measured least first (one not yet warm first), the first SWITCH_CALLS of each untimed."""
         tier, calls = self.turn
         if tier not in self.candidates or calls >= TURN_CALLS:
-            tier, calls = min(self.candidates, key=self._measured), 0
+            tier, calls = min(self.candidates, key=lambda t: (t in self.warm, len(self.samples.get(t, ())))), 0
         self.turn = (tier, calls + 1)
         return tier, calls >= SWITCH_CALLS
-
-    def _measured(self, tier: str) -> tuple[bool, int]:
-        return tier in self.warm, len(self.samples.get(tier, ()))
-
-    def _enough(self, tier: str, rounds: int = 1) -> bool:
-        return _enough(self.samples.get(tier, []), rounds)
 
     def _fastest(self, tier: str) -> float:
         return choosing.fastest_of(self.samples[tier])
@@ -319,11 +320,11 @@ class Tiered:
         if self.promoting:
             return
         if len(self.candidates) > 1:  # (one left: the others lost clearly, it wins whatever its next calls take)
-            if not all(self._enough(t) for t in self.candidates):
+            if not all(_enough(self.samples.get(t, [])) for t in self.candidates):
                 return
             best = min(map(self._fastest, self.candidates))
             close = [t for t in self.candidates if self._fastest(t) <= (1 + CLOSE) * best]
-            if len(close) > 1 and not all(self._enough(t, CLOSE_ROUNDS) for t in close):
+            if len(close) > 1 and not all(_enough(self.samples[t], CLOSE_ROUNDS) for t in close):
                 for t in [t for t in self.candidates if t not in close]:  # (done: not close to the best)
                     self.candidates.remove(t)
                     self.dropped[t] = self._fastest(t)
@@ -481,9 +482,8 @@ class Tiered:
             self._choose()
             return
         self.samples, self.measured_on_copies = {}, ""
-        self.notes.append(
-            f"{', '.join(self.candidates)} measured on the calls: within {close:.0%} of each other on copies"
-        )
+        tiers = ", ".join(self.candidates)
+        self.notes.append(f"{tiers} measured on the calls: within {close:.0%} of each other on copies")
 
     def _copies(
         self, leaves: list[Any], tiers: list[str], lazy: frozenset[str] = frozenset()

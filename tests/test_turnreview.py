@@ -1,0 +1,74 @@
+"""Review of the turns on the user's calls (tiers.Tiered._turn) and of training steps measured there
+(tiers.Tiered._choose_trained): timing faked as in test_turns.py; results compared with eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from harness import compare_call
+from test_defaultgap2 import model_and_reference
+from test_turns import add_rows, switch_costs
+
+import dealias
+from dealias.frontend import tiers
+from dealias.runtime.program import Tier
+
+
+@pytest.mark.inductor
+def test_a_checkpoint_recomputation_while_measured_on_the_calls_runs_its_forwards_tier(monkeypatch):
+    # A training step measured on the user's calls (its tiers within CLEAR_LOSS on copies), its forward under a
+    # non-reentrant checkpoint: the recomputation, a call inside the user's backward, ended the forward's timed call,
+    # whose sample completed the measurement there, and ran the tier chosen (the torch executor), not its forward's
+    # (fused): every gradient of that step silently wrong (call 60).
+    from torch.utils.checkpoint import checkpoint
+
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True)
+    # (dynamo's graph a clear loser on copies; the fused program, measured last, the slower)
+    ran = switch_costs(monkeypatch, {"torch": 2.0e-5, "graph": 6e-5, "fused": 2.05e-5}, {})
+    model, ref = model_and_reference()
+    jf = dealias.jit(model)
+    for call in range(70):
+        x = torch.randn(4, 8)
+        out, expected = checkpoint(jf, x, use_reentrant=False), checkpoint(ref, x, use_reentrant=False)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda m, call=call: f"call {call}: {m}")
+    info = dealias.cache_info(jf)
+    assert "torch, fused measured on the calls" in " ".join(info.tier_reasons), info
+    assert info.tiers == ("torch",), (info, ran)
+
+
+def test_a_call_the_fused_guard_rejects_ends_the_fused_turn(monkeypatch):
+    # The fused program's narrower shape guard rejecting a call of its turn ran the exact tier (untimed) and the turn
+    # went on: the fused program's next calls, its first after a switch (cache-cold, 2.2x its steady call here), were
+    # timed as the turn's third and fourth, and it lost clearly to the torch executor it beats by 10 % in a row.
+    monkeypatch.setattr(tiers, "FUSE_FIRST", False)
+    ran = switch_costs(monkeypatch, {"torch": 2.0e-5, "graph": 2.2e-5, "fused": 1.8e-5}, {"fused": [4.0e-5, 4.0e-5]})
+    guard_calls = [0]
+
+    class Guard:  # (rejects the fused program's second call of every four: tensors of another size, say)
+        text = "narrower"
+
+        def __call__(self, leaves):
+            guard_calls[0] += 1
+            if guard_calls[0] % 4 == 2:
+                ran.append("exact")  # (what ran instead, for switch_costs' count of calls in a row)
+                return False
+            return True
+
+    real_compile = tiers.compile_program
+
+    def compile_program(gm, leaves, names, executor, symbolic, front=None):  # ("fused": the torch executor's)
+        program = real_compile(gm, leaves, names, "torch", symbolic, front=front)
+        program.tier, program.shape_guard = Tier.FUSED, Guard()
+        return program
+
+    monkeypatch.setattr(tiers, "compile_program", compile_program)
+    jf = dealias.jit(add_rows)
+    for call in range(120):
+        assert compare_call(add_rows, jf, (torch.randn(8, 4), torch.randn(4))) is None, call
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("fused",), (info, ran)
+    assert info.timings[0]["fused"] == 1.8e-5, info  # (no sample from a call right after a switch)
