@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from harness import compare_call
@@ -12,6 +14,20 @@ from test_turns import add_rows, switch_costs
 import dealias
 from dealias.frontend import tiers
 from dealias.runtime.program import Tier
+
+
+def fake_fused(monkeypatch, guard=None):
+    """The "fused" program: the torch executor's (results eager's bit for bit), with shape guard `guard` if given."""
+    real_compile = tiers.compile_program
+
+    def compile_program(gm, leaves, names, executor, symbolic, front=None):
+        program = real_compile(gm, leaves, names, "torch", symbolic, front=front)
+        program.tier = Tier.FUSED
+        if guard is not None:
+            program.shape_guard = guard
+        return program
+
+    monkeypatch.setattr(tiers, "compile_program", compile_program)
 
 
 @pytest.mark.inductor
@@ -58,17 +74,69 @@ def test_a_call_the_fused_guard_rejects_ends_the_fused_turn(monkeypatch):
                 return False
             return True
 
-    real_compile = tiers.compile_program
-
-    def compile_program(gm, leaves, names, executor, symbolic, front=None):  # ("fused": the torch executor's)
-        program = real_compile(gm, leaves, names, "torch", symbolic, front=front)
-        program.tier, program.shape_guard = Tier.FUSED, Guard()
-        return program
-
-    monkeypatch.setattr(tiers, "compile_program", compile_program)
+    fake_fused(monkeypatch, Guard())
     jf = dealias.jit(add_rows)
     for call in range(120):
         assert compare_call(add_rows, jf, (torch.randn(8, 4), torch.randn(4))) is None, call
     info = dealias.cache_info(jf)
     assert info.tiers == ("fused",), (info, ran)
     assert info.timings[0]["fused"] == 1.8e-5, info  # (no sample from a call right after a switch)
+
+
+def test_training_steps_in_two_threads_are_each_timed_up_to_their_threads_next_call(monkeypatch):
+    # Two threads' training steps through one program, calls alternating. A call was timed up to the program's next
+    # call, whichever thread made it, on the CPU clock of the thread (tiers.clock): one thread's clock read against
+    # the other's. Every sample came out as the forward alone (the torch executor's step "20 us") or a second more
+    # (the fused one's "0.5 s", a clear loser): the choice by chance, and cache_info's timings wrong.
+    monkeypatch.setattr(tiers, "FUSE_FIRST", True)
+    forward = {"torch": 2.0e-5, "graph": 6e-5, "fused": 1.5e-5}
+    backward = {"torch": 1.0e-5, "graph": 1.0e-5, "fused": 3.0e-5}  # (a step: torch 30 us, fused 45 us)
+    ran = switch_costs(monkeypatch, forward, {})
+    thread_clock: dict[int, float] = {}
+    monkeypatch.setattr(tiers, "clock", lambda: thread_clock[threading.get_ident()])
+    timed = tiers.measure
+
+    def measure(tier, run, leaves):  # (each call's time on its thread's clock)
+        out, seconds = timed(tier, run, leaves)
+        thread_clock[threading.get_ident()] += seconds
+        return out, seconds
+
+    monkeypatch.setattr(tiers, "measure", measure)
+    fake_fused(monkeypatch)
+
+    def loss(w, x):
+        return (x @ w).tanh().sum()
+
+    jf = dealias.jit(loss)
+    turn = threading.Condition()
+    state = {"next": 0, "failed": None}
+
+    def steps(me: int, start: float) -> None:
+        thread_clock[threading.get_ident()] = start  # (the other thread's CPU clock a second ahead)
+        w, x = torch.randn(8, 4), torch.randn(16, 8)
+        for call in range(60):
+            with turn:
+                turn.wait_for(lambda: state["next"] == me)
+                try:
+                    a, b = w.clone().requires_grad_(), w.clone().requires_grad_()
+                    out, expected = jf(a, x), loss(b, x)
+                    tier = ran[-1]
+                    out.backward()
+                    expected.backward()
+                    thread_clock[threading.get_ident()] += backward[tier]
+                    assert torch.equal(out, expected) and torch.equal(a.grad, b.grad), call
+                except BaseException as e:  # noqa: BLE001 - (reported by the test's thread)
+                    state["failed"] = state["failed"] or e
+                state["next"] = 1 - me
+                turn.notify_all()
+
+    threads = [threading.Thread(target=steps, args=(me, float(me))) for me in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert state["failed"] is None, state["failed"]
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("torch",), (info, ran)
+    assert info.timings[0]["torch"] == pytest.approx(3.0e-5) and info.timings[0]["fused"] == pytest.approx(4.5e-5), info
+    assert "torch, fused measured on the calls" in " ".join(info.tier_reasons), info

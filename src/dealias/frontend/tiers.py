@@ -23,7 +23,7 @@ and the one whose fastest calls are fastest wins (choosing.fastest_of: load only
 `CLOSE` of the best are measured on (`CLOSE_ROUNDS`); a clear loser (`CLEAR_LOSS`, choosing.py) stops after 2, and
 the last candidate left wins. The fused program is measured against the exact tier chosen before it (the promoting
 call chooses between exact tiers still measured), whose timed calls count: each timed call of a slower tier is one a
-user waits for. A call whose outputs carry autograd history is timed until the program's next call: its backward (and
+user waits for. A call whose outputs carry autograd history is timed up to its thread's next call: its backward (and
 the freeing of its autograd graph) is part of what the tier costs, and the tiers differ there most (the fused
 program's backward is inductor's, the others' eager's). The user's code between the calls is timed along, the same for
 every tier, as noise that each one's fastest call leaves out. (So are the other programs of the same step, a graph
@@ -167,8 +167,8 @@ class Tiered:
         self.samples: dict[str, list[float]] = {}
         self.dropped: dict[str, float] = {}  # candidates dropped (clear losers, not close): their fastest call
         self.kept: list[float] = []  # the exact tier chosen before the promotion: its timed calls
-        # a call with autograd history being timed until the next call: (tier, its seconds, when it returned, timed)
-        self.open: tuple[str, float, float, bool] | None = None
+        # per thread (each its CPU clock), its call with autograd history timed until its next: (tier, its seconds,
+        self.open: dict[int, tuple[str, float, float, bool]] = {}  # when it returned, timed)
         self.turn = ("", 0)  # the candidate whose turn it is (`_turn`), and its calls in that turn so far
         # what the last call outside a backward ran: a call inside one (a checkpoint's recomputation) runs it (docs)
         self.ran: Callable[[list[Any]], Any] | None = None
@@ -235,10 +235,10 @@ class Tiered:
             return self.run(leaves)
         if self.ran is not None and in_backward():  # (a checkpoint's recomputation: what its forward ran, untimed)
             return self.ran(leaves)
-        now = clock()
+        now, thread = clock(), threading.get_ident()
         with self.lock:
-            if self.open is not None:  # the previous call's backward ran since: its tier's sample, whole
-                (tier, seconds, returned, timed), self.open = self.open, None
+            if thread in self.open:  # the thread's previous call's backward ran since: its tier's sample, whole
+                tier, seconds, returned, timed = self.open.pop(thread)
                 self._record(tier, seconds + max(0.0, now - returned), seconds, timed)
             self.calls += 1
             backward = None  # (a training step seen: the lazy tiers' backward to time on copies, this call)
@@ -281,7 +281,7 @@ class Tiered:
             if self.choosing is not None and self.choosing.watch is None:  # (the first call: its outputs watched)
                 self._watch(out, leaves)
             if tier in self.candidates and not self.settled and has_history(out) and not self.forward_only:
-                self.open = (tier, seconds, clock(), timed)
+                self.open[thread] = (tier, seconds, clock(), timed)
             else:
                 self._record(tier, seconds, seconds, timed)
         return out
@@ -421,7 +421,7 @@ class Tiered:
             # first while it has fewer, so the fused program's calls come first, and a clear loss ends it after 2).
             # Samples taken while inductor compiled are dropped: the compile slowed those calls.
             kept = {self.current: self.kept} if not self.candidates and self.kept else {}
-            self.candidates, self.samples, self.open = [*(self.candidates or [self.current]), "fused"], kept, None
+            self.candidates, self.samples, self.open = [*(self.candidates or [self.current]), "fused"], kept, {}
             self.dropped = {}
 
     def _measure_on_copies(self, leaves: list[Any]) -> None:
