@@ -140,3 +140,28 @@ def test_training_steps_in_two_threads_are_each_timed_up_to_their_threads_next_c
     assert info.tiers == ("torch",), (info, ran)
     assert info.timings[0]["torch"] == pytest.approx(3.0e-5) and info.timings[0]["fused"] == pytest.approx(4.5e-5), info
     assert "torch, fused measured on the calls" in " ".join(info.tier_reasons), info
+
+
+def test_a_program_called_only_in_backward_hooks_is_measured(monkeypatch):
+    # A call inside a backward runs the tier of the call before it, unmeasured, only where it records autograd (a
+    # checkpoint's recomputation): a program called only in a gradient hook (no autograd recorded there, a program of
+    # its own: dynamo guards on grad mode) is measured and settles as any other.
+    monkeypatch.setattr(tiers, "FUSE_FIRST", False)
+    switch_costs(monkeypatch, {"torch": 2.0e-5, "graph": 2.4e-5, "fused": 1.5e-5}, {})
+    fake_fused(monkeypatch)
+
+    def clip(g):
+        return g.clamp(-0.5, 0.5) * 2
+
+    jf = dealias.jit(clip)
+    for call in range(80):
+        w, x = torch.randn(8, 4), torch.randn(16, 8)
+        grads = []
+        for f in (jf, clip):
+            a = w.clone().requires_grad_()
+            a.register_hook(f)
+            (x @ a).tanh().sum().backward()
+            grads.append(a.grad)
+        assert torch.equal(*grads), call
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("fused",), info

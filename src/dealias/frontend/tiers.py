@@ -170,7 +170,7 @@ class Tiered:
         # per thread (each its CPU clock), its call with autograd history timed until its next: (tier, its seconds,
         self.open: dict[int, tuple[str, float, float, bool]] = {}  # when it returned, timed)
         self.turn = ("", 0)  # the candidate whose turn it is (`_turn`), and its calls in that turn so far
-        # what the last call outside a backward ran: a call inside one (a checkpoint's recomputation) runs it (docs)
+        # what the last call ran: a call recording autograd inside a backward (a checkpoint's recomputation) runs it
         self.ran: Callable[[list[Any]], Any] | None = None
         self.candidates = list(self.runs) if len(self.runs) > 1 else []
         self.warm: set[str] = set()  # candidates whose (untimed) first call ran
@@ -233,7 +233,7 @@ class Tiered:
     def __call__(self, leaves: list[Any]) -> Any:
         if self.settled:
             return self.run(leaves)
-        if self.ran is not None and in_backward():  # (a checkpoint's recomputation: what its forward ran, untimed)
+        if self.ran is not None and torch.is_grad_enabled() and in_backward():  # (a checkpoint's recomputation)
             return self.ran(leaves)
         now, thread = clock(), threading.get_ident()
         with self.lock:
