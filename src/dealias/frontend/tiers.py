@@ -23,7 +23,7 @@ and the one whose fastest calls are fastest wins (choosing.fastest_of: load only
 `CLOSE` of the best are measured on (`CLOSE_ROUNDS`); a clear loser (`CLEAR_LOSS`, choosing.py) stops after 2, and
 the last candidate left wins. The fused program is measured against the exact tier chosen before it (the promoting
 call chooses between exact tiers still measured), whose timed calls count: each timed call of a slower tier is one a
-user waits for. A call whose outputs carry autograd history is timed until the program's next call: its backward (and
+user waits for. A call whose outputs carry autograd history is timed up to its thread's next call: its backward (and
 the freeing of its autograd graph) is part of what the tier costs, and the tiers differ there most (the fused
 program's backward is inductor's, the others' eager's). The user's code between the calls is timed along, the same for
 every tier, as noise that each one's fastest call leaves out. (So are the other programs of the same step, a graph
@@ -168,9 +168,11 @@ class Tiered(ByBackward):
         self.samples: dict[str, list[float]] = {}
         self.dropped: dict[str, float] = {}  # candidates dropped (clear losers, not close): their fastest call
         self.kept: list[float] = []  # the exact tier chosen before the promotion: its timed calls
-        # a call with autograd history being timed until the next call: (tier, its seconds, when it returned, timed)
-        self.open: tuple[str, float, float, bool] | None = None
+        # per thread (each its CPU clock), its call with autograd history timed until its next: (tier, its seconds,
+        self.open: dict[int, tuple[str, float, float, bool]] = {}  # when it returned, timed)
         self.turn = ("", 0)  # the candidate whose turn it is (`_turn`), and its calls in that turn so far
+        # what the last call ran: a call recording autograd inside a backward (a checkpoint's recomputation) runs it
+        self.ran: Callable[[list[Any]], Any] | None = None
         self.candidates = list(self.runs) if len(self.runs) > 1 else []
         self.warm: set[str] = set()  # candidates whose (untimed) first call ran
         self.timings: dict[str, float] = {}
@@ -232,10 +234,12 @@ class Tiered(ByBackward):
     def __call__(self, leaves: list[Any]) -> Any:
         if self.settled:
             return self.run(leaves)
-        now = clock()
+        if self.ran is not None and torch.is_grad_enabled() and in_backward():  # (a checkpoint's recomputation)
+            return self.ran(leaves)
+        now, thread = clock(), threading.get_ident()
         with self.lock:
-            if self.open is not None:  # the previous call's backward ran since: its tier's sample, whole
-                (tier, seconds, returned, timed), self.open = self.open, None
+            if thread in self.open:  # the thread's previous call's backward ran since: its tier's sample, whole
+                tier, seconds, returned, timed = self.open.pop(thread)
                 self._record(tier, seconds + max(0.0, now - returned), seconds, timed)
             self.calls += 1
             backward = None  # (a training step seen: the lazy tiers' backward to time on copies, this call)
@@ -268,14 +272,17 @@ class Tiered(ByBackward):
             self._adopt(program if error is None else None, _failure(error) if error is not None else "")
         with self.lock:
             tier, timed = self._turn() if self.candidates else (self.current, False)
-        if tier == "fused" and self.narrower is not None and not self.narrower(leaves):
-            return self.runs[self.exact](leaves)  # (not timed: another program ran)
-        out, seconds = measure(tier, self.runs[tier], leaves)
+        rejected = tier == "fused" and self.narrower is not None and not self.narrower(leaves)
+        self.ran = self.runs[self.exact if rejected else tier]
+        if rejected:  # (not timed, another program ran: the fused program's next call is one after a switch)
+            self.turn = ("", 0)
+            return self.ran(leaves)
+        out, seconds = measure(tier, self.ran, leaves)
         with self.lock:
             if self.choosing is not None and self.choosing.watch is None:  # (the first call: its outputs watched)
                 self._watch(out, leaves)
             if tier in self.candidates and not self.settled and has_history(out) and not self.forward_only:
-                self.open = (tier, seconds, clock(), timed)
+                self.open[thread] = (tier, seconds, clock(), timed)
             else:
                 self._record(tier, seconds, seconds, timed)
         return out
@@ -285,7 +292,7 @@ class Tiered(ByBackward):
         row, the one measured least first (one not yet warm first), the first SWITCH_CALLS of each untimed."""
         tier, calls = self.turn
         if tier not in self.candidates or calls >= TURN_CALLS:
-            tier, calls = min(self.candidates, key=self._measured), 0
+            tier, calls = min(self.candidates, key=lambda t: (t in self.warm, len(self.samples.get(t, ())))), 0
         self.turn = (tier, calls + 1)
         return tier, calls >= SWITCH_CALLS
 
@@ -299,12 +306,6 @@ class Tiered(ByBackward):
             self.promoting = True
         self._promote(leaves, background=False)
         self._measure_on_copies(leaves)
-
-    def _measured(self, tier: str) -> tuple[bool, int]:
-        return tier in self.warm, len(self.samples.get(tier, ()))
-
-    def _enough(self, tier: str, rounds: int = 1) -> bool:
-        return _enough(self.samples.get(tier, []), rounds)
 
     def _fastest(self, tier: str) -> float:
         return choosing.fastest_of(self.samples[tier])
@@ -331,11 +332,11 @@ class Tiered(ByBackward):
         if self.promoting:
             return
         if len(self.candidates) > 1:  # (one left: the others lost clearly, it wins whatever its next calls take)
-            if not all(self._enough(t) for t in self.candidates):
+            if not all(_enough(self.samples.get(t, [])) for t in self.candidates):
                 return
             best = min(map(self._fastest, self.candidates))
             close = [t for t in self.candidates if self._fastest(t) <= (1 + CLOSE) * best]
-            if len(close) > 1 and not all(self._enough(t, CLOSE_ROUNDS) for t in close):
+            if len(close) > 1 and not all(_enough(self.samples[t], CLOSE_ROUNDS) for t in close):
                 for t in [t for t in self.candidates if t not in close]:  # (done: not close to the best)
                     self.candidates.remove(t)
                     self.dropped[t] = self._fastest(t)
@@ -432,7 +433,7 @@ class Tiered(ByBackward):
             # first while it has fewer, so the fused program's calls come first, and a clear loss ends it after 2).
             # Samples taken while inductor compiled are dropped: the compile slowed those calls.
             kept = {self.current: self.kept} if not self.candidates and self.kept else {}
-            self.candidates, self.samples, self.open = [*(self.candidates or [self.current]), "fused"], kept, None
+            self.candidates, self.samples, self.open = [*(self.candidates or [self.current]), "fused"], kept, {}
             self.dropped = {}
 
     def _measure_on_copies(self, leaves: list[Any]) -> None:
@@ -493,9 +494,8 @@ class Tiered(ByBackward):
             self._choose()
             return
         self.samples, self.measured_on_copies = {}, ""
-        self.notes.append(
-            f"{', '.join(self.candidates)} measured on the calls: within {close:.0%} of each other on copies"
-        )
+        tiers = ", ".join(self.candidates)
+        self.notes.append(f"{tiers} measured on the calls: within {close:.0%} of each other on copies")
 
     def _copies(
         self, leaves: list[Any], tiers: list[str], lazy: frozenset[str] = frozenset()
