@@ -109,3 +109,25 @@ def test_a_training_step_measured_on_the_users_calls_takes_turns(monkeypatch, tu
     info = dealias.cache_info(jf)
     assert info.tiers == (chosen,), (info, ran)
     assert "measured on the calls" in " ".join(info.tier_reasons), info
+
+
+def test_an_adopted_fused_program_ends_the_turn_under_way(monkeypatch):
+    # promoted at the third call, in the middle of the torch executor's first turn: that turn ends there, and the
+    # tiers not yet warm (dynamo's graph, the fused program) take theirs
+    monkeypatch.setattr(tiers, "FUSE_FIRST", False)
+    monkeypatch.setattr(tiers, "PROMOTE_AFTER", 3)
+    ran = switch_costs(monkeypatch, {"torch": 2e-5, "graph": 3e-5, "fused": 1e-5}, {})
+    real_compile = tiers.compile_program
+
+    def compile_program(gm, leaves, names, executor, symbolic, front=None):  # ("fused": the torch executor's)
+        program = real_compile(gm, leaves, names, "torch", symbolic, front=front)
+        program.tier = Tier.FUSED if executor == "inductor" else program.tier
+        return program
+
+    monkeypatch.setattr(tiers, "compile_program", compile_program)
+    jf = dealias.jit(add_rows)
+    for call in range(40):
+        assert compare_call(add_rows, jf, (torch.randn(8, 4), torch.randn(4))) is None, call
+    assert ran[:2] == ["torch", "torch"] and ran[2] != "torch", ran
+    assert "fused" in ran[2 : 2 + 2 * tiers.TURN_CALLS], ran
+    assert dealias.cache_info(jf).tiers == ("fused",)

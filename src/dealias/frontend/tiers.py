@@ -434,7 +434,7 @@ class Tiered(ByBackward):
             # Samples taken while inductor compiled are dropped: the compile slowed those calls.
             kept = {self.current: self.kept} if not self.candidates and self.kept else {}
             self.candidates, self.samples, self.open = [*(self.candidates or [self.current]), "fused"], kept, {}
-            self.dropped = {}
+            self.dropped, self.turn = {}, ("", 0)  # (the turn under way ends: the tiers not yet warm go first)
 
     def _measure_on_copies(self, leaves: list[Any]) -> None:
         """In the first call (FUSE_FIRST), every candidate's warm-up and timed calls on copies of the call's tensors
