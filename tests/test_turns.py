@@ -7,6 +7,8 @@ eager."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from harness import compare_call
@@ -57,10 +59,7 @@ def test_tiers_taking_turns_choose_the_fastest_in_a_row(monkeypatch):
     assert info.tiers == ("graph",), (info, ran)
     assert info.timings[0]["graph"] == STEADY["graph"], info  # (no sample from a turn's first calls)
     # turns of TURN_CALLS in a row (the last one cut where the choice was made)
-    turns = [ran[0]]
-    for a, b in zip(ran, ran[1:]):
-        turns[-1:] = [turns[-1] + b] if a == b else [turns[-1], b]
-    runs = [len(t) // len("graph") if t.startswith("graph") else len(t) // len("torch") for t in turns]
+    runs = [len(list(calls)) for _, calls in itertools.groupby(ran)]
     assert all(n == tiers.TURN_CALLS for n in runs[:-1]), ran
 
 
