@@ -1,12 +1,12 @@
 """A call recording autograd whose runs on copies leave tiers that disagree (the fused forward the fastest, its
 backward the slowest): hooks on the first call's outputs' autograd nodes (frontend/backward_seen.py) tell the next
 call whether the user ran their backward, and the choice is made there from the copies' two measures
-(frontend/tiers.Tiered._choose_by_backward; a training step's tiers close on copies measured on the user's calls,
-`_choose_trained`). A training step must not run its calls on the tier whose backward
-is slow (issue 38: no call after the first above eager x 1.10), a forward never backpropagated settles on the
-fastest forward, and the hooks must be invisible (gradients, the user's own hooks, retain_graph, double backward)
-and gone once the choice is made. Timing is faked (test_defaultgap2): the "fused" program is the torch executor's,
-so every result is compared with eager bit for bit."""
+(frontend/by_backward.ByBackward._choose_by_backward; a training step's tiers close on copies measured on the
+user's calls, `_choose_trained`). A training step must not run its calls on the tier whose backward is slow
+(issue 38: no call after the first above eager x 1.10), a forward never backpropagated settles on the fastest
+forward, and the hooks must be invisible (gradients, the user's own hooks, retain_graph, double backward) and gone
+once the choice is made. Timing is faked (test_defaultgap2): the "fused" program is the torch executor's, so every
+result is compared with eager bit for bit."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ for its outputs' values) never needs it. So the fused tier's `whole` is timed on
 first call's outputs is seen (`Choosing.lazy`, by_backward.ByBackward._time_backward, at the end of that backward), each
 tier's forward and backward then on copies afresh, side by side; a training step thus compiles the fused backward in
 its first backward, as torch.compile's does, and no later call waits for it; the tiers close there are measured on the
-user's calls (tiers.Tiered._choose_trained). Until then the calls run the exact tier fastest on forward and backward
-(a user accumulating gradients is a training step too).
+user's calls (by_backward.ByBackward._choose_trained). Until then the calls run the exact tier fastest on forward and
+backward (a user accumulating gradients is a training step too).
 """
 
 from __future__ import annotations
