@@ -17,6 +17,7 @@ import warnings
 import pytest
 import torch
 from harness import compare_call, fallback_messages, same
+from test_copytiers import fused_is_torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
@@ -25,7 +26,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dealias
 from dealias.errors import InvariantError, UnsupportedError
 from dealias.frontend import backend, tiers
-from dealias.runtime.program import Tier
 
 
 def slice_write(buf, row, scale: float = 2.0):
@@ -71,15 +71,8 @@ def fake_fused(monkeypatch) -> list[tuple[str, bool]]:
         ran.append((tier, torch.compiler.is_compiling()))
         return run(leaves), seconds[tier]
 
-    real = tiers.compile_program
-
-    def compile_program(gm, leaves, names, executor, symbolic, front=None):
-        program = real(gm, leaves, names, "torch", symbolic, front=front)
-        program.tier = Tier.FUSED
-        return program
-
     monkeypatch.setattr(tiers, "measure", measure)
-    monkeypatch.setattr(tiers, "compile_program", compile_program)
+    fused_is_torch(monkeypatch)
     return ran
 
 

@@ -40,6 +40,14 @@ def fake_fused(monkeypatch, **seconds) -> list[str]:
             s, turns[tier] = s[min(turns[tier], len(s) - 1)], turns[tier] + 1
         return out, s
 
+    monkeypatch.setattr(tiers, "measure", measure)
+    fused_is_torch(monkeypatch)
+    return ran
+
+
+def fused_is_torch(monkeypatch) -> None:
+    """The "fused" compile of tiers.py is the torch executor's program, marked fused: every tier's results are
+    eager's bit for bit, and no inductor compile runs."""
     real = tiers.compile_program
 
     def compile_program(gm, leaves, names, executor, symbolic, front=None):
@@ -47,9 +55,7 @@ def fake_fused(monkeypatch, **seconds) -> list[str]:
         program.tier = Tier.FUSED
         return program
 
-    monkeypatch.setattr(tiers, "measure", measure)
     monkeypatch.setattr(tiers, "compile_program", compile_program)
-    return ran
 
 
 def settled_on_copies(jf) -> None:

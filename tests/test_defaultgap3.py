@@ -61,6 +61,22 @@ def training_steps(jf, model, ref, calls: int) -> None:
         assert same_grads(model, ref), call
 
 
+def accumulated_steps(jf, model, ref, steps: int = 3, forwards: int = 4) -> None:
+    """`steps` steps of gradients accumulated over `forwards` forwards, then one backward, of the jitted `model` and
+    of eager's `ref` on the same inputs: outputs equal at each forward, gradients at each step, bit for bit."""
+    for step in range(steps):
+        losses, expected = [], []
+        for _ in range(forwards):
+            x = torch.randn(4, 8)
+            out, e = jf(x), ref(x)
+            assert torch.equal(out, e)
+            losses.append(out.sum())
+            expected.append(e.sum())
+        sum(losses).backward()
+        sum(expected).backward()
+        assert same_grads(model, ref), step
+
+
 def reasons(jf) -> str:
     return " | ".join(dealias.cache_info(jf).tier_reasons)
 
@@ -134,17 +150,7 @@ def test_accumulated_gradients_end_on_the_tier_fastest_on_both(monkeypatch):
     made = watched(monkeypatch)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    for step in range(3):
-        losses, expected = [], []
-        for _ in range(4):
-            x = torch.randn(4, 8)
-            out, e = jf(x), ref(x)
-            assert torch.equal(out, e)
-            losses.append(out.sum())
-            expected.append(e.sum())
-        sum(losses).backward()
-        sum(expected).backward()
-        assert same_grads(model, ref), step
+    accumulated_steps(jf, model, ref)
     assert "fused" not in user_runs(ran), user_runs(ran)
     assert dealias.cache_info(jf).tiers == ("torch",)
     assert "chosen by forward and backward" in reasons(jf)
@@ -317,17 +323,7 @@ def test_accumulated_gradients_close_on_copies_choose_there(monkeypatch):
     ran, _ = fake_forward_and_backward(monkeypatch, forward, backward)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    for step in range(3):
-        losses, expected = [], []
-        for _ in range(4):
-            x = torch.randn(4, 8)
-            out, e = jf(x), ref(x)
-            assert torch.equal(out, e)
-            losses.append(out.sum())
-            expected.append(e.sum())
-        sum(losses).backward()
-        sum(expected).backward()
-        assert same_grads(model, ref), step
+    accumulated_steps(jf, model, ref)
     assert "fused" not in user_runs(ran), user_runs(ran)
     assert dealias.cache_info(jf).tiers == ("torch",)
     assert "measured on the calls" not in reasons(jf), reasons(jf)

@@ -12,11 +12,11 @@ import itertools
 import pytest
 import torch
 from harness import compare_call
+from test_copytiers import fused_is_torch
 from test_defaultgap2 import model_and_reference
 
 import dealias
 from dealias.frontend import tiers
-from dealias.runtime.program import Tier
 
 
 def switch_costs(monkeypatch, steady: dict[str, float], after_switch: dict[str, list[float]], now=None) -> list[str]:
@@ -87,14 +87,7 @@ def test_a_training_step_measured_on_the_users_calls_takes_turns(monkeypatch, tu
     monkeypatch.setattr(tiers, "FUSE_FIRST", True)
     steady = {"torch": 2.0e-5, "graph": 2.1e-5, "fused": 1.8e-5}
     ran = switch_costs(monkeypatch, steady, {"fused": [2.3e-5, 2.2e-5]})
-    real_compile = tiers.compile_program
-
-    def compile_program(gm, leaves, names, executor, symbolic, front=None):  # ("fused": the torch executor's)
-        program = real_compile(gm, leaves, names, "torch", symbolic, front=front)
-        program.tier = Tier.FUSED
-        return program
-
-    monkeypatch.setattr(tiers, "compile_program", compile_program)
+    fused_is_torch(monkeypatch)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
     for call in range(80):
@@ -116,14 +109,7 @@ def test_an_adopted_fused_program_ends_the_turn_under_way(monkeypatch):
     monkeypatch.setattr(tiers, "FUSE_FIRST", False)
     monkeypatch.setattr(tiers, "PROMOTE_AFTER", 3)
     ran = switch_costs(monkeypatch, {"torch": 2e-5, "graph": 3e-5, "fused": 1e-5}, {})
-    real_compile = tiers.compile_program
-
-    def compile_program(gm, leaves, names, executor, symbolic, front=None):  # ("fused": the torch executor's)
-        program = real_compile(gm, leaves, names, "torch", symbolic, front=front)
-        program.tier = Tier.FUSED if executor == "inductor" else program.tier
-        return program
-
-    monkeypatch.setattr(tiers, "compile_program", compile_program)
+    fused_is_torch(monkeypatch)
     jf = dealias.jit(add_rows)
     for call in range(40):
         assert compare_call(add_rows, jf, (torch.randn(8, 4), torch.randn(4))) is None, call
