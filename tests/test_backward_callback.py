@@ -41,12 +41,26 @@ def test_a_first_backward_under_compiled_autograd_with_fullgraph_is_eagers(monke
 
 
 @pytest.mark.inductor
+def checkpointed_steps(jf, model, ref, calls: int) -> None:
+    """`calls` training steps of the jitted `model` and of eager's `ref` under a non-reentrant checkpoint (the call
+    run again in the user's backward), on the same inputs: outputs and gradients compared at each."""
+    from torch.utils.checkpoint import checkpoint
+
+    for call in range(calls):
+        x = torch.randn(4, 8)
+        out, expected = checkpoint(jf, x, use_reentrant=False), checkpoint(ref, x, use_reentrant=False)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda m, call=call: f"call {call}: {m}")
+
+
 def test_a_checkpointed_calls_recomputation_runs_the_tier_of_its_forward(monkeypatch):
     # torch.utils.checkpoint (non-reentrant) calls the function again in the user's backward and checks that it saves
     # the tensors its forward saved. That second call, inside the first backward, timed the fused backward and
     # switched tiers there (the torch executor's forward saved 7 tensors, the fused recomputation 3):
     # CheckpointError in the user's first backward. The switch waits for the end of that backward.
-    from torch.utils.checkpoint import checkpoint
 
     monkeypatch.setattr(tiers, "FUSE_FIRST", True)
     monkeypatch.setattr(tiers, "clock", lambda: 0.0)
@@ -57,14 +71,7 @@ def test_a_checkpointed_calls_recomputation_runs_the_tier_of_its_forward(monkeyp
     monkeypatch.setattr(tiers, "measure", measure)
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    for _ in range(3):
-        x = torch.randn(4, 8)
-        out, expected = checkpoint(jf, x, use_reentrant=False), checkpoint(ref, x, use_reentrant=False)
-        torch.testing.assert_close(out, expected)
-        out.sum().backward()
-        expected.sum().backward()
-        for a, b in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(a.grad, b.grad)
+    checkpointed_steps(jf, model, ref, 3)
     assert dealias.cache_info(jf).tiers == ("fused",)
     assert "on copies in the first backward" in reasons(jf), reasons(jf)
 

@@ -45,14 +45,16 @@ def fake_fused(monkeypatch, **seconds) -> list[str]:
     return ran
 
 
-def fused_is_torch(monkeypatch) -> None:
-    """The "fused" compile of tiers.py is the torch executor's program, marked fused: every tier's results are
-    eager's bit for bit, and no inductor compile runs."""
+def fused_is_torch(monkeypatch, guard=None) -> None:
+    """The "fused" compile of tiers.py is the torch executor's program, marked fused (with shape guard `guard` if
+    given): every tier's results are eager's bit for bit, and no inductor compile runs."""
     real = tiers.compile_program
 
     def compile_program(gm, leaves, names, executor, symbolic, front=None):
         program = real(gm, leaves, names, "torch", symbolic, front=front)
         program.tier = Tier.FUSED
+        if guard is not None:
+            program.shape_guard = guard
         return program
 
     monkeypatch.setattr(tiers, "compile_program", compile_program)

@@ -8,26 +8,13 @@ import threading
 import pytest
 import torch
 from harness import compare_call
+from test_backward_callback import checkpointed_steps
+from test_copytiers import fused_is_torch
 from test_defaultgap2 import model_and_reference
 from test_turns import add_rows, switch_costs
 
 import dealias
 from dealias.frontend import tiers
-from dealias.runtime.program import Tier
-
-
-def fake_fused(monkeypatch, guard=None):
-    """The "fused" program: the torch executor's (results eager's bit for bit), with shape guard `guard` if given."""
-    real_compile = tiers.compile_program
-
-    def compile_program(gm, leaves, names, executor, symbolic, front=None):
-        program = real_compile(gm, leaves, names, "torch", symbolic, front=front)
-        program.tier = Tier.FUSED
-        if guard is not None:
-            program.shape_guard = guard
-        return program
-
-    monkeypatch.setattr(tiers, "compile_program", compile_program)
 
 
 @pytest.mark.inductor
@@ -36,21 +23,13 @@ def test_a_checkpoint_recomputation_while_measured_on_the_calls_runs_its_forward
     # non-reentrant checkpoint: the recomputation, a call inside the user's backward, ended the forward's timed call,
     # whose sample completed the measurement there, and ran the tier chosen (the torch executor), not its forward's
     # (fused): every gradient of that step silently wrong (call 60).
-    from torch.utils.checkpoint import checkpoint
 
     monkeypatch.setattr(tiers, "FUSE_FIRST", True)
     # (dynamo's graph a clear loser on copies; the fused program, measured last, the slower)
     ran = switch_costs(monkeypatch, {"torch": 2.0e-5, "graph": 6e-5, "fused": 2.05e-5}, {})
     model, ref = model_and_reference()
     jf = dealias.jit(model)
-    for call in range(70):
-        x = torch.randn(4, 8)
-        out, expected = checkpoint(jf, x, use_reentrant=False), checkpoint(ref, x, use_reentrant=False)
-        torch.testing.assert_close(out, expected)
-        out.sum().backward()
-        expected.sum().backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=lambda m, call=call: f"call {call}: {m}")
+    checkpointed_steps(jf, model, ref, 70)
     info = dealias.cache_info(jf)
     assert "torch, fused measured on the calls" in " ".join(info.tier_reasons), info
     assert info.tiers == ("torch",), (info, ran)
@@ -74,7 +53,7 @@ def test_a_call_the_fused_guard_rejects_ends_the_fused_turn(monkeypatch):
                 return False
             return True
 
-    fake_fused(monkeypatch, Guard())
+    fused_is_torch(monkeypatch, Guard())
     jf = dealias.jit(add_rows)
     for call in range(120):
         assert compare_call(add_rows, jf, (torch.randn(8, 4), torch.randn(4))) is None, call
@@ -102,7 +81,7 @@ def test_training_steps_in_two_threads_are_each_timed_up_to_their_threads_next_c
         return out, seconds
 
     monkeypatch.setattr(tiers, "measure", measure)
-    fake_fused(monkeypatch)
+    fused_is_torch(monkeypatch)
 
     def loss(w, x):
         return (x @ w).tanh().sum()
@@ -148,7 +127,7 @@ def test_a_program_called_only_in_backward_hooks_is_measured(monkeypatch):
     # its own: dynamo guards on grad mode) is measured and settles as any other.
     monkeypatch.setattr(tiers, "FUSE_FIRST", False)
     switch_costs(monkeypatch, {"torch": 2.0e-5, "graph": 2.4e-5, "fused": 1.5e-5}, {})
-    fake_fused(monkeypatch)
+    fused_is_torch(monkeypatch)
 
     def clip(g):
         return g.clamp(-0.5, 0.5) * 2
