@@ -144,3 +144,30 @@ def test_a_program_called_only_in_backward_hooks_is_measured(monkeypatch):
         assert torch.equal(*grads), call
     info = dealias.cache_info(jf)
     assert info.tiers == ("fused",), info
+
+
+def test_a_fused_program_whose_guard_rejects_every_call_is_dropped(monkeypatch):
+    # The fused program's narrower shape guard rejected every call (the user's tensors all outside it): each call of
+    # its turn ran the exact tier untimed and ended the turn, the fused program stayed the candidate measured least,
+    # so every later call was its turn again and the program never settled (measured on, forever).
+    monkeypatch.setattr(tiers, "FUSE_FIRST", False)
+    ran = switch_costs(monkeypatch, {"torch": 2.0e-5, "graph": 2.2e-5, "fused": 1.8e-5}, {})
+    rejected = [0]
+
+    class Guard:
+        text = "narrower"
+
+        def __call__(self, leaves):
+            rejected[0] += 1
+            return False
+
+    fused_is_torch(monkeypatch, Guard())
+    jf = dealias.jit(add_rows)
+    for call in range(120):
+        assert compare_call(add_rows, jf, (torch.randn(8, 4), torch.randn(4))) is None, call
+    info = dealias.cache_info(jf)
+    assert info.tiers == ("torch",), (info, ran)
+    assert "fused" not in ran, ran
+    reasons = " ".join(info.tier_reasons)
+    assert "measuring" not in reasons and "shape guard rejected" in reasons, info
+    assert rejected[0] == tiers.REJECTED_CALLS, rejected  # (then no more tries of the fused program)

@@ -105,6 +105,9 @@ SWITCH_CALLS = 2
 # calls each (the others stop): a close choice is the one a loaded machine's noise decides.
 CLOSE = 0.05
 CLOSE_ROUNDS = 3
+# The fused program's narrower guard (`narrower`) rejecting this many of its turns' calls in a row, with none of its
+# own between, is measured no more: the user's calls are not the ones it was compiled for.
+REJECTED_CALLS = 2 * TURN_CALLS
 # Runs on copies decide alone only between tiers further apart than this: closer, their order on copies is not the
 # user's calls' (a foreach EMA's step, 0.2 ms a call, memory-bound: on fresh copies 1.3-2.3x what the user's calls
 # take, the graph tier ranked 7-15 % ahead of the fused one, 4-7 % the faster on the user's tensors), so the tiers
@@ -187,6 +190,7 @@ class Tiered(ByBackward):
         # The fused program's shape guard where it may hold for fewer calls than the first's, which the cache entry
         # checks (inductor's decisions on a program over symbols add guards): calls outside it run the exact tier.
         self.narrower: Callable[[list[Any]], bool] | None = None
+        self.rejections = 0  # calls of the fused program's turns its narrower guard rejected since its last call
         self.lock = threading.Lock()
         self.settled = False
         self.measured = ""  # "graph 40.1 us vs torch 55.0 us", once measured
@@ -275,7 +279,8 @@ class Tiered(ByBackward):
         rejected = tier == "fused" and self.narrower is not None and not self.narrower(leaves)
         self.ran = self.runs[self.exact if rejected else tier]
         if rejected:  # (not timed, another program ran: the fused program's next call is one after a switch)
-            self.turn = ("", 0)
+            with self.lock:
+                self._rejected()
             return self.ran(leaves)
         out, seconds = measure(tier, self.ran, leaves)
         with self.lock:
@@ -296,6 +301,20 @@ class Tiered(ByBackward):
         self.turn = (tier, calls + 1)
         return tier, calls >= SWITCH_CALLS
 
+    def _rejected(self) -> None:
+        """A call of the fused program's turn its narrower guard rejected (the exact tier ran it, untimed): the turn
+        ends, and REJECTED_CALLS of them with no fused call between drop the fused program from the candidates (the
+        candidate measured least, it would take every call's turn, rejected, and the measurement never end)."""
+        self.turn = ("", 0)
+        self.rejections += 1
+        if self.rejections < REJECTED_CALLS or "fused" not in self.candidates or len(self.candidates) < 2:
+            return
+        self.candidates.remove("fused")
+        self.samples.pop("fused", None)
+        self.notes.append(f"fused not chosen: its shape guard rejected {self.rejections} calls in a row")
+        if all(self.samples.get(t) for t in self.candidates):
+            self._decide()
+
     def prepare(self, leaves: list[Any]) -> None:
         """The first call's compile and measurement (FUSE_FIRST: the fused compile, the tiers timed on copies), done
         before that call runs (backend.GraphProgram.compile_first: where dynamo compiles the graph, `leaves` that
@@ -314,6 +333,8 @@ class Tiered(ByBackward):
         """A call on `tier` took `seconds` (up to the next call, where it has autograd history), `own` of them in it:
         what promotion counts (the rest may be anything, another graph's compile); a sample where `timed`."""
         self.spent += own
+        if tier == "fused":
+            self.rejections = 0
         if tier not in self.candidates or self.settled:
             return
         if tier not in self.warm or not timed:
