@@ -62,7 +62,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from . import dynamo_out_island, dynamo_out_resize
+from . import dynamo_out_island, dynamo_out_resize, warns
 from .dynamo_out_resize import _resize_warning, inside
 from .dynamo_tensor import aten_tags
 from .registry import correction, replace_method, require, require_module
@@ -242,8 +242,7 @@ def _eager_fills(
 
     verdict = None
     rng = torch.get_rng_state() if seeded else None
-    with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with unset_fake_temporarily(), torch.no_grad(), warns.recorded() as caught:
         try:
             gen = torch.Generator().manual_seed(fill if isinstance(fill, int) else 0)
             real = _reals(every, gen, alias, fill)  # (an argument sharing an out's memory shares it here too)
@@ -433,8 +432,7 @@ def _resizes(fn: Any, tx: Any, args: list[Any], kwargs: dict[str, Any], out: tor
     if found is None:
         return False
     try:
-        with tx.fake_mode, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with tx.fake_mode, warns.ignored():
             result = fn(*found[0], **found[1])
     except Exception:  # noqa: BLE001 - eager raises, or fake tensors cannot run it: dynamo's own handling
         return False

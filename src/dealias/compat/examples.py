@@ -10,13 +10,14 @@ example under dealias with the correction in force and out of force (tests/test_
 from __future__ import annotations
 
 import types
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+
+from . import warns
 
 
 @dataclass(frozen=True)
@@ -245,8 +246,7 @@ def probe(name: str, backend: Any) -> str | None:
             if i == 1 and name == "dynamo_settings":  # a hook registered after the first call, on both runs
                 hooks.append(_MODULE.register_forward_hook(lambda m, inp, out: out * 2))
             expected = _outcome(fn, expected_args, example.backward)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warns.ignored():
                 got = _outcome(compiled, got_args, example.backward)
             if not _same(expected, got):
                 return f"call {i + 1}: eager gives {expected!r:.200}, compiled gives {got!r:.200}"

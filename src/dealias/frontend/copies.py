@@ -6,7 +6,6 @@ that the user's later calls are not the measured ones (a foreach optimizer's ste
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._dynamo.convert_frame import compile_lock
 
-from ..compat import saved_hooks
+from ..compat import saved_hooks, warns
 from ..compat.internals import compiled_autograd_in_force
 from ..ir.draws import kept_rng
 from ..ir.plan import RefKind
@@ -98,8 +97,7 @@ def run_on_copies(
         # process's, set aside and back here as by compiles in other threads: under dynamo's compile lock, as
         # the fused compile before, so that none restores another's. Another thread's warnings in these runs'
         # fraction of a second are ignored too.)
-        with compile_lock, kept_rng(entry.backend.gm, leaves), saved_hooks.set_aside(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with compile_lock, kept_rng(entry.backend.gm, leaves), saved_hooks.set_aside(), warns.ignored():
             if saved_hooks.in_force():  # (hooks that could not be set aside)
                 notes.append("tiers measured on the calls: saved-tensor hooks in force")
                 return {}, set(), notes, None

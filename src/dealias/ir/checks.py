@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import operator
 import re
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +24,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..compat import warns
 from ..errors import UnsupportedError, mark_refused, node_location, with_location
 from .draws import kept_rng
 from .opfacts import OpKind, bind_args, facts, has_effect, is_view_node
@@ -85,8 +85,7 @@ def concrete(x: Any, at_hints: bool = True) -> Any:
 
 def _run_quietly(node: fx.Node, *calls: tuple[Any, Any]) -> None:
     """Run `node`'s op on each (args, kwargs), without grad, warnings, or moving the program's random generator."""
-    with kept_rng(node.graph.owning_module, calls), torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with kept_rng(node.graph.owning_module, calls), torch.no_grad(), warns.ignored():
         for args, kwargs in calls:
             node.target(*args, **kwargs)
 
@@ -588,8 +587,7 @@ def empty_inplace_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
     # (Called from inside a dispatch mode while fake tensors trace: the modes are set aside so that this runs
     # eager's kernels on real tensors.)
-    with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings(), kept_rng(args, kwargs):
-        warnings.simplefilter("ignore")
+    with _disable_current_modes(), torch.no_grad(), warns.ignored(), kept_rng(args, kwargs):
         try:
             call = pytree.tree_map(real, (args, kwargs))
             func(*call[0], **call[1])

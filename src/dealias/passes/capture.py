@@ -14,7 +14,6 @@ import copy
 import math
 import operator
 import re
-import warnings
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..compat import saved_hooks
+from ..compat import saved_hooks, warns
 from ..compat.dynamo_out import static_layout
 from ..compat.internals import CREATION_META, DATA_ATTR, checked_dispatch, creation_meta, eager_dispatch
 from ..errors import (
@@ -195,8 +194,7 @@ def _empty_outs_like_eager(n: fx.Node, replay: _Replay, outs: list[torch.Tensor]
 
     # (make_fx's and fake tensors' modes set aside: eager's kernel on real tensors, recorded nowhere)
     # (a random op draws nothing into no elements; the random state is kept all the same)
-    with _disable_current_modes(), torch.no_grad(), warnings.catch_warnings(), kept_rng(args, kwargs):
-        warnings.simplefilter("ignore")
+    with _disable_current_modes(), torch.no_grad(), warns.ignored(), kept_rng(args, kwargs):
         try:
             real = {id(t): _zeros_like_layout(t) for t in fakes}
             args_r, kwargs_r = pytree.tree_map_only(torch.Tensor, lambda t: real[id(t)], (args, kwargs))

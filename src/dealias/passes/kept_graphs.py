@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from ..compat import warns
 from ..compat.fx_lazy import graph_module
 from ..compat.internals import fake_maker
 from ..ir.plan import TENSOR_SLOT
@@ -239,7 +240,10 @@ def loads(data: bytes, k: str) -> dict[str, Any] | None:
     limit = sys.getrecursionlimit()
     try:
         sys.setrecursionlimit(max(limit, 20000))
-        payload = _Unpickler(io.BytesIO(data[len(MAGIC) :])).load()
+        # (warnings ignored: torch 2.13 deprecates constructing pytree's LeafSpec, which the graphs' codegen holds,
+        # and unpickling it gave the user a FutureWarning from here, or under `-W error` no program loaded)
+        with warns.ignored():
+            payload = _Unpickler(io.BytesIO(data[len(MAGIC) :])).load()
     except Exception:  # noqa: BLE001 - damaged, or of another build: compiled again
         return None
     finally:

@@ -22,13 +22,12 @@ call moves the version eager reports, not dealias's.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from ..compat import saved_hooks
+from ..compat import saved_hooks, warns
 from ..ir.draws import kept_rng
 from ..ir.opfacts import OWN_COUNTER_KEY
 from .capture import restriction
@@ -88,9 +87,8 @@ def _said(t: torch.Tensor, leaves: list[torch.Tensor], ran: list[Any], last: int
         with (
             torch.enable_grad(),
             torch.autograd.set_detect_anomaly(anomaly, check_nan=False),
-            warnings.catch_warnings(),
+            warns.ignored(),  # (anomaly detection's warning: the traceback of a forward not recorded)
         ):
-            warnings.simplefilter("ignore")  # (anomaly detection's warning: the traceback of a forward not recorded)
             torch.autograd.grad(t, leaves, grad_outputs=torch.ones_like(t), allow_unused=True, retain_graph=True)
     except RuntimeError as e:
         return str(e) if ran and ran[-1] == ("entered", last) else None
