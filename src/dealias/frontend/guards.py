@@ -213,7 +213,7 @@ def lean_check(
         elif i not in symbolic:
             env[f"v{i}"] = _leaf_key(x)
             conds.append(f"leaf(a{i}) == v{i}")
-    if shape_guard is not None:
+    if shape_guard is not None and not getattr(shape_guard, "always", False):
         conds.append("guard([*args, *held])" if held else "guard(list(args))")
     unpack = f"    {''.join(f'a{i}, ' for i in range(passed))}= args\n" if passed else ""
     src = (
