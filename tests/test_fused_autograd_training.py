@@ -288,6 +288,40 @@ def test_a_gradient_penalty_recomputes_without_compiling_again():
     assert info.entries <= 3 and info.misses <= 2, info
 
 
+def test_a_fused_backward_inside_a_frame_dynamo_evaluates_is_not_converted():
+    # The backward of AOTAutograd's Function for a fused graph is dealias's (double_backward.takes_double_backward),
+    # which dynamo must not convert where it runs inside a frame dynamo evaluates (`loss.backward()` between two
+    # graphs): it reads dynamo's hook and runs under `disable` there; elsewhere it skips the disable's frame. Dynamo
+    # converts no frame of it (none is counted) and the gradients are eager's.
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    ours = copy.deepcopy(net)
+    inner = dealias.jit(lambda net, x: net(x).square().mean(), executor="inductor")
+    fused_call = torch._dynamo.disable(lambda net, x: inner(net, x))
+
+    def step(net, x, f):
+        loss = f(net, x)
+        loss.backward()  # (a graph break: runs in the frame dynamo evaluates)
+        return loss * 2
+
+    outer = torch.compile(step, backend="eager")
+    xs = [torch.randn(5, 4) for _ in range(4)]
+    outer(ours, xs[0], fused_call)
+    step(net, xs[0], lambda net, x: net(x).square().mean())
+    frames = counters["frames"]["total"]
+    for x in xs[1:]:
+        torch.testing.assert_close(outer(ours, x, fused_call), step(net, x, lambda net, x: net(x).square().mean()))
+    assert counters["frames"]["total"] == frames  # (each frame dynamo met once, at the first call)
+    for a, b in zip(net.parameters(), ours.parameters()):
+        torch.testing.assert_close(b.grad, a.grad)
+    backward = type(inner(ours, xs[0]).grad_fn)._forward_cls.backward
+    assert dealias.cache_info(inner).tiers == ("fused",)
+    assert not _debug_get_cache_entry_list(backward.__code__)
+
+
 def scale_a_column_block(x, v):
     v.mul_(0.25)
     return x.sum(0)

@@ -89,6 +89,33 @@ def backward_keeps_graph() -> bool:
     return bool(_KEEP_GRAPH()) if _KEEP_GRAPH is not None else False
 
 
+# A function that runs without dynamo, called often: `torch._dynamo.disable(fn)` is a Python frame of dynamo's
+# around each call that turns dynamo's frame hook off for everything fn calls and back on after (~1 us a backward of a
+# small fused training step, whose node runs such a function), where the hook is almost always off already (a
+# backward run from the user's code outside compiled frames). Such a function reads the hook itself
+# (`dynamo_hook()`, in C: None where off) and calls its `disable`d self only where it is on (a backward run between
+# two graphs of a frame dynamo evaluates); its own frames are ones dynamo passes by (`skip_frames`:
+# `torch._dynamo.decorators.skip`, a mark on the code object read in C before any of dynamo's Python runs). Where
+# this torch has no hook to read, `dynamo_hook()` is never None (`object()`: a builtin, no frame of its own); where
+# it has no mark, `skip_frames` is `disable`.
+def _skip_marker() -> Callable[[Callable[..., Any]], Any] | None:
+    try:
+        from torch._dynamo import decorators
+
+        return require(decorators, "skip", "fn")
+    except (ImportError, Missing):
+        return None
+
+
+_SKIP = _skip_marker()
+dynamo_hook: Callable[[], Any] = _lookup(torch._C._dynamo.eval_frame, "get_eval_frame_callback")[0] or object
+
+
+def skip_frames(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, its own frames passed by dynamo's frame hook (see above); `disable(fn)` where this torch cannot."""
+    return _SKIP(fn) if _SKIP is not None else torch._dynamo.disable(fn)
+
+
 # Whether a backward run now may be compiled autograd's (`torch._dynamo.config.compiled_autograd`, or inside
 # `compiled_autograd._enable(compiler)`): its compiler is the user's callback, called on the backward's graph (and a
 # compile), which eager's backward runs once a call; True where this torch cannot tell.

@@ -14,7 +14,7 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..compat import saved_hooks
-from ..compat.internals import backward_keeps_graph
+from ..compat.internals import backward_keeps_graph, dynamo_hook, skip_frames
 from ..ir.opfacts import fact_per_signature
 
 
@@ -90,8 +90,9 @@ def takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
     if not getattr(cls, "dealias_double_backward", False):
         first_order, boxed = cls.backward, getattr(cls, "boxed_grads_call", False)
 
-        @torch._dynamo.disable  # (see recompute_double_backward)
         def backward(ctx: Any, *grads: Any) -> Any:
+            if dynamo_hook() is not None:  # (a backward run inside a frame dynamo evaluates: see skip_frames)
+                return without_dynamo(ctx, *grads)
             if torch.is_grad_enabled() and hasattr(ctx, "dealias_recompute"):
                 ctx.saved_tensors  # noqa: B018 - raises eager's error if a backward freed the graph
                 return recompute_double_backward(*ctx.dealias_recompute, grads[0] if boxed else grads)
@@ -100,7 +101,10 @@ def takes_double_backward(node: Any, args: Any, outs: Any) -> bool:
                 ctx.__dict__.pop("dealias_recompute", None)
             return result
 
-        cls.backward = staticmethod(backward)
+        # Dynamo must not convert it (see recompute_double_backward): its frames are skipped, and where dynamo's hook
+        # is on, it runs again under `disable`, which turns the hook off for all it calls.
+        without_dynamo = torch._dynamo.disable(backward)
+        cls.backward = staticmethod(skip_frames(backward))
         cls.dealias_double_backward = True
     return True
 

@@ -132,7 +132,7 @@ def fused_autograd_executor(
         constants = tuple(c for _, c in lifted)
         example = [*example, *(n.meta["val"] if symbolic else c for n, c in lifted)]
         call = None if call is None else [*call, *constants]
-    prologue = None
+    prologue, hoisted = None, []
     if any(n.op == "call_function" and (may_raise(n.target) or is_bounds_check(n.target)) for n in gm.graph.nodes):
         # Inductor checks indices inside its kernels, with its own error: they are checked before the call
         # instead, with eager's (prologue.py; an index the graph computes is computed there too).
@@ -154,6 +154,16 @@ def fused_autograd_executor(
     run = _compile(gm, example, written, call, viewed)
     if not constants and prologue is None and not sizes:
         return run
+    if not constants and not sizes and not hoisted:
+        # Only the prologue's checks, no input computed by it (a gather's index checked, DQN's loss): the call's own
+        # arguments are the graph's (no tuple built twice per call, ~0.3 us).
+
+        def checked(*args: Any) -> Any:
+            prologue(args)
+            return run(*args)
+
+        checked.graph = run.graph  # type: ignore[attr-defined]
+        return checked
 
     def with_inputs(*args: Any) -> Any:
         args = (*args, *constants)
