@@ -134,29 +134,3 @@ def test_a_forward_never_backpropagated_is_chosen_by_the_users_calls_where_close
     assert info.tiers == ("graph",), info
     assert info.timings[0]["graph"] == 0.8e-4 and info.timings[0]["fused"] == 1.0e-4, info
     assert all(p.grad is None for p in model.parameters())
-
-
-def test_the_copies_fastest_takes_the_first_turn_on_the_users_calls(monkeypatch):
-    # clip_grad_norm_: the fused program 13 % ahead of the torch executor on copies (within COPIES_CLOSE: both measured
-    # on the user's calls). The torch executor's turn came first, and the calls right after the first, the slowest a
-    # user sees (dynamo's guards and the caches cold after the compile), ran the tier the copies found slower: the
-    # second call 4.9x eager's median call, torch.compile's 3.5x.
-    on_copies = {"torch": 3.0e-4, "graph": 4.5e-4, "fused": 2.7e-4}
-    on_calls = {"torch": 2.2e-4, "graph": 3.0e-4, "fused": 2.0e-4}
-    fake_times(monkeypatch, on_copies, on_calls)
-    turns: list[str] = []
-    turn = tiers.Tiered._turn
-
-    def recorded(self):
-        tier, timed = turn(self)
-        turns.append(tier)
-        return tier, timed
-
-    monkeypatch.setattr(tiers.Tiered, "_turn", recorded)
-    jf = dealias.jit(ema)
-    calls_like_eager(jf, 40)
-    info = dealias.cache_info(jf)
-    assert "torch, fused measured on the calls" in info.tier_reasons[0], info
-    assert turns[: tiers.TURN_CALLS] == ["fused"] * tiers.TURN_CALLS, turns  # (then the torch executor's turn)
-    assert turns[tiers.TURN_CALLS] == "torch", turns
-    assert info.tiers == ("fused",), info

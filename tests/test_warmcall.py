@@ -76,9 +76,9 @@ def test_the_same_program_reads_the_record_and_times_nothing(records):
 
 def test_tiers_close_to_the_records_fastest_are_warmed_up_on_copies(records):
     # The tiers within COPIES_CLOSE of the record's fastest are measured on the user's calls: their first runs are
-    # made on copies in the first call, as where the first call times them (clip_grad_norm_: the torch executor's
-    # first run, 3-4x eager's median call right after the compile, was the user's fifth call, its worst after the
-    # second). Those further behind are not run.
+    # made on copies in the first call, as where the first call times them (a tier whose turn is not the first made
+    # its first, cold run at the user's fifth or ninth call: clip_grad_norm_'s torch executor there, 3.3x eager's
+    # median call). Those further behind are not run.
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     first_call(step, x, y)
     (path,) = (Path(os.environ["DEALIAS_CACHE_DIR"]) / "copies").glob("*.json")

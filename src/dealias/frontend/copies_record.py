@@ -13,9 +13,9 @@ damaged or does not match what is asked is ignored: the tiers are timed as befor
 A first call that reads a record still runs on copies the tier(s) the record makes fastest, once and untimed: the
 fused program's first run is its warm-up (its first calls after the compile ran 1.1-1.3x eager, its backward
 compiled in its first backward), which the user's calls would take otherwise; so are the tiers close enough to the
-fastest that the user's calls measure them (tiers.COPIES_CLOSE), whose first run, cold, was otherwise one of the
-user's early calls (clip_grad_norm_'s torch executor: its fifth, the worst after the second). The other tiers'
-first runs are not made.
+fastest that the user's calls measure them (tiers.COPIES_CLOSE), as where the first call times them: otherwise a
+tier whose turn is not the first made its first, cold run at the user's fifth or ninth call (clip_grad_norm_'s
+torch executor there: 3.3x eager's median call). The other tiers' first runs are not made.
 
 `DEALIAS_COPIES_RECORD=0` (read at import; the test suite's setting, whose tier tests time afresh) turns it off.
 Only real measurements are kept: where tests replace `tiers.measure`, nothing is read or written.

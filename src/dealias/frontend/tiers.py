@@ -171,7 +171,6 @@ class Tiered(ByBackward):
         # per thread (each its CPU clock), its call with autograd history timed until its next: (tier, its seconds,
         self.open: dict[int, tuple[str, float, float, bool]] = {}  # when it returned, timed)
         self.turn = ("", 0)  # the candidate whose turn it is (`_turn`), and its calls in that turn so far
-        self.lead = ""  # the candidate whose turn comes first, before `_turn`'s rule: the copies' fastest (`_sift`)
         # what the last call ran: a call recording autograd inside a backward (a checkpoint's recomputation) runs it
         self.ran: Callable[[list[Any]], Any] | None = None
         self.candidates = list(self.runs) if len(self.runs) > 1 else []
@@ -290,13 +289,10 @@ class Tiered(ByBackward):
 
     def _turn(self) -> tuple[str, bool]:
         """The candidate this call runs, and whether the call is timed: candidates take turns of TURN_CALLS calls in a
-        row, `lead` first where set, then the one measured least (one not yet warm first), the first SWITCH_CALLS of
-        each untimed."""
+        row, the one measured least first (one not yet warm first), the first SWITCH_CALLS of each untimed."""
         tier, calls = self.turn
         if tier not in self.candidates or calls >= TURN_CALLS:
             tier, calls = min(self.candidates, key=lambda t: (t in self.warm, len(self.samples.get(t, ())))), 0
-            if self.lead in self.candidates:
-                tier, self.lead = self.lead, ""
         self.turn = (tier, calls + 1)
         return tier, calls >= SWITCH_CALLS
 
@@ -498,12 +494,6 @@ class Tiered(ByBackward):
             self._choose()
             return
         self.samples, self.measured_on_copies = {}, ""
-        # The copies' fastest takes the first turn: the calls right after the first are the slowest a user sees
-        # (dynamo's guards and the caches cold after the compile), and the tier the copies favour is likeliest the
-        # fastest there too (clip_grad_norm_'s second call, the fused program 13 % ahead on copies: 4.5-5.1x eager's
-        # median call on the torch executor, whose turn came first by the list's order, torch.compile's 4.2-4.3x;
-        # 3.8-3.9x on the fused program, torch.compile's 3.1-3.4x).
-        self.lead = min(self.candidates, key=lambda t: choosing.fastest_of(samples[t]))
         tiers = ", ".join(self.candidates)
         self.notes.append(f"{tiers} measured on the calls: within {close:.0%} of each other on copies")
 
