@@ -526,7 +526,9 @@ class Tiered(ByBackward):
         (frontend/copies_record.py). Times faked by tests are neither read nor kept."""
         real = measure is _MEASURE and clock is _CLOCK
         fastest = choosing.fastest_of
-        return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, fastest, real, lazy)
+        # (with the tiers within COPIES_CLOSE of a record's fastest warmed up on copies: the user's calls measure them)
+        close = COPIES_CLOSE
+        return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, fastest, real, lazy, close)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
