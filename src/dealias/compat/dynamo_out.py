@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -242,7 +243,11 @@ def _eager_fills(
 
     verdict = None
     rng = torch.get_rng_state() if seeded else None
-    with unset_fake_temporarily(), torch.no_grad(), warns.recorded() as caught:
+    # (A builtin's warnings are given at this module's line, where none is kept in its registry (recorded "always");
+    # a Python function's, torch.tensordot's, at its own lines, which the user's eager call may have put in its
+    # module's registry: there the probe saw no warning and the program never gave eager's.)
+    afresh = not isinstance(fn, (types.BuiltinFunctionType, types.MethodDescriptorType))
+    with unset_fake_temporarily(), torch.no_grad(), warns.recorded(afresh) as caught:
         try:
             gen = torch.Generator().manual_seed(fill if isinstance(fill, int) else 0)
             real = _reals(every, gen, alias, fill)  # (an argument sharing an out's memory shares it here too)

@@ -50,9 +50,13 @@ def ignored() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def recorded() -> Iterator[list[warnings.WarningMessage]]:
-    """Every warning recorded in the list given, none shown (`catch_warnings(record=True)` with "always")."""
-    if not _usable():
+def recorded(afresh: bool = False) -> Iterator[list[warnings.WarningMessage]]:
+    """Every warning recorded in the list given, none shown (`catch_warnings(record=True)` with "always").
+
+    A warning already in the registry of the module at whose line it is given is not recorded: Python reads that
+    registry before any filter. Where that module may be one whose lines the user's own code ran (a warning given
+    in torch's Python), `afresh` uses `catch_warnings`, which empties the registries, at the cost said above."""
+    if afresh or not _usable():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield caught
