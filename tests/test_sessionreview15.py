@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 
 import dealias
@@ -38,27 +37,3 @@ def test_an_out_resize_warning_shown_once_before_the_compile_is_still_given_by_t
             warnings.simplefilter("always")
             fn(a, b, torch.empty(4, 4))
         assert _resized(caught) == 1, (fn, [str(w.message) for w in caught])
-
-
-def _hooked_forward(net, x):
-    return net(x) * 2
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="dynamo guards none of torch's global module hook dicts: a global hook registered after the first call "
-    "is not run by the program (every backend alike, torch 2.13 and 2.14.1; not hook_kwargs_guards's doing)",
-)
-def test_a_global_forward_hook_registered_after_the_first_call_runs_as_in_eager():
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
-    x = torch.randn(4, 3)
-    jf = dealias.jit(_hooked_forward, executor="torch")
-    torch.testing.assert_close(jf(net, x), _hooked_forward(net, x))
-    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, k, o: o + 1, with_kwargs=True)
-    try:
-        expected = _hooked_forward(net, x)
-        got = jf(net, x)
-    finally:
-        handle.remove()
-    torch.testing.assert_close(got, expected)

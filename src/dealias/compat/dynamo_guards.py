@@ -16,7 +16,7 @@ import functools
 import math
 from typing import Any
 
-from .registry import active, correction, require, require_module
+from .registry import Missing, active, correction, require, require_module
 from .settings import in_dealias_frame
 
 
@@ -103,3 +103,53 @@ def install_hook_kwargs() -> None:
         return result
 
     builder.EMPTY_NN_MODULE_HOOKS_DICT = empty_hooks_dict
+
+
+# torch's global module hook dicts a module call runs (`register_module_forward_hook` and the like): dynamo reads
+# their lengths to choose whether a module call inlines its hooks or calls `forward` straight, and guards none.
+_GLOBAL_HOOK_DICTS = (
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+)
+
+
+@correction(
+    "global_hook_guards",
+    corrects="dynamo guards none of torch's global module hook dicts: a global hook registered after a compile was "
+    "not run by its program (a forward hook's result lost, silently)",
+    without="a global module hook registered after a compile is not run by that program, as with every backend",
+)
+def install_global_hooks() -> None:
+    """Dynamo reads torch's global hook dicts (`tx.nn_modules_globals_vt`, once per frame it traces) where a module
+    call may go straight to `forward`; in a dealias frame their lengths are guarded there too, so that a global hook
+    registered (or removed) later compiles the frame again, as one registered on the module does."""
+    translator = require(require_module("torch._dynamo.symbolic_convert"), "InstructionTranslatorBase")
+    cached = vars(translator).get("nn_modules_globals_vt")
+    if not isinstance(cached, functools.cached_property):
+        raise Missing("InstructionTranslatorBase.nn_modules_globals_vt is no cached_property")
+    require(translator, "import_source", "self", "module_name")
+    guards = require_module("torch._dynamo.guards")
+    install_guard = require(guards, "install_guard")
+    # (the guard dynamo's EMPTY_NN_MODULE_HOOKS_DICT puts on a module's own hook dict; where a global dict is not
+    # empty, dynamo runs the module's `_call_impl`, which reads its hooks, and guards them as it reads)
+    length = require(require(guards, "GuardBuilder"), "SEQUENCE_LENGTH", "self", "guard")
+    attr_source = require(require_module("torch._dynamo.source"), "AttrSource")
+    module = require_module("torch.nn.modules.module")
+    for name in _GLOBAL_HOOK_DICTS:
+        require(module, name)
+    original = cached.func
+
+    @functools.wraps(original)
+    def nn_modules_globals_vt(self: Any) -> Any:
+        vt = original(self)
+        if active("global_hook_guards") and in_dealias_frame():
+            source = self.import_source("torch.nn.modules.module")
+            for name in _GLOBAL_HOOK_DICTS:
+                install_guard(attr_source(source, name).make_guard(length))
+        return vt
+
+    wrapped = functools.cached_property(nn_modules_globals_vt)
+    wrapped.__set_name__(translator, "nn_modules_globals_vt")
+    translator.nn_modules_globals_vt = wrapped
