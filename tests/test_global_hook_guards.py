@@ -33,9 +33,7 @@ def _scaled_input(m, args):
 
 REGISTER = {
     "forward": lambda: nn_module.register_module_forward_hook(_plus_one, with_kwargs=True),
-    "forward always_call": lambda: nn_module.register_module_forward_hook(
-        lambda m, a, o: o - 1, always_call=True
-    ),
+    "forward always_call": lambda: nn_module.register_module_forward_hook(lambda m, a, o: o - 1, always_call=True),
     "forward pre": lambda: nn_module.register_module_forward_pre_hook(_scaled_input),
 }
 
