@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -243,10 +242,7 @@ def _eager_fills(
 
     verdict = None
     rng = torch.get_rng_state() if seeded else None
-    # (A builtin's warnings are given at this module's line, where none is kept in its registry (recorded "always");
-    # a Python function's, torch.tensordot's, at its own lines, which the user's eager call may have put in its
-    # module's registry: there the probe saw no warning and the program never gave eager's.)
-    afresh = not isinstance(fn, (types.BuiltinFunctionType, types.MethodDescriptorType))
+    afresh = warns.at_its_own_lines(fn)  # (torch.tensordot's warning: see there)
     with unset_fake_temporarily(), torch.no_grad(), warns.recorded(afresh) as caught:
         try:
             gen = torch.Generator().manual_seed(fill if isinstance(fill, int) else 0)

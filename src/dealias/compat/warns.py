@@ -14,8 +14,10 @@ Where the filters are not the plain list this expects (another Python's warnings
 from __future__ import annotations
 
 import contextlib
+import types
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 
 def _usable() -> bool:
@@ -47,6 +49,14 @@ def ignored() -> Iterator[None]:
         return
     with _at_head("ignore"):
         yield
+
+
+def at_its_own_lines(fn: Any) -> bool:
+    """Whether `fn`'s warnings are given at lines of its own (a Python function: torch.tensordot's), which the user's
+    eager call may have put in that module's registry, so that `recorded` would see none of them: there the `out=`
+    probe saw no warning and the program never gave eager's. A builtin's are given at the caller's line (dealias's,
+    where none is kept in the registry: recorded "always")."""
+    return not isinstance(fn, (types.BuiltinFunctionType, types.MethodDescriptorType))
 
 
 @contextlib.contextmanager
