@@ -195,8 +195,18 @@ def lean_check(
         # ~25 ns a tensor less than its id (an optimizer step's 30 tensors: ~0.8 us a call).
         plain = storage_object is not None and all(type(leaves[i]) in _PLAIN_TENSORS for i in tensors)
         env["storage"] = storage_object
-        storages = ", ".join(f"{'storage' if plain else 'sid'}(a{i})" for i in tensors)
-        conds.append(f"len({{{storages}}}) == {len(tensors)}")
+        key = "storage" if plain else "sid"
+        # Where every passed leaf is a tensor, the keys of `args` (and of the held tensors) are taken in one C loop,
+        # `map` into the set, not one call written out per tensor: the same key of the same tensors, ~4 ns a tensor
+        # less (a mobilenet's 142 inputs: ~0.5 us; after the kernels the reads of the tensors' memory cost the rest,
+        # the same for every key torch offers: storage object, id, address, data_ptr).
+        if passed and set(range(passed)) <= set(tensors):
+            storages = [f"*map({key}, args)"]
+        else:
+            storages = [f"{key}(a{i})" for i in tensors if i < passed]
+        if held:
+            storages.append(f"*map({key}, held)")
+        conds.append(f"len({{{', '.join(storages)}}}) == {len(tensors)}")
     for i, x in enumerate(leaves):
         if isinstance(x, torch.Tensor):
             if x.requires_grad:  # without it, dynamo's requires_grad guard says the kind is False
