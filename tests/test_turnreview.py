@@ -35,20 +35,21 @@ def test_a_checkpoint_recomputation_while_measured_on_the_calls_runs_its_forward
     assert info.tiers == ("torch",), (info, ran)
 
 
-def test_a_call_the_fused_guard_rejects_ends_the_fused_turn(monkeypatch):
-    # The fused program's narrower shape guard rejecting a call of its turn ran the exact tier (untimed) and the turn
-    # went on: the fused program's next calls, its first after a switch (cache-cold, 2.2x its steady call here), were
-    # timed as the turn's third and fourth, and it lost clearly to the torch executor it beats by 10 % in a row.
+def _calls_behind_a_narrower_guard(monkeypatch, after_switch, rejects):
+    """120 calls of add_rows (no fused compile in the first; the fused program is the torch executor's, 18 us a call
+    in a row against the torch executor's 20 and dynamo's graph's 22, `after_switch` as switch_costs takes it)
+    behind a narrower shape guard that rejects its k-th check where `rejects(k)`, each compared with eager: the
+    cache_info, the tiers run (an exact tier's run for a rejected call as "exact") and the guard's checks."""
     monkeypatch.setattr(tiers, "FUSE_FIRST", False)
-    ran = switch_costs(monkeypatch, {"torch": 2.0e-5, "graph": 2.2e-5, "fused": 1.8e-5}, {"fused": [4.0e-5, 4.0e-5]})
-    guard_calls = [0]
+    ran = switch_costs(monkeypatch, {"torch": 2.0e-5, "graph": 2.2e-5, "fused": 1.8e-5}, after_switch)
+    checks = [0]
 
-    class Guard:  # (rejects the fused program's second call of every four: tensors of another size, say)
+    class Guard:
         text = "narrower"
 
         def __call__(self, leaves):
-            guard_calls[0] += 1
-            if guard_calls[0] % 4 == 2:
+            checks[0] += 1
+            if rejects(checks[0]):
                 ran.append("exact")  # (what ran instead, for switch_costs' count of calls in a row)
                 return False
             return True
@@ -57,7 +58,15 @@ def test_a_call_the_fused_guard_rejects_ends_the_fused_turn(monkeypatch):
     jf = dealias.jit(add_rows)
     for call in range(120):
         assert compare_call(add_rows, jf, (torch.randn(8, 4), torch.randn(4))) is None, call
-    info = dealias.cache_info(jf)
+    return dealias.cache_info(jf), ran, checks[0]
+
+
+def test_a_call_the_fused_guard_rejects_ends_the_fused_turn(monkeypatch):
+    # The fused program's narrower shape guard rejecting a call of its turn ran the exact tier (untimed) and the turn
+    # went on: the fused program's next calls, its first after a switch (cache-cold, 2.2x its steady call here), were
+    # timed as the turn's third and fourth, and it lost clearly to the torch executor it beats by 10 % in a row.
+    # (the guard rejects the fused program's second call of every four: tensors of another size, say)
+    info, ran, _ = _calls_behind_a_narrower_guard(monkeypatch, {"fused": [4.0e-5, 4.0e-5]}, lambda k: k % 4 == 2)
     assert info.tiers == ("fused",), (info, ran)
     assert info.timings[0]["fused"] == 1.8e-5, info  # (no sample from a call right after a switch)
 
@@ -150,24 +159,9 @@ def test_a_fused_program_whose_guard_rejects_every_call_is_dropped(monkeypatch):
     # The fused program's narrower shape guard rejected every call (the user's tensors all outside it): each call of
     # its turn ran the exact tier untimed and ended the turn, the fused program stayed the candidate measured least,
     # so every later call was its turn again and the program never settled (measured on, forever).
-    monkeypatch.setattr(tiers, "FUSE_FIRST", False)
-    ran = switch_costs(monkeypatch, {"torch": 2.0e-5, "graph": 2.2e-5, "fused": 1.8e-5}, {})
-    rejected = [0]
-
-    class Guard:
-        text = "narrower"
-
-        def __call__(self, leaves):
-            rejected[0] += 1
-            return False
-
-    fused_is_torch(monkeypatch, Guard())
-    jf = dealias.jit(add_rows)
-    for call in range(120):
-        assert compare_call(add_rows, jf, (torch.randn(8, 4), torch.randn(4))) is None, call
-    info = dealias.cache_info(jf)
+    info, ran, rejected = _calls_behind_a_narrower_guard(monkeypatch, {}, lambda k: True)
     assert info.tiers == ("torch",), (info, ran)
     assert "fused" not in ran, ran
     reasons = " ".join(info.tier_reasons)
     assert "measuring" not in reasons and "shape guard rejected" in reasons, info
-    assert rejected[0] == tiers.REJECTED_CALLS, rejected  # (then no more tries of the fused program)
+    assert rejected == tiers.REJECTED_CALLS, rejected  # (then no more tries of the fused program)
