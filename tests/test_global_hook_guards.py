@@ -14,6 +14,20 @@ import dealias
 from dealias import compat
 
 
+@pytest.fixture(autouse=True)
+def _global_hook_dicts_restored():
+    """torch's global hook dicts as they were before the test: a global forward hook registered `with_kwargs=True`
+    leaves its flag in `_global_forward_hooks_with_kwargs` after `handle.remove()` (its handle does not name that
+    dict), which made every later test of the process see a global hook (`_has_any_global_hook()`: dynamo's
+    OptimizedModule warned of one in test_view_chain_grad_modes)."""
+    saved = {n: dict(d) for n, d in vars(nn_module).items() if n.startswith("_global_") and isinstance(d, dict)}
+    yield
+    for n, before in saved.items():
+        d = getattr(nn_module, n)
+        d.clear()
+        d.update(before)
+
+
 def _net() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
