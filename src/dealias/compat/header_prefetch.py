@@ -49,6 +49,7 @@ _original: Any = None  # torch's cached `_precompile_header`, once the wrapper i
 _saved: set[str] = set()  # calls this process has on disk already
 _once = background.Once()
 thread: threading.Thread | None = None  # (tests: join it)
+errors: list[str] = []  # what the thread's calls raised (dropped otherwise: the compile computes those itself)
 
 
 def _install() -> Any:
@@ -263,5 +264,6 @@ def _compute(calls: list[tuple[str, str, dict[str, Any]]]) -> None:
     for header, cmd, kwargs in calls:
         try:
             _original(header, cmd, **kwargs)
-        except BaseException:  # noqa: BLE001 - left uncached: the compile computes it itself
-            pass
+        except BaseException as e:  # noqa: BLE001 - left uncached: the compile computes it itself
+            if len(errors) < MAX_CALLS:
+                errors.append(f"{type(e).__name__}: {e}")
