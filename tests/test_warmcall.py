@@ -168,6 +168,51 @@ def test_a_training_step_recorded_with_its_backward(records):
     assert len(paths) == 2 and all(json.loads(p.read_text())["forwards"] is not None for p in paths)
 
 
+def _training_step_twice(records, fused_backward_seconds):
+    """A training step's first call and backward in two compiles, checked against eager's; between them its two
+    records (the first call's, the fused backward untimed; the first backward's, every tier's) rewritten: every tier
+    equal, but the fused one's after the first backward taking `fused_backward_seconds`. Returns the tiers each run on
+    copies of the second compile was asked to run."""
+    w, x = torch.randn(32, 32, requires_grad=True), torch.randn(8, 32)
+
+    def loss(w, x):
+        return (x @ w).relu().sum()
+
+    for k in range(2):
+        torch._dynamo.reset()
+        asked = len(records)
+        got = dealias.jit(loss)(w, x)
+        got.backward()
+        want_w = w.detach().clone().requires_grad_()
+        want = loss(want_w, x)
+        want.backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(w.grad, want_w.grad)
+        w.grad = None
+        for path in (Path(os.environ["DEALIAS_CACHE_DIR"]) / "copies").glob("*.json") if k == 0 else ():
+            record = json.loads(path.read_text())
+            whole = {t: [1e-4] * tiers.SAMPLES for t in record["samples"]}
+            forwards = {t: [1e-4] * tiers.SAMPLES for t in record["forwards"]}
+            if "fused" in whole:  # (the first backward's record)
+                whole["fused"] = forwards["fused"] = [fused_backward_seconds] * tiers.SAMPLES
+            record["samples"], record["forwards"] = whole, forwards
+            path.write_text(json.dumps(record))
+    assert copies_record.counts == {"read": 2, "written": 2}
+    return [sorted(ts) for ts, _ in records[asked:]]
+
+
+def test_a_training_steps_tiers_are_warmed_up_once(records):
+    """Reading the first backward's record, the second compile warms up on copies only the tier whose backward the
+    first call left untimed (the fused one's, compiled in its first backward): the exact tiers' forward and backward
+    ran on copies in the call already (resnet18's training step ran them twice, 0.09 CPU s of its warm first call)."""
+    assert _training_step_twice(records, 1e-4) == [["fused", "graph", "torch"], ["fused"]]
+
+
+def test_a_training_steps_record_read_with_nothing_left_to_warm_up(records):
+    # The fused tier far behind on forward and backward: the first backward's record is read without a run.
+    assert _training_step_twice(records, 1e-2) == [["fused", "graph", "torch"]]
+
+
 CHILD = textwrap.dedent(
     """
     import json, sys, torch

@@ -97,8 +97,10 @@ class ByBackward:
                 self.timing_backward, self.choosing = False, made  # (the watch's `seen` stays: the next call)
             return
         whole, notes, forwards = {}, [], None
+        with self.lock:  # (the tiers whose forward and backward ran on copies in the first call: not warmed again)
+            warm = frozenset(self.warm)
         try:
-            whole, _, notes, forwards = self._copies(leaves, made.tiers)
+            whole, _, notes, forwards = self._copies(leaves, made.tiers, warm=warm)
         finally:  # (KeyboardInterrupt in the compile: settled on the exact tiers all the same, then raised)
             with self.lock:
                 self.timing_backward = False

@@ -161,12 +161,15 @@ def runs(
     real: bool,
     lazy: frozenset[str] = frozenset(),
     close: float = 0.0,
+    warm: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
     """copies.run_on_copies for cache entry `entry` (tiers.Tiered), its times read from a record where there is
     one (only the untimed first runs made of the recorded fastest tiers and of those within `close` of the fastest,
     which the user's calls measure: the fused program's warm-up, and each such tier's first run, whose cold call
     would otherwise be one of the user's), else timed and recorded for the next process. `real`: the times are real
-    ones (tests faking them: nothing read or kept)."""
+    ones (tests faking them: nothing read or kept). `warm`: tiers whose first run, forward and backward, this call
+    made on copies already (the runs after the first backward: the exact tiers warmed in the call's forward), not
+    made again where a record is read."""
     k = key(entry, leaves, tiers, lazy) if real and ENABLED and tiers else None
     found = load(k, tiers, lazy)
     if found is not None:
@@ -176,11 +179,16 @@ def runs(
         if recorded_forwards is not None:
             best = min(map(fastest_of, recorded_forwards.values()), default=0.0)
             fastest |= {t for t, s in recorded_forwards.items() if fastest_of(s) <= (1 + close) * best}
-        warm = [t for t in tiers if t in fastest]
-        _, warmed, notes, forwards = copies.run_on_copies(entry, leaves, warm, measure, 0, measure_seconds, lazy)
-        refused = any(n.startswith("tiers measured on the calls:") for n in notes)
+        # (a tier warmed already is not run again: resnet18's training step ran the torch executor's and dynamo's
+        # graph's forward and backward on copies in its forward and again after its first backward, 0.09 CPU s)
+        cold = [t for t in tiers if t in fastest and t not in warm]
+        if cold:
+            _, warmed, notes, forwards = copies.run_on_copies(entry, leaves, cold, measure, 0, measure_seconds, lazy)
+            refused = any(n.startswith("tiers measured on the calls:") for n in notes)
+        else:  # (the tiers' first runs, their backward included, were this call's: it records autograd)
+            warmed, refused, forwards = set(), False, {}
         # (the warm-up ran as the record's runs did: not refused, and recording autograd where they did)
-        if not refused and warmed == set(warm) and (forwards is None) == (recorded_forwards is None):
+        if not refused and warmed == set(cold) and (forwards is None) == (recorded_forwards is None):
             counts["read"] += 1
             return recorded, warmed, ["times on copies read from an earlier process's record (copies_record)"], found[1]
     samples, warmed, notes, forwards = copies.run_on_copies(

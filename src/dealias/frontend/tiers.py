@@ -519,16 +519,22 @@ class Tiered(ByBackward):
         self.notes.append(f"{tiers} measured on the calls: within {close:.0%} of each other on copies")
 
     def _copies(
-        self, leaves: list[Any], tiers: list[str], lazy: frozenset[str] = frozenset()
+        self,
+        leaves: list[Any],
+        tiers: list[str],
+        lazy: frozenset[str] = frozenset(),
+        warm: frozenset[str] = frozenset(),
     ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
-        """The runs on copies of `_measure_on_copies` (`lazy`: the tiers whose backward they leave untimed), or
+        """The runs on copies of `_measure_on_copies` (`lazy`: the tiers whose backward they leave untimed; `warm`:
+        those whose first forward and backward ran on copies already, not run again for a record), or
         their times read from an earlier process's record of the same program on this host
         (frontend/copies_record.py). Times faked by tests are neither read nor kept."""
         real = measure is _MEASURE and clock is _CLOCK
         fastest = choosing.fastest_of
         # (with the tiers within COPIES_CLOSE of a record's fastest warmed up on copies: the user's calls measure them)
         close = COPIES_CLOSE
-        return copies_record.runs(self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, fastest, real, lazy, close)
+        args = (self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, fastest, real, lazy, close, warm)
+        return copies_record.runs(*args)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a fused compile running in the background (tests, benchmarks); True once none is running. The
