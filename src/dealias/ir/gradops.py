@@ -10,6 +10,8 @@ tensors carry a history their values do not:
 - `write_back_now(target, value)`: a caller's tensor written in the graph and then read by ops that save it for
   backward: eager saves the caller's tensor itself, so a later in-place write (in a later graph, or in eager
   code) makes backward raise. The graph writes it back where its last write was and reads it afterwards.
+- `rewritten(old, new)`: the same for a write through a view covering all of a tensor, by values that require
+  grad but do not read it: eager's old history still gets its (zero) gradient.
 - `attach_history(t, history)`: an `unsafe_split` element returned after other tensors wrote its memory keeps,
   in eager, the history it had at the split; the graph's value of it then is that history.
 - `bump_version(t)`: eager's `x.copy_(x)` writes no value but moves the caller's version counter.
@@ -62,6 +64,27 @@ def overwritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     if not (torch.is_grad_enabled() and old.requires_grad) or new.requires_grad:
         return new
     return _Overwritten.apply(old, new)
+
+
+class _Rewritten(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return new.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros_like(grad), grad
+
+
+def rewritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """A tensor that requires grad, written with grad on through a view that covers all of it (`y.view(-1).copy_(v)`)
+    by values that do not read it: eager's CopySlices still calls the node of its old history, with a zero gradient
+    where the write went, so a leaf behind it gets a gradient of zeros (not None) and an op there whose saved tensor
+    the program wrote raises; the functional value, the written values reshaped back, has no edge to that history.
+    This node gives it one, the gradient passing on to `new` as it is."""
+    if not (torch.is_grad_enabled() and old.requires_grad and new.requires_grad):
+        return new
+    return _Rewritten.apply(old, new)
 
 
 class _AttachHistory(torch.autograd.Function):

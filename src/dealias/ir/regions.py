@@ -174,3 +174,24 @@ def owning_node(emit: Emitter, node: fx.Node) -> fx.Node:
         # Returned as it is, it would be a view where eager's tensor is not one (fuzz --dynamic seed 1100051).
         raise UnsupportedError("a returned tensor written through a view, in a layout its symbolic sizes leave open")
     return node
+
+
+def covers_without_reading(new: fx.Node, base: fx.Node) -> bool:
+    """Whether `new` is a write into `base` through views whose inverses do not read it (they cover all of it:
+    `view`, `unsqueeze`, `t()`), of a value computed without `base` (`copy_` of other values): the functional value
+    then has no edge to `base`'s history, which eager's CopySlices still gives a zero gradient (gradops.rewritten,
+    emitted by autograd_facts.with_history). A value reading `base` has that edge already (a second one would add a
+    zero to eager's gradient: a -0.0 would become 0.0)."""
+    if not is_region_write(new) or new.args[0] is not base:
+        return False
+    if any(inverse_reads_base(step_of(v)) for v in region_views(new)):
+        return False  # (a scatter inverse reads the base: its history gets the rest of the gradient)
+    seen, todo = set(), [new.args[2]]
+    while todo:
+        n = todo.pop()
+        if n is base:
+            return False
+        if isinstance(n, fx.Node) and n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return True

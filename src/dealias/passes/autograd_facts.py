@@ -40,9 +40,10 @@ from torch.utils import _pytree as pytree
 
 from ..errors import EagerRaisesError, UnsupportedError, located, node_location, with_location
 from ..ir.emitter import Emitter
-from ..ir.gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, write_back_now
+from ..ir.gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, rewritten, write_back_now
 from ..ir.opfacts import facts, is_view_node, written_nodes
 from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
+from ..ir.regions import covers_without_reading
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
 from .hidden_writes import hidden_write_after_a_read, moves_counter
@@ -289,6 +290,8 @@ class AutogradFacts(UnsafeSplitFacts):
             self.history.setdefault(s, base)
         if self.emit.grad and not hidden and base.meta.get("rg") and not new.meta.get("rg"):
             new = self.emit.call(overwritten, base, new)
+        elif self.emit.grad and not hidden and base.meta.get("rg") and covers_without_reading(new, base):
+            new = self.emit.call(rewritten, base, new)
         return new
 
     def after_write(self, s: Storage, node: fx.Node, hidden: bool, result: fx.Node | None = None) -> None:

@@ -37,6 +37,7 @@ from ..ir.gradops import (
     grad_leaf,
     keep_history,
     overwritten,
+    rewritten,
     stale_saved,
     write_back_now,
 )
@@ -59,15 +60,16 @@ def enabled() -> bool:
 # -- dealias's own function targets -----------------------------------------------------------------------------
 
 # Pure functions of tensors (they write nothing), with the argument whose memory their result may share (None: a
-# tensor of its own): `keep_history(old, new)` and `overwritten(old, new)` return `new` (or `new.detach()`),
-# `grad_leaf(v)` a detached `v`, `caller_tensor(t)` and `caller_after(t, written)` `t` itself, `stale_saved(t, m)`
-# `t` or a detached `t`; `draw_like` draws into memory it allocates (a random draw: pure but for the generator it
-# moves, as a functional random op).
+# tensor of its own): `keep_history(old, new)`, `overwritten(old, new)` and `rewritten(old, new)` return `new` (or
+# `new.detach()`), `grad_leaf(v)` a detached `v`, `caller_tensor(t)` and `caller_after(t, written)` `t` itself,
+# `stale_saved(t, m)` `t` or a detached `t`; `draw_like` draws into memory it allocates (a random draw: pure but for
+# the generator it moves, as a functional random op).
 PURE_FUNCTIONS: dict[Callable[..., Any], int | None] = {
     draw_like: None,
     island: None,
     keep_history: 1,
     overwritten: 1,
+    rewritten: 1,
     grad_leaf: 0,
     caller_tensor: 0,
     caller_after: 0,
