@@ -50,13 +50,21 @@ def through_transpose(x0, x1):
 
 
 def value_reading_the_base(x0, x1):
-    # (the value reads the base: its history has its edge already; a second one would turn eager's -0.0 to 0.0)
+    # (mul_ computes from the region: eager passes its gradient for `self` on that edge alone, -0.0 staying -0.0)
     v = x0 * 1
     v.view(-1).mul_(-0.0)
     return (v,)
 
 
-PROGRAMS = [through_view, through_unsqueeze, through_transpose, value_reading_the_base]
+def copy_of_a_value_read_from_it(x0, x1):
+    # (`copy_`'s source read from the base: eager's old history gets the source's gradient and CopySlices' zero, so
+    # the source's -0.0 becomes 0.0 there; this one is an edge apart from the source's)
+    v = x0 * 1
+    v.view(-1).copy_(v.view(-1) * -0.0)
+    return (v,)
+
+
+PROGRAMS = [through_view, through_unsqueeze, through_transpose, value_reading_the_base, copy_of_a_value_read_from_it]
 
 
 @pytest.mark.parametrize("executor", ["torch", "tiered"])
@@ -95,11 +103,12 @@ def test_the_fused_executor_gives_the_zero_gradient_too():
     assert grads_like_eager(through_view, dealias.jit(through_view, executor="inductor"), _make) == []
 
 
-def test_only_a_value_not_reading_the_base_gets_the_node():
+def test_only_a_value_the_op_did_not_compute_from_the_region_gets_the_node():
     def targets(fn):
         jf = dealias.jit(fn, executor="torch")
         jf(*_make())
         return [n.target for t in dealias.last_traces(jf) if t.graph is not None for n in t.graph.graph.nodes]
 
     assert rewritten in targets(through_view)
+    assert rewritten in targets(copy_of_a_value_read_from_it)
     assert rewritten not in targets(value_reading_the_base)

@@ -7,11 +7,12 @@ tensors carry a history their values do not:
   the write has no such history; this joins the two.
 - `overwritten(old, new)`: eager's tensor that requires grad, overwritten with grad on by values that do not,
   still requires grad; the functional value, made of those values alone, would not.
+- `rewritten(old, new)`: eager's tensor that requires grad, overwritten with grad on through a view covering all of
+  it by a `copy_` of values that do: its old history still gets a zero gradient (CopySlices'), which the functional
+  value, the values reshaped back, would not give it.
 - `write_back_now(target, value)`: a caller's tensor written in the graph and then read by ops that save it for
   backward: eager saves the caller's tensor itself, so a later in-place write (in a later graph, or in eager
   code) makes backward raise. The graph writes it back where its last write was and reads it afterwards.
-- `rewritten(old, new)`: the same for a write through a view covering all of a tensor, by values that require
-  grad but do not read it: eager's old history still gets its (zero) gradient.
 - `attach_history(t, history)`: an `unsafe_split` element returned after other tensors wrote its memory keeps,
   in eager, the history it had at the split; the graph's value of it then is that history.
 - `bump_version(t)`: eager's `x.copy_(x)` writes no value but moves the caller's version counter.
@@ -78,10 +79,11 @@ class _Rewritten(torch.autograd.Function):
 
 def rewritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     """A tensor that requires grad, written with grad on through a view that covers all of it (`y.view(-1).copy_(v)`)
-    by values that do not read it: eager's CopySlices still calls the node of its old history, with a zero gradient
-    where the write went, so a leaf behind it gets a gradient of zeros (not None) and an op there whose saved tensor
-    the program wrote raises; the functional value, the written values reshaped back, has no edge to that history.
-    This node gives it one, the gradient passing on to `new` as it is."""
+    by values the write's op did not compute from it (regions.covers_without_reading): eager's CopySlices still
+    calls the node of its old history, with a zero gradient where the write went, so a leaf behind it gets a gradient
+    of zeros (not None) and an op there whose saved tensor the program wrote raises; the functional value, the
+    written values reshaped back, has no edge to that history. This node gives it one, the gradient passing on to
+    `new` as it is."""
     if not (torch.is_grad_enabled() and old.requires_grad and new.requires_grad):
         return new
     return _Rewritten.apply(old, new)

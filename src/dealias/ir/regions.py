@@ -178,20 +178,25 @@ def owning_node(emit: Emitter, node: fx.Node) -> fx.Node:
 
 def covers_without_reading(new: fx.Node, base: fx.Node) -> bool:
     """Whether `new` is a write into `base` through views whose inverses do not read it (they cover all of it:
-    `view`, `unsqueeze`, `t()`), of a value computed without `base` (`copy_` of other values): the functional value
-    then has no edge to `base`'s history, which eager's CopySlices still gives a zero gradient (gradops.rewritten,
-    emitted by autograd_facts.with_history). A value reading `base` has that edge already (a second one would add a
-    zero to eager's gradient: a -0.0 would become 0.0)."""
+    `view`, `unsqueeze`, `t()`) of a value the write's op did not compute from the region (`copy_`: the value is its
+    source, whatever that was computed from): eager's CopySlices then gives the history of `base` a zero gradient of
+    its own (the op's gradient for its `self`), which the functional value, the source reshaped back, has no edge for
+    (gradops.rewritten, emitted by autograd_facts.with_history). An op computing from the region (`mul_`) passes its
+    gradient for `self` along that edge in eager as here: no second edge (its -0.0 would become 0.0)."""
     if not is_region_write(new) or new.args[0] is not base:
         return False
     if any(inverse_reads_base(step_of(v)) for v in region_views(new)):
         return False  # (a scatter inverse reads the base: its history gets the rest of the gradient)
-    seen, todo = set(), [new.args[2]]
-    while todo:
-        n = todo.pop()
-        if n is base:
+    value = new.args[2]
+    return isinstance(value, fx.Node) and not any(_view_of(x, base) for x in (value, *value.all_input_nodes))
+
+
+def _view_of(x: Any, base: fx.Node) -> bool:
+    """Whether node `x` is `base` or a view of it (a chain of view nodes): the region, or another view of it."""
+    while isinstance(x, fx.Node):
+        if x is base:
+            return True
+        if not is_view_node(x):
             return False
-        if isinstance(n, fx.Node) and n not in seen:
-            seen.add(n)
-            todo.extend(n.all_input_nodes)
-    return True
+        x = x.args[0]
+    return False
