@@ -50,13 +50,16 @@ def keep_history(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 
 
 class _Overwritten(torch.autograd.Function):
+    """`new`'s values, a zero gradient to `old`'s history and `grad` to `new`'s (dropped where `new` requires no
+    grad: `overwritten`)."""
+
     @staticmethod
     def forward(ctx: Any, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         return new.detach()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.zeros_like(grad), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros_like(grad), grad
 
 
 def overwritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -65,16 +68,6 @@ def overwritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     if not (torch.is_grad_enabled() and old.requires_grad) or new.requires_grad:
         return new
     return _Overwritten.apply(old, new)
-
-
-class _Rewritten(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        return new.detach()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.zeros_like(grad), grad
 
 
 def rewritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -86,7 +79,7 @@ def rewritten(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     `new` as it is."""
     if not (torch.is_grad_enabled() and old.requires_grad and new.requires_grad):
         return new
-    return _Rewritten.apply(old, new)
+    return _Overwritten.apply(old, new)
 
 
 class _AttachHistory(torch.autograd.Function):
