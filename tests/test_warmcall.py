@@ -144,24 +144,28 @@ def test_a_damaged_record_is_ignored(records, damage):
     assert len(records) == 2 and records[-1][1] == tiers.SAMPLES  # (timed afresh)
 
 
+def _loss(w, x):
+    return (x @ w).relu().sum()
+
+
+def _step_like_eager(w, x):
+    """A fresh compile's first call of `_loss` and its backward, checked against eager's; `w.grad` cleared after."""
+    torch._dynamo.reset()
+    got = dealias.jit(_loss)(w, x)
+    got.backward()
+    want_w = w.detach().clone().requires_grad_()
+    want = _loss(want_w, x)
+    want.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(w.grad, want_w.grad)
+    w.grad = None
+
+
 def test_a_training_step_recorded_with_its_backward(records):
     """A call recording autograd: its forwards and backwards recorded apart, and read back as such."""
     w, x = torch.randn(32, 32, requires_grad=True), torch.randn(8, 32)
-
-    def loss(w, x):
-        return (x @ w).relu().sum()
-
     for _ in range(2):
-        torch._dynamo.reset()
-        f = dealias.jit(loss)
-        got = f(w, x)
-        got.backward()
-        want_w = w.detach().clone().requires_grad_()
-        want = loss(want_w, x)
-        want.backward()
-        torch.testing.assert_close(got, want)
-        torch.testing.assert_close(w.grad, want_w.grad)
-        w.grad = None
+        _step_like_eager(w, x)
     # (two records: the first call's, the fused backward untimed, and the end of its backward's, every tier's)
     assert copies_record.counts == {"read": 2, "written": 2}
     paths = sorted((Path(os.environ["DEALIAS_CACHE_DIR"]) / "copies").glob("*.json"))
@@ -174,21 +178,9 @@ def _training_step_twice(records, fused_backward_seconds):
     equal, but the fused one's after the first backward taking `fused_backward_seconds`. Returns the tiers each run on
     copies of the second compile was asked to run."""
     w, x = torch.randn(32, 32, requires_grad=True), torch.randn(8, 32)
-
-    def loss(w, x):
-        return (x @ w).relu().sum()
-
     for k in range(2):
-        torch._dynamo.reset()
         asked = len(records)
-        got = dealias.jit(loss)(w, x)
-        got.backward()
-        want_w = w.detach().clone().requires_grad_()
-        want = loss(want_w, x)
-        want.backward()
-        torch.testing.assert_close(got, want)
-        torch.testing.assert_close(w.grad, want_w.grad)
-        w.grad = None
+        _step_like_eager(w, x)
         for path in (Path(os.environ["DEALIAS_CACHE_DIR"]) / "copies").glob("*.json") if k == 0 else ():
             record = json.loads(path.read_text())
             whole = {t: [1e-4] * tiers.SAMPLES for t in record["samples"]}
