@@ -12,7 +12,9 @@ mutated arguments, module and optimizer state, gradients): bit for bit where eve
 within the fused tolerance otherwise. A variant that fails the check is reported, not timed.
 
 First call (unless --no-first-call): in a fresh process with a fresh TORCHINDUCTOR_CACHE_DIR (cold), then in a
-second process with the same cache directory (warm cache): the seconds from compiling the function
+second process with the same cache directories (warm cache; the cold process, once its first call is timed, goes on
+calling until its tiers settle, as a user's run does, so the warm one finds what a run leaves on disk, the tier
+the default settled on included): the seconds from compiling the function
 (`torch.compile(f, ...)` / `dealias.jit(f, ...)`) to the first call's return (the backward included on backward rows),
 after imports and building the arguments. The construction counts: `torch.compile(backend="inductor")` imports
 inductor there (about 1 s), where `dealias.jit` imports it at the first call that needs it.
@@ -318,15 +320,19 @@ def _empty_row(w: Workload) -> dict[str, Any]:
 
 
 # --- first call -------------------------------------------------------------------------------------
-def first_call_child(name: str, variant: str) -> None:
-    """In a fresh process: build the workload's arguments, then time the compile's construction and first call."""
+def first_call_child(name: str, variant: str, then_settle: bool = False) -> None:
+    """In a fresh process: build the workload's arguments, then time the compile's construction and first call;
+    `then_settle`: then go on calling as a user's run does (`warm_up`), so that the next process finds on disk
+    what a run leaves there, not what a single call does (the tier the default settled on: tier_record.py)."""
     torch.set_num_threads(1)
     w = next(w for w in WORKLOADS if w.name == name)
     args = make_args(w)
     start = time.perf_counter()
     f = compiled(variant, w.fn)
     call(f, args, w.backward)
-    print(json.dumps({"seconds": time.perf_counter() - start}))
+    print(json.dumps({"seconds": time.perf_counter() - start}), flush=True)
+    if then_settle:
+        warm_up(variant, f, w, args)
 
 
 def _verdicts_dir() -> Path:
@@ -349,6 +355,7 @@ def first_calls(w: Workload, variants: list[str]) -> dict[str, dict[str, float |
             out[v] = {}
             for kind in ("cold", "warm"):
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--first-call", w.name, v]
+                cmd += ["--then-settle"] if kind == "cold" else []  # (the cold process runs on, as a user's run)
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
                 lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
                 if p.returncode or not lines:
@@ -423,9 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--table", nargs="+", metavar="JSON", help="print the table of earlier runs' --json files")
     ap.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
+    ap.add_argument("--then-settle", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.first_call:
-        first_call_child(*a.first_call)
+        first_call_child(*a.first_call, then_settle=a.then_settle)
         return 0
     if a.table:
         rows = merged(a.table)

@@ -21,6 +21,8 @@ os.environ.setdefault("DEALIAS_FUSE_FIRST", "0")
 # ...and the first call times its tiers on copies afresh, never reading an earlier process's record of them
 # (frontend/copies_record.py: a record of another run's times would choose for a tier test); test_warmcall.py reads.
 os.environ.setdefault("DEALIAS_COPIES_RECORD", "0")
+# ...nor runs at once the tier an earlier process settled on (frontend/tier_record.py); test_tier_record.py reads.
+os.environ.setdefault("DEALIAS_TIER_RECORD", "0")
 # ...and compiles every program, never loading an earlier process's capture and passes (passes/program_cache.py: a
 # test replacing a pass's function would be handed the earlier result); test_program_cache.py loads.
 os.environ.setdefault("DEALIAS_PROGRAM_CACHE", "0")

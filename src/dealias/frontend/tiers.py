@@ -74,7 +74,7 @@ from ..ir.plan import Symbolic
 from ..passes.pipeline import compile_program
 from ..report import records as _report
 from ..runtime import fused
-from . import choosing, copies_record
+from . import choosing, copies_record, tier_record
 from .by_backward import ByBackward
 from .copies import graph_tier_refusal, has_history
 from .eager_runs import graph_run
@@ -198,6 +198,8 @@ class Tiered(ByBackward):
         self.choosing: choosing.Choosing | None = None  # the copies' measures, until the user's backward decides
         self.timing_backward = False  # (`_time_backward` running: the calls meanwhile run `current`)
         self.forward_only = False  # (no backward seen: the user's calls timed alone, `_choose_by_backward`)
+        self.record_key: str | None = None  # (where the tier settled on is kept for a later process: tier_record.py)
+        self.recorded = False  # (the tier was an earlier process's, read from its record)
         if not self.candidates and not fuse:
             self._settle()
 
@@ -263,8 +265,7 @@ class Tiered(ByBackward):
             if compiled:
                 program, self.pending = self.pending, None
         if first:
-            self._promote(leaves, background=False)
-            self._measure_on_copies(leaves)
+            self._first(leaves)
         elif backward is not None:
             self._time_backward(leaves, backward, "the call after the first backward")
         elif due:
@@ -323,8 +324,36 @@ class Tiered(ByBackward):
             if not (self.fuse and FUSE_FIRST) or self.calls or self.promoted or self.promoting:
                 return
             self.promoting = True
+        self._first(leaves)
+
+    def _first(self, leaves: list[Any]) -> None:
+        """The first call's fused compile and runs on copies (FUSE_FIRST); or, where an earlier process of this
+        program on this host settled (tier_record.py), its tier at once: the fused compile only where that is the
+        fused one, nothing measured."""
+        real = measure is _MEASURE and clock is _CLOCK
+        self.record_key = tier_record.key(self, leaves) if real else None
+        found = tier_record.load(self.record_key, self.runs)
+        if found is not None and found.tier != "fused":
+            self.first.front = None  # (kept for a fused compile: none)
+            self._from_record(found)
+            return
         self._promote(leaves, background=False)
+        if found is not None and "fused" in self.runs and self.pending is None:
+            self._from_record(found)
+            return
         self._measure_on_copies(leaves)
+
+    def _from_record(self, found: tier_record.Settled) -> None:
+        """Settle on the tier an earlier process's calls chose (`found`), as measured there."""
+        with self.lock:
+            self.promoted, self.promoting, self.recorded = True, False, True
+            self.fused_note = found.fused_note if found.tier != "fused" else ""
+            self.timings, self.measured, self.measured_on_copies = dict(found.timings), found.measured, ""
+            self.current, self.exact = found.tier, found.exact
+            self.candidates, self.samples, self.dropped, self.choosing = [], {}, {}, None
+            self.notes = [*found.notes, "settled so by an earlier process's calls (its record: tier_record.py)"]
+            self.shown = self.fused if found.tier == "fused" else self.first
+            self._settle()
 
     def _fastest(self, tier: str) -> float:
         return choosing.fastest_of(self.samples[tier])
@@ -401,6 +430,10 @@ class Tiered(ByBackward):
             direct = (lambda args: run([*args, *attributes])) if attributes else run
             backend.lean = (lean[0], self, direct)
         log.info("dealias: a program of %s runs on %s: %s", backend.stats.name, self.tier, self.tier_reason)
+        if self.record_key is not None and not self.recorded:  # (for a later process's first call: tier_record.py)
+            timings, notes = dict(self.timings), list(self.notes)
+            settled = tier_record.Settled(self.current, self.exact, timings, self.measured, notes, self.fused_note)
+            tier_record.save(self.record_key, settled)
         if _report.ACTIVE is not None:  # DEALIAS_REPORT (report/records.py)
             _report.ACTIVE.settled(backend, self)
 
