@@ -1,7 +1,8 @@
 """A warm first call (issue 38): the tier a program's calls settled on is kept on disk (frontend/tier_record.py), and a
 later process's first call of the same program on this host runs it at once: nothing run on copies, nothing measured,
-no fused compile where an exact tier won. A record of another program or layout is never read, a damaged one is
-ignored (the tiers measured afresh); results are eager's either way."""
+no fused compile where an exact tier won. A choice the runs on copies made alone is not kept; a record of another
+program or layout is never read, a damaged one is ignored (the tiers measured afresh); results are eager's either
+way."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def seen(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("DEALIAS_CACHE_DIR", str(root / "dealias"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tierrecord-inductor"))
     monkeypatch.setattr(tiers, "FUSE_FIRST", True)
+    # (every tier close on copies, so the user's calls choose: a choice made on copies alone is not recorded)
+    monkeypatch.setattr(tiers, "COPIES_CLOSE", 100.0)
     monkeypatch.setattr(tier_record, "ENABLED", True)
     monkeypatch.setattr(tier_record, "counts", {"read": 0, "written": 0})
     counted = {"copies": 0, "fused compiles": 0}
@@ -164,3 +167,16 @@ def test_a_damaged_record_is_ignored(seen, damage):
     assert seen["copies"] > copies_before  # (measured afresh)
     assert "earlier process" not in " ".join(dealias.cache_info(jf).tier_reasons)
 
+
+
+def test_a_choice_made_on_copies_alone_is_not_recorded(seen, monkeypatch):
+    # (a few runs on copies, blocks of one tier after another, in the first call: under load GPT-2's chose the torch
+    # executor, 1.2x eager, over the fused program, 0.8x; kept, every later process would run it)
+    monkeypatch.setattr(tiers, "COPIES_CLOSE", 0.0)
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    torch._dynamo.reset()
+    jf = dealias.jit(step)
+    for _ in range(60):
+        _call_like_eager(jf, step, x, y)
+    assert "on copies in the first call" in dealias.cache_info(jf).tier_reasons[0]
+    assert tier_record.counts["written"] == 0

@@ -430,7 +430,10 @@ class Tiered(ByBackward):
             direct = (lambda args: run([*args, *attributes])) if attributes else run
             backend.lean = (lean[0], self, direct)
         log.info("dealias: a program of %s runs on %s: %s", backend.stats.name, self.tier, self.tier_reason)
-        if self.record_key is not None and not self.recorded:  # (for a later process's first call: tier_record.py)
+        # (for a later process's first call, tier_record.py: a choice the user's calls made, or no choice at all
+        # where the fused program is not, whose record would lock in a verdict of a few runs on copies)
+        by_calls = bool(self.measured) and not self.measured_on_copies
+        if self.record_key is not None and not self.recorded and (by_calls or (self.fused_note and not self.measured)):
             timings, notes = dict(self.timings), list(self.notes)
             settled = tier_record.Settled(self.current, self.exact, timings, self.measured, notes, self.fused_note)
             tier_record.save(self.record_key, settled)
@@ -534,11 +537,12 @@ class Tiered(ByBackward):
             if samples and self.candidates:
                 self._decide()
 
-    def _sift(self, samples: dict[str, list[float]], close: float = COPIES_CLOSE) -> None:
+    def _sift(self, samples: dict[str, list[float]], close: float | None = None) -> None:
         """The copies' verdict on a call without autograd history, every candidate timed there (`samples`): the
         tiers not within `close` of the copies' best are dropped; one left wins, else those left are measured on
         the user's calls, afresh (the copies' times, a little off from the user's calls', mixed with theirs would
-        favour the tier the copies favoured)."""
+        favour the tier the copies favoured). `close`: COPIES_CLOSE unless given."""
+        close = COPIES_CLOSE if close is None else close
         kept = choosing.close_to_best(samples, self.candidates, close)
         for t in [t for t in self.candidates if t not in kept]:
             self.candidates.remove(t)
