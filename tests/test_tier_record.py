@@ -168,7 +168,6 @@ def test_a_damaged_record_is_ignored(seen, damage):
     assert "earlier process" not in " ".join(dealias.cache_info(jf).tier_reasons)
 
 
-
 def test_a_choice_made_on_copies_alone_is_not_recorded(seen, monkeypatch):
     # (a few runs on copies, blocks of one tier after another, in the first call: under load GPT-2's chose the torch
     # executor, 1.2x eager, over the fused program, 0.8x; kept, every later process would run it)

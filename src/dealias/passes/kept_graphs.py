@@ -2,8 +2,10 @@
 nodes (name, op, target, arguments by node name, meta; torch's provenance meta dropped), an op its name, a fake tensor
 its metadata (dtype, sizes, strides, offset, requires_grad, leaf or not, which storage and its size), made again over
 meta storages in one fresh fake mode by its converter (tensors of one storage on one storage again; one object read
-back for one written), and TENSOR_SLOT itself. What cannot be kept so (a real tensor, a symbolic size, a fake off
-the CPU, a higher-order op, an op outside aten/prims/dealias, a closure) raises `Uncacheable`. Reading loads classes
+back for one written), a graph's tensor constants (what make_fx lifts of a tensor the traced code makes from Python
+values: determined by the code, which the keys hold) by value, and TENSOR_SLOT itself. What cannot be kept so (any
+other real tensor, a symbolic size, a fake off the CPU, a higher-order op, an op outside aten/prims/dealias, a
+closure) raises `Uncacheable`. Reading loads classes
 of torch, dealias and a few of Python's own modules only, never eval, exec, import or open; a file that does not
 read back as written is None to the caller."""
 
@@ -28,6 +30,7 @@ MAGIC = b"dealias-program\n"
 # and functions of the user's, and the nodes they came from).
 _DROPPED_META = frozenset({"from_node", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "torch_fn"})
 _CPU = torch.device("cpu")
+_CONSTANT_BYTES = 1 << 16  # tensor constants kept by value up to this size (each storage)
 OP_NAMESPACES = frozenset({"aten", "prims", "dealias"})
 _MODULES = ("torch", "dealias", "collections", "copyreg", "operator", "_operator", "math", "enum")
 # (of Python's builtins, the containers and values an entry holds, and getattr for a class's member: no eval, exec,
@@ -53,15 +56,26 @@ class _Graph:
     arguments as `_Ref`s by name; its codegen (pytree specs)."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
-        if dict(gm.named_buffers()) or dict(gm.named_parameters()) or dict(gm.named_children()):
-            raise Uncacheable("a graph module with attributes")
+        if dict(gm.named_parameters()) or dict(gm.named_children()):
+            raise Uncacheable("a graph module with parameters or submodules")
+        # Its tensor constants (make_fx lifts a tensor the traced code makes from Python values, `torch.tensor([])`,
+        # as an attribute): kept by value, which dynamo's graph's code, in the entry's key, determines.
+        buffers = dict(gm.named_buffers())
+        self.attributes: dict[str, tuple[torch.Tensor, bool]] = {}
+        for n in gm.graph.find_nodes(op="get_attr"):
+            value = getattr(gm, n.target, None)
+            if "." in n.target or type(value) is not torch.Tensor:
+                raise Uncacheable(f"attribute {n.target}: not a plain tensor constant")
+            self.attributes[n.target] = (value, n.target in buffers)
+        if not set(buffers) <= set(self.attributes):
+            raise Uncacheable("a buffer the graph does not read")
         self.codegen = gm.graph._codegen
         # (what the graph module takes from its graph and keeps, which inductor's cache key pickles with its code)
         self.tracer = (gm.graph._tracer_cls, gm.graph._tracer_extras)
         self.meta = dict(gm.meta)
         self.nodes = []
         for n in gm.graph.nodes:
-            if n.op in ("get_attr", "call_module"):
+            if n.op == "call_module":
                 raise Uncacheable(f"a {n.op} node")
             to_ref = lambda a: _Ref(a.name)  # noqa: E731
             args, kwargs = fx.node.map_arg(n.args, to_ref), fx.node.map_arg(n.kwargs, to_ref)
@@ -82,7 +96,13 @@ class _Graph:
             node.meta = meta
             made[name] = node
         graph.lint()
-        gm = graph_module(torch.nn.Module(), graph)
+        root = torch.nn.Module()
+        for name, (value, buffer) in self.attributes.items():
+            if buffer:
+                root.register_buffer(name, value)
+            else:
+                setattr(root, name, value)
+        gm = graph_module(root, graph)
         gm.meta.update(self.meta)
         return gm
 
@@ -110,10 +130,15 @@ class _Pickler(pickle.Pickler):
     """Fake tensors as their metadata (each by its index: one object read back for one written), the fake mode as
     one mark, ops by name, graph modules as `_Graph`s."""
 
-    def __init__(self, file: io.BytesIO) -> None:
+    def __init__(self, file: io.BytesIO, constants: tuple[torch.Tensor, ...] = ()) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.fakes: dict[int, tuple[int, Any]] = {}  # id -> (index, the fake: kept alive while pickling)
         self.storages: dict[int, int] = {}
+        # Real tensors kept by value: the graphs' tensor constants and `constants`, no other (a caller's tensor
+        # must never come back a copy); id -> (index, the tensor: kept alive while pickling)
+        self.allowed = {id(t): t for t in constants}
+        self.reals: dict[int, tuple[int, torch.Tensor]] = {}
+        self.real_storages: dict[int, int] = {}
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, FakeTensor):
@@ -122,7 +147,12 @@ class _Pickler(pickle.Pickler):
                 return ("fake", self.fakes[id(obj)][0], self._describe(obj))
             return ("fake", self.fakes[id(obj)][0], None)
         if isinstance(obj, torch.Tensor):
-            raise Uncacheable("a real tensor")
+            if id(obj) not in self.allowed:
+                raise Uncacheable("a real tensor")
+            if id(obj) not in self.reals:
+                self.reals[id(obj)] = (len(self.reals), obj)
+                return ("real", self.reals[id(obj)][0], self._constant(obj))
+            return ("real", self.reals[id(obj)][0], None)
         if isinstance(obj, FakeTensorMode):
             return ("mode",)
         if obj is TENSOR_SLOT:
@@ -143,8 +173,24 @@ class _Pickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, fx.GraphModule):
-            return _Graph.build, (_Graph(obj),)
+            graph = _Graph(obj)
+            self.allowed.update((id(t), t) for t, _ in graph.attributes.values())
+            return _Graph.build, (graph,)
         return NotImplemented
+
+    def _constant(self, t: torch.Tensor) -> tuple[Any, ...]:
+        """A tensor constant's metadata, and its storage's bytes where that storage comes first."""
+        if type(t) is not torch.Tensor or t.device.type != "cpu" or t.layout is not torch.strided:
+            raise Uncacheable("a constant that is no plain CPU tensor")
+        if t.requires_grad or t.is_conj() or t.is_neg() or t.is_inference():
+            raise Uncacheable("a constant that requires grad, is inference, or has a conj/neg bit")
+        storage = t.untyped_storage()
+        if storage.nbytes() > _CONSTANT_BYTES:
+            raise Uncacheable("a large tensor constant")
+        first = storage._cdata not in self.real_storages
+        index = self.real_storages.setdefault(storage._cdata, len(self.real_storages))
+        data = bytes(storage.tolist()) if first else None
+        return (index, data, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
     def _describe(self, t: FakeTensor) -> tuple[Any, ...]:
         if t.device.type != "cpu" or t.layout is not torch.strided or t.is_conj() or t.is_neg():
@@ -159,14 +205,15 @@ class _Pickler(pickle.Pickler):
         return (index, storage.nbytes(), *meta, t.requires_grad, t.is_leaf)
 
 
-def dumps(payload: dict[str, Any]) -> bytes | None:
-    """`payload` pickled (fakes, ops and graphs as `_Pickler` keeps them); None where it cannot be kept whole."""
+def dumps(payload: dict[str, Any], constants: tuple[torch.Tensor, ...] = ()) -> bytes | None:
+    """`payload` pickled (fakes, ops and graphs as `_Pickler` keeps them, the graphs' tensor constants and
+    `constants` by value); None where it cannot be kept whole."""
     buf = io.BytesIO()
     buf.write(MAGIC)
     limit = sys.getrecursionlimit()
     try:
         sys.setrecursionlimit(max(limit, 20000))  # (a graph's nodes nest in its pickle)
-        _Pickler(buf).dump(payload)
+        _Pickler(buf, constants).dump(payload)
     except Exception:  # noqa: BLE001 - anything that does not pickle: not kept
         return None
     finally:
@@ -181,6 +228,8 @@ class _Unpickler(pickle.Unpickler):
         self.make = fake_maker(self.mode)
         self.fakes: dict[int, torch.Tensor] = {}
         self.storages: dict[int, torch.UntypedStorage] = {}
+        self.reals: dict[int, torch.Tensor] = {}
+        self.real_storages: dict[int, torch.UntypedStorage] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         if module.split(".")[0] not in _MODULES and not (module == "builtins" and name in _BUILTINS):
@@ -195,6 +244,12 @@ class _Unpickler(pickle.Unpickler):
                 return self.fakes[index]
             self.fakes[index] = self._fake(*description)
             return self.fakes[index]
+        if kind == "real":
+            _, index, description = pid
+            if description is None:
+                return self.reals[index]
+            self.reals[index] = self._real(*description)
+            return self.reals[index]
         if kind == "mode":
             return self.mode
         if kind == "slot":
@@ -206,6 +261,17 @@ class _Unpickler(pickle.Unpickler):
             _, namespace, name = pid
             return getattr(getattr(torch.ops, namespace), name)
         raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
+
+    def _real(self, index: int, data: bytes | None, dtype: Any, shape: Any, stride: Any, offset: int) -> torch.Tensor:
+        if data is not None:
+            if index in self.real_storages or not isinstance(data, bytes) or len(data) > _CONSTANT_BYTES:
+                raise pickle.UnpicklingError("a tensor constant's storage read twice, or too large")
+            self.real_storages[index] = torch.tensor(list(data), dtype=torch.uint8).untyped_storage()
+        with torch.no_grad():
+            t = torch.empty(0, dtype=dtype).set_(self.real_storages[index], offset, shape, stride)
+        if (t.dtype, tuple(t.shape), t.stride(), t.storage_offset()) != (dtype, tuple(shape), tuple(stride), offset):
+            raise pickle.UnpicklingError("a tensor constant made again differs")
+        return t
 
     def _fake(
         self, index: int, nbytes: int, dtype: Any, shape: Any, stride: Any, offset: int, rg: bool, leaf: bool

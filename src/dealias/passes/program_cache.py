@@ -14,7 +14,8 @@ restriction, storage sharing, plain values), the inputs' names and the global st
 inference mode, default dtype, deterministic mode, autocast, torch function modes, dealias's settings).
 
 Only what can be kept whole is kept; anything else is compiled as before, each process: a program over symbols (its
-ShapeEnv), a graph reading tensor constants or calling a module, a function outside torch, an op outside aten and
+ShapeEnv), a graph reading an attribute of dynamo's graph (a tensor constant the trace makes from the code's Python
+values is kept, by value: kept_graphs.py) or calling a module, a function outside torch, an op outside aten and
 prims, a leaf that is a tensor subclass or no plain value, a fake tensor off the CPU or with conj/neg bits, a meta
 value or target that does not pickle. An entry is verified when written (it is read back, and its graphs must
 generate the same code) and when read (its key, its fakes against the call's leaves, its graphs linted); a file that
@@ -180,11 +181,15 @@ def save(k: str | None, captured: Captured, fp: FunctionalProgram, writes: bool)
 
 
 def _save(k: str, captured: Captured, fp: FunctionalProgram, writes: bool) -> None:
-    if captured.symbols or captured.fake_mode is None or captured.fake_mode.shape_env is not None or fp.constants:
+    if captured.symbols or captured.fake_mode is None or captured.fake_mode.shape_env is not None:
         return
     if not all(o is TENSOR_SLOT or type(o) in _PLAIN for o in captured.out_template):
         return  # (a constant object the program returns would come back a copy of it)
-    data = dumps({"key": k, "captured": captured, "fp": fp, "writes": writes})
+    # (the graph's tensor constants, made by its code from Python values: kept by value; a generator is not kept)
+    constants = tuple(fp.constants.values())
+    if not all(type(t) is torch.Tensor for t in constants):
+        return
+    data = dumps({"key": k, "captured": captured, "fp": fp, "writes": writes}, constants)
     loaded = _front(loads(data, k)) if data is not None else None  # (read back: the same graphs and plan)
     if loaded is None or not _same(loaded, captured, fp):
         return
@@ -200,7 +205,22 @@ def _same(loaded: tuple[Captured, FunctionalProgram, bool], captured: Captured, 
         and got_fp.outputs == fp.outputs
         and got_fp.writebacks == fp.writebacks
         and got_captured.groups == captured.groups
+        and _same_constants(got_fp.constants, fp.constants)
     )
+
+
+def _same_constants(got: dict[str, Any], want: dict[str, Any]) -> bool:
+    """Whether tensor constants read back are the ones kept: names, layouts and bits."""
+    if list(got) != list(want):
+        return False
+    for name, t in want.items():
+        g = got[name]
+        meta = lambda x: (x.dtype, tuple(x.shape), x.stride(), x.storage_offset())  # noqa: E731
+        if not isinstance(g, torch.Tensor) or meta(g) != meta(t):
+            return False
+        if t.numel() and not torch.equal(g.view(torch.uint8) if g.dim() else g, t.view(torch.uint8) if t.dim() else t):
+            return False
+    return True
 
 
 def _path(kind: str, k: str) -> Path:
@@ -282,7 +302,10 @@ class Retraces:
 
     def _key(self, gm: fx.GraphModule, float64_passes: bool) -> str | None:
         for n in gm.graph.nodes:
-            if n.op in ("get_attr", "call_module", "call_method") or not _named(n):
+            if n.op in ("call_module", "call_method") or not _named(n):
+                return None
+            # (a tensor constant of the front's, by value in the front's entry, whose key this one holds)
+            if n.op == "get_attr" and type(getattr(gm, n.target, None)) is not torch.Tensor:
                 return None
         try:
             code = gm.code
@@ -322,10 +345,19 @@ class Retraces:
     def _save(self, k: str, traced: fx.GraphModule, floats: set[int], written: tuple[int, ...]) -> None:
         data = dumps({"key": k, "traced": traced, "floats": set(floats), "written": tuple(written)})
         loaded = loads(data, k) if data is not None else None
-        if loaded is None or loaded.get("traced") is None or loaded["traced"].code != traced.code:
+        got = loaded.get("traced") if loaded is not None else None
+        if (
+            not isinstance(got, fx.GraphModule)
+            or got.code != traced.code
+            or not _same_constants(_attributes(got), _attributes(traced))
+        ):
             return
         if write_whole(_path("retraces", k), data):
             counts["written"] += 1
+
+
+def _attributes(gm: fx.GraphModule) -> dict[str, Any]:
+    return {n.target: getattr(gm, n.target, None) for n in gm.graph.find_nodes(op="get_attr")}
 
 
 _ARGUMENT_TYPES = (
