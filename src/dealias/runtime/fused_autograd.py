@@ -33,7 +33,9 @@ from ..compat.internals import function_apply
 from ..compat.vec_isa import vec_isa_config
 from ..errors import InternalError, node_location, with_location
 from ..ir.checks import is_bounds_check
+from ..ir.gradops import overwritten, rewritten
 from ..ir.opfacts import bind_args, is_view_node, may_raise, op_name
+from ..ir.viewops import same_layout, surely
 from ..passes.writeback_autograd import eager_updates_in_place
 from .conv_layout import channels_last, one_by_one_as_matmuls
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
@@ -55,6 +57,7 @@ def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
     backward then saves the caller's tensor where eager's saves the clone (`v = x.clone(); v.sin_()`): a write of x
     after the call made backward raise where eager's does not (fuzz seed 996264)."""
     out = copy.deepcopy(gm)
+    _overwrites_as_where(out.graph)
     # An intermediate eager updated in place is updated in place again, so that AOTAutograd records eager's op
     # (`leaky_relu_`'s backward reads its result, `leaky_relu`'s its input: a GAN discriminator's forward saved each
     # pre-activation beside its activation). Only here: the prologue and the double backward read the graph as is.
@@ -74,6 +77,53 @@ def _clones_of_inputs_kept(gm: fx.GraphModule) -> fx.GraphModule:
     views_after_their_source(out)  # (inductor lowers in graph order: graph_order.py)
     out.recompile()
     return out
+
+
+def _as_where(n: fx.Node) -> bool:
+    """Whether the node `n`, `gradops.overwritten(old, new)` or `rewritten(old, new)`, computes what
+    `where(False, old, new)` does (a 0-d False condition), which the graph handed to AOTAutograd then computes
+    instead: AOTAutograd cannot trace the Python Function. `where`'s values are new's bit for bit, its backward
+    gives old `where(False, grad, 0)`, zeros of +0.0 as the Function's `zeros_like(grad)`, and new `grad` itself,
+    as the Function does where it is applied: with grad on at the node, old requiring grad, and new requiring grad
+    for `rewritten`, not for `overwritten` (elsewhere the Function returns new, and old gets no zero gradient).
+    Its result must also have the node's layout: `where` lays it out by old's strides first (TensorIterator), the
+    Function as new (a view of it), and later views and the results are made for that one."""
+    if n.op != "call_function" or (n.target is not overwritten and n.target is not rewritten):
+        return False
+    if len(n.args) != 2 or n.kwargs or not all(isinstance(a, fx.Node) for a in n.args):
+        return False
+    old, new = n.args
+    new_rg = n.target is rewritten  # (whether new requires grad where the Function is applied)
+    if n.meta.get("grad") is not True or not old.meta.get("rg") or bool(new.meta.get("rg")) != new_rg:
+        return False  # (the mode the node is traced in: grad_modes.py, from meta "grad")
+    o, w, v = old.meta.get("val"), new.meta.get("val"), n.meta.get("val")
+    if not all(isinstance(t, FakeTensor) for t in (o, w, v)) or o.fake_mode is not w.fake_mode:
+        return False
+    if o.dtype != w.dtype or o.device != w.device or o.dim() != w.dim():
+        return False
+    if not all(surely(a == b) for a, b in zip(o.shape, w.shape)):
+        return False
+    with o.fake_mode:
+        out = aten.where.self(aten.full.default([], False, dtype=torch.bool, device=w.device), o, w)
+    return same_layout(out, v)
+
+
+def _overwrites_as_where(graph: fx.Graph) -> None:
+    """Each `overwritten` / `rewritten` node that `where(False, old, new)` computes (_as_where) replaced by it."""
+    for n in list(graph.nodes):
+        if n.op != "call_function" or not _as_where(n):
+            continue
+        old, new = n.args
+        device = new.meta["val"].device
+        with graph.inserting_before(n):
+            false = graph.call_function(aten.full.default, ([], False), {"dtype": torch.bool, "device": device})
+            where = graph.call_function(aten.where.self, (false, old, new))
+        with new.meta["val"].fake_mode:
+            false.meta = {"val": aten.full.default([], False, dtype=torch.bool, device=device), "rg": False}
+        false.meta["grad"] = True
+        where.meta = dict(n.meta)  # (its value, grad mode and requires_grad: _as_where checked they are where's)
+        n.replace_all_uses_with(where)
+        graph.erase_node(n)
 
 
 def _input_views_per_use(gm: fx.GraphModule) -> None:
@@ -205,7 +255,8 @@ def _compile(
     python = (getitem, torch._C._set_grad_enabled)  # (steps AOTAutograd runs as it traces)
     for n in gm.graph.nodes:
         if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target not in python:
-            if not sizes_arithmetic(n):  # (`s0 - 1`, which AOTAutograd traces through)
+            # (`s0 - 1`, which AOTAutograd traces through; gradops' overwrites, handed over as `where`)
+            if not sizes_arithmetic(n) and not _as_where(n):
                 raise Unfusable(f"{op_name(n.target)} runs in Python")
     handed = _without_input_writes(gm)  # (what a double backward recomputes, with eager's ops)
     with_grad = frozenset(  # (their gradients are converted back too: conv_layout.py measures the layout)
