@@ -47,6 +47,7 @@ from ..compat.inductor import dealias_compile, floats_as_tensors, layout_options
 from ..compat.internals import increment_versions, version_counters_missing
 from ..compat.registry import Missing
 from ..compat.vec_isa import vec_isa_config
+from ..errors import InternalError
 from ..ir.island import island
 from ..ir.opfacts import bind_args, facts, has_effect, is_view_node, op_name
 from ..ir.plan import alias_group_of
@@ -388,6 +389,11 @@ def runner(
     # (for a result of symbolic sizes, on the first call it is not empty: which memory inductor returns for it is
     # decided when it compiles, not by the sizes).
     made = {i for i, a in enumerate(out_node.args[0]) if isinstance(a, fx.Node) and _made_by_the_graph(a)}
+    # Results made of different values, which eager returns in memories of their own, may come back in one: inductor
+    # drops a `clone` as a no-op (two `Ident.apply(v * 1)` of a constant-only value, each `x.clone()`, came back
+    # one buffer: fuzz seed 2441434). Learned on the first call too; a result sharing its value with another result
+    # (a view of it returned beside it) cannot be separated by a copy: that call raises.
+    roots = {i: _root(out_node.args[0][i]) for i in made}
     # call: None until the first call returned; restride: (result, sizes, strides) to copy into; copied: results of
     # symbolic sizes that come back in an input's memory; pending: those not yet seen non-empty.
     state: dict[str, Any] = {"call": None, "restride": layouts, "copied": set(), "pending": made.intersection(dense)}
@@ -409,12 +415,32 @@ def runner(
     def inputs_memory(args: Any) -> set[int]:
         return {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
 
+    def merged(outs: list[Any], done: set[int]) -> set[int]:
+        """The results of `made` (but `done`, seen before) in memory an earlier result of another value holds."""
+        holders: dict[int, fx.Node] = {}
+        found = set()
+        for i in sorted(made):
+            if not outs[i].numel():
+                continue
+            memory = outs[i].untyped_storage()._cdata
+            if holders.setdefault(memory, roots[i]) is not roots[i] and i not in done:
+                if sum(r is roots[i] for r in roots.values()) > 1:
+                    raise InternalError(
+                        f"inductor returned result {i} of the fused program in another result's memory, and it "
+                        "shares its value with a third: not separable by a copy (DEALIAS_EXECUTOR=torch runs it)"
+                    )
+                found.add(i)
+        return found
+
     def first(outs: list[Any], args: Any) -> None:
         inputs = inputs_memory(args)
+        apart = merged(outs, set())
+        state["copied"] |= apart.intersection(dense)
         state["restride"] = [
             (i, shape, stride)
             for i, shape, stride in layouts
             if any(n > 1 and a != b for n, a, b in zip(shape, outs[i].stride(), stride))
+            or i in apart
             or i in made
             and outs[i].numel()
             and outs[i].untyped_storage()._cdata in inputs
@@ -426,9 +452,10 @@ def runner(
 
     def learn(outs: list[Any], args: Any) -> None:
         inputs = inputs_memory(args)
+        apart = merged(outs, set(made) - state["pending"])
         for i in [i for i in state["pending"] if outs[i].numel()]:
             state["pending"].discard(i)
-            if outs[i].untyped_storage()._cdata in inputs:
+            if outs[i].untyped_storage()._cdata in inputs or i in apart:
                 state["copied"].add(i)
 
     # The call itself, one generated function of the steps this program has (no branch per call on what is fixed
@@ -543,8 +570,13 @@ def _surely_dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _made_by_the_graph(n: fx.Node) -> bool:
-    """Whether the graph result `n` is memory the graph makes: not an input nor a view of one."""
+def _root(n: fx.Node) -> fx.Node:
+    """The value the graph result `n` is a view of (itself where it is none)."""
     while is_view_node(n) and isinstance(n.args[0], fx.Node):
         n = n.args[0]
-    return n.op != "placeholder"
+    return n
+
+
+def _made_by_the_graph(n: fx.Node) -> bool:
+    """Whether the graph result `n` is memory the graph makes: not an input nor a view of one."""
+    return _root(n).op != "placeholder"
