@@ -152,6 +152,7 @@ def child(name: str, variant: str) -> None:
     second, second_cpu, after = time.perf_counter() - start, time.process_time() - second_cpu, children()
     second_cpu += after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     record = {"wall": wall, "cpu": cpu, "cpu_children": cpu_children, "second_wall": second, "second_cpu": second_cpu}
+    record["source"] = real.dealias_source()  # (what keyed the caches: a warm process of another is no warm one)
     print(json.dumps({**record, "caches": caches, "phases": phases}))
 
 
@@ -188,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                     (root / "dealias").mkdir()
                     for kind in ("cold", "warm"):
                         rec = {"round": r, "workload": name, "variant": v, "kind": kind, **one(name, v, root)}
+                        cold = records[-1] if kind == "warm" else {"failed": ""}
+                        if "failed" not in cold and "failed" not in rec and rec.get("source") != cold.get("source"):
+                            # (its tree edited meanwhile: the warm process found none of the cold one's caches)
+                            rec["failed"] = "dealias's source changed between the cold and the warm process"
                         records.append(rec)
                         print(json.dumps(rec), flush=True)
                 finally:

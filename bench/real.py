@@ -330,10 +330,27 @@ def first_call_child(name: str, variant: str, then_settle: bool = False) -> None
     start, cpu = time.perf_counter(), time.process_time()
     f = compiled(variant, w.fn)
     call(f, args, w.backward)
-    # (the process's CPU seconds too, every thread's, but not its children's compilers: steadier on a loaded machine)
-    print(json.dumps({"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}), flush=True)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    # (the process's CPU seconds too, every thread's, but not its children's compilers: steadier on a loaded machine;
+    # and the hash of dealias's source that keyed its caches, `dealias_source`)
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "source": dealias_source()}), flush=True)
     if then_settle:
         warm_up(variant, f, w, args)
+
+
+def dealias_source() -> str:
+    """The hash of dealias's source files that this process keyed its caches on (inductor's FX graph cache entries of
+    dealias's graphs, the program cache, the records of copies and partitions: compat/graph_cache.source_hash). A warm
+    process whose hash is not the cold one's finds none of them and compiles everything again: a benchmark run from a
+    tree edited while it runs (mobilenet_train_bwd's default, 15.6 s warm where its warm first call takes 2.3-2.8 s:
+    a file of the editable install saved between its two processes). Read once per process, at its first use."""
+    from dealias.compat.graph_cache import source_hash
+
+    return source_hash()
+
+
+# A warm process whose dealias source is not the cold one's (`dealias_source`): its time is not a warm first call's
+SOURCE_CHANGED = "failed: dealias's source changed between the cold and the warm process (its tree edited meanwhile)"
 
 
 def _verdicts_dir() -> Path:
@@ -354,6 +371,7 @@ def first_calls(w: Workload, variants: list[str]) -> dict[str, dict[str, float |
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"), OMP_NUM_THREADS="1")
             env["DEALIAS_CACHE_DIR"] = str(root / "dealias")
             out[v] = {}
+            source: str | None = None  # (the cold process's `dealias_source`)
             for kind in ("cold", "warm"):
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--first-call", w.name, v]
                 cmd += ["--then-settle"] if kind == "cold" else []  # (the cold process runs on, as a user's run)
@@ -362,7 +380,13 @@ def first_calls(w: Workload, variants: list[str]) -> dict[str, dict[str, float |
                 if p.returncode or not lines:
                     out[v][kind] = f"failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}"
                     break
-                out[v][kind] = json.loads(lines[-1])["seconds"]
+                record = json.loads(lines[-1])
+                if kind == "cold":
+                    source = record.get("source")
+                elif record.get("source") != source:
+                    out[v][kind] = SOURCE_CHANGED
+                    break
+                out[v][kind] = record["seconds"]
         finally:
             shutil.rmtree(root, ignore_errors=True)
     return out

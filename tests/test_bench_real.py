@@ -81,3 +81,24 @@ def test_user_programs_worst_call_over_repeats_is_their_median():
     worsts = [{"call": 2, "ratio": r} for r in (6.35, 2.24, 3.9, 4)]
     assert user_programs._median_worst(worsts) == {"call": 2, "ratio": 3.9, "ratios": [6.35, 2.24, 3.9, 4]}  # (lower)
     assert user_programs._median_worst(worsts[:1]) == worsts[0]  # (one function: its worst call, as before)
+
+
+def test_first_calls_refuse_a_warm_process_of_another_dealias_source(monkeypatch, tmp_path):
+    # (mobilenet_train_bwd's default took 15.6 s warm, its warm first call 2.3-2.8 s: a file of the editable install
+    # was saved between its cold and warm processes, whose caches are keyed on dealias's source hash)
+    import subprocess
+
+    sources: list[str] = []
+
+    def child(cmd, **kwargs):  # (a first-call child's output, without its compile)
+        line = json.dumps({"seconds": 30.0 if "--then-settle" in cmd else 2.0, "cpu": 1.0, "source": sources.pop(0)})
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"{line}\n", stderr="")
+
+    monkeypatch.setattr(real.subprocess, "run", child)
+    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))  # (no keep-ATen verdicts to copy)
+    w = next(w for w in WORKLOADS if w.name == "ema_foreach")
+    sources += ["dealias-a", "dealias-a"]
+    assert real.first_calls(w, ["default"]) == {"default": {"cold": 30.0, "warm": 2.0}}
+    sources += ["dealias-a", "dealias-b"]  # (a source file saved between the two processes)
+    assert real.first_calls(w, ["default"]) == {"default": {"cold": 30.0, "warm": real.SOURCE_CHANGED}}
+    assert not sources
