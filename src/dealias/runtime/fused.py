@@ -420,7 +420,7 @@ def runner(
         holders: dict[int, fx.Node] = {}
         found = set()
         for i in sorted(made):
-            if not outs[i].numel():
+            if not isinstance(outs[i], torch.Tensor) or not outs[i].numel():  # (a size the graph returns: an int)
                 continue
             memory = outs[i].untyped_storage()._cdata
             if holders.setdefault(memory, roots[i]) is not roots[i] and i not in done:
