@@ -149,3 +149,19 @@ def test_a_second_process_loads_a_fused_retrace_with_constants(tmp_path):
         runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
     assert runs[0] == {"counts": {"read": 0, "written": 2}, "retraced": 1, "same": True}
     assert runs[1] == {"counts": {"read": 2, "written": 0}, "retraced": 0, "same": True}
+
+
+def test_a_constant_beyond_its_bytes_is_refused():
+    # (review17: a damaged or crafted entry describing a constant larger than the bytes kept; `set_` would grow the
+    # storage and the constant would read memory never written)
+    buf = io.BytesIO()
+    buf.write(kept_graphs.MAGIC)
+
+    class Crafted(kept_graphs._Pickler):
+        def persistent_id(self, obj):
+            if obj == "constant":
+                return ("real", 0, (0, b"\x00" * 4, torch.float32, (2**20,), (1,), 0))
+            return None
+
+    Crafted(buf).dump({"key": "k", "c": "constant"})
+    assert kept_graphs.loads(buf.getvalue(), "k") is None

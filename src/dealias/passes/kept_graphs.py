@@ -267,8 +267,14 @@ class _Unpickler(pickle.Unpickler):
             if index in self.real_storages or not isinstance(data, bytes) or len(data) > _CONSTANT_BYTES:
                 raise pickle.UnpicklingError("a tensor constant's storage read twice, or too large")
             self.real_storages[index] = torch.tensor(list(data), dtype=torch.uint8).untyped_storage()
+        storage = self.real_storages[index]
+        if any(n < 0 for n in shape) or any(d < 0 for d in stride) or offset < 0:
+            raise pickle.UnpicklingError("a tensor constant of negative sizes, strides or offset")
+        extent = offset + sum((n - 1) * d for n, d in zip(shape, stride)) + 1 if all(shape) else 0
+        if extent * dtype.itemsize > storage.nbytes():  # (`set_` would grow the storage: memory never written)
+            raise pickle.UnpicklingError("a tensor constant beyond its storage's bytes")
         with torch.no_grad():
-            t = torch.empty(0, dtype=dtype).set_(self.real_storages[index], offset, shape, stride)
+            t = torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
         if (t.dtype, tuple(t.shape), t.stride(), t.storage_offset()) != (dtype, tuple(shape), tuple(stride), offset):
             raise pickle.UnpicklingError("a tensor constant made again differs")
         return t

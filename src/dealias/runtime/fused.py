@@ -416,10 +416,13 @@ def runner(
         return {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
 
     def merged(outs: list[Any], done: set[int]) -> set[int]:
-        """The results of `made` (but `done`, seen before) in memory an earlier result of another value holds."""
+        """The results of `made` but `done` (seen before, kept as they are) in memory that a result of another value
+        holds: one of `done`, or one before it."""
         holders: dict[int, fx.Node] = {}
         found = set()
-        for i in sorted(made):
+        # (the results seen before hold their memories first: one of symbolic sizes, empty on the first call, meets
+        # them only on a later one, whatever their order)
+        for i in sorted(made, key=lambda i: (i not in done, i)):
             if not isinstance(outs[i], torch.Tensor) or not outs[i].numel():  # (a size the graph returns: an int)
                 continue
             memory = outs[i].untyped_storage()._cdata
