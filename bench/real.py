@@ -387,6 +387,8 @@ def first_calls(w: Workload, variants: list[str]) -> dict[str, dict[str, float |
                     out[v][kind] = SOURCE_CHANGED
                     break
                 out[v][kind] = record["seconds"]
+                if isinstance(record.get("cpu"), float):  # (the process's CPU s: the JSON rows, not the table)
+                    out[v][f"{kind} cpu"] = record["cpu"]
         finally:
             shutil.rmtree(root, ignore_errors=True)
     return out

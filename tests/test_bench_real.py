@@ -98,7 +98,9 @@ def test_first_calls_refuse_a_warm_process_of_another_dealias_source(monkeypatch
     monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path))  # (no keep-ATen verdicts to copy)
     w = next(w for w in WORKLOADS if w.name == "ema_foreach")
     sources += ["dealias-a", "dealias-a"]
-    assert real.first_calls(w, ["default"]) == {"default": {"cold": 30.0, "warm": 2.0}}
+    want = {"cold": 30.0, "cold cpu": 1.0, "warm": 2.0, "warm cpu": 1.0}
+    assert real.first_calls(w, ["default"]) == {"default": want}
     sources += ["dealias-a", "dealias-b"]  # (a source file saved between the two processes)
-    assert real.first_calls(w, ["default"]) == {"default": {"cold": 30.0, "warm": real.SOURCE_CHANGED}}
+    want = {"cold": 30.0, "cold cpu": 1.0, "warm": real.SOURCE_CHANGED}
+    assert real.first_calls(w, ["default"]) == {"default": want}
     assert not sources
