@@ -197,12 +197,23 @@ def kept_for_after_a_break(x0, x1):
     return v4
 
 
-@pytest.mark.parametrize("program", [unused_function_result, kept_for_after_a_break])
+def read_by_the_next_graph(x0, x1):  # fuzz seed 2443107
+    v2 = x1.sin()
+    v4 = x0 + 1
+    v4.register_hook(lambda g: g * -1)  # (a split: the first graph returns v4 and v2, each through an _OwnNode)
+    v8 = v2.sum(0, keepdim=True)  # the second graph reads v2; eager's backward never reaches this sum
+    half = HalvesGradient.apply(x0 * 1)  # (a split: the second graph returns x0 * 1 and v8)
+    return half + v4 + v8.detach()
+
+
+@pytest.mark.parametrize("program", [unused_function_result, kept_for_after_a_break, read_by_the_next_graph])
 def test_a_fused_graph_gives_no_gradient_where_eager_gives_none(program):
     # The compiled backward gives zeros to an input no result it was given a gradient for is computed from: a
     # leaf's gradient came back zeros where eager's is None (fuzz seed 964788), and zeros ran a custom Function's
-    # backward eager never reaches, whose `g * 3 + x` made the leaf's gradient 31, not 3 (seed 964016).
-    shapes = [(3,)] if program is unused_function_result else [(2, 3, 4), (4, 6)]
+    # backward eager never reaches, whose `g * 3 + x` made the leaf's gradient 31, not 3 (seed 964016). The None
+    # the second graph's node then hands v2 went through v2's _OwnNode as zeros into the first graph's node, which
+    # gave x1 zeros (seed 2443107).
+    shapes = {unused_function_result: [(3,)], read_by_the_next_graph: [(5, 5), (3,)]}.get(program, [(2, 3, 4), (4, 6)])
     jf = dealias.jit(program, executor="inductor")
     grads = []
     for fn in (program, jf):
