@@ -282,6 +282,26 @@ def test_what_reads_an_input_of_a_fused_graph_runs_only_for_a_gradient(program):
     leaf_grads_like_eager(program, jf, [(5, 5), (3,)])
 
 
+def two_results(x, w):
+    return x.sin().sum(), w * 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the same from the caller's side: the fused node hands x None, and autograd runs the caller's custom "
+    "Function that made x with zeros (`g * 3 + x`: the leaf's gradient 1, not None); a caller's hook on x raises "
+    "TypeError on None. Eager never reaches either.",
+)
+def test_a_callers_function_before_a_fused_graph_runs_only_for_a_gradient():
+    jf = dealias.jit(two_results, executor="inductor")
+    grads = []
+    for fn in (two_results, jf):
+        leaf, w = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+        _, b = fn(AddsItsInput.apply(leaf), w)
+        grads.append(torch.autograd.grad(b.sum(), (leaf, w), allow_unused=True))
+    assert grads[0][0] is None and grads[1][0] is None, grads
+
+
 def detached_results(x, w):
     return (x * 2).detach() + 1, w.sum().detach()
 
