@@ -383,14 +383,18 @@ class _OwnNode(torch.autograd.Function):
     after the graph) runs whenever that node runs, with None if no gradient came into that result, where eager's
     never runs (fuzz seed 995209: the user's `lambda g: g * -1` raised TypeError). Through this node it runs only
     for a gradient into its result. Its result shares the compiled result's memory and version counter (not a
-    view of it: eager's result is a tensor of its own)."""
+    view of it: eager's result is a tensor of its own). No gradient passes as None, not as zeros: a later fused
+    graph's node that reads this result hands it None when none of that graph's results reading it got a gradient
+    (_none_where_no_gradient), and autograd runs this node anyway; zeros from here reached the compiled node that
+    made the result, whose input then got zeros where eager's gets None (fuzz seed 2443107, `allow_unused`)."""
 
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        ctx.set_materialize_grads(False)
         return t.detach()
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, g: torch.Tensor | None) -> torch.Tensor | None:
         return g
 
 
