@@ -5,9 +5,11 @@ loaded from inductor's cache and run on copies, were 0.3-0.5 s of a warm first c
 
 copies_record.py keeps what the first call's runs on copies measured; this keeps what the user's calls decided after
 them (a training step's fused tier ran 2-4 % faster than the exact ones on copies, 1.2-1.5x slower on the user's
-calls: only those calls tell). A record is written where a program settles in a first call that fused (FUSE_FIRST),
-once, with the tier, the exact tier that runs calls the fused program's guard rejects, the times measured and why,
-and read where the next process's first call of the same program asks (`Tiered.prepare`). It is keyed as the copies
+calls: only those calls tell). A record is written where a program whose first call fused (FUSE_FIRST) settles by
+a choice its user's calls made (or with no choice: one exact tier, the fused program not fusable; a choice the runs on
+copies made alone is not kept, a few runs of one tier after another, which under load chose GPT-2's torch executor
+over its fused program), once, with the tier, the exact tier that runs calls the fused program's guard rejects, the
+times measured and why, and read where the next process's first call of the same program asks (`Tiered._first`). It is keyed as the copies
 record is (dealias's source, the torch build, the host and its thread count, dynamo's graph, every leaf's metadata,
 the options, grad mode) and on the tiers this process can run. Which tier runs a call is a matter of speed only
 (every tier is exact, or within the fused tolerance): a stale record (a user whose calls changed) costs speed, never
