@@ -430,7 +430,7 @@ def runner(
                 if sum(r is roots[i] for r in roots.values()) > 1:
                     raise InternalError(
                         f"inductor returned result {i} of the fused program in another result's memory, and it "
-                        "shares its value with a third: not separable by a copy (DEALIAS_EXECUTOR=torch runs it)"
+                        "shares its value with a third: not separable by a copy (executor='exact' runs it)"
                     )
                 found.add(i)
         return found
