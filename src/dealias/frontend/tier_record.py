@@ -11,9 +11,10 @@ copies made alone is not kept, a few runs of one tier after another, which under
 over its fused program), once, with the tier, the exact tier that runs calls the fused program's guard rejects, the
 times measured and why, and read where the next process's first call of the same program asks (`Tiered._first`).
 It is keyed as the copies record is (dealias's source, the torch build, the host and its thread count, dynamo's
-graph, every leaf's metadata, the options, grad mode) and on the tiers this process can run. Which tier runs a call is a matter of speed only
-(every tier is exact, or within the fused tolerance): a stale record (a user whose calls changed) costs speed, never
-a result; an unreadable, damaged or mismatched one is ignored and the tiers are measured as before.
+graph, every leaf's metadata, the options, grad mode) and on the tiers this process can run. Which tier runs a call
+is a matter of speed only (every tier is exact, or within the fused tolerance): a stale record (a user whose calls
+changed) costs speed, never a result; an unreadable, damaged or mismatched one is ignored and the tiers are measured
+as before.
 
 `DEALIAS_TIER_RECORD=0` (read at import; the test suite's setting, whose tier tests measure afresh) turns it off.
 """
