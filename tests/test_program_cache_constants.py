@@ -15,28 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_program_cache import cache  # noqa: F401 - the program cache on, in a fresh directory
 
 import dealias
-from dealias.passes import kept_graphs, pipeline, program_cache
+from dealias.passes import kept_graphs, program_cache
 
 SRC = Path(__file__).resolve().parent.parent / "src"
-
-
-@pytest.fixture
-def cache(monkeypatch, tmp_path):
-    """The program cache on, in a fresh directory; counts from zero; the number of captures run, in `traced`."""
-    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path / "dealias"))
-    monkeypatch.setattr(program_cache, "ENABLED", True)
-    monkeypatch.setattr(program_cache, "counts", {"read": 0, "written": 0})
-    traced = []
-    capture = pipeline.capture
-
-    def counted(*args, **kwargs):
-        traced.append(1)
-        return capture(*args, **kwargs)
-
-    monkeypatch.setattr(pipeline, "capture", counted)
-    return traced
 
 
 def with_constants(x, buf):
@@ -69,14 +53,14 @@ def run_like_eager(fn, executor="torch"):
     return jf
 
 
-def test_a_program_with_tensor_constants_is_loaded(cache):
+def test_a_program_with_tensor_constants_is_loaded(cache):  # noqa: F811 - the imported fixture
     run_like_eager(with_constants)
     assert program_cache.counts == {"read": 0, "written": 1} and len(cache) == 1
     run_like_eager(with_constants)  # (a second compile: loaded, nothing traced, eager's results)
     assert program_cache.counts == {"read": 1, "written": 1} and len(cache) == 1
 
 
-def test_other_constant_values_are_another_entry(cache):
+def test_other_constant_values_are_another_entry(cache):  # noqa: F811 - the imported fixture
     run_like_eager(with_constants)
     run_like_eager(other_constants)  # (its values are in its code: never the first one's entry)
     assert program_cache.counts == {"read": 0, "written": 2} and len(cache) == 2

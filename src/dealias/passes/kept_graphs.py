@@ -238,18 +238,13 @@ class _Unpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         kind = pid[0]
-        if kind == "fake":
+        if kind in ("fake", "real"):  # (made at its first appearance, the same object after)
             _, index, description = pid
+            table = self.fakes if kind == "fake" else self.reals
             if description is None:
-                return self.fakes[index]
-            self.fakes[index] = self._fake(*description)
-            return self.fakes[index]
-        if kind == "real":
-            _, index, description = pid
-            if description is None:
-                return self.reals[index]
-            self.reals[index] = self._real(*description)
-            return self.reals[index]
+                return table[index]
+            table[index] = (self._fake if kind == "fake" else self._real)(*description)
+            return table[index]
         if kind == "mode":
             return self.mode
         if kind == "slot":
