@@ -5,8 +5,9 @@ torch.compile(backend="inductor").
 
 Per call, once warm: each variant on its own copy of the arguments, warmed up (20 calls; the default and "tiered"
 until the tier of each program has settled, which `cache_info(f).tiers` then reports; the variants built and warmed
-in a shuffled order), timed in one process on one thread in rounds whose order is shuffled, as the median over
-rounds of the ratio to eager's time in the same round.
+in a shuffled order), timed on one thread in one process per workload (what earlier workloads leave in a process
+skews a later one's times), in rounds whose order is shuffled, as the median over rounds of the ratio to eager's time
+in the same round.
 Before timing, each variant's next call is checked against eager's call on a deep copy of the same state (outputs,
 mutated arguments, module and optimizer state, gradients): bit for bit where every program runs on an exact tier,
 within the fused tolerance otherwise. A variant that fails the check is reported, not timed.
@@ -315,6 +316,27 @@ def per_call(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
     return row
 
 
+def per_call_in_a_process(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
+    """`per_call` in a process of its own (`--per-call-child`): what earlier workloads left in a process skews a
+    later one's times. In one process of the whole table, resnet18's training step (the 7th workload) measured
+    default 1.28, fused 1.26, torch.compile 1.45 (the heap grown and trimmed by earlier workloads: minor page faults a
+    call, alone 0 for dealias's tiers, 13,000 for torch.compile's); in a process of its own, the same commit at the
+    same load, 0.96, 1.01 and 1.13. A user's process runs one such program; the variants of a workload still share
+    one process, so that their ratios come from the same rounds."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--per-call-child", w.name, "--rounds", str(rounds)]
+    p = subprocess.run([*cmd, "--variants", *variants], stdout=subprocess.PIPE, text=True, timeout=3600)
+    lines = p.stdout.splitlines()
+    rows = [line for line in lines if line.startswith("{")]
+    for line in lines:  # (the child's reports of variants that failed their check)
+        if not line.startswith("{"):
+            print(line, flush=True)
+    if p.returncode or not rows:
+        row = _empty_row(w)
+        row["check"] = {v: f"WRONG: the per-call process failed (exit {p.returncode})" for v in variants}
+        return row
+    return json.loads(rows[-1])
+
+
 def _empty_row(w: Workload) -> dict[str, Any]:
     return {"workload": w.name, "title": w.title, "ratio": {}, "tiers": {}, "check": {}, "warm": {}, "eager_ms": 0.0}
 
@@ -458,9 +480,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", nargs="+", metavar="JSON", help="print the table of earlier runs' --json files")
     ap.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     ap.add_argument("--then-settle", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--per-call-child", metavar="WORKLOAD", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.first_call:
         first_call_child(*a.first_call, then_settle=a.then_settle)
+        return 0
+    if a.per_call_child:  # (per_call_in_a_process: the row as JSON, on the last line)
+        torch.set_num_threads(1)
+        warnings.simplefilter("once")
+        w = next(w for w in WORKLOADS if w.name == a.per_call_child)
+        print(json.dumps(per_call(w, [v for v in VARIANTS if v in a.variants], a.rounds)), flush=True)
         return 0
     if a.table:
         rows = merged(a.table)
@@ -480,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.only and w.name not in a.only:
             continue
         start = time.perf_counter()
-        row = per_call(w, variants, a.rounds) if not a.first_call_only else _empty_row(w)
+        row = per_call_in_a_process(w, variants, a.rounds) if not a.first_call_only else _empty_row(w)
         if first:
             row["first_call"] = first_calls(w, first)
         rows.append(row)
