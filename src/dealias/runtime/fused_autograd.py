@@ -284,6 +284,8 @@ def _compile(
     cut = frozenset(
         i for i, a in enumerate(example) if isinstance(a, torch.Tensor) and a.requires_grad and not reaching[i]
     )
+    names = [ph.target for ph in gm.graph.find_nodes(op="placeholder")]
+    _refuse_history_only_some_results_read(call if call is not None else example, names, reaching, rg_results, cut)
     example = [a.detach() if i in cut else a for i, a in enumerate(example)]
     call = example if call is None else [a.detach() if i in cut else a for i, a in enumerate(call)]
     try:
@@ -450,20 +452,50 @@ def _check_saved_results_at_backward(outs: Any, watched: list[tuple[int, fx.Node
         node.register_prehook(check)
 
 
+def _refuse_history_only_some_results_read(
+    call: list[Any], names: list[str], reaching: list[frozenset[int]], rg_results: list[int], cut: frozenset[int]
+) -> None:
+    """Unfusable where an input requiring grad has autograd history of its own (not a leaf: keyed, so fixed per
+    program) and only some of the results requiring grad are computed from it. The compiled graph's one backward
+    node runs for a gradient into any result, and autograd then runs the history behind each of its inputs, with
+    None where no gradient came, where eager's per-op nodes never reach it: a custom Function there runs with zeros
+    (`g * 3 + x` gave the leaf behind it a gradient where eager's is None), a hook there gets None. Behind an input
+    every such result reads, eager reaches the history for any of them too; behind a leaf there is none (a None
+    into a leaf accumulates nothing; a hook on the leaf itself gets None, as the None it is handed: not refused,
+    the hooks come and go between calls). The exact tiers run eager's nodes."""
+    every = frozenset(rg_results)
+    for i, a in enumerate(call):
+        if i in cut or not isinstance(a, torch.Tensor) or not a.requires_grad or reaching[i] == every:
+            continue
+        try:
+            leaf = a.is_leaf
+        except RuntimeError:  # (a stale view: its history is eager's to raise about)
+            leaf = False
+        if not leaf:
+            name = names[i] if i < len(names) else f"{i}"
+            raise Unfusable(
+                f"input {name} has autograd history and only some results requiring grad are computed from it (the "
+                "fused graph's one backward node would run that history where eager's nodes do not reach it)"
+            )
+
+
 def _results_reaching_inputs(gm: fx.GraphModule, rg_results: list[int]) -> list[frozenset[int]]:
-    """For each placeholder (by position), the results requiring grad computed from it."""
+    """For each placeholder (by position), the results requiring grad computed from it by a path a gradient flows
+    along: not through a node that records no history (`rg` false: a `detach`, an integer or boolean result), where
+    eager's graph has no edge (`y + v.detach()` reaches v's history in no backward of y: the fused node's edge to v
+    ran a custom Function behind it with zeros, and the leaf behind that got a gradient where eager's is None)."""
     placeholders = gm.graph.find_nodes(op="placeholder")
     results = gm.graph.output_node().args[0]
-    reached = [_computed_from(p) for p in placeholders]
+    reached = [_computed_from(p, lambda u: u.meta.get("rg", True)) for p in placeholders]
     return [frozenset(j for j in rg_results if results[j] in after) for after in reached]
 
 
-def _computed_from(n: fx.Node) -> set[fx.Node]:
-    """`n` and every node computed from it."""
+def _computed_from(n: fx.Node, along: Callable[[fx.Node], Any] = lambda u: True) -> set[fx.Node]:
+    """`n` and every node computed from it (through nodes `along` accepts)."""
     after, todo = {n}, [n]
     while todo:
         for u in todo.pop().users:
-            if u not in after:
+            if u not in after and along(u):
                 after.add(u)
                 todo.append(u)
     return after
