@@ -461,8 +461,8 @@ def _refuse_history_only_some_results_read(
     None where no gradient came, where eager's per-op nodes never reach it: a custom Function there runs with zeros
     (`g * 3 + x` gave the leaf behind it a gradient where eager's is None), a hook there gets None. Behind an input
     every such result reads, eager reaches the history for any of them too; behind a leaf there is none (a None
-    into a leaf accumulates nothing; a hook on the leaf itself gets None, as the None it is handed: not refused,
-    the hooks come and go between calls). The exact tiers run eager's nodes."""
+    into a leaf accumulates nothing; a hook the caller puts on the leaf is still called with None: left open, hooks
+    come and go between calls). The exact tiers run eager's nodes."""
     every = frozenset(rg_results)
     for i, a in enumerate(call):
         if i in cut or not isinstance(a, torch.Tensor) or not a.requires_grad or reaching[i] == every:
