@@ -29,6 +29,9 @@ os.environ.setdefault("DEALIAS_PROGRAM_CACHE", "0")
 # ...nor an earlier process's verdict for the default partition of a joint graph (runtime/partition.py: a test that
 # changes the partitioner's checks would be handed it); test_partition_record.py reads.
 os.environ.setdefault("DEALIAS_PARTITION_RECORD", "0")
+# ...nor an earlier process's traces of which arguments a decomposition's results read (runtime/dependence_record.py:
+# tests count the traces); test_dependence_record.py reads.
+os.environ.setdefault("DEALIAS_DEPENDENCE_RECORD", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ eager's."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -111,3 +112,47 @@ def test_record_off_reads_nothing(record, monkeypatch):
     monkeypatch.setattr(partition, "RECORD", False)
     compiled_step(m, x)
     assert made == [1, 1]
+
+
+class SixBlock(torch.nn.Module):
+    """conv + BatchNorm + ReLU6 in training: min-cut's partition saves the BatchNorm's bias (a copy) where the default
+    one saves the normalized result, and is taken (fewer bytes, no boolean mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return torch.nn.functional.relu6(self.bn(self.conv(x)))
+
+
+def test_min_cut_verdict_read_back_skips_the_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path / "dealias"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(partition, "RECORD", True)
+    made = []
+    default = partitioners.default_partition
+
+    def counted(*args, **kwargs):
+        made.append(1)
+        return default(*args, **kwargs)
+
+    monkeypatch.setattr(partitioners, "default_partition", counted)
+    torch.manual_seed(0)
+    m, x = SixBlock(), torch.randn(2, 3, 8, 8)
+    compiled_step(m, x)
+    (record,) = (tmp_path / "dealias" / "partitions").glob("*.json")
+    assert "min_cut" in json.loads(record.read_text()) and made == [1]
+    read_back = compiled_step(m, x)
+    assert made == [1]  # (read back: the default partition not made again)
+    # A record whose sets do not match what min-cut saves is not taken: both partitions made again, as before.
+    # (Before any backward: a compiled backward would let AOTAutograd's own cache answer, partitioning nothing.)
+    data = json.loads(record.read_text())
+    data["min_cut"][0].append(99)
+    record.write_text(json.dumps(data))
+    out, expected, em = compiled_step(m, x)
+    assert made == [1, 1]
+    backward_checked(*read_back[:2], m, read_back[2])
+    m.zero_grad()
+    backward_checked(out, expected, m, em)

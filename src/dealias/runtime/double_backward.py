@@ -16,6 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..compat import saved_hooks
 from ..compat.internals import backward_keeps_graph, dynamo_hook, skip_frames
 from ..ir.opfacts import fact_per_signature
+from . import dependence_record
 
 
 def double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool, int]:
@@ -159,6 +160,7 @@ def written_inputs_read(gm: fx.GraphModule, written: frozenset[int]) -> list[fro
                 reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in depends[n.args[1]]))
                 continue
         reads[n] = frozenset().union(*(reads.get(a, frozenset()) for a in n.all_input_nodes))
+    dependence_record.flush()  # (what this graph traced, for the next process)
     return [
         reads.get(a, frozenset()) if isinstance(a, fx.Node) else frozenset() for a in gm.graph.output_node().args[0]
     ]
@@ -186,7 +188,7 @@ def _output_dependence(n: fx.Node) -> list[set[fx.Node]] | None:
         flat,
         spec,
         lambda a: (tuple(a.meta["val"].shape), a.meta["val"].stride(), a.meta["val"].dtype),
-        lambda parts: _dependence_by_position(op, flat, spec, vals),
+        lambda parts: _recorded_dependence(op, flat, spec, vals, parts),
     )
     if reached is None:
         return None
@@ -194,6 +196,18 @@ def _output_dependence(n: fx.Node) -> list[set[fx.Node]] | None:
 
 
 _traced_dependence: dict[Any, list[frozenset[int]] | None] = {}
+
+
+def _recorded_dependence(
+    op: torch._ops.OpOverload, flat: list[Any], spec: Any, vals: list[torch.Tensor], parts: tuple[Any, ...]
+) -> list[frozenset[int]] | None:
+    """`_dependence_by_position`, or an earlier process's answer for the same signature (dependence_record.py)."""
+    key = dependence_record.key_of(op, spec, (tuple(isinstance(a, fx.Node) for a in flat), parts))
+    found, answer = dependence_record.lookup(key)
+    if not found:
+        answer = _dependence_by_position(op, flat, spec, vals)
+        dependence_record.remember(key, answer)
+    return answer
 
 
 def _dependence_by_position(

@@ -59,7 +59,8 @@ def partition_saving_no_written_input(written: frozenset[int], copy_saved_result
         def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
             n = kwargs["num_fwd_outputs"]
             recorded = _default_verdict_key(gm, joint_inputs, kwargs, written, copy_saved_results)
-            if recorded is not None and _default_recorded(recorded):
+            verdict = _recorded_verdict(recorded)
+            if verdict is True:
                 # (an earlier compile of this joint graph took the default one: the min-cut one is not made again)
                 kwargs.pop("compiler", None)
                 fw, bw = default_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
@@ -67,18 +68,26 @@ def partition_saving_no_written_input(written: frozenset[int], copy_saved_result
             else:
                 fw, bw = min_cut_rematerialization_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
                 kwargs.pop("compiler", None)
-                default = default_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
-                saved, by_default = saved_inputs(fw, n), saved_inputs(default[0], n)
-                copied = saved - by_default  # (min-cut's alone: saved as copies, if that stores less than the default)
-                if (
-                    by_default - saved
-                    or copied & written
-                    or _saves_masks(fw, n)
-                    and not _saves_masks(default[0], n)
-                    or not _copies_store_less(fw, default[0], n, copied)
-                ):
-                    (fw, bw), saved, copied = default, by_default, set()
-                    _record_default(recorded)
+                saved = saved_inputs(fw, n)
+                # (an earlier compile took this min-cut partition, saving the same inputs: the default one, made
+                # there only to be dropped, is not made again; its saved inputs are the record's)
+                by_default = verdict[1] if verdict is not None and verdict[0] == saved else None
+                copied = saved - by_default if by_default is not None else set()
+                if by_default is None or by_default - saved or copied & written:
+                    default = default_partition(copy.deepcopy(gm), joint_inputs, **kwargs)
+                    by_default = saved_inputs(default[0], n)
+                    copied = saved - by_default  # (min-cut's alone: saved as copies, if that stores less)
+                    if (
+                        by_default - saved
+                        or copied & written
+                        or _saves_masks(fw, n)
+                        and not _saves_masks(default[0], n)
+                        or not _copies_store_less(fw, default[0], n, copied)
+                    ):
+                        (fw, bw), saved, copied = default, by_default, set()
+                        _record_default(recorded)
+                    else:
+                        _record_min_cut(recorded, saved, by_default)
             if saved & written:
                 raise Unfusable(f"backward would save input {min(saved & written)}, which the epilogue writes into")
             if copied:
@@ -109,10 +118,15 @@ def partition_saving_no_written_input(written: frozenset[int], copy_saved_result
 # does not backpropagate the first call's outputs leaves AOTAutograd's cache entry unwritten (it keeps one only once
 # the backward is compiled), and every later process traces the joint graph and partitions it again; the min-cut
 # partition, made only to be dropped where the default one is taken, was 0.4-0.6 of resnet18's warm training first
-# call's 3.8 CPU s. Only that verdict is kept: the default partition is the one taken whenever min-cut's is not safe
-# (every check above only ever turns to it), so a record, stale or wrong, can cost speed, never a result. Keyed on
-# dealias's source, the torch build, the host, the joint graph's code, its inputs' layouts and dtypes, the
-# partitioner's arguments and AOTAutograd's configuration; `DEALIAS_PARTITION_RECORD=0` (read at import) turns it off.
+# call's 3.8 CPU s. The default partition is the one taken whenever min-cut's is not safe (every check above only
+# ever turns to it), so a record of it, stale or wrong, can cost speed, never a result. Where min-cut's was taken,
+# the record keeps the inputs it saves and those the default one saves: a compile whose min-cut partition saves the
+# same inputs makes the default one no more (made only for those and for the checks of speed, ~0.13 of a
+# mobilenet-like training forward's warm first call of 4 CPU s), and checks with them what it checks for safety
+# (no input the default one saves left unsaved, no written one copied); a record that does not match, or those
+# checks failing, partitions both ways as before. Keyed on dealias's source, the torch build, the host, the joint
+# graph's code, its inputs' layouts and dtypes, the partitioner's arguments and AOTAutograd's configuration;
+# `DEALIAS_PARTITION_RECORD=0` (read at import) turns it off.
 RECORD = os.environ.get("DEALIAS_PARTITION_RECORD", "1") != "0"
 VERSION = 1
 
@@ -151,16 +165,31 @@ def _record_path(k: str) -> Path:
     return cache_dir() / "partitions" / f"{k}.json"
 
 
-def _default_recorded(k: str) -> bool:
-    data = read_json(_record_path(k))
-    if not isinstance(data, dict):
-        return False
-    return data.get("version") == VERSION and data.get("key") == k and data.get("default") is True
+def _recorded_verdict(k: str | None) -> Any:
+    """The verdict recorded under `k`: True (the default partition), (the inputs min-cut's saves, those the default
+    one saves) where min-cut's was taken, or None (none, or one that cannot be read)."""
+    data = read_json(_record_path(k)) if k is not None else None
+    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("key") != k:
+        return None
+    if data.get("default") is True:
+        return True
+    sets = data.get("min_cut")
+    if not isinstance(sets, list) or len(sets) != 2:
+        return None
+    if not all(isinstance(p, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in p) for p in sets):
+        return None
+    return set(sets[0]), set(sets[1])
 
 
 def _record_default(k: str | None) -> None:
     if k is not None:
         write_whole(_record_path(k), json.dumps({"version": VERSION, "key": k, "default": True}))
+
+
+def _record_min_cut(k: str | None, saved: set[int], by_default: set[int]) -> None:
+    if k is not None:
+        record = {"version": VERSION, "key": k, "min_cut": [sorted(saved), sorted(by_default)]}
+        write_whole(_record_path(k), json.dumps(record))
 
 
 def _copies_store_less(fw: fx.GraphModule, default: fx.GraphModule, num_fwd_outputs: int, copied: set[int]) -> bool:
