@@ -112,10 +112,17 @@ class Emitter:
 _SYMPY_OPS = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod}
 
 
+# Ops whose floating-point result autograd never differentiates (derivatives.yaml's `output_differentiability:
+# [False]`): eager's result requires no grad, and its graph has no edge to the input. Taken for differentiable, the
+# fused graph's node had one, and ran a custom Function behind the input with zeros (`w * 2 + x.histc()`: the leaf
+# behind x got a gradient where eager's is None).
+_NEVER_DIFFERENTIATED = frozenset({aten.histc.default})
+
+
 def differentiable(op: Any, val: Any) -> bool:
     """Whether `op`'s result `val` carries autograd history when an input requires grad (grad mode on): not a
     detach, a factory taking a tensor for its metadata, nor an integer or boolean tensor."""
-    if op is aten.detach.default:
+    if op is aten.detach.default or op in _NEVER_DIFFERENTIATED:
         return False
     schema = getattr(op, "_schema", None)
     if schema is not None and {"layout", "pin_memory"} <= {a.name for a in schema.arguments}:
