@@ -31,6 +31,19 @@ def test_one_workload_end_to_end(tmp_path):
     assert row["eager_ms"] > 0 and row["ratio"]["torch"] > 0
 
 
+def test_alone_times_each_variant_in_a_process_of_its_own(tmp_path):
+    threads = torch.get_num_threads()
+    out = tmp_path / "rows.json"
+    try:
+        argv = ["--alone", "--only", "ema_foreach", "--rounds", "1", "--no-first-call", "--variants", "torch"]
+        assert real.main([*argv, "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    (row,) = json.loads(out.read_text())
+    assert row["alone"] and row["check"] == {"torch": "alone"} and row["tiers"] == {"torch": ["torch"]}
+    assert row["eager_ms"] > 0 and row["ratio"]["torch"] > 0
+
+
 def _small(name: str, make) -> Workload:
     """A workload of real_workloads.py on small tensors: the check's cost is the tensors' copies and comparisons."""
     w = next(w for w in WORKLOADS if w.name == name)
