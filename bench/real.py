@@ -341,10 +341,13 @@ def per_call_in_a_process(w: Workload, variants: list[str], rounds: int) -> dict
     return json.loads(rows[-1])
 
 
+ALONE_CALLS, ALONE_SECONDS = 10, 1.0  # (`--alone`: timed calls per process, at least this many and this long)
+
+
 def alone_child(name: str, variant: str) -> None:
     """`--alone`'s process: one variant of one workload, warmed up as `per_call` warms it, then ALONE_SECONDS of
-    calls (at least ALONE_CALLS) each timed; prints the median call's seconds, the minor page faults of the median
-    call and the tiers."""
+    calls (at least ALONE_CALLS) each timed; prints the median call's seconds, the median of the calls' minor page
+    faults and the tiers."""
     import resource
 
     torch.set_num_threads(1)
@@ -363,15 +366,12 @@ def alone_child(name: str, variant: str) -> None:
     print(json.dumps(record), flush=True)
 
 
-ALONE_CALLS, ALONE_SECONDS = 10, 1.0
-
-
 def per_call_alone(w: Workload, variants: list[str], rounds: int) -> dict[str, Any]:
     """Each variant in a process of its own (`--alone`), one process after another, `rounds` times in shuffled
     orders; a variant's ratio is the median over rounds of its median call / eager's in the same round. As a user runs
-    one of them: in one process the variants' heaps meet (resnet18's training step alone ran 0.96x eager on the
-    default's tier, 1.00 fused and 1.60 torch.compile, with 0 / 0 / 13,000 minor page faults a call; interleaved in
-    one process it measured 1.2-1.5x for all three). Not checked against eager here (`per_call` checks)."""
+    one of them: in one process the variants' heaps meet (resnet18's training step measured 1.05x eager alone on the
+    default's tier, 1.14 fused and 1.68 torch.compile, with 0 / 0 / 13,000 minor page faults a call; interleaved in
+    one process 1.5, 1.5 and 1.7). Not checked against eager here (`per_call` checks)."""
     row = _empty_row(w)
     row["alone"] = True
     times: dict[str, list[float]] = {v: [] for v in ["eager", *variants]}

@@ -247,7 +247,7 @@ def test_the_default_executors_fused_tier_gives_no_gradient_where_eager_gives_no
     jf = dealias.jit(read_by_the_next_graph)
     for _ in range(3):  # (the first call runs on copies too)
         leaf_grads_like_eager(read_by_the_next_graph, jf, [(5, 5), (3,)])
-    # (the first two graphs' results read inputs with history apart: not fusable, by _refuse_history_only_...)
+    # (the first two graphs have inputs with history that only some of their results read: not fused)
     assert dealias.cache_info(jf).tiers[2] == "fused", dealias.cache_info(jf).tiers
 
 
@@ -288,7 +288,7 @@ def test_a_callers_function_before_a_fused_graph_runs_only_for_a_gradient():
         _, b = fn(AddsItsInput.apply(leaf), w)
         grads.append(torch.autograd.grad(b.sum(), (leaf, w), allow_unused=True))
     assert grads[0][0] is None and grads[1][0] is None, grads
-    assert "not fused: input" in dealias.cache_info(jf).tier_reasons[0]  # (the exact executor runs eager's nodes)
+    assert "not fused: input" in dealias.cache_info(jf).tier_reasons[0]  # (the torch executor runs eager's nodes)
 
 
 def test_results_of_different_leaves_stay_fused():
