@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..ir.opfacts import op_name
-from .keep_aten import cache_dir, read_json, source_key, write_whole
+from .keep_aten import DiskDict, cache_dir, source_key
 
 _LIMIT = 8192  # entries in memory, and on disk
-_lock = threading.Lock()
 _memory: dict[Any, tuple[str, Any] | None] = {}
-_disk: dict[str, str | None] | None = None  # _disk_key(key) -> the answer's kind; read once per process
-_unsaved = False
 
 
 def lookup(key: Any) -> tuple[bool, tuple[str, Any] | None]:
@@ -34,7 +29,7 @@ def lookup(key: Any) -> tuple[bool, tuple[str, Any] | None]:
     answer = _memory.get(key, _MISSING)  # (one read: another thread's `remember` may clear the dict)
     if answer is not _MISSING:
         return True, answer
-    stored = _read().get(_disk_key(key), _MISSING)
+    stored = _disk.get(_disk_key(key), _MISSING)
     if stored is _MISSING:
         return False, None
     answer = _from_kind(key[0], stored)
@@ -45,33 +40,21 @@ def lookup(key: Any) -> tuple[bool, tuple[str, Any] | None]:
 
 
 def remember(key: Any, answer: tuple[str, Any] | None) -> None:
-    global _unsaved
     if len(_memory) >= _LIMIT:
         _memory.clear()
     _memory[key] = answer
-    disk = _read()
-    if len(disk) < _LIMIT:
-        disk[_disk_key(key)] = None if answer is None else answer[0]
-        _unsaved = True
+    _disk.put(_disk_key(key), None if answer is None else answer[0])
 
 
 def flush() -> None:
     """Write what this process probed (with what another process wrote meanwhile) for the next process."""
-    global _unsaved
-    if not _unsaved:
-        return
-    with _lock:
-        _unsaved = False
-        path = _path()
-        if path is not None:
-            write_whole(path, json.dumps({**_load_file(), **_read()}, sort_keys=True))
+    _disk.flush()
 
 
 def clear() -> None:
     """Forget every answer in this process (tests: the next lookup reads the disk file again)."""
-    global _disk, _unsaved
     _memory.clear()
-    _disk, _unsaved = None, False
+    _disk.clear()
 
 
 _MISSING: Any = object()
@@ -93,18 +76,6 @@ def _from_kind(op: Any, kind: str | None) -> Any:
     return ("function", fn) if kind == "function" and callable(fn) else _MISSING
 
 
-def _read() -> dict[str, str | None]:
-    global _disk
-    if _disk is None:
-        _disk = _load_file()
-    return _disk
-
-
-def _load_file() -> dict[str, str | None]:
-    data = read_json(_path())
-    return data if isinstance(data, dict) else {}
-
-
 def _path() -> Path | None:
     """The disk file; None where the probe's sources cannot be read (answers kept in the process only)."""
     key = _build_key()
@@ -116,3 +87,6 @@ def _build_key() -> str | None:
     # (the probe also binds through ir/opfacts.py)
     here = Path(__file__).parent
     return source_key((here / "executor.py", here / "bindings.py", here.parent / "ir" / "opfacts.py"))
+
+
+_disk = DiskDict(_path, _LIMIT)  # _disk_key(key) -> the answer's kind; read once per process

@@ -18,22 +18,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .keep_aten import cache_dir, read_json, source_key, write_whole
+from .keep_aten import DiskDict, cache_dir, source_key
 
 ENABLED = os.environ.get("DEALIAS_DEPENDENCE_RECORD", "1") != "0"
 _LIMIT = 4096  # entries on disk
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
-_lock = threading.Lock()
-_disk: dict[str, Any] | None = None  # key -> [[position, ...] per result] or None (no trace); read once per process
-_unsaved = False
 counts = {"read": 0, "written": 0}  # answers read from the file and files written in this process (tests)
 
 
@@ -59,7 +54,7 @@ def lookup(key: str | None) -> tuple[bool, list[frozenset[int]] | None]:
     """(found, the answer) under `key`."""
     if key is None:
         return False, None
-    stored = _read().get(key, _MISSING)
+    stored = _disk.get(key, _MISSING)
     if stored is _MISSING:
         return False, None
     if stored is None:
@@ -74,49 +69,22 @@ def lookup(key: str | None) -> tuple[bool, list[frozenset[int]] | None]:
 
 
 def remember(key: str | None, answer: list[frozenset[int]] | None) -> None:
-    global _unsaved
-    if key is None:
-        return
-    disk = _read()
-    if key not in disk and len(disk) < _LIMIT:
-        disk[key] = None if answer is None else [sorted(r) for r in answer]
-        _unsaved = True
+    if key is not None:
+        _disk.put(key, None if answer is None else [sorted(r) for r in answer])
 
 
 def flush() -> None:
     """Write what this process traced (with what another process wrote meanwhile) for the next process."""
-    global _unsaved
-    if not _unsaved:
-        return
-    with _lock:
-        _unsaved = False
-        path = _path()
-        if path is None:
-            return
-        merged = {**_load_file(), **(_disk or {})}
-        if write_whole(path, json.dumps(dict(list(merged.items())[:_LIMIT]))):
-            counts["written"] += 1
+    if _disk.flush():
+        counts["written"] += 1
 
 
 def clear() -> None:
     """Forget what was read or traced in this process (tests: the next lookup reads the file again)."""
-    global _disk, _unsaved
-    _disk, _unsaved = None, False
+    _disk.clear()
 
 
 _MISSING = object()
-
-
-def _read() -> dict[str, Any]:
-    global _disk
-    if _disk is None:
-        _disk = _load_file()
-    return _disk
-
-
-def _load_file() -> dict[str, Any]:
-    data = read_json(_path())
-    return data if isinstance(data, dict) else {}
 
 
 def _path() -> Path | None:
@@ -129,3 +97,6 @@ def _path() -> Path | None:
 def _build_key() -> str | None:
     here = Path(__file__).parent
     return source_key((here / "double_backward.py", here / "dependence_record.py"))
+
+
+_disk = DiskDict(_path, _LIMIT)  # key -> [[position, ...] per result] or None (no trace); read once per process

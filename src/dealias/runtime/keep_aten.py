@@ -254,6 +254,53 @@ def read_json(path: Path | None) -> Any:
         return None
 
 
+class DiskDict:
+    """A dict of JSON values kept in one file for the next process (bindings.py's probes, dependence_record.py's
+    traces): read at its first use in a process, written back by `flush` merged with what another process wrote
+    meanwhile, at most `limit` entries. `path()` None: kept in the process only."""
+
+    def __init__(self, path: Callable[[], Path | None], limit: int) -> None:
+        self.path, self.limit = path, limit
+        self._lock = threading.Lock()
+        self._entries: dict[str, Any] | None = None
+        self._unsaved = False
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._read().get(key, default)
+
+    def put(self, key: str, value: Any) -> None:
+        entries = self._read()
+        if key in entries and entries[key] == value or key not in entries and len(entries) >= self.limit:
+            return
+        entries[key] = value
+        self._unsaved = True
+
+    def flush(self) -> bool:
+        """Write what this process added; whether a file was written."""
+        if not self._unsaved:
+            return False
+        with self._lock:
+            self._unsaved = False
+            path = self.path()
+            if path is None:
+                return False
+            merged = {**self._load(), **self._read()}
+            return write_whole(path, json.dumps(dict(list(merged.items())[: self.limit]), sort_keys=True))
+
+    def clear(self) -> None:
+        """Forget what was read or added in this process (tests: the next `get` reads the file again)."""
+        self._entries, self._unsaved = None, False
+
+    def _read(self) -> dict[str, Any]:
+        if self._entries is None:
+            self._entries = self._load()
+        return self._entries
+
+    def _load(self) -> dict[str, Any]:
+        data = read_json(self.path())
+        return data if isinstance(data, dict) else {}
+
+
 def source_key(files: tuple[Path, ...], *build: str) -> str | None:
     """A key of the torch build (its version and git revision, a dev build's version staying while its revision
     moves; and `build`) and of the sources `files` of what a disk cache remembers; None where a source cannot be
