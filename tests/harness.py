@@ -206,3 +206,15 @@ def grad_fn_chain(out: torch.Tensor) -> list[str]:
         names.append(type(fn).__name__)
         fn = next((f for f, _ in fn.next_functions if f is not None and "AccumulateGrad" not in type(f).__name__), None)
     return names
+
+
+class ConvBnRelu(torch.nn.Module):
+    """conv + BatchNorm + ReLU, for training (test_partition_record.py, test_dependence_record.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)).relu()

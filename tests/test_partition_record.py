@@ -11,21 +11,10 @@ import json
 import pytest
 import torch
 import torch._functorch.partitioners as partitioners
+from harness import ConvBnRelu as Block
 
 import dealias
 from dealias.runtime import partition
-
-
-class Block(torch.nn.Module):
-    """conv + BatchNorm + ReLU in training."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(8)
-
-    def forward(self, x):
-        return self.bn(self.conv(x)).relu()
 
 
 def loss(m, x):
