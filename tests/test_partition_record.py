@@ -21,21 +21,27 @@ def loss(m, x):
     return m(x).mean()
 
 
-@pytest.fixture
-def record(monkeypatch, tmp_path):
-    """The record on, in a fresh directory (inductor's caches too); the min-cut partitions made, counted; the default
-    one taken (as resnet18's training forward takes it, for the boolean masks min-cut's saves)."""
+def _record_on_counting(monkeypatch, tmp_path, partitioner: str) -> list[int]:
+    """The record on, in a fresh directory (inductor's caches too); the partitions `partitioner` makes, counted."""
     monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path / "dealias"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr(partition, "RECORD", True)
     made = []
-    min_cut = partitioners.min_cut_rematerialization_partition
+    original = getattr(partitioners, partitioner)
 
     def counted(*args, **kwargs):
         made.append(1)
-        return min_cut(*args, **kwargs)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(partitioners, "min_cut_rematerialization_partition", counted)
+    monkeypatch.setattr(partitioners, partitioner, counted)
+    return made
+
+
+@pytest.fixture
+def record(monkeypatch, tmp_path):
+    """The record on, in a fresh directory; the min-cut partitions made, counted; the default one taken (as
+    resnet18's training forward takes it, for the boolean masks min-cut's saves)."""
+    made = _record_on_counting(monkeypatch, tmp_path, "min_cut_rematerialization_partition")
     monkeypatch.setattr(partition, "_copies_store_less", lambda *args: False)
     return tmp_path / "dealias" / "partitions", made
 
@@ -117,17 +123,7 @@ class SixBlock(torch.nn.Module):
 
 
 def test_min_cut_verdict_read_back_skips_the_default(monkeypatch, tmp_path):
-    monkeypatch.setenv("DEALIAS_CACHE_DIR", str(tmp_path / "dealias"))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(partition, "RECORD", True)
-    made = []
-    default = partitioners.default_partition
-
-    def counted(*args, **kwargs):
-        made.append(1)
-        return default(*args, **kwargs)
-
-    monkeypatch.setattr(partitioners, "default_partition", counted)
+    made = _record_on_counting(monkeypatch, tmp_path, "default_partition")
     torch.manual_seed(0)
     m, x = SixBlock(), torch.randn(2, 3, 8, 8)
     compiled_step(m, x)
