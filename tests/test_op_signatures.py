@@ -1,6 +1,6 @@
-"""Op facts read off an op run on meta tensors (which results of a multi-output op require grad; which arguments
-each result of a decomposition reads) are kept per signature of the op's arguments: a net's batch norms of one
-size are run once. These check that a signature differing in anything that changes the answer is run again."""
+"""Op facts read off an op run on meta or fake tensors (which results of an op require grad; which arguments each
+result of a decomposition reads) are kept per signature of the op's arguments: a net's batch norms of one size
+are run once. These check that a signature differing in anything that changes the answer is run again."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import operator
 import pytest
 import torch
 import torch.fx as fx
-from harness import grads_like_eager
+from harness import AddsItsInput, grads_like_eager
 
 import dealias
-from dealias.passes import writeback_autograd
+from dealias.ir import emitter
 from dealias.runtime import double_backward
 
 aten = torch.ops.aten
@@ -74,24 +74,36 @@ def test_the_dependence_trace_makes_one_fake_mode(monkeypatch):
 
 
 def _requires_grads(gm: fx.GraphModule, marked: set[str]) -> list[bool]:
-    for ph in gm.graph.find_nodes(op="placeholder"):
-        ph.meta["rg"] = ph.name in marked
     results = gm.graph.output_node().args[0]
-    for r in results:
-        r.meta["rg"] = True  # (as functionalization marks every result of an op autograd records)
-    return [writeback_autograd._requires_grad(r) for r in results]
+    return [emitter.differentiable(r, lambda a: a.name in marked) for r in results]
 
 
 def test_which_results_require_grad_follows_the_arguments_that_do():
-    writeback_autograd._result_grads.clear()
+    emitter._probed.clear()
     gm = _batch_norm_graph(1)
     # The input requiring grad: the output does; the saved statistics and updated running statistics do not.
     assert _requires_grads(gm, {"x0"}) == [True, False, False, False, False]
     # The same layouts with nothing requiring grad: a different signature, run again (kept, it would answer True).
     assert _requires_grads(gm, set()) == [False] * 5
     assert _requires_grads(gm, {"w0"}) == [True, False, False, False, False]
-    writeback_autograd._result_grads.clear()
+    emitter._probed.clear()
     assert _requires_grads(gm, {"w0"}) == [True, False, False, False, False]
+
+
+def test_which_results_require_grad_is_asked_once_for_any_sizes(monkeypatch):
+    # Sizes are no part of the signature (no op's differentiability depends on them): batch norms of two sizes,
+    # three of each, run the op once, not once per node or per size.
+    emitter._probed.clear()
+    probed = []
+    probe = emitter._probe
+    monkeypatch.setattr(emitter, "_probe", lambda *a: probed.append(a[0]) or probe(*a))
+    for channels in (4, 8):
+        assert (
+            _requires_grads(_batch_norm_graph(3, channels), {"x0", "x1", "x2"})
+            == [True, False, False, False, False] * 3
+        )
+    assert probed == [aten._native_batch_norm_legit_functional.default]
+    emitter._probed.clear()
 
 
 def three_blocks(x, *tensors):
@@ -113,3 +125,25 @@ def test_batch_norms_of_one_size_train_as_eager(executor):
 
     jf = dealias.jit(three_blocks, executor=executor)
     assert grads_like_eager(three_blocks, jf, make) == []
+
+
+def bessel_of_a_window(w, v, n):
+    return w[:n].sin() + torch.special.bessel_j0(v[:n])  # (no derivative in autograd: no grad, no edge to v)
+
+
+def test_which_results_require_grad_is_asked_without_a_guard_on_the_programs_sizes():
+    # The probe runs at the symbols' values in the compiling call, on tensors of its own: the program's symbols
+    # get no guard from it (one compile for every n), and the fused graph has no edge to v, as eager's graph (the
+    # custom Function behind v would give the leaf a gradient: test_fused_autograd.py).
+    jf = dealias.jit(bessel_of_a_window, dynamic=True, executor="inductor")
+    for n in range(2, 7):
+        grads, outs = [], []
+        for fn in (bessel_of_a_window, jf):
+            w, leaf = torch.ones(8, requires_grad=True), torch.linspace(0, 1, 8, requires_grad=True)
+            outs.append(fn(w, AddsItsInput.apply(leaf), n))
+            grads.append(torch.autograd.grad(outs[-1].sum(), (w, leaf), allow_unused=True))
+        torch.testing.assert_close(outs[1], outs[0])
+        assert grads[0][1] is None and grads[1][1] is None, (n, grads)
+        torch.testing.assert_close(grads[1][0], grads[0][0])
+    info = dealias.cache_info(jf)
+    assert info.misses == 1 and "n" in info.dynamic, info

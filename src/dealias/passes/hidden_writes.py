@@ -64,6 +64,10 @@ def hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requires_grad
     node_rg: dict[fx.Node, bool] = {}  # a multi-result op's: its `getitem`s' take it
     known: dict[int, bool] = {}
 
+    def arg_rg(a: fx.Node) -> bool:
+        v = info.values.get(a)
+        return isinstance(v, Value) and storage_rg.get(v.storage, False)
+
     def live(r: int) -> bool:
         # (each walk is the rest of the graph: past _WALKS of them, a read counts as live unasked)
         if r not in known:
@@ -84,9 +88,9 @@ def hidden_write_after_a_read(gm: fx.GraphModule, info: AliasInfo, requires_grad
         from_args = any(storage_rg.get(x.storage, False) for x in values)
         if n.target is operator.getitem and isinstance(n.args[0], fx.Node):
             from_args = node_rg.get(n.args[0], False)
-        rg = node_rg[n] = grad and from_args and differentiable(n.target, n.meta.get("val"))
+        rg = node_rg[n] = grad and from_args and differentiable(n, arg_rg)
         # Reads first: an op reads its arguments before it writes (`x.add_(x)` is a recorded write, not a read).
-        if grad and not is_view_node(n) and differentiable(n.target, n.meta.get("val")):
+        if grad and not is_view_node(n) and differentiable(n, arg_rg):
             for x in values:
                 if x.storage in reads and x.storage not in written and not _hidden_chain(x):
                     reads[x.storage].append(i)

@@ -242,7 +242,11 @@ def _requires_grad(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool
             out[n] = storage_rg[v.storage]
         elif n.op == "call_function":
             ins = [storage_rg.get(x.storage, False) for x in tensor_values(n, info)]
-            rg = bool(n.meta.get("grad", True)) and any(ins) and differentiable(n.target, n.meta.get("val"))
+            rg = (
+                bool(n.meta.get("grad", True))
+                and any(ins)
+                and differentiable(n, lambda a: _storage_rg(a, info, storage_rg))
+            )
             for s in written_storages(n, info) if isinstance(n.target, torch._ops.OpOverload) else ():
                 storage_rg[s] = storage_rg.get(s, False) or rg
             if isinstance(v, Value):
@@ -252,6 +256,11 @@ def _requires_grad(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool
                 rg = storage_rg[v.storage] and n.target is not torch.ops.aten.detach.default
             out[n] = rg
     return out
+
+
+def _storage_rg(a: fx.Node, info: AliasInfo, storage_rg: dict[Storage, bool]) -> bool:
+    v = info.values.get(a)
+    return isinstance(v, Value) and storage_rg.get(v.storage, False)
 
 
 def _saved(

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..ir.checks import concrete
-from ..ir.opfacts import OpKind, bind_args, fact_per_signature, facts, inplace_variant, op_name
+from ..ir.opfacts import OpKind, bind_args, facts, inplace_variant, op_name
 from ..ir.plan import FunctionalProgram, Ref, RefKind, ResultArg, WriteBackReport, alias_group_of
 from ..ir.viewops import chain_args, internal_overlap
 from .writeback import _fresh, _reads_its_target, _remapped, _same_layout, _updated_in_place, whole_report
@@ -305,55 +304,9 @@ def whole_writes_in_graph(fp: FunctionalProgram) -> tuple[FunctionalProgram, fro
 
 
 def _requires_grad(value: fx.Node) -> bool:
-    """Whether eager's `value` requires grad. Functionalization marks every result of a multi-output op that
-    autograd records (meta "rg"); of those, eager's own op says which are differentiable (batch norm's updated
-    running statistics are not): it runs once on meta tensors of the arguments' layouts."""
-    if not value.meta.get("rg"):
-        return False
-    op = value.args[0].target if value.target is operator.getitem and isinstance(value.args[0], fx.Node) else None
-    if not isinstance(op, torch._ops.OpOverload):
-        return True
-    source = value.args[0]
-    flat, spec = torch.utils._pytree.tree_flatten((source.args, source.kwargs))
-    if not all(isinstance(a.meta.get("val"), torch.Tensor) for a in flat if isinstance(a, fx.Node)):
-        return True
-
-    def layout_of(a: fx.Node) -> Any:
-        v = a.meta["val"]  # (symbolic sizes at the compiling call's values: which results require grad is no size's)
-        shape, stride = tuple(concrete(n) for n in v.shape), tuple(concrete(n) for n in v.stride())
-        return (shape, stride, v.dtype, bool(a.meta.get("rg")) and v.is_floating_point())
-
-    # Which results require grad depends only on the op and its arguments' layouts and values: each op of a net
-    # runs once per such signature (resnet18's training graph ran a meta batch norm per result: 80, ~0.5 CPU s).
-    flags = fact_per_signature(
-        _result_grads, op, flat, spec, layout_of, lambda parts: _result_requires_grad(op, flat, spec, parts)
-    )
-    index = value.args[1]
-    return flags[index] if isinstance(flags, tuple) and isinstance(index, int) and 0 <= index < len(flags) else True
-
-
-_result_grads: dict[Any, tuple[bool, ...] | bool] = {}
-
-
-def _result_requires_grad(op: torch._ops.OpOverload, flat: list[Any], spec: Any, layouts: tuple[Any, ...]) -> Any:
-    """Which results of `op` require grad, run on meta tensors of `layouts` (per result); True where it cannot
-    run (no meta kernel, a size without a value: as marked)."""
-
-    def meta_of(a: Any, layout: Any) -> Any:
-        if not isinstance(a, fx.Node):
-            return a
-        shape, stride, dtype, rg = layout
-        return torch.empty_strided(shape, stride, dtype=dtype, device="meta").requires_grad_(rg)
-
-    try:
-        with torch.enable_grad():
-            args, kwargs = torch.utils._pytree.tree_unflatten([meta_of(a, m) for a, m in zip(flat, layouts)], spec)
-            out = op(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - as marked
-        return True
-    if not isinstance(out, (tuple, list)):
-        return True
-    return tuple(bool(getattr(r, "requires_grad", True)) for r in out)
+    """Whether eager's `value` requires grad: as functionalization marked it (meta "rg"; of a multi-output op's
+    results, only those autograd differentiates: batch norm's updated running statistics are not, ir/emitter.py)."""
+    return bool(value.meta.get("rg"))
 
 
 def _results_outputs_read(fp: FunctionalProgram) -> set[int]:
