@@ -5,6 +5,7 @@ peak memory of the tensors each call allocates, and where the default runs each 
     python bench/run.py                 # all workloads
     python bench/run.py --only kv_write --rounds 5
     python bench/run.py --no-compile    # skip torch.compile (its compiles take seconds each)
+    python bench/run.py --threads 2     # torch's intra-op threads (one by default)
 """
 
 from __future__ import annotations
@@ -396,7 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", help="workload names")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--no-compile", action="store_true")
+    # One thread unless asked: inductor's kernels open an OpenMP region per call, and on a shared 2-core machine a
+    # region with two threads waits for the busy core (slice_write's fused call, 30 us on one thread, took 11 ms
+    # with two threads beside another process); the issue's ratios are one thread's.
+    ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (default 1)")
     a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
     run(a.only, a.rounds, not a.no_compile)
     return 0
 
