@@ -102,3 +102,50 @@ def test_off_setting_freezes_nothing(monkeypatch):
     monkeypatch.setattr(gc_freeze, "ENABLED", False)
     with gc_freeze.older_objects_frozen():
         assert gc.get_freeze_count() == 0
+
+
+def test_full_collections_spaced_while_frozen_and_thresholds_restored(monkeypatch):
+    monkeypatch.setattr(gc_freeze, "ENABLED", True)
+    before = gc.get_threshold()
+    with gc_freeze.older_objects_frozen():
+        during = gc.get_threshold()
+    assert during == (*before[:2], before[2] * gc_freeze.FULL_SPACING)
+    assert gc.get_threshold() == before
+
+
+def test_thresholds_the_user_set_during_a_compile_stay(monkeypatch):
+    monkeypatch.setattr(gc_freeze, "ENABLED", True)
+    before = gc.get_threshold()
+    try:
+        with gc_freeze.older_objects_frozen():
+            gc.set_threshold(500, 5, 5)
+        assert gc.get_threshold() == (500, 5, 5)
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_a_compile_runs_fewer_full_collections(monkeypatch):
+    """A compile allocating as a warm first call does (survivors, in batches): with the oldest generation's
+    threshold raised while frozen, fewer full collections run than with the freeze alone."""
+
+    def full_collections(spacing):
+        monkeypatch.setattr(gc_freeze, "FULL_SPACING", spacing)
+        runs = []
+
+        def counted(phase, info):
+            if phase == "start" and info["generation"] == 2:
+                runs.append(1)
+
+        kept = []
+        gc.callbacks.append(counted)
+        try:
+            with gc_freeze.older_objects_frozen():
+                for _ in range(200):
+                    kept.append([[i] for i in range(2000)])  # (survivors: they stay referenced)
+        finally:
+            gc.callbacks.remove(counted)
+        return len(runs)
+
+    monkeypatch.setattr(gc_freeze, "ENABLED", True)
+    spaced, unspaced = full_collections(gc_freeze.FULL_SPACING), full_collections(1)
+    assert unspaced >= 2 and spaced < unspaced
