@@ -245,6 +245,27 @@ def _symbolic(v: torch.Tensor) -> bool:
     return any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride()))
 
 
+def apart_from_inputs(outs: Any, made: tuple[int, ...], args: Any) -> Any:
+    """`outs` with each result the graph makes (`made`, by position) that came back as an autograd view of an
+    argument's memory replaced by a copy, recorded by autograd. Inductor drops a no-op (`x * 1` on torch 2.14) and
+    returns the input's buffer, which AOTAutograd's Function returns as a view of that input, sharing its version
+    counter; a TwiceDifferentiable keeps its results for its backward, and the caller's later write of the input
+    (`x.masked_fill_(..)` after `Ident.apply(x * 1)`) then made that backward raise "Output 0 of CompiledFunction
+    is a view and its base ... has been modified inplace" where eager's result is a tensor of its own (fuzz
+    --dynamic seeds 2471268, 2471287, 2471299). Copied here, at the call, before anything can write the input."""
+    # (Only views are looked at: a result sharing an input's memory without being a view has a version counter of
+    # its own, and the runner copies its values; most calls return no view and compare no storage.)
+    views = [i for i in made if isinstance(outs[i], torch.Tensor) and outs[i]._is_view()]
+    if not views:
+        return outs
+    inputs = {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
+    apart = list(outs)
+    for i in views:
+        if apart[i].untyped_storage()._cdata in inputs:
+            apart[i] = apart[i].clone()
+    return type(outs)(apart) if isinstance(outs, tuple) else apart
+
+
 class TwiceDifferentiable(torch.autograd.Function):
     """AOTAutograd's compiled function inside a Function of dealias's, where its own Function cannot be given
     dealias's double backward (`takes_double_backward`). Its own backward raises when differentiated
@@ -262,10 +283,11 @@ class TwiceDifferentiable(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, compiled: Any, graph: fx.GraphModule, facts: Any, *args: Any) -> Any:
-        copies, written = facts  # (copies of written inputs, taken before the graph writes them)
+        # (copies of written inputs, taken before the graph writes them; the results the graph makes, by position)
+        copies, written, made = facts
         leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
         with torch.enable_grad():
-            outs = compiled(*leaves)
+            outs = apart_from_inputs(compiled(*leaves), made, leaves)
         ctx.outs, ctx.leaves, ctx.graph = outs, leaves, graph
         ctx.args = [
             a if not isinstance(a, torch.Tensor) or a.requires_grad else copies[i] if i in copies else a.detach()

@@ -388,7 +388,7 @@ def runner(
     # 995738: `v = x.new_ones(..); v.mul_(x); return v`; torch.compile returns it so). Learned on the first call
     # (for a result of symbolic sizes, on the first call it is not empty: which memory inductor returns for it is
     # decided when it compiles, not by the sizes).
-    made = {i for i, a in enumerate(out_node.args[0]) if isinstance(a, fx.Node) and _made_by_the_graph(a)}
+    made = {i for i, a in enumerate(out_node.args[0]) if isinstance(a, fx.Node) and made_by_the_graph(a)}
     # Results made of different values, which eager returns in memories of their own, may come back in one: inductor
     # drops a `clone` as a no-op (two `Ident.apply(v * 1)` of a constant-only value, each `x.clone()`, came back
     # one buffer: fuzz seed 2441434). Learned on the first call too; a result sharing its value with another result
@@ -580,6 +580,6 @@ def _root(n: fx.Node) -> fx.Node:
     return n
 
 
-def _made_by_the_graph(n: fx.Node) -> bool:
+def made_by_the_graph(n: fx.Node) -> bool:
     """Whether the graph result `n` is memory the graph makes: not an input nor a view of one."""
     return _root(n).op != "placeholder"

@@ -39,7 +39,7 @@ from ..ir.viewops import same_layout, surely
 from ..passes.writeback_autograd import eager_updates_in_place
 from .conv_layout import channels_last, one_by_one_as_matmuls
 from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
-from .fused import picker, runner
+from .fused import made_by_the_graph, picker, runner
 from .grad_modes import switch_grad_modes
 from .graph_order import views_after_their_source
 from .hazards import SNAPSHOT, Unfusable
@@ -338,6 +338,7 @@ def _compile(
     positions = version_positions(example, written)  # (their counters read in C on every call: no frame per call)
     pick, version = picker(positions), attrgetter("_version")
     watched = _results_eager_saves(results, rg_results)
+    made = tuple(i for i, n in enumerate(results) if isinstance(n, fx.Node) and made_by_the_graph(n))
     # (every input requiring grad reached by every result: nothing to set to None. An input requiring no grad gets
     # None from the compiled backward already: BatchNorm's running statistics then cost no hook per call.)
     differentiable = [i for i, a in enumerate(example) if isinstance(a, torch.Tensor) and a.requires_grad]
@@ -357,7 +358,8 @@ def _compile(
             return compiled(*args)
         copies = {i: args[i].clone() for i in kept} if kept else {}
         if not own:
-            outs = TwiceDifferentiable.apply(compiled, handed, (copies, written), *args)  # (`handed`: eager's ops)
+            # (`handed`: the graph in eager's ops; `made`: the results a copy takes apart from the inputs' memory)
+            outs = TwiceDifferentiable.apply(compiled, handed, (copies, written, made), *args)
         else:
             outs = compiled(*args)
         if watched:
