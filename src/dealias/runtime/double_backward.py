@@ -247,12 +247,13 @@ def _symbolic(v: torch.Tensor) -> bool:
 
 def apart_from_inputs(outs: Any, made: tuple[int, ...], args: Any) -> Any:
     """`outs` with each result the graph makes (`made`, by position) that came back as an autograd view of an
-    argument's memory replaced by a copy, recorded by autograd. Inductor drops a no-op (`x * 1` on torch 2.14) and
-    returns the input's buffer, which AOTAutograd's Function returns as a view of that input, sharing its version
-    counter; a TwiceDifferentiable keeps its results for its backward, and the caller's later write of the input
-    (`x.masked_fill_(..)` after `Ident.apply(x * 1)`) then made that backward raise "Output 0 of CompiledFunction
-    is a view and its base ... has been modified inplace" where eager's result is a tensor of its own (fuzz
-    --dynamic seeds 2471268, 2471287, 2471299). Copied here, at the call, before anything can write the input."""
+    argument's memory replaced by a copy, recorded by autograd. Inductor drops a no-op (`x * 1` on torch 2.14,
+    `ones * x` on both) and returns the input's buffer, which AOTAutograd's Function returns as a view of that
+    input, sharing its version counter; a TwiceDifferentiable keeps its results for its backward, and the caller's
+    later write of the input (`x.masked_fill_(..)` after `Ident.apply(x * 1)`) then made that backward raise
+    "Output 0 of CompiledFunction is a view and its base ... has been modified inplace" where eager's result is a
+    tensor of its own (fuzz --dynamic seeds 2471268, 2471287, 2471299). Copied here, at the call, before anything
+    can write the input."""
     # (Only views are looked at: a result sharing an input's memory without being a view has a version counter of
     # its own, and the runner copies its values; most calls return no view and compare no storage.)
     views = [i for i in made if isinstance(outs[i], torch.Tensor) and outs[i]._is_view()]
