@@ -23,7 +23,7 @@ changed it meanwhile. Python starts a full collection when the objects that surv
 since the last one exceed a quarter of the objects that one left; `gc.freeze()` does not reset that count, so after
 the first full collection of a compile only its own few objects count, and the next came after a few thousand more
 survivors: a mobilenet-like training forward's warm first call (torch 2.14.1) ran 6 full collections, 0.60-0.65
-CPU s in the collector; with the threshold raised, 1 and 0.33 s (torch.compile's process, which froze nothing,
+CPU s in the collector; with the threshold raised, 1 and 0.27-0.33 s (torch.compile's process, which froze nothing,
 ran 1-2).
 
 `DEALIAS_GC_FREEZE=0` (read at import) turns it off.
