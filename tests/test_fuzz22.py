@@ -1,6 +1,6 @@
 """Fuzz seed 2472399 (torch 2.14.1, `--autograd --executor inductor`, static and dynamic; 2026-12-07): a result the
-fused executor returns without requires_grad where eager's requires it. Open: recorded here so that it is seen, not
-fixed yet."""
+fused executor returns without requires_grad where eager's requires it. Open (the cause is in the xfail's reason):
+recorded here so that it is seen, not fixed yet."""
 
 from __future__ import annotations
 
@@ -45,9 +45,10 @@ def _grads(fn):
 @pytest.mark.xfail(
     torch.__version__.startswith("2.14"),
     strict=True,
-    reason="torch 2.14: the fused executor returns the result without requires_grad when a view of the no-grad value "
-    "follows the Function (dealias runs the graph in pieces around it; the torch executor is exact); cause not found "
-    "yet",
+    reason="torch 2.14: the piece of the split graph before the Function computes `x0 * 1` twice (with and without "
+    "grad); inductor drops both as no-ops and returns the input itself as both results, and AOTAutograd marks the "
+    "no-grad one non-differentiable by the tensor's identity, which is the other one's too (the torch executor is "
+    "exact)",
 )
 def test_result_after_a_custom_function_and_a_no_grad_view_requires_grad_as_eager():
     want_rg, want, want_grad = _grads(program)
