@@ -17,12 +17,19 @@ from ..compat import saved_hooks
 from ..compat.internals import backward_keeps_graph, dynamo_hook, skip_frames
 from ..ir.opfacts import fact_per_signature
 from . import dependence_record
+from .hazards import Unfusable
 
 
-def double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool, int]:
+def double_backward_of_its_own(compiled: Any, example: list[Any], rg_results: list[int]) -> tuple[bool, int]:
     """Whether AOTAutograd's Function in `compiled` can take dealias's double backward (`takes_double_backward`),
     asked of a run on copies of the example inputs (the graph may write its inputs); and which result's backward
-    node is its own (the first requiring grad)."""
+    node is its own (the first requiring grad).
+
+    The run also checks that the results eager's require grad (`rg_results`) come back requiring it. Inductor
+    drops a no-op (`x * 1`) and returns its argument's buffer: where a result requiring no grad (computed under
+    no_grad) is that same tensor, AOTAutograd's `mark_non_differentiable`, which goes by the tensor's identity,
+    marks the other result too, and it came back with no history (fuzz seed 2472399, torch 2.14). Unfusable then:
+    the torch executor runs the graph."""
     # Copies in the inputs' own strides: the compiled kernels index with the traced strides, and `clone()` of a view
     # with gaps (a split's column block, strides (5, 1) for (5, 2)) is dense, so they wrote past its memory (fuzz
     # seed 2110098 with executor="inductor" and autograd: the heap corrupted, the process aborted).
@@ -32,6 +39,12 @@ def double_backward_of_its_own(compiled: Any, example: list[Any]) -> tuple[bool,
     copies = [_copy_strided(a) if isinstance(a, torch.Tensor) else a for a in example]
     with torch.enable_grad(), saved_hooks.set_aside():
         outs = compiled(*copies)
+    lost = next((i for i in rg_results if isinstance(outs[i], torch.Tensor) and not outs[i].requires_grad), None)
+    if lost is not None:
+        raise Unfusable(
+            f"result {lost} requires grad, and the compiled graph returns it without history (AOTAutograd marks "
+            "results non-differentiable by identity, and inductor may return one tensor for several)"
+        )
     first = next((i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad), None)
     if first is None:
         return False, 0

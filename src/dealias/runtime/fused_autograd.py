@@ -334,7 +334,8 @@ def _compile(
     # recompute_double_backward) is learned from a run on copies of the example inputs; else a TwiceDifferentiable.
     reads = written_inputs_read(gm, written)
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
-    own, first = double_backward_of_its_own(compiled, call)
+    marked = [i for i in rg_results if results[i].meta.get("rg") is True]  # (a graph of the passes: all marked)
+    own, first = double_backward_of_its_own(compiled, call, marked)
     positions = version_positions(example, written)  # (their counters read in C on every call: no frame per call)
     pick, version = picker(positions), attrgetter("_version")
     watched = _results_eager_saves(results, rg_results)
