@@ -20,6 +20,7 @@ from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 from torch._guards import CompileContext
 
 from .compat import dynamo_hook_split
+from .compat.dynamo_resume import frames_compiled_here
 from .errors import (
     DataDependentError,
     DealiasError,
@@ -290,7 +291,10 @@ _FX_TRACING_ELSEWHERE = "Detected that you are using FX to symbolically trace a 
 
 
 def _frames_compiled() -> int:
-    return counters["frames"].get("total", 0)
+    """Frames dynamo compiled on this thread (compat/dynamo_resume.py), or its process-wide count where that is not
+    kept."""
+    here = frames_compiled_here()
+    return counters["frames"].get("total", 0) if here is None else here
 
 
 def _first_line(e: BaseException) -> str:
