@@ -1,7 +1,7 @@
 """Inductor's per-process cache keys computed in a thread of their own from a first call's start
-(compat/key_prefetch.py; issue 38: the warm first call): the thread changes when torch computes them, never what,
-a compile needing one meanwhile waits for it rather than computing it twice, and a failure there is left to the
-compile to compute again."""
+(compat/key_prefetch.py, with DEALIAS_KEY_PREFETCH=1: off by default; issue 38: the warm first call): the thread
+changes when torch computes them, never what, a compile needing one meanwhile waits for it rather than computing it
+twice, and a failure there is left to the compile to compute again."""
 
 import json
 import os
@@ -118,6 +118,7 @@ def test_only_a_first_call_that_fuses_starts_it(monkeypatch, executor, fuse_firs
     from dealias.frontend import tiers
     from dealias.frontend.backend import Options, start_early
 
+    monkeypatch.setattr(key_prefetch, "ENABLED", True)  # (DEALIAS_KEY_PREFETCH=1: off by default)
     monkeypatch.setattr(key_prefetch, "_once", background.Once())
     monkeypatch.setattr(key_prefetch, "thread", None)
     monkeypatch.setattr(key_prefetch, "_key_functions", lambda: [])  # (nothing computed: only whether it starts)
@@ -129,6 +130,19 @@ def test_only_a_first_call_that_fuses_starts_it(monkeypatch, executor, fuse_firs
         x = torch.zeros(3)
         g(x)
         assert key_prefetch._once.claimed is False and torch.equal(x, torch.ones(3))
+
+
+def test_off_unless_asked_for():
+    """Measured on torch 2.14.1, the thread slowed warm first calls (it holds the GIL between its reads, beside
+    dynamo's tracing): off by default (key_prefetch.py's docstring has the numbers)."""
+    code = "from dealias.compat import key_prefetch; print(key_prefetch.ENABLED)"
+    for value, enabled in ((None, "False"), ("0", "False"), ("1", "True")):
+        env = {k: v for k, v in os.environ.items() if k != "DEALIAS_KEY_PREFETCH"}
+        env["PYTHONPATH"] = SRC
+        if value is not None:
+            env["DEALIAS_KEY_PREFETCH"] = value
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert p.stdout.strip() == enabled, (value, p.stderr[-2000:])
 
 
 def test_a_fork_waits_for_the_threads_started_at_a_first_call():

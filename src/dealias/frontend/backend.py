@@ -474,9 +474,10 @@ def start_early(options: Options) -> None:
     dynamo and dealias trace instead of on the compile's path. Nothing at import.
     - inductor's first probe of the host's vector ISAs (compat/vec_isa.py; only where nothing is known on disk: six
       child processes here, most of a cold first call's children's CPU), for "tiered" and "inductor";
-    - inductor's per-process cache keys (compat/key_prefetch.py: ~0.5 s CPU of a warm 2.14 first call), only where
-      the first call fuses ("inductor", or "tiered" with FUSE_FIRST): where a fused compile may never come (FUSE_FIRST
-      off: at a program's 16th call) they would import inductor's cache and hash for nothing;
+    - inductor's per-process cache keys (compat/key_prefetch.py; off unless DEALIAS_KEY_PREFETCH=1: measured, the
+      thread slowed warm first calls by holding the GIL), only where the first call fuses ("inductor", or "tiered"
+      with FUSE_FIRST): where a fused compile may never come (FUSE_FIRST off: at a program's 16th call) they would
+      import inductor's cache and hash for nothing;
     - inductor's precompiled header named (compat/header_prefetch.py: two child processes, 0.7-0.9 s wall of a
       loaded warm 2.14 first call), under the same condition, where an earlier process recorded its arguments."""
     from . import tiers
