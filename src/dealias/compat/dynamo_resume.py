@@ -22,7 +22,7 @@ from typing import Any
 from .registry import active, correction, require, require_module
 from .settings import for_dealias
 
-_here = threading.local()  # .frames: the frames dynamo compiled on this thread (install's wrapper)
+_here = threading.local()  # .frames: the frames dynamo traced on this thread (install's wrapper)
 _counting = False
 
 
@@ -51,7 +51,8 @@ def install() -> None:
     ConvertFrameReturn = require(require_module("torch._dynamo.types"), "ConvertFrameReturn")  # noqa: N806
     original = require(ConvertFrame, "__call__", "self", "frame")
     # (a frame's compiles so far, by frame: a compile id is drawn where dynamo starts to trace a frame, not for a
-    # frame it skips before that; the compile lock keeps another thread's compile from starting meanwhile)
+    # frame it skips before that. Another thread's compile that ends between the two reads below would be counted
+    # here too: dynamo traces one frame at a time, so only one this thread was waiting to follow.)
     compiles = require(require_module("torch._dynamo.convert_frame"), "FRAME_COMPILE_COUNTER")
 
     @functools.wraps(original)
