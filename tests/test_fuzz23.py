@@ -1,12 +1,13 @@
-"""Fuzz seeds of the twentieth session (`dealias fuzz --autograd --wide`, torch 2.13; 2026-12-07) that mismatch on
+"""Fuzz seeds of the twentieth session (`dealias fuzz --autograd --wide`, torch 2.13; 2026-12-07) that mismatched on
 every executor, the torch executor included, and did before that session and the one before it (checked at
-b497ab7 and e072196): open, recorded as strict xfails so that they are seen, and pass once fixed. Their classes:
-- 2474043, 2474052 (torch 2.13 only; on 2.14.1 they match): a view made under `no_grad` of a tensor requiring
-  grad (`x0.mT`, `x1.mT`), returned: eager's has no history (or raises reading its grad_fn after a later write of
-  its base); dealias's came back with one;
-- 2474062, 2474182: eager's backward raises (a tensor an op saved was written in place afterwards:
-  `v1.addcdiv_(v1, ...)` saves v1 before writing it; a sort's values written under `no_grad` by `relu_` and
-  `uniform_`), where dealias's backward gives gradients."""
+b497ab7 and e072196):
+- 2474062, 2474182 (fixed): eager's backward raises (a tensor an op saved was written in place afterwards:
+  `v1 = x0.sort(2).values; v1.addcdiv_(v1, ...)` saves v1 before writing it; a sort's values written under
+  `no_grad` by `relu_` and `uniform_`), where dealias's gave gradients: passes/saved.py took a result of a
+  multi-output op (a `getitem`) for one that requires no grad, so no write after a save of it was looked for;
+- 2474043, 2474052 (open, torch 2.13 only; on 2.14.1 they match; strict xfails): a view made under `no_grad` of a
+  tensor requiring grad (`x0.mT`, `x1.mT`), returned: eager's has no history (or raises reading its grad_fn after a
+  later write of its base); dealias's came back with one."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import torch
 from dealias.tools.fuzz import generate, run_program
 
 _ON_213 = torch.__version__.startswith("2.13")
-_OPEN = pytest.mark.xfail(strict=True, reason="open: see the module docstring")
 _OPEN_ON_213 = pytest.mark.xfail(_ON_213, strict=True, reason="open on torch 2.13 (2.14.1 matches): see the docstring")
 
 
@@ -27,8 +27,8 @@ _OPEN_ON_213 = pytest.mark.xfail(_ON_213, strict=True, reason="open on torch 2.1
     [
         pytest.param(2474043, marks=_OPEN_ON_213),
         pytest.param(2474052, marks=_OPEN_ON_213),
-        pytest.param(2474062, marks=_OPEN),
-        pytest.param(2474182, marks=_OPEN),
+        2474062,
+        2474182,
     ],
 )
 def test_wide_autograd_seed_matches_eager(seed):

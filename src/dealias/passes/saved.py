@@ -241,7 +241,15 @@ def _requires_grad(gm: fx.GraphModule, info: AliasInfo, requires_grad: list[bool
             storage_rg[v.storage] = storage_rg.get(v.storage, False) or requires_grad[info.input_index[n]]
             out[n] = storage_rg[v.storage]
         elif n.op == "call_function":
-            ins = [storage_rg.get(x.storage, False) for x in tensor_values(n, info)]
+            src = n.args[0] if n.target is operator.getitem and n.args else None
+            if isinstance(src, fx.Node) and not isinstance(info.values.get(src), Value):
+                # A result of a multi-output op (`x.sort(2).values`): the op's results have no storage of their own
+                # here, so it requires grad where the op's result does (and autograd differentiates that result).
+                # Taken from its arguments' storages, it was never taken to require grad, and its write after an
+                # op saved it (`v.addcdiv_(v, ...)`) went unseen where eager's backward raises (fuzz seed 2474062).
+                ins = [out.get(src, False)]
+            else:
+                ins = [storage_rg.get(x.storage, False) for x in tensor_values(n, info)]
             rg = (
                 bool(n.meta.get("grad", True))
                 and any(ins)
