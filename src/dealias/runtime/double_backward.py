@@ -17,6 +17,7 @@ from ..compat import saved_hooks
 from ..compat.internals import backward_keeps_graph, dynamo_hook, skip_frames
 from ..ir.opfacts import fact_per_signature
 from . import dependence_record
+from .fused import inputs_memory
 from .hazards import Unfusable
 
 
@@ -272,7 +273,7 @@ def apart_from_inputs(outs: Any, made: tuple[int, ...], args: Any) -> Any:
     views = [i for i in made if isinstance(outs[i], torch.Tensor) and outs[i]._is_view()]
     if not views:
         return outs
-    inputs = {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
+    inputs = inputs_memory(args)
     apart = list(outs)
     for i in views:
         if apart[i].untyped_storage()._cdata in inputs:

@@ -368,6 +368,11 @@ def _by_tensor_scalar(n: fx.Node) -> Callable[..., Any] | None:
     return _BY_TENSORS.get(op_name(op))
 
 
+def inputs_memory(args: Any) -> set[int]:
+    """The storages of the tensors among `args`, by id: which memory a result shares with an input."""
+    return {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
+
+
 def runner(
     gm: fx.GraphModule,
     compiled: Any,
@@ -411,9 +416,6 @@ def runner(
             if i in state["copied"] or not t.is_contiguous():
                 fixed[i] = t.clone(memory_format=torch.contiguous_format)
         return tuple(fixed)
-
-    def inputs_memory(args: Any) -> set[int]:
-        return {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
 
     def merged(outs: list[Any], done: set[int]) -> set[int]:
         """The results of `made` but `done` (seen before, kept as they are) in memory that a result of another value
