@@ -11,6 +11,12 @@ from typing import Any
 
 from . import backward_seen, choosing
 
+# Timed runs per tier on copies after the first backward of a training step whose user's calls then measure every
+# tier within choosing.CLEAR_LOSS of the best (`_choose_trained`, `stepwise`): the copies only drop clear losers there,
+# which two runs each show, and each run is a forward and backward of the first call's cost (resnet18's step: 15 runs
+# of 55 ms, 0.9 CPU s of its first backward beside the fused backward's compile, torch.compile's at that backward).
+FILTER_SAMPLES = 2
+
 
 class ByBackward:
     """Tiered's methods for the choice by the user's backward (module docstring)."""
@@ -91,7 +97,10 @@ class ByBackward:
         side (the fused backward compiled in its first run), and the training step's choice from them. Tensors the
         fused program's guard rejects leave it to the next call it accepts; where the copies cannot time them all
         (or are interrupted), the exact tiers' times of the first call choose (never a slower backward on the user's
-        calls for its measure)."""
+        calls for its measure). Where the user's calls then measure the tiers close there (`made.stepwise`), each is
+        timed FILTER_SAMPLES times, the tiers warm from the first call without another warm-up run."""
+        from .tiers import SAMPLES
+
         if "fused" in made.tiers and self.narrower is not None and not self.narrower(leaves):
             with self.lock:
                 self.timing_backward, self.choosing = False, made  # (the watch's `seen` stays: the next call)
@@ -100,7 +109,8 @@ class ByBackward:
         with self.lock:  # (the tiers whose forward and backward ran on copies in the first call: not warmed again)
             warm = frozenset(self.warm)
         try:
-            whole, _, notes, forwards = self._copies(leaves, made.tiers, warm=warm)
+            runs = FILTER_SAMPLES if made.stepwise else SAMPLES
+            whole, _, notes, forwards = self._copies(leaves, made.tiers, warm=warm, samples=runs)
         finally:  # (KeyboardInterrupt in the compile: settled on the exact tiers all the same, then raised)
             with self.lock:
                 self.timing_backward = False

@@ -61,6 +61,7 @@ def run_on_copies(
     samples_per_tier: int,
     measure_seconds: float,
     lazy: frozenset[str] = frozenset(),
+    warm: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
     """In the first call (FUSE_FIRST), the warm-up and timed runs of the tiers `tiers` of the cache entry `entry`
     (tiers.Tiered; the fused program among them once compiled) on copies of the call's tensors (`copies_refusal`
@@ -68,6 +69,7 @@ def run_on_copies(
     state set back after. Where a run's results carry autograd history, each run is the forward and its backward on
     the copies (`_backward`; `backward_refusal` says where not), timed apart, but for the tiers in `lazy`, whose
     runs are their forwards alone (the fused program's backward, compiled at its first backward: frontend/choosing.py).
+    The tiers in `warm` ran their first forward and backward on copies already: no warm-up run.
     Returns each tier's timed runs (seconds; none for a tier of `lazy` whose runs record autograd), the tiers warmed
     up, notes on what was not measured and why, and, where the timed runs include their backward, the same runs'
     forwards alone (else None; every tier's): a user who never runs the backward waits for those.
@@ -117,6 +119,10 @@ def run_on_copies(
                 for t in [t for t in tiers if spent[t] < measure_seconds and (k == 0 or t in samples)]:
                     if total >= COPIES_SECONDS:
                         break
+                    if k == 0 and t in warm:
+                        samples.setdefault(t, [])
+                        warmed.add(t)
+                        continue
                     copies = list(base)
                     for i, c in zip(written, clone_args([leaves[i] for i in written])):
                         copies[i] = c

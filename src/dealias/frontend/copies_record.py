@@ -169,7 +169,7 @@ def runs(
     would otherwise be one of the user's), else timed and recorded for the next process. `real`: the times are real
     ones (tests faking them: nothing read or kept). `warm`: tiers whose first run, forward and backward, this call
     made on copies already (the runs after the first backward: the exact tiers warmed in the call's forward), not
-    made again where a record is read."""
+    made again (nor where the runs are timed)."""
     k = key(entry, leaves, tiers, lazy) if real and ENABLED and tiers else None
     found = load(k, tiers, lazy)
     if found is not None:
@@ -192,7 +192,7 @@ def runs(
             counts["read"] += 1
             return recorded, warmed, ["times on copies read from an earlier process's record (copies_record)"], found[1]
     samples, warmed, notes, forwards = copies.run_on_copies(
-        entry, leaves, tiers, measure, samples_per_tier, measure_seconds, lazy
+        entry, leaves, tiers, measure, samples_per_tier, measure_seconds, lazy, warm
     )
     # (a record only of a complete measure: every tier timed, nothing refused)
     whole = set(_whole(tiers, lazy, forwards is not None))

@@ -561,16 +561,17 @@ class Tiered(ByBackward):
         tiers: list[str],
         lazy: frozenset[str] = frozenset(),
         warm: frozenset[str] = frozenset(),
+        samples: int = SAMPLES,
     ) -> tuple[dict[str, list[float]], set[str], list[str], dict[str, list[float]] | None]:
         """The runs on copies of `_measure_on_copies` (`lazy`: the tiers whose backward they leave untimed; `warm`:
-        those whose first forward and backward ran on copies already, not run again for a record), or
-        their times read from an earlier process's record of the same program on this host
+        those whose first forward and backward ran on copies already, not warmed up again; `samples`: timed runs per
+        tier), or their times read from an earlier process's record of the same program on this host
         (frontend/copies_record.py). Times faked by tests are neither read nor kept."""
         real = measure is _MEASURE and clock is _CLOCK
         fastest = choosing.fastest_of
         # (with the tiers within COPIES_CLOSE of a record's fastest warmed up on copies: the user's calls measure them)
         close = COPIES_CLOSE
-        args = (self, leaves, tiers, measure, SAMPLES, MEASURE_SECONDS, fastest, real, lazy, close, warm)
+        args = (self, leaves, tiers, measure, samples, MEASURE_SECONDS, fastest, real, lazy, close, warm)
         return copies_record.runs(*args)
 
     def wait(self, timeout: float | None = None) -> bool:
