@@ -7,7 +7,9 @@ b497ab7 and e072196):
   multi-output op (a `getitem`) for one that requires no grad, so no write after a save of it was looked for;
 - 2474043, 2474052 (open, torch 2.13 only; on 2.14.1 they match; strict xfails): a view made under `no_grad` of a
   tensor requiring grad (`x0.mT`, `x1.mT`), returned: eager's has no history (or raises reading its grad_fn after a
-  later write of its base); dealias's came back with one."""
+  later write of its base); dealias's came back with one. torch 2.13's dynamo's doing, with every backend
+  (`torch.compile(backend="eager")` gives the same): it makes the returned view outside its graph, replaying
+  `x.mT` in the grad mode at the return (its graph's node has no user); 2.14.1's returns it from the graph."""
 
 from __future__ import annotations
 

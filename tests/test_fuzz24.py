@@ -1,0 +1,36 @@
+"""Fuzz seeds of the twenty-first session (`dealias fuzz --autograd --wide --executor inductor`, torch 2.13,
+2476000-2476199; 2026-12-07):
+- 2476014, 2476161 (fixed; both torches, every executor): a view made with grad on of an input, then a write of the
+  input's memory (`x1.normal_()`, `v3.t_()` of another view), then `x.detach_()`, the view returned. Eager's view is
+  stale, its grad_fn made afresh from the detached base when read: no gradient reaches the input's history; dealias's,
+  made current after the graph, gave one (autograd_facts._goes_stale; tests/test_stale_grad_views.py);
+- 2476071 (open, torch 2.13 only; strict xfail): a view made under no_grad of an input requiring grad (`x0.mT`),
+  returned after a later write: eager's raises reading its grad_fn; torch 2.13's dynamo makes the returned view
+  outside its graph, in the grad mode at the return (`torch.compile(backend="eager")` gives the same history), as
+  for seeds 2474043 and 2474052 (tests/test_fuzz23.py). torch 2.14.1's dynamo returns it from the graph: exact."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from dealias.tools.fuzz import generate, run_program
+
+_ON_213 = torch.__version__.startswith("2.13")
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        2476014,
+        2476161,
+        pytest.param(2476071, marks=pytest.mark.xfail(_ON_213, strict=True, reason="torch 2.13's dynamo: docstring")),
+    ],
+)
+def test_wide_autograd_seed_matches_eager(seed):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outcome = run_program(generate(seed, autograd=True, wide=True), executor="torch")
+    assert outcome.status != "mismatch", outcome.detail
