@@ -3,7 +3,7 @@
 - 2476014, 2476161 (fixed; both torches, every executor): a view made with grad on of an input, then a write of the
   input's memory (`x1.normal_()`, `v3.t_()` of another view), then `x.detach_()`, the view returned. Eager's view is
   stale, its grad_fn made afresh from the detached base when read: no gradient reaches the input's history; dealias's,
-  made current after the graph, gave one (autograd_facts._goes_stale; tests/test_stale_grad_views.py);
+  made current after the graph, gave one (view_grad_modes.GradViews; tests/test_stale_grad_views.py);
 - 2476071 (open, torch 2.13 only; strict xfail): a view made under no_grad of an input requiring grad (`x0.mT`),
   returned after a later write: eager's raises reading its grad_fn; torch 2.13's dynamo makes the returned view
   outside its graph, in the grad mode at the return (`torch.compile(backend="eager")` gives the same history), as

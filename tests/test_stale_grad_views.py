@@ -1,4 +1,4 @@
-"""Views made with grad on, returned after a later write of their memory (autograd_facts._goes_stale): eager's
+"""Views made with grad on, returned after a later write of their memory (view_grad_modes.GradViews): eager's
 recorded version is behind its memory's, so its grad_fn is made afresh from its base's when first read. Where the
 base is detached in place before that read (in the program after a graph break, or by the caller after the call),
 eager's reaches nothing: no gradient flows to the base's history. dealias made such a view from the caller's tensor

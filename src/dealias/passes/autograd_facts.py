@@ -46,9 +46,9 @@ from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
 from ..ir.regions import covers_without_reading
 from ..ir.viewops import chain_args, internal_overlap
 from .alias import AliasInfo, Storage, Value
-from .hidden_writes import hidden_write_after_a_read, moves_counter
+from .hidden_writes import hidden_write_after_a_read, last_writes, moves_counter
 from .unsafe_split import UnsafeSplitFacts
-from .view_grad_modes import made_stale, not_autograd_view, steps_mode, tensor_of_its_own
+from .view_grad_modes import GradViews, made_stale, not_autograd_view, steps_mode, tensor_of_its_own
 
 
 class Walk(Protocol):
@@ -88,14 +88,11 @@ class AutogradFacts(UnsafeSplitFacts):
         self.not_autograd_views: set[int] = set()  # views eager's autograd does not track (see _track_fragile)
         self.init_unsafe_split()  # (unsafe_split.py)
         self.made_with_grad: dict[int, bool] = {}  # view object -> grad mode it was made in
-        # Views made with grad on of memory that required grad (by tensor object): the storage's writes when each
-        # was made or last had its grad_fn read, and its value when made. Returned after a later write, eager's is
-        # stale (see _goes_stale).
-        self.grad_views: dict[int, tuple[int, Value]] = {}
+        self.grad_views = GradViews()  # views made with grad on: stale when returned after a write (as eager's)
         self.replayed_without_grad: set[Value] = set()  # cached views materialized under no_grad
         # Caller storages written back where their last write is, under autograd (see _write_back_now).
-        self.last_write = _last_writes(gm, self.info) if under_autograd else {}
-        self.last_input_write = _last_writes(gm, self.info, read_later=False) if under_autograd else {}
+        self.last_write = last_writes(gm, self.info) if under_autograd else {}
+        self.last_input_write = last_writes(gm, self.info, read_later=False) if under_autograd else {}
         # Caller tensors written invisibly to autograd after a read with grad on since their last recorded write,
         # the anchor (hidden_writes.py): they receive their value there, their hidden writes after it in place.
         self.hidden_after = hidden_write_after_a_read(gm, self.info, walk.requires_grad) if under_autograd else {}
@@ -125,8 +122,8 @@ class AutogradFacts(UnsafeSplitFacts):
     def before_op(self, node: fx.Node) -> None:
         """Before `node` runs: restore eager's history of what it reads with grad on (see history), record the
         views it makes, and refuse a write with grad on through a fragile view (eager raises)."""
-        if self.emit.grad and self.grad_views:
-            self._grad_fns_read(node.all_input_nodes)
+        if self.emit.grad:
+            self.grad_views.read(self.info, node.all_input_nodes, self.writes)
         if self.emit.grad and self.history:
             for a in node.all_input_nodes:
                 value = self.info.values.get(a)
@@ -144,15 +141,6 @@ class AutogradFacts(UnsafeSplitFacts):
                 f"{node.target} with grad on writes through a view {f.why} (at "
                 f"{node_location(f.root) or f.root}); eager raises"
             )
-
-    def _grad_fns_read(self, nodes: list[fx.Node]) -> None:
-        """An op with grad on reads the grad_fn of each of `nodes` (its edges): eager's view made afresh from its
-        base there (where it was stale) is current from then on, at the storage's writes so far."""
-        for a in nodes:
-            value = self.info.values.get(a)
-            made = self.grad_views.get(value.obj) if isinstance(value, Value) else None
-            if made is not None:
-                self.grad_views[value.obj] = (self.writes.get(value.storage, 0), made[1])
 
     def _on_view(self, view: fx.Node) -> None:
         value = self.info.values.get(view)
@@ -216,7 +204,7 @@ class AutogradFacts(UnsafeSplitFacts):
                     view, epoch, False, f"returned by {source.target}", True, made_at=epoch
                 )
         else:
-            self.grad_views[value.obj] = (epoch, value)
+            self.grad_views.made(value, epoch)
 
     def _stale(self, a: fx.Node) -> bool:
         """Whether eager raises reading the fragile view `a`'s grad_fn: its storage was written since it was made
@@ -319,10 +307,9 @@ class AutogradFacts(UnsafeSplitFacts):
             if result.meta.get("rg") and self.walk.current(s) is not result:
                 self.result_apart[s] = node
         self.version_counter_moves(s)
-        if self.emit.grad and not hidden and self.grad_views:
-            self._grad_fns_read(written_nodes(node))  # (a view written with grad on is rebased: current)
         self.refuse_unsafe_split_write(s, node)
         if self.emit.grad and not hidden:
+            self.grad_views.read(self.info, written_nodes(node), self.writes)  # (a view written so is rebased)
             if self.walk.current(s).meta.get("rg"):  # (recorded by autograd)
                 self.refuse_use_after_unrecorded_layout(s, "a write")
                 self._recorded_unsafe_write(s, node)
@@ -473,7 +460,7 @@ class AutogradFacts(UnsafeSplitFacts):
             slot = replace(slot, grad=made)
         if self._fragile_of(arg) is not None:
             return self._fragile_output(arg, slot, full)
-        if self._goes_stale(arg, slot):
+        if self.grad_views.stale(self.info, arg, slot, self.writes) and self._unsafe_of(arg) is None:
             return replace(slot, stale=True)
         if self._unsafe_of(arg) is not None and slot.same_as is None:
             multi = self._multi_output_step(self._unsafe_of(arg), full, slot)
@@ -481,22 +468,6 @@ class AutogradFacts(UnsafeSplitFacts):
                 raise UnsupportedError("an element of unsafe_split is returned in a way not rebuilt exactly yet")
             return replace(slot, multi_output=multi)
         return slot
-
-    def _goes_stale(self, arg: fx.Node, slot: OutputSlot) -> bool:
-        """Whether the returned `arg`, a view made with grad on of memory that required grad, was made before a
-        later write of its memory: eager's recorded version is then behind its memory's, and its grad_fn is made
-        afresh from its base's when read (an AsStridedBackward0 or its view's replay). dealias's, made from the
-        caller's tensor after the graph, would be current and keep its own: where the base is detached in place
-        before that read (`v = x.t(); x.mul_(2); x.detach_()`, fuzz seeds 2476014 and 2476161), eager's reaches
-        nothing, dealias's gradient went on to x's history. So it is made stale (OutputSlot.stale), as eager's.
-        Only a view returned as one chain of plain steps, not changed in place since it was made."""
-        value = self.info.values.get(arg)
-        made = self.grad_views.get(value.obj) if isinstance(value, Value) else None
-        if made is None or self.writes.get(value.storage, 0) == made[0] or made[1].chain != value.chain:
-            return False
-        plain = slot.restride is None and slot.from_output is None and slot.multi_output is None
-        plain = plain and slot.unsafe_output is None and slot.history is None and not slot.early
-        return bool(slot.chain) and slot.same_as is None and plain and self._unsafe_of(arg) is None
 
     def _fragile_output(self, arg: fx.Node, slot: OutputSlot, full: tuple[Any, ...]) -> OutputSlot:
         """A returned fragile view. Made under no_grad, eager's is a leaf that requires grad: replayed under
@@ -587,27 +558,6 @@ class AutogradFacts(UnsafeSplitFacts):
             return None
         k = len(own) - 1 - n
         return k if 0 <= k < len(slot.chain) else None
-
-
-def _last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -> dict[Storage, fx.Node]:
-    """For each storage of the caller's tensors (one tensor, or an alias group) written (and, with `read_later`,
-    read with grad on after its last write): its last write."""
-    from .saved import tensor_values, written_storages
-
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
-    last: dict[Storage, fx.Node] = {}
-    for n in nodes:
-        for s in written_storages(n, info, metadata=False):  # (the last write of the data)
-            if s.kind in (StorageKind.INPUT, StorageKind.GROUP):
-                last[s] = n
-    order = {n: i for i, n in enumerate(nodes)}
-    later_reads = set()
-    for n in nodes:
-        if n.meta.get("grad"):
-            later_reads |= {
-                v.storage for v in tensor_values(n, info) if v.storage in last and order[n] > order[last[v.storage]]
-            }
-    return {s: w for s, w in last.items() if s in later_reads or not read_later}
 
 
 @dataclass(frozen=True)

@@ -221,3 +221,24 @@ def _live(start: int, nodes: list[fx.Node], info: AliasInfo) -> bool:
         if reads_tainted and taint(n):
             return True
     return False
+
+
+def last_writes(gm: fx.GraphModule, info: AliasInfo, read_later: bool = True) -> dict[Storage, fx.Node]:
+    """For each storage of the caller's tensors (one tensor, or an alias group) written (and, with `read_later`,
+    read with grad on after its last write): its last write."""
+    from .saved import tensor_values, written_storages
+
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    last: dict[Storage, fx.Node] = {}
+    for n in nodes:
+        for s in written_storages(n, info, metadata=False):  # (the last write of the data)
+            if s.kind in (StorageKind.INPUT, StorageKind.GROUP):
+                last[s] = n
+    order = {n: i for i, n in enumerate(nodes)}
+    later_reads = set()
+    for n in nodes:
+        if n.meta.get("grad"):
+            later_reads |= {
+                v.storage for v in tensor_values(n, info) if v.storage in last and order[n] > order[last[v.storage]]
+            }
+    return {s: w for s, w in last.items() if s in later_reads or not read_later}

@@ -7,7 +7,7 @@ eager's autograd does not track at all (never fragile); and which view nodes are
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -107,3 +107,39 @@ def tensor_of_its_own(view: fx.Node, source: fx.Node, grad: bool) -> bool:
         and isinstance(op, torch._ops.OpOverload)
         and not facts(op).autograd_view
     )
+
+
+class GradViews:
+    """Views made with grad on of memory that required grad, by tensor object: the storage's writes (eager's version
+    counter) when each was made or last had its grad_fn read, and its value when made. One returned after a later
+    write of its memory is stale in eager: its grad_fn is made afresh from its base's when read (an
+    AsStridedBackward0, or its view's replay). dealias's, made from the caller's tensor after the graph, would be
+    current and keep its own; where the base is detached in place before that read (`v = x.t(); x.mul_(2);
+    x.detach_()`, in the program or by the caller: fuzz seeds 2476014, 2476161), eager's reaches nothing where
+    dealias's gradient went on into the base's history. So it is made stale (OutputSlot.stale), as eager's."""
+
+    def __init__(self) -> None:
+        self.views: dict[int, tuple[int, Value]] = {}
+
+    def made(self, value: Value, writes: int) -> None:
+        self.views[value.obj] = (writes, value)
+
+    def read(self, info: AliasInfo, nodes: list[fx.Node], writes: dict[Any, int]) -> None:
+        """An op with grad on reads the grad_fn of each of `nodes` (its edges), or writes it with grad on (which
+        rebases it): eager's view, made afresh from its base there where it was stale, is current from then on."""
+        for a in nodes if self.views else ():
+            value = info.values.get(a)
+            made = self.views.get(value.obj) if isinstance(value, Value) else None
+            if made is not None:
+                self.views[value.obj] = (writes.get(value.storage, 0), made[1])
+
+    def stale(self, info: AliasInfo, arg: fx.Node, slot: OutputSlot, writes: dict[Any, int]) -> bool:
+        """Whether the returned `arg` (as `slot`) is such a view, written since: one chain of plain steps, not
+        changed in place since it was made."""
+        value = info.values.get(arg)
+        made = self.views.get(value.obj) if isinstance(value, Value) else None
+        if made is None or writes.get(value.storage, 0) == made[0] or made[1].chain != value.chain:
+            return False
+        plain = slot.restride is None and slot.from_output is None and slot.multi_output is None
+        plain = plain and slot.unsafe_output is None and slot.history is None and not slot.early
+        return bool(slot.chain) and slot.same_as is None and plain
