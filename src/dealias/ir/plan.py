@@ -201,6 +201,9 @@ class OutputSlot:
     # The last step of the chain, a view, replayed by `reshape` as the user's code made it (opfacts.RESHAPE_KEY):
     # eager's is `_reshape_alias` of a tensor that is not contiguous, which its grad_fn and errors name.
     reshaped: bool = False
+    # The step of the chain eager made as `.data` (traced as `detach`, which shares the version counter): replayed
+    # as `.data`, a counter of its own, as eager's (a write through it after the call moves the caller's otherwise).
+    data_step: int | None = None
 
 
 @dataclass

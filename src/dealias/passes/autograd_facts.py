@@ -306,7 +306,8 @@ class AutogradFacts(UnsafeSplitFacts):
         if s.kind is StorageKind.INTERMEDIATE and self.emit.grad and not hidden and result is not None:
             if result.meta.get("rg") and self.walk.current(s) is not result:
                 self.result_apart[s] = node
-        self.version_counter_moves(s)
+        if not _through_data(node, s, self.info):  # (`x.data.mul_(2)`: a counter of its own moves, not s's)
+            self.version_counter_moves(s)
         self.refuse_unsafe_split_write(s, node)
         if self.emit.grad and not hidden:
             self.grad_views.read(self.info, written_nodes(node), self.writes)  # (a view written so is rebased)
@@ -558,6 +559,18 @@ class AutogradFacts(UnsafeSplitFacts):
             return None
         k = len(own) - 1 - n
         return k if 0 <= k < len(slot.chain) else None
+
+
+def _through_data(node: fx.Node, s: Storage, info: AliasInfo) -> bool:
+    """Whether `node` writes storage `s` only through `x.data` (or views of it): eager's `.data` has a version
+    counter of its own, so views of x do not go stale (fuzz seed 2476980: a view of a no_grad view, read after
+    `v.data.mul_(-2)`, raised reading its grad_fn where eager's did not)."""
+    from .saved import _own_counter_chain
+
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    written = [a for a in written_nodes(node) if getattr(info.values.get(a), "storage", None) is s]
+    return bool(written) and all(_own_counter_chain(a) for a in written)
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ def counter_from(slot: OutputSlot) -> int:
     tensor with a counter of its own (opfacts' own_counter: `_unsafe_view`, an `unsafe_split` element made as
     eager's), 0 when none does."""
     own = [k + 1 for k, step in enumerate(slot.chain) if isinstance(step.op, OpOverload) and facts(step.op).own_counter]
+    if slot.data_step is not None:  # (`.data`: OutputSlot.data_step)
+        own.append(slot.data_step + 1)
     if slot.unsafe_output is not None:
         own.append(slot.unsafe_output.step + 1)
     return max(own, default=0)
@@ -257,6 +259,8 @@ class _Call:
 
     def view_step(self, slot: OutputSlot, k: int, t: str, fake: torch.Tensor | None) -> str:
         """Step k of `slot`'s chain replayed on `t`; the last, where the user's reshape made it, by reshape."""
+        if k == slot.data_step:  # (OutputSlot.data_step: a counter of its own, as eager's)
+            return f"{t}.data"
         if slot.reshaped and k == len(slot.chain) - 1:
             (size,) = slot.chain[k].args
             return f"{self.s.bind(reshaped_view, 'reshaped_view')}({t}, {self.s.literal(size, self.result)})"

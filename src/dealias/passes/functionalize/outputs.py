@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from ...errors import UnsupportedError, node_location
-from ...ir.opfacts import RESHAPE_KEY, is_view_node
+from ...ir.opfacts import OWN_COUNTER_KEY, RESHAPE_KEY, is_view_node
 from ...ir.plan import (
     FromOutput,
     MetadataWriteBack,
@@ -140,6 +140,9 @@ def plan_outputs(w: Functionalizer, node: fx.Node) -> None:
         slot = w.autograd.output_slot(arg, slot, made_from.get(position, ()))
         if _reshaped(arg, slot):
             slot = replace(slot, reshaped=True)
+        data_step = _data_step(w, arg, slot, made_from.get(position, ()))
+        if data_step is not None:
+            slot = replace(slot, data_step=data_step)
         history = w.autograd.returned_history(arg)
         if history is not None and slot.same_as is None:
             slot = replace(slot, history=len(outs))
@@ -190,6 +193,22 @@ def _reshaped(arg: Any, slot: OutputSlot) -> bool:
         return False
     last = slot.chain[-1]
     return last.op is arg.target and len(last.args) == 1 and not last.kwargs
+
+
+def _data_step(w: Functionalizer, arg: Any, slot: OutputSlot, full: tuple[Any, ...]) -> int | None:
+    """The step of output `slot`'s chain (`full`: the chain from the storage's base it ends) that `x.data` made in
+    the chain of view nodes ending at `arg` (OutputSlot.data_step); None where there is none, or it is not one step
+    of the slot's chain."""
+    node, value = arg, w.info.values.get(arg)
+    while isinstance(node, fx.Node) and is_view_node(node) and not node.meta.get(OWN_COUNTER_KEY):
+        node = node.args[0]
+    data = w.info.values.get(node) if isinstance(node, fx.Node) and node.meta.get(OWN_COUNTER_KEY) else None
+    if not isinstance(data, Value) or not isinstance(value, Value) or node.target is not aten.detach.default:
+        return None
+    if slot.same_as is not None or value.chain[: len(data.chain)] != data.chain or tuple(full) != value.chain:
+        return None
+    k = len(data.chain) - 1 - (len(full) - len(slot.chain))
+    return k if 0 <= k < len(slot.chain) and slot.chain[k].op is aten.detach.default else None
 
 
 def _made_as_view(w: Functionalizer, born: Value) -> bool:
