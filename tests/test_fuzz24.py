@@ -13,7 +13,16 @@
   (`x0.mT`), returned after a later write: eager's raises reading its grad_fn; torch 2.13's dynamo makes the
   returned view outside its graph, in the grad mode at the return (`torch.compile(backend="eager")` gives the same
   history), as for seeds 2474043 and 2474052 (tests/test_fuzz23.py). torch 2.14.1's dynamo returns it from the
-  graph: exact."""
+  graph: exact;
+- 2477701 (open, torch 2.13 only; strict xfail): `v1 = x1.mT; x0.pow_(2); x0.detach_()`, x1 a view of x0: the same
+  torch 2.13 dynamo rebuilding of `x1.mT` after its graph (2.14.1: fixed by the stale grad views above);
+- 2477454 (open, both torches; strict xfail): dynamo's with every backend (`backend="eager"` too): `v3 = x0.data.data`
+  made to require grad by `v3.mul_(x0)` comes back from dynamo's graph without it;
+- 2477619 (open, both torches; strict xfail): eager's backward raises, dealias's gives gradients. Reduced:
+  `v2 = x.movedim(0, -1).flatten(); return v2.sin(), v2`, then the caller writes `v2` in place: sin saved v2, a
+  reshape's copy with a version counter of its own, and the torch executor returns it made afresh from the graph's
+  buffer (`_unsafe_view`), not the tensor sin saved, so the write moves no counter sin's backward checks (the fused
+  executor refuses the graph: a result computed from another)."""
 
 from __future__ import annotations
 
@@ -37,6 +46,9 @@ _ON_213 = torch.__version__.startswith("2.13")
         2476980,
         pytest.param(2476071, marks=pytest.mark.xfail(_ON_213, strict=True, reason="torch 2.13's dynamo: docstring")),
         pytest.param(2476689, marks=pytest.mark.xfail(_ON_213, strict=True, reason="torch 2.13's dynamo: docstring")),
+        pytest.param(2477701, marks=pytest.mark.xfail(_ON_213, strict=True, reason="torch 2.13's dynamo: docstring")),
+        pytest.param(2477454, marks=pytest.mark.xfail(strict=True, reason="dynamo's, every backend: docstring")),
+        pytest.param(2477619, marks=pytest.mark.xfail(strict=True, reason="a saved reshape copy remade: docstring")),
     ],
 )
 def test_wide_autograd_seed_matches_eager(seed):
