@@ -18,11 +18,12 @@
   torch 2.13 dynamo rebuilding of `x1.mT` after its graph (2.14.1: fixed by the stale grad views above);
 - 2477454 (open, both torches; strict xfail): dynamo's with every backend (`backend="eager"` too): `v3 = x0.data.data`
   made to require grad by `v3.mul_(x0)` comes back from dynamo's graph without it;
-- 2477619 (open, both torches; strict xfail): eager's backward raises, dealias's gives gradients. Reduced:
-  `v2 = x.movedim(0, -1).flatten(); return v2.sin(), v2`, then the caller writes `v2` in place: sin saved v2, a
-  reshape's copy with a version counter of its own, and the torch executor returns it made afresh from the graph's
-  buffer (`_unsafe_view`), not the tensor sin saved, so the write moves no counter sin's backward checks (the fused
-  executor refuses the graph: a result computed from another)."""
+- 2477619 (fixed; both torches): eager's backward raises, dealias's gave gradients. Reduced: `v2 =
+  x.movedim(0, -1).flatten(); return v2.sin(), v2`, then the caller writes `v2` in place: sin saved v2, a reshape's
+  copy with a version counter of its own, and the torch executor returned it made afresh from the graph's buffer
+  (`_unsafe_view`), not the tensor sin saved, so the write moved no counter sin's backward checks (the fused
+  executor refuses the graph: a result computed from another). The graph returns its own node now
+  (outputs._graphs_own_copy; tests/test_saved_copy_returned.py)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ _ON_213 = torch.__version__.startswith("2.13")
         pytest.param(2476689, marks=pytest.mark.xfail(_ON_213, strict=True, reason="torch 2.13's dynamo: docstring")),
         pytest.param(2477701, marks=pytest.mark.xfail(_ON_213, strict=True, reason="torch 2.13's dynamo: docstring")),
         pytest.param(2477454, marks=pytest.mark.xfail(strict=True, reason="dynamo's, every backend: docstring")),
-        pytest.param(2477619, marks=pytest.mark.xfail(strict=True, reason="a saved reshape copy remade: docstring")),
+        2477619,
     ],
 )
 def test_wide_autograd_seed_matches_eager(seed):

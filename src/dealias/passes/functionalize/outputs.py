@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from ...errors import UnsupportedError, node_location
-from ...ir.opfacts import OWN_COUNTER_KEY, RESHAPE_KEY, is_view_node
+from ...ir.opfacts import OWN_COUNTER_KEY, RESHAPE_KEY, facts, is_view_node
 from ...ir.plan import (
     FromOutput,
     MetadataWriteBack,
@@ -130,6 +130,12 @@ def plan_outputs(w: Functionalizer, node: fx.Node) -> None:
                 # as they come; re-strided or replayed here, autograd would map them back (fuzz seed 1975263).
                 made_with = w.autograd.made_with_grad.get(v.obj, True)
                 w.autograd.refuse_use_after_unrecorded_layout(s, "a tensor returned", made_with)
+            saved = None if remade else _graphs_own_copy(w, v, arg, node.args[0])
+            if saved is not None:  # (the very tensor the graph's ops read: _graphs_own_copy)
+                program.outputs.append(OutputSlot(Ref(RefKind.RESULT, len(outs))))
+                made_from[position] = ()
+                outs.append(saved)
+                continue
             if s not in results:
                 results[s] = len(outs)
                 outs.append(_owning(w, timeline.base[s]))
@@ -209,6 +215,27 @@ def _data_step(w: Functionalizer, arg: Any, slot: OutputSlot, full: tuple[Any, .
         return None
     k = len(data.chain) - 1 - (len(full) - len(slot.chain))
     return k if 0 <= k < len(slot.chain) and slot.chain[k].op is aten.detach.default else None
+
+
+def _graphs_own_copy(w: Functionalizer, v: Value, arg: fx.Node, args: Any) -> fx.Node | None:
+    """The graph's node of the returned `v` (memory the program made, requiring grad), where eager's is a tensor
+    with a version counter of its own (a reshape's copy: `_unsafe_view` the chain's last step) that the graph's ops
+    read as that node, current, and no other output is of its memory. Made afresh from the graph's buffer after
+    the call, it was another tensor than the one those ops saved: a write of it by the caller moved no counter
+    their backward checks, where eager's raises (fuzz seed 2477619: `v2 = x.movedim(0, -1).flatten(); return
+    v2.sin(), v2`, then `v2.mul_(2)`). Returned itself, it is the tensor they saved, as eager's."""
+    last = v.chain[-1].op if v.chain else None
+    if not (isinstance(last, torch._ops.OpOverload) and facts(last).own_counter) or not w.autograd.requires_grad(arg):
+        return None
+    if v.obj in w.autograd.fragile or v.obj in w.autograd.unsafe:  # (made under no_grad, a split's element: rebuilt)
+        return None
+    hit = w.timeline.cache.get(v)
+    if hit is None or hit[1] != w.timeline.version[v.storage]:
+        return None
+    others = [o for o in args if o is not arg and isinstance(o, fx.Node)]
+    if any(getattr(w.info.values.get(o), "storage", None) is v.storage for o in others):
+        return None
+    return hit[0]
 
 
 def _made_as_view(w: Functionalizer, born: Value) -> bool:
