@@ -185,6 +185,16 @@ class AddsItsInput(torch.autograd.Function):
         return g * 3 + x
 
 
+def wide_autograd_seed(seed: int, executor: str = "torch") -> Any:
+    """The fuzzer's outcome (tools.fuzz.Outcome) for `dealias fuzz --autograd --wide` program `seed`, warnings
+    ignored: the programs warn as eager does (deprecated ops, FallbackWarnings)."""
+    from dealias.tools.fuzz import generate, run_program
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return run_program(generate(seed, autograd=True, wide=True), executor=executor)
+
+
 def execution_ops(jf) -> list[str]:
     """The ops of the last program's execution graph by name (`relu_`, `native_batch_norm`), whether the torch
     executor calls them as methods, as OpOverloads or as torch functions."""

@@ -13,12 +13,9 @@ b497ab7 and e072196):
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
-
-from dealias.tools.fuzz import generate, run_program
+from harness import wide_autograd_seed
 
 _ON_213 = torch.__version__.startswith("2.13")
 _OPEN_ON_213 = pytest.mark.xfail(_ON_213, strict=True, reason="open on torch 2.13 (2.14.1 matches): see the docstring")
@@ -34,7 +31,5 @@ _OPEN_ON_213 = pytest.mark.xfail(_ON_213, strict=True, reason="open on torch 2.1
     ],
 )
 def test_wide_autograd_seed_matches_eager(seed):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        outcome = run_program(generate(seed, autograd=True, wide=True), executor="torch")
+    outcome = wide_autograd_seed(seed)
     assert outcome.status != "mismatch", outcome.detail

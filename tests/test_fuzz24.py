@@ -27,12 +27,9 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
-
-from dealias.tools.fuzz import generate, run_program
+from harness import wide_autograd_seed
 
 _ON_213 = torch.__version__.startswith("2.13")
 
@@ -53,7 +50,5 @@ _ON_213 = torch.__version__.startswith("2.13")
     ],
 )
 def test_wide_autograd_seed_matches_eager(seed):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        outcome = run_program(generate(seed, autograd=True, wide=True), executor="torch")
+    outcome = wide_autograd_seed(seed)
     assert outcome.status != "mismatch", outcome.detail

@@ -355,6 +355,16 @@ def is_view_target(target: object) -> bool:
     return bool(getattr(target, "dealias_view", False))
 
 
+def data_node(node: Any) -> fx.Node | None:
+    """The `x.data` node (aten.detach tagged OWN_COUNTER_KEY by capture) that view node `node` is, or is a view of
+    through other view nodes; None where there is none: where its writes move `.data`'s own counter, not x's."""
+    while is_view_node(node):
+        if node.meta.get(OWN_COUNTER_KEY) and node.target is torch.ops.aten.detach.default:
+            return node
+        node = node.args[0]
+    return None
+
+
 def is_view_node(node: Any) -> bool:
     """Whether a graph node's result is a view of its first argument's memory: a call of a view target
     (`is_view_target`), or an element of a multi-output view (`split(..)[i]`). The one answer every pass uses: a

@@ -41,7 +41,7 @@ from torch.utils import _pytree as pytree
 from ..errors import EagerRaisesError, UnsupportedError, located, node_location, with_location
 from ..ir.emitter import Emitter
 from ..ir.gradops import caller_after, caller_tensor, grad_leaf, keep_history, overwritten, rewritten, write_back_now
-from ..ir.opfacts import OWN_COUNTER_KEY, facts, is_view_node, written_nodes
+from ..ir.opfacts import data_node, facts, is_view_node, written_nodes
 from ..ir.plan import MultiOutputStep, OutputSlot, RefKind, StorageKind
 from ..ir.regions import covers_without_reading
 from ..ir.viewops import chain_args, internal_overlap
@@ -565,16 +565,9 @@ def _through_data(node: fx.Node, s: Storage, info: AliasInfo) -> bool:
     """Whether `node` writes storage `s` only through `x.data` (or views of it): eager's `.data` has a version
     counter of its own, so views of x do not go stale (fuzz seed 2476980: a view of a no_grad view, read after
     `v.data.mul_(-2)`, raised reading its grad_fn where eager's did not)."""
-
-    def data(x: fx.Node) -> bool:  # (not a reshape's copy, another counter of its own: writes make its views stale)
-        while is_view_node(x):
-            if x.meta.get(OWN_COUNTER_KEY) and x.target is torch.ops.aten.detach.default:
-                return True
-            x = x.args[0]
-        return False
-
+    # (not a reshape's copy, another counter of its own: a write through it makes that counter's views stale)
     written = [a for a in written_nodes(node) if getattr(info.values.get(a), "storage", None) is s]
-    return bool(written) and all(data(a) for a in written)
+    return bool(written) and all(data_node(a) is not None for a in written)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from ...errors import UnsupportedError, node_location
-from ...ir.opfacts import OWN_COUNTER_KEY, RESHAPE_KEY, facts, is_view_node
+from ...ir.opfacts import RESHAPE_KEY, data_node, facts, is_view_node
 from ...ir.plan import (
     FromOutput,
     MetadataWriteBack,
@@ -205,11 +205,9 @@ def _data_step(w: Functionalizer, arg: Any, slot: OutputSlot, full: tuple[Any, .
     """The step of output `slot`'s chain (`full`: the chain from the storage's base it ends) that `x.data` made in
     the chain of view nodes ending at `arg` (OutputSlot.data_step); None where there is none, or it is not one step
     of the slot's chain."""
-    node, value = arg, w.info.values.get(arg)
-    while isinstance(node, fx.Node) and is_view_node(node) and not node.meta.get(OWN_COUNTER_KEY):
-        node = node.args[0]
-    data = w.info.values.get(node) if isinstance(node, fx.Node) and node.meta.get(OWN_COUNTER_KEY) else None
-    if not isinstance(data, Value) or not isinstance(value, Value) or node.target is not aten.detach.default:
+    node, value = data_node(arg), w.info.values.get(arg)
+    data = w.info.values.get(node) if node is not None else None
+    if not isinstance(data, Value) or not isinstance(value, Value):
         return None
     if slot.same_as is not None or value.chain[: len(data.chain)] != data.chain or tuple(full) != value.chain:
         return None
