@@ -26,6 +26,7 @@ would take 0.04: not remembered.)
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import os
 from pathlib import Path
@@ -40,47 +41,107 @@ _once = background.Once()
 _RECORD_ENTRIES = 16  # (fingerprints kept: installs a user switches between)
 
 
-def prefill() -> str:
+def prefill() -> dict[str, str]:
     """Once per process, before the first compile of dealias that may key an inductor cache entry: torch's
-    `triton_key` cache filled from the record, or computed now (the compile would compute it next) and recorded.
-    Returns what was done ("recorded", "from record", or why nothing was), for tests."""
+    `torch_key` and `triton_key` caches filled from the record, or computed now (the compile would compute them
+    next) and recorded. Returns what was done for each ("recorded", "from record", or why nothing was), for tests."""
     if not ENABLED or not _once.claim():
-        return "off" if not ENABLED else "done before"
+        return {"all": "off" if not ENABLED else "done before"}
     try:
-        return _prefill()
+        from torch._inductor import codecache, config
+    except Exception:  # noqa: BLE001 - another torch: torch computes the keys as it always does
+        return {"all": "no inductor"}
+    if not getattr(config, "fx_graph_cache", False):
+        return {"all": "no inductor cache"}  # (no FX graph cache, nor AOTAutograd's on it: nothing may need them)
+    return {name: _fill(codecache, name, sources) for name, sources in _SOURCES.items()}
+
+
+def _fill(codecache: Any, name: str, sources: Any) -> str:
+    """Torch's cached function `codecache.<name>` filled from the record under the fingerprint `sources` gives of
+    what it reads, or computed by torch and recorded."""
+    function = getattr(codecache, name, None)
+    if not (callable(function) and hasattr(function, "set")):
+        return "not prefetchable"  # (another torch: nothing to fill)
+    try:
+        parts = sources(codecache)
+        if parts is None:
+            return "nothing to read"  # (no triton: torch's function returns None at once)
+        key = hashlib.sha256("\0".join([name, *_build(), *parts]).encode()).hexdigest()
+        record = _record()
+        value = _decoded(record.get(key))
+        if value is not _MISSING:
+            try:
+                function.set(value)
+            except RuntimeError:
+                return "computed before"  # (another compile of the process computed it first: the same value)
+            return "from record"
+        encoded = _encoded(function())  # (torch's own computation, cached for the process)
+        if encoded is not None:
+            record.put(key, encoded)
+            record.flush()
+        return "recorded"
     except Exception:  # noqa: BLE001 - torch computes the key as it always does
         return "failed"
 
 
-def _prefill() -> str:
-    from torch._inductor import codecache, config
-    from torch._inductor.runtime import triton_compat
+def _build() -> list[str]:
+    return [torch.__version__, str(getattr(torch.version, "git_version", ""))]
 
-    key_function = getattr(codecache, "triton_key", None)
-    if not (callable(key_function) and hasattr(key_function, "set")):
-        return "no prefetchable triton_key"  # (another torch: nothing to fill)
-    if not getattr(config, "fx_graph_cache", False):
-        return "no inductor cache"  # (no FX graph cache, nor AOTAutograd's on it: nothing may compute the key)
-    root = triton_root()
-    if root is None:
-        return "no triton"  # (torch's function returns None at once)
-    key = record_key(root, bool(getattr(triton_compat, "HAS_TRITON", False)))
-    record = _record()
-    found = record.get(key, _MISSING)
-    if found is not _MISSING and (found is None or isinstance(found, str)):
+
+def _encoded(value: Any) -> list[Any] | None:
+    """A JSON form of a key's value (torch's is bytes, triton's a string or None); None for another kind."""
+    if value is None:
+        return ["none", ""]
+    if isinstance(value, str):
+        return ["str", value]
+    if isinstance(value, bytes):
+        return ["bytes", value.hex()]
+    return None
+
+
+def _decoded(stored: Any) -> Any:
+    """The value `_encoded` gave `stored`; _MISSING for anything else (no entry, a damaged one)."""
+    if not (isinstance(stored, list) and len(stored) == 2 and all(isinstance(s, str) for s in stored)):
+        return _MISSING
+    kind, text = stored
+    if kind == "none" and text == "":
+        return None
+    if kind == "str":
+        return text
+    if kind == "bytes":
         try:
-            key_function.set(found)
-        except RuntimeError:
-            return "computed before"  # (another compile of the process computed it first: the same value)
-        return "from record"
-    value = key_function()  # (torch's own computation, cached for the process)
-    if value is None or isinstance(value, str):
-        record.put(key, value)
-        record.flush()
-    return "recorded"
+            return bytes.fromhex(text)
+        except ValueError:
+            return _MISSING
+    return _MISSING
 
 
 _MISSING = object()
+
+
+def _triton_sources(codecache: Any) -> list[str] | None:
+    """What triton's key is computed from: whether inductor has triton, and the fingerprint of the files under its
+    package that `triton.runtime.cache.triton_key` reads; None where triton is not installed."""
+    root = triton_root()
+    if root is None:
+        return None
+    from torch._inductor.runtime import triton_compat
+
+    parts = [str(bool(getattr(triton_compat, "HAS_TRITON", False))), str(root)]
+    parts.append(fingerprint([root / "compiler", root / "backends", root / "language", root / "runtime" / "cache.py"]))
+    parts.append(fingerprint([root / "__init__.py", *sorted((root / "_C").glob("libtriton.*"))]))
+    return parts
+
+
+def _torch_sources(codecache: Any) -> list[str]:
+    """What torch's key is computed from: the modules of torch's packages (`build_code_hash` walks them as pkgutil
+    finds them) and three files of inductor's."""
+    root = Path(codecache._TORCH_PATH)
+    inductor = Path(codecache.__file__).parent
+    extra = [inductor / "codegen" / "aoti_runtime" / f for f in ("interface.cpp", "streams.h")] + [
+        inductor / "script.ld"
+    ]
+    return [str(root), package_fingerprint(root), fingerprint(extra)]
 
 
 def triton_root() -> Path | None:
@@ -91,15 +152,6 @@ def triton_root() -> Path | None:
         return None
     locations = list(getattr(spec, "submodule_search_locations", None) or []) if spec is not None else []
     return Path(locations[0]) if locations else None
-
-
-def record_key(root: Path, has_triton: bool) -> str:
-    """The record's key: the torch build, whether inductor has triton, and the fingerprint of what triton's key is
-    computed from under `root`."""
-    parts = [torch.__version__, str(getattr(torch.version, "git_version", "")), str(has_triton), str(root)]
-    parts.append(fingerprint([root / "compiler", root / "backends", root / "language", root / "runtime" / "cache.py"]))
-    parts.append(fingerprint([root / "__init__.py", *sorted((root / "_C").glob("libtriton.*"))]))
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def fingerprint(paths: list[Path]) -> str:
@@ -127,6 +179,33 @@ def fingerprint(paths: list[Path]) -> str:
                 continue
             todo.extend(Path(path) / name for name in reversed(names) if name != "__pycache__")
     return h.hexdigest()
+
+
+def package_fingerprint(root: Path) -> str:
+    """`fingerprint`'s hash for the modules pkgutil finds under `root` (files of a module suffix, `__pycache__`
+    aside), descending only into packages (directories with an `__init__` module), as `build_code_hash` does:
+    torch's headers and libraries beside its packages are no module."""
+    suffixes = tuple(importlib.machinery.all_suffixes())
+    h = hashlib.sha256()
+    todo = [str(root)]
+    while todo:
+        directory = todo.pop()
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        h.update(f"{directory}\0dir\n".encode())
+        for e in reversed(entries):
+            if e.is_dir():
+                if e.name != "__pycache__" and any(
+                    os.path.isfile(os.path.join(e.path, "__init__" + s)) for s in suffixes
+                ):
+                    todo.append(e.path)
+            elif e.name.endswith(suffixes):
+                st = e.stat()
+                h.update(f"{e.path}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n".encode())
+    return h.hexdigest()
+
+
+_SOURCES = {"torch_key": _torch_sources, "triton_key": _triton_sources}
 
 
 def _record() -> Any:
