@@ -441,14 +441,19 @@ def _verdicts_dir() -> Path:
 
 def first_calls(w: Workload, variants: list[str]) -> dict[str, dict[str, float | str]]:
     """Per variant, the first call's seconds in a process with a fresh inductor cache, then in a second process
-    with the same one. dealias's cache directory is fresh too, but for the host's keep-ATen verdicts (measured once
-    per machine, not per program), copied in."""
+    with the same one. dealias's cache directory is fresh too, but for what it keeps per machine and install, not per
+    program, copied in: the host's keep-ATen verdicts and inductor's per-install keys (compat/inductor_keys.py)."""
     out: dict[str, dict[str, float | str]] = {}
     for v in variants:
         root = Path(tempfile.mkdtemp(prefix="dealias-real-"))
         try:
             (root / "dealias").mkdir()
-            for verdicts in glob.glob(str(_verdicts_dir() / "keep_aten-*.json")):
+            for verdicts in [
+                *glob.glob(str(_verdicts_dir() / "keep_aten-*.json")),
+                _verdicts_dir() / "inductor_keys.json",
+            ]:
+                if not os.path.exists(verdicts):
+                    continue
                 shutil.copy(verdicts, root / "dealias")
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"), OMP_NUM_THREADS="1")
             env["DEALIAS_CACHE_DIR"] = str(root / "dealias")
