@@ -1,26 +1,25 @@
-"""Inductor's key of the installed triton, remembered on disk instead of hashed again in every process (issue 38:
-first calls).
+"""Inductor's per-process keys of the installed torch and triton, remembered on disk instead of hashed again in
+every process (issue 38: first calls).
 
-Every inductor compile and every FX graph cache or AOTAutograd cache lookup keys its entry on
-`CacheBase.get_system()`, which takes `torch._inductor.codecache.triton_key()`: where triton is installed (torch
-2.14's CUDA build, run on a CPU) a hash of triton's compiler, backends and language sources and of its 505 MB
-`libtriton.so`, once per process: 0.35 CPU s of every process's first compile (a warm mobilenet-like training
-forward's first call, 5.0 s in all; torch.compile pays the same).
+Every inductor compile and every FX graph cache or AOTAutograd cache lookup keys its entry on two values computed
+once per process: `torch._inductor.codecache.torch_key()`, a hash of torch's 2,352 module files (0.09 CPU s), and
+`CacheBase.get_system()`, which takes `codecache.triton_key()`: where triton is installed (torch 2.14's CUDA build,
+run on a CPU) a hash of triton's compiler, backends and language sources and of its 505 MB `libtriton.so` (0.35
+CPU s). Together they were 0.44 s of a warm mobilenet-like training forward's first call of 5.0 s; torch.compile
+pays the same in every process.
 
-dealias computes it once, by torch's own function, and records it under a fingerprint of what that function reads:
-for every file under triton's `compiler`, `backends` and `language` packages, and for `runtime/cache.py`,
-`_C/libtriton.*` and `__init__.py` (triton's version), its path, inode, size and modification and change times
-(change times cannot be set back: any rewrite, copy or reinstall changes them), and the path of every directory;
-keyed also on the torch build and whether inductor imported triton. A later process whose fingerprint matches (1-2
-ms of `stat` calls) hands the value to torch's cache for it before its first compile (`prefetchable_cache.set`,
-torch's own way to fill it ahead), so nothing hashes the files again; the value is the one torch computed from the
-same files. A fingerprint that does not match, an unreadable record, no triton, or a torch without these
-functions: torch computes it as it always does. Only the value is set, never a function replaced; another backend
-in the process reads the same value, sooner.
-`DEALIAS_INDUCTOR_KEYS=0` (read at import) turns it off.
-
-(torch's own `torch_key()`, a hash of torch's sources, costs 0.09 s, of which a fingerprint of torch's 12,700 files
-would take 0.04: not remembered.)
+dealias computes each once, by torch's own function, and records it under a fingerprint of what that function
+reads: for triton's, every file under triton's `compiler`, `backends` and `language` packages, and
+`runtime/cache.py`, `_C/libtriton.*` and `__init__.py` (triton's version); for torch's, every module file in
+torch's packages as `build_code_hash` finds them, and inductor's three extra files. Each file counts by its path,
+inode, size and modification and change times (change times cannot be set back: any rewrite, copy or reinstall
+changes them), each directory by its path; keyed also on the torch build and whether inductor imported triton. A
+later process whose fingerprints match (1.5 + 10 ms of `stat` calls) hands the values to torch's caches for them
+before its first compile (`prefetchable_cache.set`, torch's own way to fill them ahead), so nothing hashes the files
+again; each value is the one torch computed from the same files. A fingerprint that does not match, an unreadable
+record, a value already computed in the process, or a torch without these functions: torch computes it as it
+always does. Only values are set, never a function replaced; another backend in the process reads the same values,
+sooner. `DEALIAS_INDUCTOR_KEYS=0` (read at import) turns it off.
 """
 
 from __future__ import annotations
