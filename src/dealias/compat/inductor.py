@@ -62,12 +62,12 @@ def compile_beside_calls() -> bool:
 @contextlib.contextmanager
 def dealias_compile() -> Iterator[None]:
     """While inductor compiles a graph of dealias's (on this thread): the corrections below apply, inductor's
-    precompiled-header calls are noted for the next process (header_prefetch.py), and triton's key is filled in
-    from the record (inductor_keys.py)."""
+    precompiled-header calls are noted for the next process (header_prefetch.py), and inductor's per-process keys of
+    torch and triton are filled in from the record (inductor_keys.py)."""
     from .header_prefetch import recording
     from .inductor_keys import prefill
 
-    prefill()  # (once per process: triton's key from the record, before the compile's cache lookups ask for it)
+    prefill()  # (once per process: the keys from the record, before the compile's cache lookups ask for them)
     ensure("inductor_view_strides")
     ensure("inductor_snapshot_lowering")
     before = getattr(_local, "active", False)
