@@ -2,12 +2,15 @@
 differentiable again, where eager's and the torch executor's are: a backward with create_graph=True (a gradient
 penalty) recomputes the graph with eager's ops, from the inputs as the call had them (copies of those the call
 writes), and differentiates that. AOTAutograd's own Function is given that backward when its metadata allow it
-(`takes_double_backward`); else each call runs inside a `TwiceDifferentiable`, which costs more."""
+(`takes_double_backward`); else each call runs inside a `TwiceDifferentiable`, which costs more. Results in
+parts eager's graph keeps apart (`separate_parts`: two networks' losses) always run in one, so that each part can
+be backpropagated on its own, as eager's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import getitem
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -281,6 +284,74 @@ def apart_from_inputs(outs: Any, made: tuple[int, ...], args: Any) -> Any:
     return type(outs)(apart) if isinstance(outs, tuple) else apart
 
 
+def on_backward_node(outs: Any, hook: Callable[..., Any]) -> None:
+    """Register `hook` (a post-hook) on the backward node of this call's results requiring grad (one for all)."""
+    node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+    if node is not None:
+        node.register_hook(hook)
+
+
+class Parts(NamedTuple):
+    """The parts of a fused graph's results requiring grad (`separate_parts`): each result's part (by position),
+    and each part's inputs (by position: what its results are computed from)."""
+
+    of: dict[int, int]
+    inputs: dict[int, frozenset[int]]
+
+
+def separate_parts(gm: fx.GraphModule, rg_results: list[int]) -> Parts | None:
+    """The results requiring grad (by position) grouped into parts no node of the graph requiring grad is shared
+    between: eager's graph has a backward node per op, and the parts' nodes are disjoint, so a backward through
+    one part's results leaves the other parts' nodes and saved tensors as they were (two losses of two networks,
+    each backpropagated on its own, each network's optimizer stepping in between). None where there is one part.
+    (Inputs are no node of the graph: two parts reading one parameter each accumulate its gradient, as eager's.)"""
+    if len(rg_results) < 2:
+        return None
+    results = gm.graph.output_node().args[0]
+    position = {p: i for i, p in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    part = {i: i for i in rg_results}
+
+    def find(i: int) -> int:
+        while part[i] != i:
+            part[i] = part[part[i]]
+            i = part[i]
+        return i
+
+    owner: dict[fx.Node, int] = {}  # (a node requiring grad the graph computes: the first result reading it)
+    reads: dict[int, set[int]] = {}
+    for i in rg_results:
+        todo, seen, reads[i] = [results[i]], set(), set()
+        while todo:
+            n = todo.pop()
+            if not isinstance(n, fx.Node) or n in seen:
+                continue
+            seen.add(n)
+            if n in position:
+                reads[i].add(position[n])
+            elif n.op == "call_function" and n.meta.get("rg", True):
+                if n in owner:
+                    part[find(i)] = find(owner[n])
+                else:
+                    owner[n] = i
+            todo.extend(n.all_input_nodes)
+    of = {i: find(i) for i in rg_results}
+    if len(set(of.values())) < 2:
+        return None
+    inputs: dict[int, set[int]] = {}
+    for i, k in of.items():
+        inputs.setdefault(k, set()).update(reads[i])
+    return Parts(of, {k: frozenset(v) for k, v in inputs.items()})
+
+
+def _others_written(ctx: Any, parts: set[int]) -> bool:
+    """Whether an input only parts other than `parts` read was written since the call (a TwiceDifferentiable's)."""
+    if ctx.parts is None:
+        return False
+    read = frozenset().union(*(ctx.parts.inputs[k] for k in parts))
+    others = frozenset().union(*(v for k, v in ctx.parts.inputs.items() if k not in parts)) - read
+    return any(ctx.args[i]._version != v for i, v in ctx.versions if i in others)
+
+
 class TwiceDifferentiable(torch.autograd.Function):
     """AOTAutograd's compiled function inside a Function of dealias's, where its own Function cannot be given
     dealias's double backward (`takes_double_backward`). Its own backward raises when differentiated
@@ -294,12 +365,21 @@ class TwiceDifferentiable(torch.autograd.Function):
     (a version counter moved) makes that backward raise, where eager's raises if it saved the tensor and would
     otherwise use what it saved (a mask computed from it, say): never a gradient from the new values. (It raises
     also where eager saved nothing of that input and goes on: which inputs the gradient's values depend on is
-    not known here.)"""
+    not known here.)
+    Where the results fall into parts eager's graph keeps apart (`separate_parts`), a backward through some parts'
+    results only runs the compiled backward (a result no gradient came into gets none: the others' inputs get
+    none); once that freed the compiled graph, a backward through another part recomputes that part with eager's
+    ops, as a create_graph backward does, raising for an input of that part written since (the compiled backward
+    would read every part's saved tensors, and another part's inputs may be written legitimately meanwhile: an
+    optimizer step of the network already backpropagated), and one through a part a freeing backward went
+    through raises as eager's."""
 
     @staticmethod
     def forward(ctx: Any, compiled: Any, graph: fx.GraphModule, facts: Any, *args: Any) -> Any:
         # (copies of written inputs, taken before the graph writes them; the results the graph makes, by position)
-        copies, written, made = facts
+        copies, written, made, parts = facts
+        ctx.set_materialize_grads(False)  # (a result no gradient came into gets None: its part is not run)
+        ctx.parts, ctx.done = parts, set()  # (the parts a backward freeing the graph went through)
         leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
         with torch.enable_grad():
             outs = apart_from_inputs(compiled(*leaves), made, leaves)
@@ -319,32 +399,45 @@ class TwiceDifferentiable(torch.autograd.Function):
     @staticmethod
     @torch._dynamo.disable  # (see recompute_double_backward)
     def backward(ctx: Any, *grads: Any) -> Any:
-        if getattr(ctx, "freed", False):  # (nothing is saved with save_for_backward here: say it as autograd does)
+        diff = [i for i, o in enumerate(ctx.outs) if isinstance(o, torch.Tensor) and o.requires_grad]
+        diff = [i for i in diff if grads[i] is not None]  # (the results a gradient came into)
+        wrt = [i for i, a in enumerate(ctx.leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
+        given = [grads[i] for i in diff]
+        parts = {ctx.parts.of[i] for i in diff} if ctx.parts is not None else {0}
+        if ctx.done & parts:  # (nothing is saved with save_for_backward here: say it as autograd does)
             raise RuntimeError(
                 "Trying to backward through the graph a second time (or directly access saved tensors after they "
                 "have already been freed). Specify retain_graph=True if you need to backward a second time."
             )
-        ctx.freed = not backward_keeps_graph()
-        diff = [i for i, o in enumerate(ctx.outs) if isinstance(o, torch.Tensor) and o.requires_grad]
-        wrt = [i for i, a in enumerate(ctx.leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
-        given = [grads[i] for i in diff]
-        if torch.is_grad_enabled():  # create_graph=True: the gradient must be differentiable in turn
-            moved = next((i for i, v in ctx.versions if ctx.args[i]._version != v), None)
+        keeps = backward_keeps_graph()
+        # (create_graph=True; or the compiled graph freed; or another part's input written since the call, which
+        # the compiled backward, reading every part's saved tensors, would take for its own)
+        recompute = torch.is_grad_enabled() or bool(ctx.done) or _others_written(ctx, parts)
+        if not keeps:
+            ctx.done |= parts
+        if not diff:
+            return (None, None, None, *[None] * len(ctx.leaves))
+        if recompute:  # the gradient differentiable in turn, or a part's backward after another's freed the graph
+            read = frozenset().union(*(ctx.parts.inputs[k] for k in parts)) if ctx.parts is not None else None
+            moved = next(
+                (i for i, v in ctx.versions if ctx.args[i]._version != v and (read is None or i in read)), None
+            )
             if moved is not None:
+                why = "a backward with create_graph=True" if torch.is_grad_enabled() else "a backward of another part"
                 raise RuntimeError(
-                    f"dealias: a backward with create_graph=True recomputes this fused graph from its inputs, and "
-                    f"input {moved} was modified in place since the call; compile with executor='torch' to "
-                    "differentiate it twice after such a write"
+                    f"dealias: {why} recomputes this fused graph from its inputs, and input {moved} was modified by "
+                    "an inplace operation since the call; compile with executor='torch' to differentiate it after "
+                    "such a write"
                 )
             with torch.enable_grad():
                 outs = ctx.graph(*ctx.args)
+            args = [ctx.args[i] for i in wrt]
             got = torch.autograd.grad(
-                [outs[i] for i in diff], [ctx.args[i] for i in wrt], given, create_graph=True, allow_unused=True
+                [outs[i] for i in diff], args, given, create_graph=torch.is_grad_enabled(), allow_unused=True
             )
         else:  # (the compiled graph is kept only if this backward keeps it, as AOTAutograd's donated buffers need)
             outs = [ctx.outs[i] for i in diff]
-            keep = not ctx.freed
-            got = torch.autograd.grad(outs, [ctx.leaves[i] for i in wrt], given, retain_graph=keep, allow_unused=True)
+            got = torch.autograd.grad(outs, [ctx.leaves[i] for i in wrt], given, retain_graph=keeps, allow_unused=True)
         result: list[Any] = [None] * len(ctx.leaves)
         for k, i in enumerate(wrt):
             result[i] = got[k]

@@ -38,7 +38,14 @@ from ..ir.opfacts import bind_args, is_view_node, may_raise, op_name
 from ..ir.viewops import same_layout, surely
 from ..passes.writeback_autograd import eager_updates_in_place
 from .conv_layout import channels_last, one_by_one_as_matmuls
-from .double_backward import TwiceDifferentiable, double_backward_of_its_own, version_positions, written_inputs_read
+from .double_backward import (
+    TwiceDifferentiable,
+    double_backward_of_its_own,
+    on_backward_node,
+    separate_parts,
+    version_positions,
+    written_inputs_read,
+)
 from .fused import made_by_the_graph, picker, runner
 from .grad_modes import switch_grad_modes
 from .graph_order import views_after_their_source
@@ -336,6 +343,8 @@ def _compile(
     kept = tuple(frozenset().union(*(reads[i] for i in rg_results)))
     marked = [i for i in rg_results if results[i].meta.get("rg") is True]  # (a graph of the passes: all marked)
     own, first = double_backward_of_its_own(compiled, call, marked)
+    parts = separate_parts(gm, rg_results)  # (their backwards apart, as eager's: a TwiceDifferentiable's)
+    own = own and parts is None
     positions = version_positions(example, written)  # (their counters read in C on every call: no frame per call)
     pick, version = picker(positions), attrgetter("_version")
     watched = _results_eager_saves(results, rg_results)
@@ -360,7 +369,7 @@ def _compile(
         copies = {i: args[i].clone() for i in kept} if kept else {}
         if not own:
             # (`handed`: the graph in eager's ops; `made`: the results a copy takes apart from the inputs' memory)
-            outs = TwiceDifferentiable.apply(compiled, handed, (copies, written, made), *args)
+            outs = TwiceDifferentiable.apply(compiled, handed, (copies, written, made, parts), *args)
         else:
             outs = compiled(*args)
         if watched:
@@ -371,7 +380,7 @@ def _compile(
             if none_where_none is not None:
                 node.register_hook(none_where_none)
         elif none_where_none is not None:
-            _on_backward_node(outs, none_where_none)
+            on_backward_node(outs, none_where_none)
         for i in own_nodes:
             if isinstance(outs[i], torch.Tensor) and outs[i].requires_grad:
                 outs = (*outs[:i], own_node(outs[i]), *outs[i + 1 :])
@@ -502,13 +511,6 @@ def _computed_from(n: fx.Node, along: Callable[[fx.Node], Any] = lambda u: True)
                 after.add(u)
                 todo.append(u)
     return after
-
-
-def _on_backward_node(outs: Any, hook: Callable[..., Any]) -> None:
-    """Register `hook` (a post-hook) on the backward node of this call's results requiring grad (one for all)."""
-    node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
-    if node is not None:
-        node.register_hook(hook)
 
 
 def _none_where_no_gradient(args: Any, rg_results: list[int], reaching: Any) -> Callable[..., Any]:
