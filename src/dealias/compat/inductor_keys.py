@@ -167,7 +167,7 @@ def fingerprint(paths: list[Path]) -> str:
             h.update(f"{path}\0missing\n".encode())
             continue
         if not os.path.isdir(path):
-            h.update(f"{path}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n".encode())
+            h.update(_stat_line(path, st))
         else:
             # (a directory by its entries alone: its own times move when Python first makes its __pycache__)
             h.update(f"{path}\0dir\n".encode())
@@ -178,6 +178,11 @@ def fingerprint(paths: list[Path]) -> str:
                 continue
             todo.extend(Path(path) / name for name in reversed(names) if name != "__pycache__")
     return h.hexdigest()
+
+
+def _stat_line(path: Any, st: os.stat_result) -> bytes:
+    """What a fingerprint hashes of one file: its path, inode, size and modification and change times."""
+    return f"{path}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n".encode()
 
 
 def package_fingerprint(root: Path) -> str:
@@ -199,8 +204,7 @@ def package_fingerprint(root: Path) -> str:
                 ):
                     todo.append(e.path)
             elif e.name.endswith(suffixes):
-                st = e.stat()
-                h.update(f"{e.path}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n".encode())
+                h.update(_stat_line(e.path, e.stat()))
     return h.hexdigest()
 
 

@@ -343,11 +343,16 @@ def separate_parts(gm: fx.GraphModule, rg_results: list[int]) -> Parts | None:
     return Parts(of, {k: frozenset(v) for k, v in inputs.items()})
 
 
+def _read_by(ctx: Any, parts: set[int]) -> frozenset[int] | None:
+    """The inputs (by position) the results of `parts` are computed from (a TwiceDifferentiable's); None: one part."""
+    return frozenset().union(*(ctx.parts.inputs[k] for k in parts)) if ctx.parts is not None else None
+
+
 def _others_written(ctx: Any, parts: set[int]) -> bool:
     """Whether an input only parts other than `parts` read was written since the call (a TwiceDifferentiable's)."""
-    if ctx.parts is None:
+    read = _read_by(ctx, parts)
+    if read is None:
         return False
-    read = frozenset().union(*(ctx.parts.inputs[k] for k in parts))
     others = frozenset().union(*(v for k, v in ctx.parts.inputs.items() if k not in parts)) - read
     return any(ctx.args[i]._version != v for i, v in ctx.versions if i in others)
 
@@ -418,7 +423,7 @@ class TwiceDifferentiable(torch.autograd.Function):
         if not diff:
             return (None, None, None, *[None] * len(ctx.leaves))
         if recompute:  # the gradient differentiable in turn, or a part's backward after another's freed the graph
-            read = frozenset().union(*(ctx.parts.inputs[k] for k in parts)) if ctx.parts is not None else None
+            read = _read_by(ctx, parts)
             moved = next(
                 (i for i, v in ctx.versions if ctx.args[i]._version != v and (read is None or i in read)), None
             )
